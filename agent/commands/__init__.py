@@ -1,0 +1,1 @@
+"""The `edgeagent` subcommands, one module per command group."""
