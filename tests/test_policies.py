@@ -1,0 +1,202 @@
+"""Unit tests of the eviction policies through their four verbs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cachepolicies import InsufficientSpace, POLICY_NAMES, make_policy
+from cachepolicies.rates import CumulativeRate, DecayedRate
+
+TABLE_I_TRACE = [0, 1, 2, 1, 0, 2, 1, 0, 2, 0, 2, 1, 0, 2]
+
+
+def run_unit_cache(policy, trace, capacity, penalty=lambda k: 1.0):
+    """Drive ``policy`` over ``trace`` with unit-size models; return (misses, cost, evicted)."""
+    used = misses = 0
+    cost = 0.0
+    evicted = []
+    for t, key in enumerate(trace):
+        policy.record_access(key, float(t))
+        if key in policy:
+            continue
+        misses += 1
+        cost += penalty(key)
+        victims = policy.choose_victims(used + 1 - capacity, float(t))
+        for victim in victims:
+            policy.remove(victim)
+            used -= 1
+        evicted.append(victims)
+        policy.admit(key, 1, penalty(key), float(t))
+        used += 1
+    return misses, cost, evicted
+
+
+@pytest.mark.parametrize(
+    "name, misses, cost", [("beladymin", 8, 17), ("cremebrulee-oracle", 8, 13)]
+)
+def test_cremebrulee_paper_table_one(name, misses, cost):
+    policy = make_policy(name, future=TABLE_I_TRACE)
+    got = run_unit_cache(policy, TABLE_I_TRACE, capacity=2, penalty=lambda k: k + 1)
+    assert got[:2] == (misses, cost)
+
+
+def test_table_one_eviction_sequence_of_the_oracle():
+    policy = make_policy("cremebrulee-oracle", future=TABLE_I_TRACE)
+    _, _, evicted = run_unit_cache(policy, TABLE_I_TRACE, 2, penalty=lambda k: k + 1)
+    # The paper's "Evict" column for CremeBrulee-oracle (misses with a full cache).
+    assert [v for v in evicted if v] == [[0], [1], [0], [1], [0], [1]]
+
+
+def test_oracle_refuses_a_request_that_is_not_the_future():
+    policy = make_policy("beladymin", future=[1, 2, 3])
+    policy.record_access(1, 0.0)
+    with pytest.raises(ValueError, match="out of step at request 1"):
+        policy.record_access(3, 1.0)
+
+
+def test_oracle_needs_a_future():
+    with pytest.raises(ValueError, match="oracle"):
+        make_policy("cremebrulee-oracle")
+
+
+def test_unknown_policy_and_parameter_are_named():
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(ValueError, match="has no parameter 'speed'"):
+        make_policy("lru:speed=3")
+    with pytest.raises(ValueError, match="half_life='x' is not a valid float"):
+        make_policy("cremebrulee:half_life=x")
+    with pytest.raises(ValueError, match="unknown rate estimator"):
+        make_policy("cremebrulee:rate=hourly")
+    with pytest.raises(ValueError, match="expected key=value"):
+        make_policy("cremebrulee:rate")
+
+
+def test_policy_parameters_are_parsed():
+    policy = make_policy("cremebrulee:rate=decayed,half_life=30")
+    assert policy._rates.half_life == 30.0
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_insufficient_space_when_nothing_is_evictable(name):
+    policy = make_policy(name, future=["a", "b", "c"])
+    for t, key in enumerate(["a", "b"]):
+        policy.record_access(key, float(t))
+        policy.admit(key, 10, 1.0, float(t))
+    policy.record_access("c", 2.0)
+    with pytest.raises(InsufficientSpace) as info:
+        policy.choose_victims(15, 2.0, evictable=lambda k: k != "a")
+    assert info.value.freeable_bytes == 10
+    assert policy.choose_victims(15, 2.0) and len(policy) == 2  # nothing was removed
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_admit_twice_and_bad_sizes_are_errors(name):
+    policy = make_policy(name, future=["a"])
+    policy.record_access("a", 0.0)
+    with pytest.raises(ValueError, match="size"):
+        policy.admit("a", -1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="penalty"):
+        policy.admit("a", 1, -1.0, 0.0)
+    policy.admit("a", 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="already resident"):
+        policy.admit("a", 1, 1.0, 0.0)
+    policy.remove("a")
+    with pytest.raises(KeyError):
+        policy.remove("a")
+
+
+def test_lru_evicts_least_recent_in_order_until_enough():
+    policy = make_policy("lru")
+    for t, (key, size) in enumerate([("a", 5), ("b", 3), ("c", 8)]):
+        policy.record_access(key, float(t))
+        policy.admit(key, size, 1.0, float(t))
+    policy.record_access("a", 3.0)  # b is now the oldest, then c, then a
+    assert policy.choose_victims(2, 4.0) == ["b"]
+    assert policy.choose_victims(4, 4.0) == ["b", "c"]
+
+
+def test_cremebrulee_keeps_costly_small_popular_models():
+    policy = make_policy("cremebrulee:rate=cumulative")
+    # cheap: popular but cheap to reload; costly: same rate, 20x penalty
+    for t in range(4):
+        for key in ("cheap", "costly"):
+            policy.record_access(key, float(t))
+    policy.admit("cheap", 100, 0.5, 4.0)
+    policy.admit("costly", 100, 10.0, 4.0)
+    assert policy.choose_victims(50, 5.0) == ["cheap"]
+    assert policy.priority("costly", 5.0) > policy.priority("cheap", 5.0)
+
+
+def test_cremebrulee_trims_eviction_set_to_the_largest_that_suffice():
+    policy = make_policy("cremebrulee:rate=cumulative")
+    # Lowest utility first: s1 (size 10), s2 (size 10), big (size 30); need 25.
+    for key, size, penalty in [("s1", 10, 0.1), ("s2", 10, 0.2), ("big", 30, 1.0), ("keep", 10, 99)]:
+        policy.record_access(key, 0.0)
+        policy.admit(key, size, penalty, 0.0)
+    assert policy.choose_victims(25, 1.0) == ["big"]
+
+
+def test_lru_does_not_trim_its_eviction_order():
+    policy = make_policy("lru")
+    for t, (key, size) in enumerate([("s1", 10), ("s2", 10), ("big", 30)]):
+        policy.record_access(key, float(t))
+        policy.admit(key, size, 1.0, float(t))
+    assert policy.choose_victims(25, 5.0) == ["s1", "s2", "big"]
+
+
+def test_gdsf_inflation_lets_new_entries_overtake_old_frequent_ones():
+    policy = make_policy("gdsf")
+    policy.record_access("old", 0.0)
+    policy.admit("old", 1, 0.9, 0.0)
+    for t in range(1, 4):
+        policy.record_access("old", float(t))  # freq 4 -> priority 3.6
+    evicted = []
+    for i, key in enumerate(["x1", "x2", "x3", "x4", "x5"]):  # capacity: 2 entries
+        policy.record_access(key, 10.0 + i)
+        if len(policy) == 2:
+            (victim,) = policy.choose_victims(1, 10.0 + i)
+            policy.remove(victim)
+            evicted.append(victim)
+        policy.admit(key, 1, 1.0, 10.0 + i)
+    # Each eviction raises L by one; by x5 a fresh entry (L + 1 = 4) outranks "old".
+    assert evicted == ["x1", "x2", "x3", "old"]
+
+
+def test_random_is_seeded():
+    def victims(seed):
+        policy = make_policy("random", seed=seed)
+        for i in range(20):
+            policy.record_access(i, 0.0)
+            policy.admit(i, 1, 1.0, 0.0)
+        return policy.choose_victims(5, 1.0)
+
+    assert victims(1) == victims(1)
+    assert victims(1) != victims(2)
+
+
+def test_decayed_rate_halves_after_one_half_life_and_keeps_order():
+    rates = DecayedRate(half_life=10.0)
+    for t in (0.0, 1.0, 2.0):
+        rates.record("a", t)
+    rates.record("b", 5.0)
+    r1 = rates.rate("a", 20.0)
+    assert rates.rate("a", 30.0) == pytest.approx(r1 / 2)
+    # The log score ranks keys as the rate does at any later time.
+    for now in (6.0, 50.0, 500.0):
+        assert (rates.log_score("a") > rates.log_score("b")) == (
+            rates.rate("a", now) > rates.rate("b", now)
+        )
+    # Huge timestamps stay finite (log domain).
+    rates.record("c", 1e9)
+    assert math.isfinite(rates.log_score("c"))
+
+
+def test_cumulative_rate_counts_since_first_request():
+    rates = CumulativeRate()
+    for t in (100.0, 110.0, 120.0):
+        rates.record("a", t)
+    assert rates.rate("a", 130.0) == pytest.approx(3 / 30)
+    assert rates.rate("never", 130.0) == 0.0
