@@ -1,0 +1,121 @@
+"""``edgeagent cache ls|inspect|evict|pin|unpin``: the cache admin API from a shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+import click
+
+from agent.units import format_size
+
+
+def _call(ctx: click.Context, method: str, path: str) -> Any:
+    url, token = ctx.obj["url"].rstrip("/"), ctx.obj["token"]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url + path, method=method, headers=headers,
+                                 data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            message = err.reason
+        raise click.ClickException(f"{err.code}: {message}") from None
+    except urllib.error.URLError as err:
+        raise click.ClickException(f"cannot reach the agent at {url}: {err.reason}") from None
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(models: list[dict[str, Any]]) -> str:
+    """The readable ``cache ls`` table."""
+    head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
+            "UTILITY", "PINNED", "INFLIGHT"]
+    rows = [[m["name"], str(m["version"]), m["state"],
+             format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
+                                             else ""),
+             _num(m["load_seconds"], ".3f"), str(m["hits"]), str(m["misses"]),
+             str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
+             "yes" if m["pinned"] else "no", str(m["in_flight"])] for m in models]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [head] + rows)
+
+
+def _show(ctx: click.Context, doc: Any) -> None:
+    if ctx.obj["json"]:
+        click.echo(json.dumps(doc, indent=2))
+    elif isinstance(doc, list):
+        click.echo(table(doc))
+    else:
+        width = max(map(len, doc))
+        for k, v in doc.items():
+            click.echo(f"{k.ljust(width)}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+
+
+@click.group()
+@click.option("--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
+              show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="Admin bearer token file (or $EDGEAGENT_TOKEN).")
+@click.pass_context
+def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
+    """Inspect and steer a running agent's model cache."""
+    token = open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
+    ctx.obj = {"url": url, "json": as_json, "token": token}
+
+
+def _common(f):
+    """Let --url/--json also follow the subcommand (``cache ls --json``)."""
+    f = click.option("--url", "sub_url", default=None, help="The agent's URL.")(f)
+    return click.option("--json", "sub_json", is_flag=True, help="Print JSON.")(f)
+
+
+def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
+    if sub_url:
+        ctx.obj["url"] = sub_url
+    ctx.obj["json"] = ctx.obj["json"] or sub_json
+
+
+@cache.command("ls")
+@_common
+@click.pass_context
+def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
+    """All models: state, size, load time, hits/misses, rate, utility, pinned."""
+    _apply(ctx, sub_url, sub_json)
+    _show(ctx, _call(ctx, "GET", "/v1/cache"))
+
+
+@cache.command()
+@click.argument("name")
+@_common
+@click.pass_context
+def inspect(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
+    """One model in detail."""
+    _apply(ctx, sub_url, sub_json)
+    _show(ctx, _call(ctx, "GET", f"/v1/cache/{name}"))
+
+
+def _action(action: str, doc: str):
+    @click.argument("name")
+    @_common
+    @click.pass_context
+    def command(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
+        _apply(ctx, sub_url, sub_json)
+        _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/{action}"))
+    command.__doc__ = doc
+    return cache.command(action)(command)
+
+
+_action("evict", "Unload a model now (409 while it is in use or pinned).")
+_action("pin", "Never evict this model.")
+_action("unpin", "Let the policy evict this model again.")

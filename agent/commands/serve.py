@@ -1,0 +1,164 @@
+"""``edgeagent serve``: run the node agent until SIGTERM.
+
+With neither ``--config`` nor ``--repository`` it serves the embedded demo: a repository
+of real ONNX models generated (once) under the data directory, with a budget smaller
+than the zoo so that eviction happens. Flags override the config file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.config import AgentConfig, ConfigError, load_agent_config
+from agent.units import format_size, parse_size
+
+log = logging.getLogger("edgeagent.serve")
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[AgentConfig, bool]:
+    """(config, is_demo): the file (or defaults) with flags applied; demo when no
+    repository is configured anywhere."""
+    config = load_agent_config(config_file) if config_file else AgentConfig()
+    config = config.with_overrides(**overrides)
+    demo = config.repository is None
+    if demo:
+        from agent.modelzoo import DEMO_BUDGET
+
+        config = config.with_overrides(
+            repository=config.data_dir / "demo-models",
+            cpu_budget=config.cpu_budget or parse_size(DEMO_BUDGET))
+    return config, demo
+
+
+async def run_agent(config: AgentConfig, *, config_file: str | None = None,
+                    overrides: dict[str, Any] | None = None, announce: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the config and rescans."""
+    from aiohttp import web
+
+    from agent.node.app import NODE, create_app
+    from agent.node.sdnotify import notify, watchdog_interval
+
+    app = create_app(config)
+    node = app[NODE]
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=config.drain_seconds)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1] if site._server else config.port
+    url = f"http://{config.host}:{port}"
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def reload() -> None:
+        notify("RELOADING=1")
+        try:
+            if config_file:
+                new, _ = build_config(config_file, overrides or {})
+                node.reload(new)
+            else:
+                node.rescan()
+            log.info("SIGHUP: configuration reloaded")
+        except (ConfigError, OSError) as exc:
+            log.error("SIGHUP: keeping the running configuration: %s", exc)
+        notify("READY=1")
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload)
+
+    budgets = ", ".join(f"{d} {format_size(p.budget)}" for d, p in node.cache.pools.items())
+    log.info("serving %d model(s) from %s on %s (budget: %s; policy %s)",
+             len(node.cache.specs), config.repository, url, budgets, config.policy)
+    if announce:
+        first = next(iter(sorted(node.cache.specs)), "MODEL")
+        click.echo(f"edgeagent listening on {url}  (models: {config.repository}, "
+                   f"budget: {budgets}, policy: {config.policy})")
+        click.echo(f"  curl -s {url}/v1/cache")
+        click.echo(f"  curl -s {url}/v1/models/{first}")
+        click.echo(f"  edgeagent cache ls --url {url}")
+        sys.stdout.flush()
+    notify(f"READY=1\nSTATUS=serving on {url}\nMAINPID={__import__('os').getpid()}")
+
+    async def watchdog(interval: float) -> None:
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    interval = watchdog_interval()
+    dog = loop.create_task(watchdog(interval)) if interval else None
+    try:
+        await stop.wait()
+    finally:
+        notify("STOPPING=1")
+        log.info("stopping: no new connections, draining %d request(s) in flight",
+                 sum(e.in_flight for e in node.cache.entries.values()))
+        if dog is not None:
+            dog.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()  # stops listening, waits for handlers, persists state
+        log.info("stopped")
+
+
+@click.command()
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="Agent config YAML (see configs/agent.yaml).")
+@click.option("--repository", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Model repository directory (default: the generated demo).")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8000).")
+@click.option("--cpu-budget", callback=_size, help="CPU memory for models: bytes or 2GiB.")
+@click.option("--policy", help="Eviction policy spec (default cremebrulee).")
+@click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False,
+                                                    path_type=Path),
+              help="File holding the bearer token for admin and repository endpoints.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="State and demo models (default $EDGEAGENT_DATA_DIR, $STATE_DIRECTORY "
+                   "or ~/.local/share/edgeagent).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(config_file: str | None, **flags: Any) -> None:
+    """Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."""
+    overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}
+    if overrides.get("policy"):
+        from cachepolicies.registry import parse_policy_spec
+
+        try:
+            parse_policy_spec(overrides["policy"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    try:
+        config, demo = build_config(config_file, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if demo:
+        from agent.modelzoo import write_demo_repository
+
+        if not (config.repository / ".complete").exists():
+            click.echo(f"generating the demo model repository in {config.repository} ...")
+            write_demo_repository(config.repository)
+            (config.repository / ".complete").touch()
+    try:
+        asyncio.run(run_agent(config, config_file=config_file, overrides=overrides))
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with contextlib.suppress(Exception):
+        logging.shutdown()

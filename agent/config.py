@@ -1,0 +1,289 @@
+"""Agent configuration and per-model ``config.yaml`` parsing.
+
+Both are YAML mappings checked against a small schema: an unknown key or a bad value is
+a ``ConfigError`` naming the file and the dotted key, e.g.
+``models/resnet/config.yaml: slo.latency_ms: must be a number > 0, got 'fast'``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from agent.units import parse_size
+
+BACKENDS = ("onnx", "tfserving", "synthetic")
+
+
+class ConfigError(ValueError):
+    """A configuration file is unreadable, has an unknown key or a bad value."""
+
+    def __init__(self, file: str | Path | None, key: str | None, message: str):
+        where = ": ".join(str(p) for p in (file, key) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.file, self.key = file, key
+
+
+# -- tiny schema checkers: each takes the value, returns it converted or raises ValueError
+
+
+def _num(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = False,
+         integer: bool = False) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+        bound = (f" > {lo}" if strict_lo else f" >= {lo}") if lo is not None else ""
+        bound += f" and <= {hi}" if hi is not None else ""
+        what = f"{'an integer' if integer else 'a number'}{bound}"
+        if isinstance(v, bool) or not ok_type:
+            raise ValueError(f"must be {what}, got {v!r}")
+        if lo is not None and (v <= lo if strict_lo else v < lo) or hi is not None and v > hi:
+            raise ValueError(f"must be {what}, got {v!r}")
+        return v
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")
+    return v
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
+        return v
+    return check
+
+
+def _size(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"must be a size such as 512MB or 2GiB, got {v!r}")
+    return parse_size(v)
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _device(v: Any) -> str:
+    if v == "cpu" or v == "cuda" or (isinstance(v, str) and v.startswith("cuda:")
+                                     and v[5:].isdigit()):
+        return "cuda:0" if v == "cuda" else v
+    raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+
+
+def _check_mapping(data: Any, schema: dict[str, Any], file: Any, prefix: str = "") -> dict:
+    """Validate ``data`` against ``schema`` (key -> checker or nested schema dict)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(file, prefix.rstrip(".") or None,
+                          f"must be a mapping, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in schema:
+            raise ConfigError(file, dotted,
+                              f"unknown key (expected one of: {', '.join(schema)})")
+        check = schema[key]
+        if isinstance(check, dict):
+            out[key] = _check_mapping(value, check, file, dotted + ".")
+        else:
+            try:
+                out[key] = check(value)
+            except ValueError as exc:
+                raise ConfigError(file, dotted, str(exc)) from None
+    return out
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, None, f"invalid YAML: {exc}") from None
+
+
+# -- per-model config.yaml -------------------------------------------------------------
+
+_ORT_SCHEMA = {
+    "intra_op_threads": _num(0, integer=True),
+    "inter_op_threads": _num(0, integer=True),
+    "graph_optimization_level": _choice("disable", "basic", "extended", "all"),
+    "execution_mode": _choice("sequential", "parallel"),
+    "allow_spinning": _bool,
+    "enable_cpu_mem_arena": _bool,
+    "enable_mem_pattern": _bool,
+}
+_MODEL_SCHEMA = {
+    "backend": _choice(*BACKENDS),
+    "device": _device,
+    "slo": {"latency_ms": _num(0, strict_lo=True), "percentile": _num(0, 100, strict_lo=True)},
+    "max_batch_size": _num(0, integer=True),
+    "pin": _bool,
+    "onnxruntime": _ORT_SCHEMA,
+    "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
+                  "load_ms": _num(0)},
+}
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """ONNX Runtime session options (``onnxruntime:`` in config.yaml)."""
+
+    # One intra-op thread by default: the agent runs requests in parallel itself, and
+    # spinning pools per session would fight over the few cores of an edge box.
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    graph_optimization_level: str = "all"
+    execution_mode: str = "sequential"
+    allow_spinning: bool = False
+    enable_cpu_mem_arena: bool = True
+    enable_mem_pattern: bool = True
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    """The synthetic backend's behaviour (``synthetic:`` in config.yaml)."""
+
+    base_ms: float = 1.0
+    per_item_ms: float = 0.0
+    size_bytes: int = 1_000_000
+    load_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model's settings; ``backend`` None means "infer it from the files"."""
+
+    backend: str | None = None
+    device: str = "cpu"
+    slo_latency_ms: float | None = None
+    slo_percentile: float = 99.0
+    max_batch_size: int = 0
+    pin: bool = False
+    onnxruntime: OrtOptions = field(default_factory=OrtOptions)
+    synthetic: SyntheticOptions | None = None
+
+
+def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig:
+    """A ``ModelConfig`` from a parsed config.yaml mapping (errors name ``file``/key)."""
+    d = _check_mapping(data, _MODEL_SCHEMA, file)
+    slo = d.get("slo", {})
+    if slo and "latency_ms" not in slo:
+        raise ConfigError(file, "slo.latency_ms", "required when slo is given")
+    if "synthetic" in d and d.get("backend") != "synthetic":
+        raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
+    return ModelConfig(
+        backend=d.get("backend"),
+        device=d.get("device", "cpu"),
+        slo_latency_ms=slo.get("latency_ms"),
+        slo_percentile=slo.get("percentile", 99.0),
+        max_batch_size=d.get("max_batch_size", 0),
+        pin=d.get("pin", False),
+        onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
+        synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
+    )
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Parse ``path`` (a model's config.yaml); a missing file gives the defaults."""
+    if not path.exists():
+        return ModelConfig()
+    return parse_model_config(_load_yaml(path), path)
+
+
+# -- agent config ----------------------------------------------------------------------
+
+_AGENT_SCHEMA = {
+    "host": _str,
+    "port": _num(0, 65535, integer=True),
+    "repository": _str,
+    "data_dir": _str,
+    "state_file": _str,
+    "cpu_budget": _size,
+    "gpu_budget": _size,
+    "memory_margin": _num(0, 0.9),
+    "policy": _str,
+    "admin_token_file": _str,
+    "max_request_size": _size,
+    "load_concurrency": _num(1, integer=True),
+    "infer_threads": _num(1, integer=True),
+    "restore": _bool,
+    "drain_seconds": _num(0),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+
+
+def default_data_dir() -> Path:
+    """``$EDGEAGENT_DATA_DIR``, systemd's ``$STATE_DIRECTORY``, or ~/.local/share/edgeagent."""
+    for var in ("EDGEAGENT_DATA_DIR", "STATE_DIRECTORY"):
+        if os.environ.get(var):
+            return Path(os.environ[var].split(":")[0])
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "edgeagent"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The node agent's settings. None budgets mean "from psutil / NVML minus a margin"."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    repository: Path | None = None
+    data_dir: Path = field(default_factory=default_data_dir)
+    state_file: Path | None = None
+    cpu_budget: int | None = None
+    gpu_budget: int | None = None
+    memory_margin: float = 0.2
+    policy: str = "cremebrulee"
+    admin_token_file: Path | None = None
+    max_request_size: int = 64 * 2**20
+    load_concurrency: int = 2
+    infer_threads: int = max(2, os.cpu_count() or 2)
+    restore: bool = True
+    drain_seconds: float = 30.0
+    log_level: str = "info"
+    source: Path | None = None  # the file it came from, for SIGHUP reloads
+
+    @property
+    def resident_state_path(self) -> Path:
+        return self.state_file or self.data_dir / "resident.json"
+
+    def with_overrides(self, **changes: Any) -> "AgentConfig":
+        """A copy with the non-None ``changes`` applied (command-line flags)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+_PATH_KEYS = {"repository", "data_dir", "state_file", "admin_token_file"}
+
+
+def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig:
+    """An ``AgentConfig`` from a parsed YAML mapping; relative paths are from ``file``'s dir."""
+    d = _check_mapping(data, _AGENT_SCHEMA, file)
+    base = Path(file).parent if file else Path.cwd()
+    for key in _PATH_KEYS & d.keys():
+        d[key] = (base / Path(d[key]).expanduser()).resolve()
+    if "policy" in d:
+        from cachepolicies.registry import parse_policy_spec
+
+        try:
+            parse_policy_spec(d["policy"])
+        except ValueError as exc:
+            raise ConfigError(file, "policy", str(exc)) from None
+    known = {f.name for f in fields(AgentConfig)}
+    assert set(d) <= known
+    return AgentConfig(**d, source=Path(file) if file else None)
+
+
+def load_agent_config(path: str | Path) -> AgentConfig:
+    path = Path(path)
+    return parse_agent_config(_load_yaml(path), path)

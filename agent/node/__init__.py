@@ -1,0 +1,1 @@
+"""The node agent: model repository, backends driver, model cache and HTTP APIs."""

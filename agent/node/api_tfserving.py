@@ -1,0 +1,54 @@
+"""TF Serving REST: ``POST /v1/models/{name}[/versions/{v}]:predict`` and model status."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agent.backends.base import check_inputs
+from agent.node.api_v2 import model_ref
+from agent.node.app import NODE, counted
+from agent.node.cache import State
+from agent.node.tensors import decode_tf_request, encode_tf_response
+
+_TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
+              State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
+
+
+@counted("tfserving")
+async def predict(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name, version = model_ref(request)
+    body = await request.read()
+    known = node.cache.entry(name, version).signature
+    if known is not None:  # reject bad input before it can cause a load
+        inputs, style = decode_tf_request(body, known)
+        check_inputs(known, inputs)
+    async with node.cache.lease(name, version) as entry:
+        backend = entry.backend
+        if backend.inputs != known:
+            inputs, style = decode_tf_request(body, backend.inputs)
+            check_inputs(backend.inputs, inputs)
+        results = await backend.infer_async(inputs, {}, node.infer_executor)
+    return web.json_response(encode_tf_response(results, style))
+
+
+async def status(request: web.Request) -> web.Response:
+    name, version = model_ref(request)
+    cache = request.app[NODE].cache
+    versions = [version] if version is not None else list(cache.entry(name).spec.versions)
+    out = []
+    for v in versions:
+        entry = cache.entry(name, v)
+        error = entry.error or entry.spec.error
+        out.append({"version": str(v), "state": _TF_STATES[entry.state],
+                    "status": {"error_code": "UNKNOWN" if error else "OK",
+                               "error_message": error or ""}})
+    return web.json_response({"model_version_status": out})
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/models/{name:[^/:]+}:predict", predict)
+    r.add_post("/v1/models/{name:[^/:]+}/versions/{version:[^/:]+}:predict", predict)
+    r.add_get("/v1/models/{name:[^/:]+}", status)
+    r.add_get("/v1/models/{name:[^/:]+}/versions/{version:[^/:]+}", status)

@@ -1,0 +1,129 @@
+"""Open Inference Protocol (KServe v2) REST handlers, incl. the repository extension."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agent import __version__
+from agent.backends.base import check_inputs
+from agent.node.app import NODE, counted
+from agent.node.cache import State, UnknownModel
+from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
+
+_PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
+              "synthetic": "synthetic"}
+
+
+def model_ref(request: web.Request) -> tuple[str, int | None]:
+    """(model name, version or None) from the URL."""
+    raw = request.match_info.get("version")
+    if raw is None or raw == "":
+        return request.match_info["name"], None
+    if not raw.isdigit():
+        raise UnknownModel(f"model {request.match_info['name']!r} has no version {raw!r}: "
+                           "versions are integers")
+    return request.match_info["name"], int(raw)
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    ok = request.app[NODE].ready
+    return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": "edgeagent", "version": __version__,
+                              "extensions": ["model_repository", "binary_tensor_data"]})
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    name, version = model_ref(request)
+    entry = request.app[NODE].cache.entry(name, version)
+    if entry.metadata is None:
+        raise BadRequest(f"model {name!r} has not been loaded yet, so its signature is "
+                         f"unknown: load it (POST /v2/repository/models/{name}/load) or "
+                         "send it a request")
+    return web.json_response({
+        "name": name, "versions": [str(v) for v in entry.spec.versions],
+        "platform": _PLATFORMS.get(entry.spec.backend or "", "unknown"), **entry.metadata})
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    name, version = model_ref(request)
+    entry = request.app[NODE].cache.entry(name, version)
+    if entry.state is not State.READY:
+        return web.json_response({"name": name, "ready": False,
+                                  "error": f"model {entry.key} is {entry.state.value}"},
+                                 status=400)
+    return web.json_response({"name": name, "ready": True})
+
+
+@counted("v2")
+async def infer(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    name, version = model_ref(request)
+    header = request.headers.get("Inference-Header-Content-Length")
+    if header is not None and not header.isdigit():
+        raise BadRequest("Inference-Header-Content-Length must be an integer")
+    body = await request.read()
+    inputs, meta = decode_v2_request(body, int(header) if header is not None else None)
+    known = node.cache.entry(name, version).signature
+    if known is not None:  # reject bad input before it can cause a load
+        check_inputs(known, inputs)
+    async with node.cache.lease(name, version) as entry:
+        backend = entry.backend
+        check_inputs(backend.inputs, inputs)
+        results = await backend.infer_async(inputs, meta["parameters"], node.infer_executor)
+        out, header_len = encode_v2_response(name, entry.version, results, meta)
+    if header_len is None:
+        return web.Response(body=out, content_type="application/json")
+    return web.Response(body=out, content_type="application/octet-stream",
+                        headers={"Inference-Header-Content-Length": str(header_len)})
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    body = await request.read()
+    only_ready = bool(parse_json(body).get("ready")) if body.strip() else False
+    node.rescan()
+    out = []
+    for entry in node.cache.listing():
+        state = {"ready": "READY", "loading": "LOADING", "unloading": "UNLOADING"}.get(
+            entry.state.value, "UNAVAILABLE")
+        if only_ready and state != "READY":
+            continue
+        item = {"name": entry.name, "version": str(entry.version), "state": state}
+        reason = entry.error or entry.spec.error
+        if reason:
+            item["reason"] = reason
+        out.append(item)
+    return web.json_response(out)
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    await request.read()
+    await request.app[NODE].cache.ensure_loaded(request.match_info["name"])
+    return web.json_response({})
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    await request.read()
+    await request.app[NODE].cache.evict(request.match_info["name"])
+    return web.json_response({})
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_metadata)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        r.add_get(prefix, model_metadata)
+        r.add_get(prefix + "/ready", model_ready)
+        r.add_post(prefix + "/infer", infer)
+    r.add_post("/v2/repository/index", repository_index)
+    r.add_post("/v2/repository/models/{name}/load", repository_load)
+    r.add_post("/v2/repository/models/{name}/unload", repository_unload)

@@ -1,0 +1,64 @@
+"""Warm-restart state: the resident set, pins and learned footprint factors, written
+atomically (temp file, fsync, rename) so a crash leaves the old or the new file, never
+half of one. On start the agent reloads the resident set, most popular first."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.node.cache import ModelCache, State
+
+log = logging.getLogger("edgeagent.state")
+FORMAT = 1
+
+
+def snapshot(cache: ModelCache) -> dict[str, Any]:
+    now = cache.clock()
+    resident = []
+    for entry in cache.entries.values():
+        if entry.state in (State.READY, State.LOADING):
+            pool = cache.pool_of(entry)
+            rate = pool.policy.request_rate(entry.key, now) if pool else None
+            resident.append({"name": entry.name, "version": entry.version,
+                             "rate": rate or 0.0, "hits": entry.hits + entry.misses})
+    pins = {e.name: e.pinned for e in cache.entries.values()
+            if e.pinned != e.spec.config.pin}
+    return {"format": FORMAT, "resident": resident, "pins": pins,
+            "footprint_factors": cache.footprints.to_json()}
+
+
+def write_state(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """The saved state, or None when absent or unreadable (logged, never fatal)."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable state file %s: %s", path, exc)
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        log.warning("ignoring state file %s: unknown format", path)
+        return None
+    return doc
+
+
+def restore_order(doc: dict[str, Any]) -> list[tuple[str, int]]:
+    """(name, version) of the saved resident set, most popular first."""
+    items = [r for r in doc.get("resident", []) if isinstance(r, dict)
+             and isinstance(r.get("name"), str) and isinstance(r.get("version"), int)]
+    items.sort(key=lambda r: (-(r.get("rate") or 0.0), -(r.get("hits") or 0), r["name"]))
+    return [(r["name"], r["version"]) for r in items]

@@ -1,0 +1,326 @@
+"""Tensor codecs: Open Inference Protocol v2 (JSON and the binary-data extension that
+``tritonclient.http`` uses) and TF Serving REST (row ``instances`` / columnar ``inputs``).
+
+Decoders raise ``BadRequest`` naming the problem; nothing here touches models.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, datatype_of
+
+
+class BadRequest(InvalidInput):
+    """The request body is malformed (a 400)."""
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    doc = parse_json(body)
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return doc
+
+
+# -- OIP v2 ---------------------------------------------------------------------------
+
+
+def _shape(tensor: dict[str, Any], name: str) -> tuple[int, ...]:
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise BadRequest(f"input {name!r}: 'shape' must be a list of integers >= 0")
+    return tuple(shape)
+
+
+def _from_bytes_elements(raw: bytes, count: int, name: str) -> np.ndarray:
+    """BYTES binary layout: each element is a 4-byte little-endian length + its bytes."""
+    out, offset = [], 0
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise BadRequest(f"input {name!r}: BYTES binary data ends early")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise BadRequest(f"input {name!r}: BYTES element overruns the binary data")
+        out.append(raw[offset:offset + length])
+        offset += length
+    if offset != len(raw):
+        raise BadRequest(f"input {name!r}: {len(raw) - offset} unexpected trailing bytes")
+    return np.array(out + [None], dtype=object)[:-1]
+
+
+def _to_bytes_elements(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _from_json_data(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        flat = _flatten(data, name)
+        if len(flat) != count:
+            raise BadRequest(f"input {name!r}: {len(flat)} elements, shape {list(shape)} "
+                             f"needs {count}")
+        items = []
+        for x in flat:
+            if isinstance(x, str):
+                items.append(x.encode())
+            else:
+                raise BadRequest(f"input {name!r}: BYTES elements must be strings")
+        return np.array(items + [None], dtype=object)[:-1].reshape(shape)
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        raise BadRequest(f"input {name!r}: 'data' is ragged or not numbers") from None
+    if array.size != count:
+        raise BadRequest(f"input {name!r}: {array.size} elements, shape {list(shape)} "
+                         f"needs {count}")
+    kind = array.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b" and array.size:
+            raise BadRequest(f"input {name!r}: BOOL data must be true/false")
+    elif kind not in "biuf" and array.size:
+        raise BadRequest(f"input {name!r}: {datatype} data must be numbers")
+    elif kind == "f" and datatype[0] in "IU" and array.size:
+        raise BadRequest(f"input {name!r}: {datatype} data must be integers")
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            return array.astype(DATATYPES[datatype], casting="unsafe").reshape(shape)
+    except (FloatingPointError, OverflowError):
+        raise BadRequest(f"input {name!r}: values out of range for {datatype}") from None
+
+
+def _flatten(data: Any, name: str) -> list:
+    if not isinstance(data, list):
+        return [data]
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def decode_v2_request(body: bytes, header_length: int | None
+                      ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(inputs by name, the request JSON minus input data) from an OIP v2 infer body."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise BadRequest("Inference-Header-Content-Length exceeds the body")
+        doc, binary = _json_object(body[:header_length]), memoryview(body)[header_length:]
+    else:
+        doc, binary = _json_object(body), memoryview(b"")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list")
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise BadRequest("'parameters' must be an object")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for tensor in raw_inputs:
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise BadRequest("each input must be an object with a string 'name'")
+        name = tensor["name"]
+        if name in inputs:
+            raise BadRequest(f"input {name!r} given twice")
+        datatype = tensor.get("datatype")
+        if datatype not in DATATYPES:
+            raise BadRequest(f"input {name!r}: unknown datatype {datatype!r} (expected one "
+                             f"of {', '.join(DATATYPES)})")
+        shape = _shape(tensor, name)
+        tparams = tensor.get("parameters") or {}
+        if not isinstance(tparams, dict):
+            raise BadRequest(f"input {name!r}: 'parameters' must be an object")
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input {name!r}: binary_data_size {size!r} exceeds the "
+                                 "binary data sent")
+            raw = bytes(binary[offset:offset + size])
+            offset += size
+            count = math.prod(shape)
+            if datatype == "BYTES":
+                array = _from_bytes_elements(raw, count, name).reshape(shape)
+            else:
+                dtype = DATATYPES[datatype]
+                if size != count * dtype.itemsize:
+                    raise BadRequest(f"input {name!r}: {size} bytes of binary data, shape "
+                                     f"{list(shape)} of {datatype} needs "
+                                     f"{count * dtype.itemsize}")
+                array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        elif "data" in tensor:
+            array = _from_json_data(tensor["data"], datatype, shape, name)
+        else:
+            raise BadRequest(f"input {name!r}: no 'data' and no binary_data_size")
+        inputs[name] = array
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
+    outputs = doc.get("outputs")
+    if outputs is not None and (not isinstance(outputs, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):
+        raise BadRequest("'outputs' must be a list of objects with a string 'name'")
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise BadRequest("'id' must be a string")
+    return inputs, {"id": rid, "parameters": params, "outputs": outputs}
+
+
+def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
+                       request: dict[str, Any]) -> tuple[bytes, int | None]:
+    """(body, JSON header length or None) for an OIP v2 infer response."""
+    params = request["parameters"]
+    binary_default = bool(params.get("binary_data_output", False))
+    wanted = request["outputs"]
+    if wanted is None:
+        wanted = [{"name": n} for n in results]
+    outs, blobs = [], []
+    for o in wanted:
+        name = o["name"]
+        if name not in results:
+            raise BadRequest(f"unknown output {name!r}: the model's outputs are "
+                             f"{', '.join(results)}")
+        array = results[name]
+        datatype = datatype_of(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        binary = (o.get("parameters") or {}).get("binary_data", binary_default)
+        if binary:
+            blob = (_to_bytes_elements(array) if datatype == "BYTES"
+                    else np.ascontiguousarray(array).tobytes())
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        elif datatype == "BYTES":
+            entry["data"] = [x.decode(errors="replace") if isinstance(x, bytes) else str(x)
+                             for x in array.reshape(-1)]
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        outs.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": str(version), "outputs": outs}
+    if request["id"] is not None:
+        doc["id"] = request["id"]
+    passthrough = {k: v for k, v in params.items() if k != "binary_data_output"}
+    if passthrough:
+        doc["parameters"] = passthrough
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+# -- TF Serving REST --------------------------------------------------------------------
+
+
+def _tf_value(value: Any, spec: TensorSpec, what: str) -> np.ndarray:
+    if spec.datatype == "BYTES":
+        def conv(x: Any) -> Any:
+            if isinstance(x, list):
+                return [conv(y) for y in x]
+            if isinstance(x, dict) and set(x) == {"b64"} and isinstance(x["b64"], str):
+                try:
+                    return base64.b64decode(x["b64"], validate=True)
+                except ValueError:
+                    raise BadRequest(f"{what}: invalid base64") from None
+            if isinstance(x, str):
+                return x.encode()
+            raise BadRequest(f"{what}: expected strings")
+        converted = conv(value)
+        flat = _flatten(converted, what)
+        try:
+            shape = np.asarray(converted, dtype=object).shape
+        except ValueError:
+            raise BadRequest(f"{what}: ragged nested lists") from None
+        return np.array(flat + [None], dtype=object)[:-1].reshape(shape)
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise BadRequest(f"{what}: ragged nested lists") from None
+    if array.dtype.kind not in "biuf" and array.size:
+        raise BadRequest(f"{what}: expected numbers for a {spec.datatype} input")
+    if spec.datatype == "BOOL" and array.dtype.kind != "b" and array.size:
+        raise BadRequest(f"{what}: expected true/false for a BOOL input")
+    return array.astype(DATATYPES[spec.datatype])
+
+
+def decode_tf_request(body: bytes, specs: list[TensorSpec]
+                      ) -> tuple[dict[str, np.ndarray], str]:
+    """(inputs, "row" or "columnar") from a TF Serving ``:predict`` body."""
+    doc = _json_object(body)
+    by_name = {s.name: s for s in specs}
+    has_rows, has_cols = "instances" in doc, "inputs" in doc
+    if has_rows == has_cols:
+        raise BadRequest("the body needs exactly one of 'instances' (row format) or "
+                         "'inputs' (columnar format)")
+    unknown = set(doc) - {"instances", "inputs", "signature_name"}
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}")
+    if has_rows:
+        rows = doc["instances"]
+        if not isinstance(rows, list) or not rows:
+            raise BadRequest("'instances' must be a non-empty list")
+        if all(isinstance(r, dict) for r in rows):
+            names = set(rows[0])
+            if any(set(r) != names for r in rows):
+                raise BadRequest("every instance must name the same inputs")
+            _check_names(names, by_name)
+            return {n: _tf_value([r[n] for r in rows], by_name[n], f"input {n!r}")
+                    for n in names}, "row"
+        if len(specs) != 1:
+            raise BadRequest(f"the model has {len(specs)} inputs: each instance must be an "
+                             "object naming them")
+        spec = specs[0]
+        return {spec.name: _tf_value(rows, spec, f"input {spec.name!r}")}, "row"
+    cols = doc["inputs"]
+    if isinstance(cols, dict):
+        _check_names(set(cols), by_name)
+        return {n: _tf_value(v, by_name[n], f"input {n!r}") for n, v in cols.items()}, "columnar"
+    if len(specs) != 1:
+        raise BadRequest(f"the model has {len(specs)} inputs: 'inputs' must be an object")
+    spec = specs[0]
+    return {spec.name: _tf_value(cols, spec, f"input {spec.name!r}")}, "columnar"
+
+
+def _check_names(names: set[str], by_name: dict[str, TensorSpec]) -> None:
+    for n in sorted(names - set(by_name)):
+        raise BadRequest(f"unknown input {n!r}: the model's inputs are {', '.join(by_name)}")
+
+
+def _tf_json(array: np.ndarray) -> Any:
+    if array.dtype == object:
+        return np.vectorize(lambda x: x.decode(errors="replace") if isinstance(x, bytes)
+                            else str(x), otypes=[object])(array).tolist() if array.size else []
+    return array.tolist()
+
+
+def encode_tf_response(results: dict[str, np.ndarray], style: str) -> dict[str, Any]:
+    if style == "row":
+        if len(results) == 1:
+            return {"predictions": _tf_json(next(iter(results.values())))}
+        n = len(next(iter(results.values())))
+        cols = {k: _tf_json(v) for k, v in results.items()}
+        return {"predictions": [{k: cols[k][i] for k in cols} for i in range(n)]}
+    if len(results) == 1:
+        return {"outputs": _tf_json(next(iter(results.values())))}
+    return {"outputs": {k: _tf_json(v) for k, v in results.items()}}

@@ -1,0 +1,154 @@
+"""The model cache with real backends: single flight, refcounts, pins, budget, eviction."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from agent.node.cache import (CacheBusy, LoadFailed, ModelCache, ModelInUse, ModelTooLarge,
+                              State, UnknownModel)
+from agent.node.repository import scan_repository
+from tests.conftest import add_mlp, add_synthetic
+
+MB = 1_000_000
+
+
+def make_cache(repo, budget, policy="cremebrulee", **kw):
+    return ModelCache(scan_repository(repo), {"cpu": budget}, policy=policy, **kw)
+
+
+async def test_concurrent_requests_for_cold_model_load_once(repo):
+    add_synthetic(repo, "slow", load_ms=150, size_bytes=5 * MB)
+    cache = make_cache(repo, 100 * MB)
+    entries = await asyncio.gather(*(cache.acquire("slow") for _ in range(20)))
+    e = entries[0]
+    assert all(x is e for x in entries)
+    assert e.loads == 1 and e.misses == 20 and e.hits == 0 and e.in_flight == 20
+    for x in entries:
+        cache.release(x)
+    await cache.acquire("slow")
+    assert e.hits == 1 and e.loads == 1
+    await cache.close()
+
+
+async def test_eviction_keeps_budget_and_uses_policy(repo):
+    for name in "abc":
+        add_synthetic(repo, name, size_bytes=40 * MB)
+    cache = make_cache(repo, 100 * MB, policy="lru")
+    for name in "ab":
+        await cache.ensure_loaded(name)
+    async with cache.lease("a"):  # a is now the most recently used
+        pass
+    await cache.ensure_loaded("c")
+    states = {n: cache.entry(n).state for n in "abc"}
+    assert states == {"a": State.READY, "b": State.UNLOADED, "c": State.READY}
+    assert cache.entry("b").evictions == 1
+    assert cache.pools["cpu"].used == 80 * MB <= cache.pools["cpu"].budget
+    await cache.close()
+
+
+async def test_model_in_use_is_not_evicted(repo):
+    for name in "abc":
+        add_synthetic(repo, name, size_bytes=40 * MB)
+    cache = make_cache(repo, 100 * MB, policy="lru")
+    a = await cache.acquire("a")            # held: in flight
+    await cache.ensure_loaded("b")
+    await cache.ensure_loaded("c")          # must evict b, never a (a is older)
+    assert a.state is State.READY and cache.entry("b").state is State.UNLOADED
+    c = await cache.acquire("c")
+    with pytest.raises(CacheBusy) as err:   # a and c in use: nothing evictable
+        await cache.acquire("b")
+    assert err.value.status == 503 and err.value.retry_after
+    assert cache.entry("b").state is State.UNLOADED
+    with pytest.raises(ModelInUse):
+        await cache.evict("a")
+    cache.release(a)
+    cache.release(c)
+    await cache.acquire("b")
+    await cache.close()
+
+
+async def test_pinned_models_are_never_evicted(repo):
+    add_synthetic(repo, "p", size_bytes=40 * MB, pin=True)
+    add_synthetic(repo, "q", size_bytes=40 * MB)
+    add_synthetic(repo, "r", size_bytes=40 * MB)
+    cache = make_cache(repo, 100 * MB, policy="lru")
+    assert cache.entry("p").pinned
+    for name in "pqr":
+        await cache.ensure_loaded(name)
+    assert cache.entry("p").state is State.READY and cache.entry("q").state is State.UNLOADED
+    with pytest.raises(ModelInUse, match="pinned"):
+        await cache.evict("p")
+    cache.set_pinned("p", False)
+    await cache.evict("p")
+    assert cache.entry("p").state is State.UNLOADED and cache.entry("p").evictions == 1
+    await cache.close()
+
+
+async def test_model_larger_than_budget_is_an_error(repo):
+    add_synthetic(repo, "huge", size_bytes=200 * MB)
+    add_synthetic(repo, "ok", size_bytes=10 * MB)
+    cache = make_cache(repo, 100 * MB)
+    with pytest.raises(ModelTooLarge, match="whole cpu budget"):
+        await cache.acquire("huge")
+    assert cache.entry("huge").state is State.FAILED and cache.entry("huge").in_flight == 0
+    await cache.ensure_loaded("ok")
+    assert cache.pools["cpu"].used == 10 * MB
+    await cache.close()
+
+
+async def test_unknown_model_and_version(repo):
+    add_synthetic(repo, "s")
+    cache = make_cache(repo, 100 * MB)
+    with pytest.raises(UnknownModel):
+        await cache.acquire("nope")
+    with pytest.raises(UnknownModel, match="no version 7"):
+        await cache.acquire("s", 7)
+    await cache.close()
+
+
+async def test_onnx_footprint_is_measured_and_replaces_estimate(repo):
+    add_mlp(repo, "m", inputs=64, hidden=512, layers=2, outputs=4)
+    cache = make_cache(repo, 500 * MB)
+    async with cache.lease("m") as e:
+        out = await e.backend.infer_async({"X": np.ones((2, 64), np.float32)}, {}, None)
+        assert out["Y"].shape == (2, 4)
+    info = cache.describe(e)
+    estimate = cache.footprints.estimate("onnx", e.backend.file_bytes())
+    assert info["state"] == "ready" and info["size_estimated"] is False
+    assert 0 < info["size_bytes"] < estimate
+    assert info["load_seconds"] > 0 and info["loads"] == 1 and info["hits"] == 0
+    assert cache.pools["cpu"].used == info["size_bytes"]
+    await cache.evict("m")
+    assert cache.pools["cpu"].used == 0 and cache.describe(e)["state"] == "unloaded"
+    await cache.close()
+
+
+async def test_broken_model_fails_without_hurting_others(repo):
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    add_synthetic(repo, "fine")
+    cache = make_cache(repo, 100 * MB)
+    await cache.ensure_loaded("fine")
+    with pytest.raises(LoadFailed, match="onnxruntime cannot load"):
+        await cache.acquire("broken")
+    assert cache.entry("broken").state is State.FAILED
+    assert cache.entry("fine").state is State.READY
+    assert cache.pools["cpu"].reserved == 0
+    await cache.close()
+
+
+async def test_removed_model_is_unloaded_on_rescan(repo):
+    add_synthetic(repo, "a")
+    add_synthetic(repo, "b")
+    cache = make_cache(repo, 100 * MB)
+    await cache.ensure_loaded("a")
+    import shutil
+    shutil.rmtree(repo / "a")
+    cache.update_specs(scan_repository(repo))
+    await asyncio.sleep(0.05)
+    assert [e.name for e in cache.listing()] == ["b"]
+    assert cache.pools["cpu"].used == 0
+    with pytest.raises(UnknownModel):
+        await cache.acquire("a")
+    await cache.close()

@@ -1,0 +1,40 @@
+"""`edgeagent cache ...` against a real running agent."""
+
+import json
+
+from click.testing import CliRunner
+
+from agent.cli import main
+from tests.conftest import add_synthetic
+
+
+def test_cache_cli(repo, start_agent, tmp_path):
+    add_synthetic(repo, "alpha", size_bytes=3_000_000)
+    add_synthetic(repo, "beta")
+    token = tmp_path / "token"
+    token.write_text("tok")
+    agent = start_agent(repo, admin_token_file=token)
+    run = CliRunner().invoke
+    base = ["cache", "--token-file", str(token)]
+    assert run(main, base + ["pin", "alpha", "--url", agent.url]).exit_code == 0
+    agent.request("POST", "/v2/models/alpha/infer", {"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1]}]})
+    result = run(main, base + ["ls", "--url", agent.url])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:4] == ["NAME", "VER", "STATE", "SIZE"]
+    alpha = next(line for line in lines if line.startswith("alpha")).split()
+    assert alpha[2] == "ready" and alpha[3] == "2.9MiB" and "yes" in alpha
+    result = run(main, base + ["--json", "ls", "--url", agent.url])
+    assert {m["name"] for m in json.loads(result.output)} == {"alpha", "beta"}
+    result = run(main, base + ["inspect", "alpha", "--url", agent.url, "--json"])
+    assert json.loads(result.output)["misses"] == 1
+    result = run(main, base + ["evict", "alpha", "--url", agent.url])
+    assert result.exit_code == 1 and "409" in result.output and "pinned" in result.output
+    run(main, base + ["unpin", "alpha", "--url", agent.url])
+    result = run(main, base + ["evict", "alpha", "--url", agent.url])
+    assert result.exit_code == 0 and "unloaded" in result.output
+    result = run(main, ["cache", "ls", "--url", agent.url])  # no token
+    assert result.exit_code == 1 and "401" in result.output
+    result = run(main, ["cache", "ls", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1 and "cannot reach" in result.output
