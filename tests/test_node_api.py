@@ -188,3 +188,13 @@ def test_metrics(agent):
     assert 'edgeagent_model_load_seconds_count{model="mlp"} 1.0' in text
     assert 'edgeagent_memory_budget_bytes{device="cpu"} 2e+08' in text
     assert 'edgeagent_memory_used_bytes{device="cpu"}' in text
+
+
+def test_metadata_of_a_cold_model_loads_it(agent):
+    client = tc.InferenceServerClient(agent.url.removeprefix("http://"))
+    assert not client.is_model_ready("echo")
+    meta = client.get_model_metadata("echo")  # the usual first call of a client
+    assert {i["name"] for i in meta["inputs"]} and meta["platform"] == "onnxruntime_onnx"
+    assert client.is_model_ready("echo")
+    with pytest.raises(InferenceServerException, match="nope"):
+        client.get_model_metadata("nope")

@@ -41,11 +41,11 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 async def model_metadata(request: web.Request) -> web.Response:
     name, version = model_ref(request)
-    entry = request.app[NODE].cache.entry(name, version)
+    cache = request.app[NODE].cache
+    entry = cache.entry(name, version)
     if entry.metadata is None:
-        raise BadRequest(f"model {name!r} has not been loaded yet, so its signature is "
-                         f"unknown: load it (POST /v2/repository/models/{name}/load) or "
-                         "send it a request")
+        # The signature is read from the loaded model: a cold model loads, as for infer.
+        entry = await cache.ensure_loaded(name, version)
     return web.json_response({
         "name": name, "versions": [str(v) for v in entry.spec.versions],
         "platform": _PLATFORMS.get(entry.spec.backend or "", "unknown"), **entry.metadata})
