@@ -1,0 +1,146 @@
+"""Replica counts → nodes: memory-aware, stable, respecting pins and node capacity.
+
+A replica of model m on node n needs ``cpu_per_replica`` cores there, and the node
+must hold the model resident: ``resident_bytes`` once per node that runs the model,
+plus ``memory_per_replica_bytes`` per replica (working memory; 0 by default).
+``pinned_nodes`` (when not empty) are the only nodes the model may run on.
+
+``place`` starts from the current placement: replicas that still fit their pins and the
+nodes' capacities stay where they are (a model over its target loses replicas from the
+node where it has most; an over-full node sheds replicas of the models with most
+replicas there). Missing replicas go first to nodes already holding the model (no new
+load), then to the node with the most free memory that fits (spreading), models with the
+largest resident size first. Replicas that fit nowhere are reported in ``unplaced``,
+never dropped silently. When the current placement already matches the targets and
+fits, nothing moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine's capacity for replicas."""
+
+    name: str
+    cpu: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """How many replicas a model should run and what each needs."""
+
+    name: str
+    replicas: int
+    cpu_per_replica: float = 1.0
+    resident_bytes: float = 0.0
+    memory_per_replica_bytes: float = 0.0
+    pinned_nodes: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``assignment[node][model]`` = replicas; moves = replicas started + stopped."""
+
+    assignment: dict[str, dict[str, int]]
+    started: int
+    stopped: int
+    unplaced: dict[str, int]
+
+    @property
+    def moves(self) -> int:
+        return self.started + self.stopped
+
+
+def _usage(node_plan: dict[str, int], models: dict[str, ModelDemand]) -> tuple[float, float]:
+    cpu = mem = 0.0
+    for name, count in node_plan.items():
+        if count > 0:
+            m = models[name]
+            cpu += count * m.cpu_per_replica
+            mem += m.resident_bytes + count * m.memory_per_replica_bytes
+    return cpu, mem
+
+
+def _fits(node: Node, node_plan: dict[str, int], models: dict[str, ModelDemand]) -> bool:
+    cpu, mem = _usage(node_plan, models)
+    return cpu <= node.cpu + _TOL and mem <= node.memory_bytes + _TOL
+
+
+def _allowed(m: ModelDemand, node: str) -> bool:
+    return not m.pinned_nodes or node in m.pinned_nodes
+
+
+def place(nodes: list[Node], demands: list[ModelDemand],
+          current: dict[str, dict[str, int]] | None = None) -> Placement:
+    """Assign every model's target replicas to nodes, moving as little as possible."""
+    models = {m.name: m for m in demands}
+    if len(models) != len(demands):
+        raise ValueError("model names must be unique")
+    by_name = {n.name: n for n in nodes}
+    current = current or {}
+    plan: dict[str, dict[str, int]] = {n.name: {} for n in nodes}
+    # 1. keep what may stay (known node, known model, pin allowed)
+    for node_name, row in current.items():
+        if node_name not in by_name:
+            continue
+        for model_name, count in row.items():
+            m = models.get(model_name)
+            if m is not None and count > 0 and _allowed(m, node_name):
+                plan[node_name][model_name] = int(count)
+    # 2. trim models above target, from the node where they have the most replicas
+    for m in demands:
+        while sum(plan[n].get(m.name, 0) for n in plan) > m.replicas:
+            node = max(plan, key=lambda n: (plan[n].get(m.name, 0), n))
+            plan[node][m.name] -= 1
+    # 3. relieve over-full nodes (capacity shrank or current was infeasible)
+    for node in nodes:
+        row = plan[node.name]
+        while not _fits(node, row, models):
+            victim = max((k for k, v in row.items() if v > 0), key=lambda k: (row[k], k))
+            row[victim] -= 1
+    # 4. add missing replicas
+    unplaced: dict[str, int] = {}
+    order = sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name))
+    for m in order:
+        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in plan)
+        while missing > 0:
+            target = _choose_node(nodes, plan, models, m)
+            if target is None:
+                unplaced[m.name] = missing
+                break
+            plan[target][m.name] = plan[target].get(m.name, 0) + 1
+            missing -= 1
+    assignment = {n: {k: v for k, v in row.items() if v > 0} for n, row in plan.items()}
+    started = stopped = 0
+    for node_name in set(assignment) | set(current):
+        new_row = assignment.get(node_name, {})
+        old_row = current.get(node_name, {})
+        for model_name in set(new_row) | set(old_row):
+            delta = new_row.get(model_name, 0) - old_row.get(model_name, 0)
+            started += max(delta, 0)
+            stopped += max(-delta, 0)
+    return Placement(assignment, started, stopped, unplaced)
+
+
+def _choose_node(nodes, plan, models, m: ModelDemand):
+    best, best_key = None, None
+    for node in nodes:
+        if not _allowed(m, node.name):
+            continue
+        row = plan[node.name]
+        trial = dict(row)
+        trial[m.name] = trial.get(m.name, 0) + 1
+        if not _fits(node, trial, models):
+            continue
+        cpu, mem = _usage(row, models)
+        holds = row.get(m.name, 0) > 0
+        key = (holds, node.memory_bytes - mem, node.cpu - cpu, node.name)
+        if best_key is None or key > best_key:
+            best, best_key = node.name, key
+    return best
