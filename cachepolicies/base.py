@@ -80,13 +80,13 @@ class Policy(ABC):
 
     def admit(self, key: Key, size: int, penalty: float, now: float) -> None:
         """Make ``key`` resident with ``size`` bytes and reload ``penalty`` seconds."""
-        if key in self._sizes:
+        sizes = self._sizes
+        if key in sizes:
             raise ValueError(f"{key!r} is already resident")
-        if size < 0:
-            raise ValueError(f"size of {key!r} must be >= 0, got {size}")
-        if penalty < 0:
-            raise ValueError(f"penalty of {key!r} must be >= 0, got {penalty}")
-        self._sizes[key] = int(size)
+        if size < 0 or penalty < 0:
+            what, value = ("size", size) if size < 0 else ("penalty", penalty)
+            raise ValueError(f"{what} of {key!r} must be >= 0, got {value}")
+        sizes[key] = int(size)
         self._penalties[key] = float(penalty)
         self._on_admit(key, now)
 
@@ -104,13 +104,20 @@ class Policy(ABC):
             return []
         chosen: list[Key] = []
         freed = 0
-        for key in self._candidates(now):
-            if evictable is not None and not evictable(key):
-                continue
-            chosen.append(key)
-            freed += self._sizes[key]
-            if freed >= need_bytes:
-                break
+        sizes = self._sizes
+        if evictable is None:
+            for key in self._candidates(now):
+                chosen.append(key)
+                freed += sizes[key]
+                if freed >= need_bytes:
+                    break
+        else:
+            for key in self._candidates(now):
+                if evictable(key):
+                    chosen.append(key)
+                    freed += sizes[key]
+                    if freed >= need_bytes:
+                        break
         self._candidates_done()
         if freed < need_bytes:
             raise InsufficientSpace(need_bytes, freed)
@@ -168,45 +175,77 @@ def _largest_sufficient(chosen: list[Key], sizes: dict[Key, int], need: int) -> 
 class HeapPolicy(Policy):
     """A policy whose per-key priority only changes when that key is touched.
 
-    Such priorities fit a min-heap with lazy invalidation: each change pushes a new
-    ``(priority, seq, key)`` entry and older entries for the key are skipped. Subclasses
-    call ``_set_priority`` whenever a resident key's priority changes.
+    Keys are taken in ascending ``(priority, seq)`` order, ``seq`` counting
+    ``_set_priority`` calls (so ties go to the key touched longest ago). Subclasses call
+    ``_set_priority`` whenever a resident key's priority changes.
+
+    The heap is updated lazily: a priority that rises (the common case: another
+    request) is only noted, and a key's heap entry is refreshed when it reaches the top
+    of the heap. As priorities never fall behind their heap entry, the first entry that
+    is up to date is the true minimum. A priority that falls is pushed at once.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._heap: list[tuple[float, int, Key]] = []
-        self._live_seq: dict[Key, int] = {}
+        self._current: dict[Key, tuple[float, int]] = {}  # key -> (priority, seq)
+        self._in_heap: dict[Key, int] = {}  # key -> seq of its entry in the heap
         self._seq = itertools.count()
         self._popped: list[tuple[float, int, Key]] = []
 
     def _set_priority(self, key: Key, priority: float) -> None:
         seq = next(self._seq)
-        self._live_seq[key] = seq
-        heapq.heappush(self._heap, (priority, seq, key))
-        if len(self._heap) > 2 * len(self._live_seq) + 64:
-            self._compact()
-
-    def _compact(self) -> None:
-        self._heap = [e for e in self._heap if self._live_seq.get(e[2]) == e[1]]
-        heapq.heapify(self._heap)
+        current = self._current
+        old = current.get(key)
+        current[key] = (priority, seq)
+        if old is not None and priority >= old[0]:
+            return  # rose (or stayed): refreshed lazily when it reaches the top
+        if self._popped:
+            self._restore_popped()
+        in_heap = self._in_heap
+        in_heap[key] = seq
+        heap = self._heap
+        heapq.heappush(heap, (priority, seq, key))
+        if len(heap) > 2 * len(in_heap) + 64:
+            self._heap = [e for e in heap if in_heap.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
 
     def _on_remove(self, key: Key) -> None:
-        del self._live_seq[key]
+        del self._current[key]
+        del self._in_heap[key]
 
     def _candidates(self, now: float) -> Iterator[Key]:
+        if self._popped:
+            self._restore_popped()
         heap = self._heap
-        live = self._live_seq
         popped = self._popped
+        current = self._current
+        in_heap = self._in_heap
+        pop = heapq.heappop
         while heap:
-            entry = heapq.heappop(heap)
-            if live.get(entry[2]) != entry[1]:
+            entry = pop(heap)
+            key = entry[2]
+            if in_heap.get(key) != entry[1]:
+                continue  # superseded, or the key left the cache
+            priority, seq = current[key]
+            if seq != entry[1]:
+                # The priority rose since this entry was pushed: refresh it.
+                in_heap[key] = seq
+                heapq.heappush(heap, (priority, seq, key))
                 continue
             popped.append(entry)
-            yield entry[2]
+            yield key
 
     def _candidates_done(self) -> None:
-        # Popped live entries go back; those the caller then removes become stale.
+        # The popped entries stay out of the heap until it is next used: by then the
+        # caller has removed some of them (the victims), which need not go back.
+        pass
+
+    def _restore_popped(self) -> None:
+        """Put back the popped entries whose keys are still resident."""
+        heap = self._heap
+        in_heap = self._in_heap
         for entry in self._popped:
-            heapq.heappush(self._heap, entry)
+            if in_heap.get(entry[2]) == entry[1]:
+                heapq.heappush(heap, entry)
         self._popped.clear()

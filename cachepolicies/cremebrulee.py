@@ -25,20 +25,31 @@ class CremeBrulee(HeapPolicy):
     def __init__(self, rate: str = "decayed", half_life: float = 600.0) -> None:
         super().__init__()
         self._rates = make_rate_estimator(rate, half_life)
+        # log(penalty / size) of each resident key, fixed while it stays resident.
+        self._log_worth: dict[Key, float] = {}
 
     def record_access(self, key: Key, now: float) -> None:
-        self._rates.record(key, now)
-        if key in self._sizes:
-            self._set_priority(key, self._log_utility(key))
+        log_rate = self._rates.record(key, now)
+        log_worth = self._log_worth.get(key)
+        if log_worth is not None:
+            self._set_priority(key, log_worth + log_rate)
 
     def _on_admit(self, key: Key, now: float) -> None:
-        self._set_priority(key, self._log_utility(key))
-
-    def _log_utility(self, key: Key) -> float:
         penalty = self._penalties[key]
         if penalty <= 0:
-            return -math.inf
-        return math.log(penalty) - math.log(max(self._sizes[key], 1)) + self._rates.log_score(key)
+            log_worth = -math.inf
+        else:
+            log_worth = math.log(penalty) - math.log(max(self._sizes[key], 1))
+        self._log_worth[key] = log_worth
+        self._set_priority(key, log_worth + self._rates.log_score(key))
+
+    def _on_remove(self, key: Key) -> None:
+        super()._on_remove(key)
+        del self._log_worth[key]
+
+    def _log_utility(self, key: Key) -> float:
+        """log(penalty · λ / size) up to a term shared by all keys (-inf: no penalty)."""
+        return self._log_worth[key] + self._rates.log_score(key)
 
     def priority(self, key: Key, now: float) -> float:
         """Utility in seconds of load time saved per byte per second."""

@@ -16,9 +16,10 @@ class LRU(Policy):
         self._last_access: OrderedDict[Key, float] = OrderedDict()  # oldest first
 
     def record_access(self, key: Key, now: float) -> None:
-        if key in self._last_access:
-            self._last_access.move_to_end(key)
-            self._last_access[key] = now
+        last_access = self._last_access
+        if key in last_access:
+            last_access.move_to_end(key)
+            last_access[key] = now
 
     def _on_admit(self, key: Key, now: float) -> None:
         self._last_access[key] = now

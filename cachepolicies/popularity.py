@@ -18,9 +18,9 @@ class Popularity(HeapPolicy):
         self._rates = make_rate_estimator(rate, half_life)
 
     def record_access(self, key: Key, now: float) -> None:
-        self._rates.record(key, now)
+        log_rate = self._rates.record(key, now)
         if key in self._sizes:
-            self._set_priority(key, self._rates.log_score(key))
+            self._set_priority(key, log_rate)
 
     def _on_admit(self, key: Key, now: float) -> None:
         self._set_priority(key, self._rates.log_score(key))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
+from math import exp, log, log1p
 
 Key = Hashable
 
@@ -28,8 +29,8 @@ class RateEstimator(ABC):
     name: str
 
     @abstractmethod
-    def record(self, key: Key, now: float) -> None:
-        """Count one request for ``key`` at ``now``."""
+    def record(self, key: Key, now: float) -> float:
+        """Count one request for ``key`` at ``now``; return its new ``log_score``."""
 
     @abstractmethod
     def log_score(self, key: Key) -> float:
@@ -49,10 +50,12 @@ class CumulativeRate(RateEstimator):
         self._counts: dict[Key, int] = {}
         self._t0: float | None = None
 
-    def record(self, key: Key, now: float) -> None:
+    def record(self, key: Key, now: float) -> float:
         if self._t0 is None:
             self._t0 = now
-        self._counts[key] = self._counts.get(key, 0) + 1
+        count = self._counts.get(key, 0) + 1
+        self._counts[key] = count
+        return log(count)
 
     def log_score(self, key: Key) -> float:
         count = self._counts.get(key, 0)
@@ -78,15 +81,18 @@ class DecayedRate(RateEstimator):
         self._k = math.log(2.0) / self.half_life
         self._log_sums: dict[Key, float] = {}
 
-    def record(self, key: Key, now: float) -> None:
+    def record(self, key: Key, now: float) -> float:
         x = now * self._k
-        old = self._log_sums.get(key)
+        log_sums = self._log_sums
+        old = log_sums.get(key)
         if old is None:
-            self._log_sums[key] = x
+            new = x
         elif old >= x:
-            self._log_sums[key] = old + math.log1p(math.exp(x - old))
+            new = old + log1p(exp(x - old))
         else:
-            self._log_sums[key] = x + math.log1p(math.exp(old - x))
+            new = x + log1p(exp(old - x))
+        log_sums[key] = new
+        return new
 
     def log_score(self, key: Key) -> float:
         return self._log_sums.get(key, -math.inf)

@@ -1,0 +1,158 @@
+"""Simulator speed: parse time, requests/s per policy, and libCacheSim's LRU as a baseline.
+
+Makes a synthetic Azure-style workload (``cachepolicies.workloads``: heavy-tailed
+popularity, a day of invocations, the paper's filtering) with >= 1M requests over >= 30k
+models, writes it as the simulator's CSV files, then times (medians of ``--reps`` runs):
+
+- parsing the trace + profiles CSVs (``read_profiles`` + ``read_trace``);
+- ``simulate`` per policy at two capacities (a small and a larger one), as requests/s;
+- libCacheSim's own C simulator (pip ``libcachesim``) running LRU on the same trace as
+  a CSV with a size column (its reader parses while it simulates), and checks that its
+  LRU miss count equals ours.
+
+Ratios printed: ours (parse + LRU) / libCacheSim (read + LRU), target <= 1.5; and
+cremebrulee / our LRU (simulation only), target <= 2. Wall times; the machine is shared,
+so expect noise.
+
+    .venv/bin/python bench/sim_speed.py [--functions 100000] [--reps 3] [--policies lru,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cachepolicies.simulator import simulate
+from cachepolicies.traces import cremebrulee_profiles_path, read_profiles, read_trace
+from cachepolicies.workloads import (
+    TraceOptions,
+    build_workload,
+    synthetic_invocations,
+    write_profiles,
+    write_trace,
+)
+
+POLICIES = ("lru", "cremebrulee", "gdsf", "popularity", "random", "beladymin",
+            "cremebrulee-oracle")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--functions", type=int, default=100_000,
+                        help="synthetic functions (all triggers); 100k gives ~1M requests")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement")
+    parser.add_argument("--capacity-shares", default="0.04,0.3",
+                        help="capacities as shares of all models' bytes, comma-separated "
+                             "(0.04 ~ the paper's 128GB of 2.9TB)")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where to write the CSVs [default: a temporary directory]")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, args.workdir or Path(tmp))
+
+
+def run(args: argparse.Namespace, workdir: Path) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    trace_csv, profiles_csv, lcs_csv = (workdir / "trace.csv", workdir / "profiles.csv",
+                                        workdir / "trace-with-sizes.csv")
+    t0 = time.perf_counter()
+    invocations = synthetic_invocations(args.functions, 1440, seed=1).with_trigger("http")
+    workload = build_workload(invocations, read_profiles(cremebrulee_profiles_path()),
+                              TraceOptions(association="quantiles-r", seed=1))
+    names = workload.model_names()
+    write_trace(trace_csv, workload.trace.timestamps, names)
+    write_profiles(profiles_csv, workload.profiles)
+    sizes = workload.profiles.size_bytes[workload.trace.model_ids]
+    _write_sized_csv(lcs_csv, workload.trace.timestamps, names, sizes)
+    print(f"workload: {len(names):,} requests over {len(workload.profiles):,} models, "
+          f"{workload.profiles.size_bytes.sum() / 1e12:.1f} TB in all "
+          f"(generated and written in {time.perf_counter() - t0:.1f} s)")
+
+    profiles = read_profiles(profiles_csv)
+    trace = read_trace(trace_csv, profiles)
+    n = len(trace)
+    total = int(profiles.size_bytes.sum())
+    shares = [float(x) for x in args.capacity_shares.split(",")]
+    capacities = [max(int(share * total), int(profiles.size_bytes.max())) for share in shares]
+    specs = args.policies.split(",")
+
+    # Interleaved repetitions: parse, libCacheSim, then every policy, per round, so
+    # that load from other processes hits all of them alike; medians over the rounds.
+    parse, lcs, sim = [], {c: [] for c in capacities}, {}
+    misses, hit_ratio, lcs_misses = {}, {}, {}
+    for _ in range(args.reps):
+        t = time.perf_counter()
+        read_trace(trace_csv, read_profiles(profiles_csv))
+        parse.append(time.perf_counter() - t)
+        for capacity in capacities:
+            seconds, lcs_misses[capacity] = _libcachesim_lru(lcs_csv, capacity, n)
+            lcs[capacity].append(seconds)
+            for spec in specs:
+                t = time.perf_counter()
+                result = simulate(trace, profiles, capacity, spec)
+                sim.setdefault((spec, capacity), []).append(time.perf_counter() - t)
+                misses[spec, capacity] = result.misses
+                hit_ratio[spec, capacity] = result.hit_ratio
+
+    med = statistics.median
+    print(f"parse (trace + profiles CSV): {med(parse):.3f} s median "
+          f"({n / med(parse) / 1e6:.1f} M rows/s); runs: " + _runs(parse))
+    for capacity in capacities:
+        print(f"\ncapacity {capacity / 1e9:,.0f} GB ({capacity / total:.0%} of all models' bytes)")
+        print(f"  {'policy':<22}{'median s':>9}{'req/s':>11}{'hit%':>7}   runs (s)")
+        for spec in specs:
+            runs = sim[spec, capacity]
+            print(f"  {spec:<22}{med(runs):>9.3f}{n / med(runs):>11,.0f}"
+                  f"{100 * hit_ratio[spec, capacity]:>7.1f}   " + _runs(runs))
+        runs = lcs[capacity]
+        print(f"  {'libCacheSim LRU (C)':<22}{med(runs):>9.3f}{n / med(runs):>11,.0f}"
+              f"{100 * (1 - lcs_misses[capacity] / n):>7.1f}   " + _runs(runs))
+        if "lru" not in specs:
+            continue
+        ours = misses["lru", capacity]
+        agree = "agree" if ours == lcs_misses[capacity] else "DIFFER"
+        print(f"  LRU misses: ours {ours:,}, libCacheSim {lcs_misses[capacity]:,} ({agree})")
+        lru = sim["lru", capacity]
+        end_to_end = [(p + s) / c for p, s, c in zip(parse, lru, runs)]
+        print(f"  ours (parse + LRU) / libCacheSim (read + LRU): {med(end_to_end):.2f}x "
+              f"median of rounds (target <= 1.5x)")
+        print(f"  ours (LRU only)    / libCacheSim (read + LRU): "
+              f"{med([s / c for s, c in zip(lru, runs)]):.2f}x")
+        if "cremebrulee" in specs:
+            cb = sim["cremebrulee", capacity]
+            print(f"  cremebrulee / our LRU (simulation): "
+                  f"{med([a / b for a, b in zip(cb, lru)]):.2f}x (target <= 2x)")
+
+
+def _runs(times: list[float]) -> str:
+    return " ".join(f"{t:.2f}" for t in times)
+
+
+def _write_sized_csv(path: Path, timestamps: np.ndarray, names: list[str],
+                     sizes: np.ndarray) -> None:
+    """The trace with a size column, for libCacheSim's CSV reader (time,obj_id,size)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("timestamp,model,size_bytes\n")
+        f.writelines(map("{:.6f},{},{}\n".format, timestamps.tolist(), names, sizes.tolist()))
+
+
+def _libcachesim_lru(path: Path, capacity: int, requests: int) -> tuple[float, int]:
+    """Wall time of libCacheSim reading ``path`` and simulating LRU, and its miss count."""
+    import libcachesim as lcs
+
+    t = time.perf_counter()
+    params = lcs.ReaderInitParam(has_header=True, delimiter=",", obj_id_is_num=False)
+    params.time_field, params.obj_id_field, params.obj_size_field = 1, 2, 3
+    reader = lcs.TraceReader(str(path), lcs.TraceType.CSV_TRACE, params)
+    miss_ratio, _ = lcs.LRU(capacity).process_trace(reader)
+    return time.perf_counter() - t, round(miss_ratio * requests)
+
+
+if __name__ == "__main__":
+    main()
