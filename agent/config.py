@@ -72,6 +72,12 @@ def _str(v: Any) -> str:
     return v
 
 
+def _str_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ValueError(f"must be a list of non-empty strings, got {v!r}")
+    return tuple(v)
+
+
 def _device(v: Any) -> str:
     if v == "cpu" or v == "cuda" or (isinstance(v, str) and v.startswith("cuda:")
                                      and v[5:].isdigit()):
@@ -123,11 +129,25 @@ _ORT_SCHEMA = {
     "enable_cpu_mem_arena": _bool,
     "enable_mem_pattern": _bool,
 }
+_SLO_SCHEMA = {"latency_ms": _num(0, strict_lo=True),
+               "percentile": _num(0, 100, strict_lo=True)}
+_BATCHING_SCHEMA = {
+    "enabled": _bool,
+    "adaptive": _bool,
+    "window_ms_max": _num(0),
+    "aimd_step": _num(1, integer=True),
+    "budget_fraction": _num(0, 1, strict_lo=True),
+    "workers": _num(1, 256, integer=True),
+}
+_PREDICTION_CACHE_SCHEMA = {"enabled": _bool, "max_bytes": _size}
 _MODEL_SCHEMA = {
     "backend": _choice(*BACKENDS),
     "device": _device,
-    "slo": {"latency_ms": _num(0, strict_lo=True), "percentile": _num(0, 100, strict_lo=True)},
+    "slo": _SLO_SCHEMA,
     "max_batch_size": _num(0, integer=True),
+    "batching": _BATCHING_SCHEMA,
+    "max_queue": _num(1, integer=True),
+    "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "pin": _bool,
     "onnxruntime": _ORT_SCHEMA,
     "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
@@ -161,14 +181,49 @@ class SyntheticOptions:
 
 
 @dataclass(frozen=True)
+class BatchingOptions:
+    """Batching knobs (``batching:``). In a model's config.yaml a None field means "the
+    server's value"; ``max_batch_size`` is the server default for models that do not set
+    their own (a model sets it at the top level of its config.yaml)."""
+
+    enabled: bool | None = None
+    adaptive: bool | None = None        # False: a static limit (max_batch_size) and window
+    window_ms_max: float | None = None  # longest wait for a batch to fill (0: never wait)
+    aimd_step: int | None = None        # additive increase of the limit per full batch
+    budget_fraction: float | None = None  # share of the SLO latency one batch may take
+    workers: int | None = None          # workers (parallel batches) per model at load
+    max_batch_size: int | None = None
+
+
+SERVER_BATCHING = BatchingOptions(enabled=True, adaptive=True, window_ms_max=100.0,
+                                  aimd_step=2, budget_fraction=0.5, workers=1,
+                                  max_batch_size=32)
+
+
+@dataclass(frozen=True)
+class PredictionCacheOptions:
+    """Per-model prediction cache (``prediction_cache:``); None fields: the server's."""
+
+    enabled: bool | None = None
+    max_bytes: int | None = None
+
+
+SERVER_PREDICTION_CACHE = PredictionCacheOptions(enabled=False, max_bytes=64 * 2**20)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """One model's settings; ``backend`` None means "infer it from the files"."""
+    """One model's settings; ``backend`` None means "infer it from the files"; None
+    SLO, batch size and queue bound mean "the server's"."""
 
     backend: str | None = None
     device: str = "cpu"
     slo_latency_ms: float | None = None
     slo_percentile: float = 99.0
-    max_batch_size: int = 0
+    max_batch_size: int | None = None  # 0 or 1: never batched
+    batching: BatchingOptions = field(default_factory=BatchingOptions)
+    max_queue: int | None = None
+    prediction_cache: PredictionCacheOptions = field(default_factory=PredictionCacheOptions)
     pin: bool = False
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     synthetic: SyntheticOptions | None = None
@@ -187,7 +242,10 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         device=d.get("device", "cpu"),
         slo_latency_ms=slo.get("latency_ms"),
         slo_percentile=slo.get("percentile", 99.0),
-        max_batch_size=d.get("max_batch_size", 0),
+        max_batch_size=d.get("max_batch_size"),
+        batching=BatchingOptions(**d.get("batching", {})),
+        max_queue=d.get("max_queue"),
+        prediction_cache=PredictionCacheOptions(**d.get("prediction_cache", {})),
         pin=d.get("pin", False),
         onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
         synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
@@ -220,6 +278,22 @@ _AGENT_SCHEMA = {
     "restore": _bool,
     "drain_seconds": _num(0),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "slo": _SLO_SCHEMA,
+    "batching": {**_BATCHING_SCHEMA, "max_batch_size": _num(0, integer=True)},
+    "max_queue": _num(1, integer=True),
+    "prediction_cache": _PREDICTION_CACHE_SCHEMA,
+    "tfserving": {
+        "binary": _str, "address": _str, "grpc_port": _num(0, 65535, integer=True),
+        "args": _str_list, "model_base_path": _str,
+        "start_timeout_seconds": _num(0, strict_lo=True),
+        "load_timeout_seconds": _num(0, strict_lo=True),
+        "unload_timeout_seconds": _num(0, strict_lo=True),
+        "request_timeout_seconds": _num(0, strict_lo=True),
+        "restart_backoff_seconds": _num(0, strict_lo=True),
+        "restart_backoff_max_seconds": _num(0, strict_lo=True),
+    },
+    "coordinator": {"url": _str, "report_interval_s": _num(0, strict_lo=True),
+                    "token_file": _str, "node_name": _str, "cores": _num(0, strict_lo=True)},
 }
 
 
@@ -230,6 +304,37 @@ def default_data_dir() -> Path:
             return Path(os.environ[var].split(":")[0])
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "edgeagent"
+
+
+@dataclass(frozen=True)
+class CoordinatorLink:
+    """Where and how often the agent reports (``coordinator:``); ``cores`` None means
+    the CPUs this process may use, ``node_name`` None the host name."""
+
+    url: str
+    report_interval_s: float = 5.0
+    token_file: Path | None = None
+    node_name: str | None = None
+    cores: float | None = None
+
+
+@dataclass(frozen=True)
+class TfServingSettings:
+    """How the agent reaches TensorFlow Serving (``tfserving:``). Managed (default): the
+    agent runs ``binary`` (a path or a command, split like a shell would) with ``args``;
+    attach: ``address`` (host:port) names a server someone else runs, ``binary`` unused."""
+
+    binary: str = "tensorflow_model_server"
+    address: str | None = None
+    grpc_port: int = 0  # managed: 0 = a free port, chosen at each start
+    args: tuple[str, ...] = ()
+    model_base_path: str | None = None  # the repository root as the server sees it
+    start_timeout_seconds: float = 60.0
+    load_timeout_seconds: float = 120.0
+    unload_timeout_seconds: float = 60.0
+    request_timeout_seconds: float = 60.0
+    restart_backoff_seconds: float = 1.0  # doubles per failed restart, up to the max
+    restart_backoff_max_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -252,6 +357,14 @@ class AgentConfig:
     restore: bool = True
     drain_seconds: float = 30.0
     log_level: str = "info"
+    # Defaults for models whose config.yaml does not say (see ModelConfig).
+    slo_latency_ms: float = 1000.0
+    slo_percentile: float = 99.0
+    batching: BatchingOptions = SERVER_BATCHING
+    max_queue: int = 50  # tail drop bound per model queue (Faro)
+    prediction_cache: PredictionCacheOptions = SERVER_PREDICTION_CACHE
+    tfserving: TfServingSettings = field(default_factory=TfServingSettings)
+    coordinator: CoordinatorLink | None = None  # None: run stand-alone, report nowhere
     source: Path | None = None  # the file it came from, for SIGHUP reloads
 
     @property
@@ -279,6 +392,36 @@ def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig
             parse_policy_spec(d["policy"])
         except ValueError as exc:
             raise ConfigError(file, "policy", str(exc)) from None
+    if "coordinator" in d:
+        link = d["coordinator"]
+        if "url" not in link:
+            raise ConfigError(file, "coordinator.url", "required when coordinator is given")
+        if not link["url"].startswith(("http://", "https://")):
+            raise ConfigError(file, "coordinator.url",
+                              f"must be an http:// or https:// URL, got {link['url']!r}")
+        if "token_file" in link:
+            link["token_file"] = (base / Path(link["token_file"]).expanduser()).resolve()
+        d["coordinator"] = CoordinatorLink(**link)
+    if "tfserving" in d:
+        tfs = d["tfserving"]
+        if "address" in tfs and "binary" in tfs:
+            raise ConfigError(file, "tfserving.address",
+                              "give binary (the agent runs the server) or address (attach "
+                              "to a running one), not both")
+        if "address" in tfs and not tfs["address"].rpartition(":")[2].isdigit():
+            raise ConfigError(file, "tfserving.address",
+                              f"must be host:port, got {tfs['address']!r}")
+        d["tfserving"] = TfServingSettings(**tfs)
+    if "slo" in d:
+        slo = d.pop("slo")
+        if "latency_ms" in slo:
+            d["slo_latency_ms"] = slo["latency_ms"]
+        if "percentile" in slo:
+            d["slo_percentile"] = slo["percentile"]
+    if "batching" in d:
+        d["batching"] = replace(SERVER_BATCHING, **d["batching"])
+    if "prediction_cache" in d:
+        d["prediction_cache"] = replace(SERVER_PREDICTION_CACHE, **d["prediction_cache"])
     known = {f.name for f in fields(AgentConfig)}
     assert set(d) <= known
     return AgentConfig(**d, source=Path(file) if file else None)

@@ -20,12 +20,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
+    from agent.backends.tfserving import TfServingHost
     from agent.config import ModelConfig
     from agent.node.memory import FootprintModel
 
 
 class BackendError(RuntimeError):
     """A backend could not load, run or unload a model (the model's fault or the host's)."""
+
+    status = 500
+    retry_after: float | None = None
+
+
+class BackendUnavailable(BackendError):
+    """The runtime is down for now (restarting, unreachable): a 503, retry shortly."""
+
+    status = 503
+    retry_after = 1.0
 
 
 class InvalidInput(ValueError):
@@ -144,13 +155,22 @@ class Backend(ABC):
 
 
 def make_backend(kind: str, name: str, version: int, path: Path, config: "ModelConfig",
-                 footprints: "FootprintModel") -> Backend:
-    """The backend for ``kind`` (onnx, synthetic; tfserving comes with its own issue)."""
+                 footprints: "FootprintModel", *, tfserving: "TfServingHost | None" = None
+                 ) -> Backend:
+    """The backend for ``kind`` (onnx, synthetic, tfserving). TF models share the node's
+    one TF Serving server, ``tfserving``; the agent binds it (``functools.partial``)."""
     if kind == "onnx":
         from agent.backends.onnx import OnnxBackend as cls
     elif kind == "synthetic":
         from agent.backends.synthetic import SyntheticBackend as cls
+    elif kind == "tfserving":
+        if tfserving is None:
+            raise BackendError("backend tfserving needs the agent's TF Serving server; "
+                               "this process was given none")
+        from agent.backends.tfserving import TfServingBackend
+
+        return TfServingBackend(name, version, path, config, footprints, tfserving)
     else:
         raise BackendError(f"backend {kind!r} is not available in this agent "
-                           "(available: onnx, synthetic)")
+                           "(available: onnx, synthetic, tfserving)")
     return cls(name, version, path, config, footprints)

@@ -1,4 +1,5 @@
-"""``edgeagent cache ls|inspect|evict|pin|unpin``: the cache admin API from a shell."""
+"""``edgeagent cache ls|inspect|evict|pin|unpin|workers``: the cache admin API from a
+shell."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import click
 from agent.units import format_size
 
 
-def _call(ctx: click.Context, method: str, path: str) -> Any:
+def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
     url, token = ctx.obj["url"].rstrip("/"), ctx.obj["token"]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    req = urllib.request.Request(url + path, method=method, headers=headers,
-                                 data=b"" if method == "POST" else None)
+    data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
+    req = urllib.request.Request(url + path, method=method, headers=headers, data=data)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
@@ -38,13 +39,15 @@ def _num(x: Any, fmt: str) -> str:
 def table(models: list[dict[str, Any]]) -> str:
     """The readable ``cache ls`` table."""
     head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
-            "UTILITY", "PINNED", "INFLIGHT"]
+            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "P99_MS"]
     rows = [[m["name"], str(m["version"]), m["state"],
              format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
                                              else ""),
              _num(m["load_seconds"], ".3f"), str(m["hits"]), str(m["misses"]),
              str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
-             "yes" if m["pinned"] else "no", str(m["in_flight"])] for m in models]
+             "yes" if m["pinned"] else "no", str(m["in_flight"]),
+             _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
+             _num((m.get("latency_ms") or {}).get("p99"), ".1f")] for m in models]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
                      for r in [head] + rows)
@@ -114,6 +117,18 @@ def _action(action: str, doc: str):
         _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/{action}"))
     command.__doc__ = doc
     return cache.command(action)(command)
+
+
+@cache.command()
+@click.argument("name")
+@click.argument("count", type=click.IntRange(1, 256))
+@_common
+@click.pass_context
+def workers(ctx: click.Context, name: str, count: int, sub_url: str | None,
+            sub_json: bool) -> None:
+    """Run a model's batches on COUNT workers (replicas), now and after reloads."""
+    _apply(ctx, sub_url, sub_json)
+    _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/workers", {"workers": count}))
 
 
 _action("evict", "Unload a model now (409 while it is in use or pinned).")

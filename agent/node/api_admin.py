@@ -6,6 +6,7 @@ from aiohttp import web
 
 from agent.node.app import NODE
 from agent.node.cache import UnknownModel
+from agent.node.tensors import BadRequest, parse_json
 
 
 def _version(request: web.Request) -> int | None:
@@ -17,17 +18,35 @@ def _version(request: web.Request) -> int | None:
     return int(raw)
 
 
+def _describe(node, entry) -> dict:
+    """The cache's view of a model and its batching/SLO figures."""
+    return {**node.cache.describe(entry), **node.serving.describe(entry)}
+
+
 async def cache_list(request: web.Request) -> web.Response:
-    cache = request.app[NODE].cache
-    return web.json_response([cache.describe(e) for e in cache.listing()])
+    node = request.app[NODE]
+    return web.json_response([_describe(node, e) for e in node.cache.listing()])
 
 
 async def cache_get(request: web.Request) -> web.Response:
-    cache = request.app[NODE].cache
-    entry = cache.entry(request.match_info["name"], _version(request))
-    return web.json_response({**cache.describe(entry),
+    node = request.app[NODE]
+    entry = node.cache.entry(request.match_info["name"], _version(request))
+    return web.json_response({**_describe(node, entry),
                               "versions": list(entry.spec.versions),
-                              "memory": cache.memory().get(entry.device)})
+                              "memory": node.cache.memory().get(entry.device)})
+
+
+async def cache_workers(request: web.Request) -> web.Response:
+    """``POST /v1/cache/{name}/workers {"workers": N}``: run its batches on N workers."""
+    node = request.app[NODE]
+    entry = node.cache.entry(request.match_info["name"], _version(request))
+    body = parse_json(await request.read() or b"{}")
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        raise BadRequest(f"expected a JSON object {{\"workers\": N}} with 1 <= N <= 256, "
+                         f"got {body!r}")
+    node.serving.set_workers(entry, workers)
+    return web.json_response(_describe(node, entry))
 
 
 async def cache_action(request: web.Request) -> web.Response:
@@ -39,7 +58,7 @@ async def cache_action(request: web.Request) -> web.Response:
     else:
         entry = node.cache.set_pinned(name, action == "pin", version)
         node.schedule_persist()
-    return web.json_response(node.cache.describe(entry))
+    return web.json_response(_describe(node, entry))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -54,4 +73,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/cache", cache_list)
     r.add_get("/v1/cache/{name}", cache_get)
     r.add_post("/v1/cache/{name}/{action:pin|unpin|evict}", cache_action)
+    r.add_post("/v1/cache/{name}/workers", cache_workers)
     r.add_get("/metrics", metrics)

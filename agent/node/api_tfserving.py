@@ -7,7 +7,8 @@ from aiohttp import web
 from agent.backends.base import check_inputs
 from agent.node.api_v2 import model_ref
 from agent.node.app import NODE, counted
-from agent.node.cache import State
+from agent.node.batching import rows_of
+from agent.node.cache import Entry, State
 from agent.node.tensors import decode_tf_request, encode_tf_response
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
@@ -17,18 +18,24 @@ _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
 @counted("tfserving")
 async def predict(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    arrived = node.serving.clock()
     name, version = model_ref(request)
     body = await request.read()
     known = node.cache.entry(name, version).signature
+    inputs, style = None, "row"
     if known is not None:  # reject bad input before it can cause a load
         inputs, style = decode_tf_request(body, known)
         check_inputs(known, inputs)
-    async with node.cache.lease(name, version) as entry:
-        backend = entry.backend
-        if backend.inputs != known:
-            inputs, style = decode_tf_request(body, backend.inputs)
-            check_inputs(backend.inputs, inputs)
-        results = await backend.infer_async(inputs, {}, node.infer_executor)
+
+    def prepare(entry: Entry) -> dict:
+        nonlocal inputs, style
+        if inputs is None or entry.backend.inputs != known:
+            inputs, style = decode_tf_request(body, entry.backend.inputs)
+            check_inputs(entry.backend.inputs, inputs)
+        return inputs
+
+    _, results = await node.serving.infer(name, version, prepare, {}, arrived=arrived,
+                                          rows=rows_of(inputs) if inputs else 1)
     return web.json_response(encode_tf_response(results, style))
 
 

@@ -7,7 +7,9 @@ from aiohttp import web
 from agent import __version__
 from agent.backends.base import check_inputs
 from agent.node.app import NODE, counted
-from agent.node.cache import State, UnknownModel
+from agent.node.batching import rows_of
+from agent.node.cache import Entry, State, UnknownModel
+from agent.node.serving import timeout_parameter
 from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
 
 _PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
@@ -64,6 +66,7 @@ async def model_ready(request: web.Request) -> web.Response:
 @counted("v2")
 async def infer(request: web.Request) -> web.Response:
     node = request.app[NODE]
+    arrived = node.serving.clock()
     name, version = model_ref(request)
     header = request.headers.get("Inference-Header-Content-Length")
     if header is not None and not header.isdigit():
@@ -73,11 +76,16 @@ async def infer(request: web.Request) -> web.Response:
     known = node.cache.entry(name, version).signature
     if known is not None:  # reject bad input before it can cause a load
         check_inputs(known, inputs)
-    async with node.cache.lease(name, version) as entry:
-        backend = entry.backend
-        check_inputs(backend.inputs, inputs)
-        results = await backend.infer_async(inputs, meta["parameters"], node.infer_executor)
-        out, header_len = encode_v2_response(name, entry.version, results, meta)
+    timeout = timeout_parameter(meta["parameters"])
+
+    def prepare(entry: Entry) -> dict:
+        check_inputs(entry.backend.inputs, inputs)
+        return inputs
+
+    entry, results = await node.serving.infer(name, version, prepare, meta["parameters"],
+                                              arrived=arrived, timeout=timeout,
+                                              rows=rows_of(inputs))
+    out, header_len = encode_v2_response(name, entry.version, results, meta)
     if header_len is None:
         return web.Response(body=out, content_type="application/json")
     return web.Response(body=out, content_type="application/octet-stream",

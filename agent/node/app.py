@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,12 +19,15 @@ from typing import Any, Callable
 from aiohttp import web
 
 from agent.backends.base import Backend, BackendError, InvalidInput, make_backend
+from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
+from agent.httpauth import bearer_auth
 from agent.node import state as statefile
 from agent.node.cache import CacheBusy, CacheError, ModelCache
 from agent.node.memory import FootprintModel, cpu_budget_default, gpu_devices, tune_malloc
 from agent.node.metrics import Metrics
 from agent.node.repository import scan_repository
+from agent.node.serving import Serving, retry_after_header
 
 log = logging.getLogger("edgeagent.node")
 
@@ -53,6 +56,10 @@ class Node:
         self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
         saved = statefile.read_state(config.resident_state_path) if config.restore else None
         factors = (saved or {}).get("footprint_factors") or {}
+        # One TF Serving server for all TF models; it starts when the first one loads.
+        self.tfserving = TfServingHost(config.tfserving, config.data_dir / "tfserving")
+        if backend_factory is make_backend:
+            backend_factory = functools.partial(make_backend, tfserving=self.tfserving)
         self.cache = ModelCache(
             scan_repository(config.repository), budgets or default_budgets(config),
             policy=config.policy, clock=clock, backend_factory=backend_factory,
@@ -63,7 +70,9 @@ class Node:
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
                 self.cache.set_pinned(name, bool(pinned))
-        self.metrics = Metrics(self.cache)
+        # Queues, batchers, admission and prediction caches per model (agent.node.serving).
+        self.serving = Serving(self.cache, config, self.infer_executor)
+        self.metrics = Metrics(self.cache, self.serving)
         self.admin_token = self._read_token(config.admin_token_file)
         self.ready = False
         self._persist_task: asyncio.Task | None = None
@@ -91,6 +100,12 @@ class Node:
 
             await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
                                                              prime_runtime)
+            if any(s.backend == "tfserving" for s in self.cache.specs.values()):
+                try:  # start TF Serving now, not within (and billed to) the first TF load
+                    await asyncio.get_running_loop().run_in_executor(
+                        self.cache.load_executor, self.tfserving.ensure_up)
+                except BackendError as exc:
+                    log.warning("TF Serving did not start (TF models retry on load): %s", exc)
             wanted = [(e.name, e.version) for e in self.cache.entries.values() if e.pinned]
             if self._saved:
                 wanted += [k for k in statefile.restore_order(self._saved) if k not in wanted]
@@ -127,6 +142,7 @@ class Node:
     def rescan(self) -> None:
         """Re-read the repository (index API, SIGHUP)."""
         self.cache.update_specs(scan_repository(self.config.repository))
+        self.serving.refresh(self.config)
         log.info("repository %s rescanned: %d model(s)", self.config.repository,
                  len(self.cache.specs))
 
@@ -154,7 +170,9 @@ class Node:
         if self._persist_task is not None and not self._persist_task.done():
             self._persist_task.cancel()
         self.persist_now()
+        await self.serving.close()  # queued requests get 503s before the cache stops
         await self.cache.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
         self.infer_executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -187,6 +205,8 @@ def error_status(exc: BaseException) -> int:
         return exc.status
     if isinstance(exc, InvalidInput):
         return 400
+    if isinstance(exc, BackendError):
+        return exc.status
     if isinstance(exc, web.HTTPException):
         return exc.status
     return 500
@@ -214,11 +234,12 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
     except CacheBusy as exc:
         return json_error(exc.status, str(exc), {"Retry-After": str(int(exc.retry_after or 1))})
     except CacheError as exc:
-        return json_error(exc.status, str(exc))
+        return json_error(exc.status, str(exc), retry_after_header(exc))
     except InvalidInput as exc:
         return json_error(400, str(exc))
-    except BackendError as exc:
-        return json_error(500, str(exc))
+    except BackendError as exc:  # 500, or 503 + Retry-After while a runtime restarts
+        return json_error(exc.status, str(exc), {"Retry-After": str(int(exc.retry_after))}
+                          if exc.retry_after else None)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection
@@ -229,23 +250,15 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
 _PROTECTED = ("/v1/cache", "/v2/repository")
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    token = request.app[NODE].admin_token
-    if token is not None and request.path.startswith(_PROTECTED):
-        given = request.headers.get("Authorization", "")
-        if not given.startswith("Bearer ") or not hmac.compare_digest(
-                given[7:].strip().encode(), token.encode()):
-            return json_error(401, "admin endpoints need 'Authorization: Bearer <token>'",
-                              {"WWW-Authenticate": "Bearer"})
-    return await handler(request)
+auth_middleware = bearer_auth(lambda request: request.app[NODE].admin_token,
+                              lambda path: path.startswith(_PROTECTED))
 
 
 def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: Any
                ) -> web.Application:
     """The agent's app for ``config``. ``node_kwargs`` (budgets, clock, backend_factory)
     are passed to ``Node`` for tests and benchmarks."""
-    from agent.node import api_admin, api_tfserving, api_v2
+    from agent.node import api_admin, api_tfserving, api_v2, reporter
 
     app = web.Application(client_max_size=config.max_request_size,
                           middlewares=[errors_middleware, auth_middleware])
@@ -253,6 +266,8 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
+    # Before the node's hooks: the reporter stops before the cache closes.
+    reporter.setup(app, app[NODE])
 
     async def on_startup(app: web.Application) -> None:
         await app[NODE].start()
@@ -261,5 +276,10 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
         await app[NODE].close()
 
     app.on_startup.append(on_startup)
+    async def on_shutdown(app: web.Application) -> None:
+        node = app[NODE]
+        node.serving.begin_shutdown(node.config.drain_seconds)
+
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

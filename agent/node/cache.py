@@ -10,6 +10,7 @@ one the agent makes.
 Guarantees:
 - single flight: requests for a loading model wait on that one load;
 - reference counts: a model with requests in flight (``in_flight``) is never unloaded;
+  a request holds its reference while it waits in its model's batching queue too;
 - pinned models are never chosen as victims;
 - a model larger than its device budget is ``ModelTooLarge``; one that does not fit now
   because everything resident is in use or pinned is ``CacheBusy`` (503 + Retry-After);
@@ -113,6 +114,7 @@ class Entry:
     size_estimated: bool = True
     measured_bytes: int | None = None  # last clean measurement, survives unloads
     load_seconds: float = 0.0
+    load_started: float | None = None  # cache clock at the start of the last load
     first_run_seconds: float = 0.0
     loads: int = 0
     hits: int = 0
@@ -294,6 +296,7 @@ class ModelCache:
     # -- loading ---------------------------------------------------------------------
     async def _load(self, entry: Entry) -> None:
         entry.state, entry.error = State.LOADING, None
+        entry.load_started = self.clock()
         try:
             await self._do_load(entry)
         except CacheBusy as exc:
@@ -447,7 +450,8 @@ class ModelCache:
         if reason == "evicted":
             entry.evictions += 1
         level = logging.WARNING if entry.size_bytes > 4 * 2**20 and -freed < entry.size_bytes // 2 \
-            and not entry.size_estimated and entry.spec.backend != "synthetic" else logging.INFO
+            and not entry.size_estimated \
+            and entry.spec.backend not in ("synthetic", "tfserving") else logging.INFO
         log.log(level, "unloaded %s (%s): accounted %s, RSS went down by %s", entry.key,
                 reason, format_size(entry.size_bytes), format_size(-freed))
         for hook in self.on_unload:

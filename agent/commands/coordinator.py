@@ -1,0 +1,236 @@
+"""``edgeagent coordinator serve`` and the catalog/plan client commands
+(``models ls|set|rm``, ``nodes``, ``plan [--now]``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.config import ConfigError
+
+log = logging.getLogger("edgeagent.coordinator")
+DEFAULT_URL = "http://127.0.0.1:8100"
+
+
+@click.group("coordinator")
+def coordinator() -> None:
+    """Run the fleet coordinator (Faro planning) or talk to one."""
+
+
+# -- serve ------------------------------------------------------------------------------
+
+
+async def run_coordinator(config: Any, *, announce: bool = True) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    from aiohttp import web
+
+    from agent.coordinator.app import create_app
+    from agent.node.sdnotify import notify
+
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1] if site._server else config.port
+    url = f"http://{config.host}:{port}"
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs)",
+             url, config.database, config.plan_interval_s, config.plan_window_s,
+             config.reactive_interval_s)
+    if announce:
+        click.echo(f"edgeagent coordinator listening on {url}  (state: {config.database})")
+        click.echo(f"  curl -s {url}/v1/nodes")
+        click.echo(f"  edgeagent coordinator models set MODEL --slo-ms 100 --url {url}")
+        sys.stdout.flush()
+    notify(f"READY=1\nSTATUS=coordinating on {url}")
+    try:
+        await stop.wait()
+    finally:
+        notify("STOPPING=1")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()  # stops the planning loops, closes the database
+        log.info("stopped")
+
+
+@coordinator.command("serve")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="Coordinator config YAML (see configs/coordinator.yaml); default: "
+                   "the embedded defaults.")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8100).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the SQLite state lives (default $EDGEAGENT_COORDINATOR_DIR, "
+                   "$STATE_DIRECTORY or ~/.local/share/edgeagent-coordinator).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(config_file: str | None, host: str | None, port: int | None,
+          state_dir: Path | None, log_level: str | None) -> None:
+    """Run the coordinator: node reports in, Faro plans and directives out."""
+    from agent.coordinator.config import load_coordinator_config
+
+    try:
+        config = load_coordinator_config(config_file).with_overrides(
+            host=host, port=port, state_dir=state_dir.resolve() if state_dir else None,
+            log_level=log_level)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(run_coordinator(config))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+# -- client commands --------------------------------------------------------------------
+
+
+def _client_options(f: Any) -> Any:
+    f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                     help="Admin bearer token file (or $EDGEAGENT_COORDINATOR_TOKEN).")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(f)
+    return click.option(
+        "--url", default=lambda: os.environ.get("EDGEAGENT_COORDINATOR_URL", DEFAULT_URL),
+        show_default="$EDGEAGENT_COORDINATOR_URL or " + DEFAULT_URL,
+        help="The coordinator's URL.")(f)
+
+
+def _call(url: str, token_file: str | None, method: str, path: str,
+          body: Any = None) -> Any:
+    token = open(token_file).read().strip() if token_file \
+        else os.environ.get("EDGEAGENT_COORDINATOR_TOKEN")
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else (b"" if method != "GET" else None)
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            message = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            message = err.reason
+        raise click.ClickException(f"{err.code}: {message}") from None
+    except urllib.error.URLError as err:
+        raise click.ClickException(f"cannot reach the coordinator at {url}: "
+                                   f"{err.reason}") from None
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [head] + rows)
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+@coordinator.group("models")
+def models() -> None:
+    """The model catalog: SLOs and priorities the planner works with."""
+
+
+@models.command("ls")
+@_client_options
+def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
+    """List catalogued models with their planned replicas."""
+    doc = _call(url, token_file, "GET", "/v1/models")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(_table(
+        ["NAME", "SLO_MS", "PCTL", "PRIORITY", "CPU/REPL", "PROC_MS", "REPLICAS",
+         "PRED_MS", "NODES"],
+        [[m["name"], _fmt(m["slo_ms"]), _fmt(m["percentile"]), _fmt(m["priority"]),
+          _fmt(m["cpu_per_replica"]), _fmt(m["proc_ms"]), _fmt(m["replicas"]),
+          _fmt(m["predicted_latency_ms"], ".1f"), ",".join(m["nodes"]) or "-"]
+         for m in doc]))
+
+
+@models.command("set")
+@click.argument("name")
+@click.option("--slo-ms", type=float, required=True, help="Latency SLO in milliseconds.")
+@click.option("--percentile", type=float, help="SLO percentile (default 99).")
+@click.option("--priority", type=float, help="Priority π (default 1).")
+@click.option("--cpu-per-replica", type=float, help="Cores per replica (default 1).")
+@click.option("--memory-per-replica", "memory_per_replica_bytes", type=float,
+              help="Working memory per replica in bytes (default 0).")
+@click.option("--proc-ms", type=float,
+              help="Processing time to assume until nodes measure one.")
+@_client_options
+def models_set(name: str, url: str, as_json: bool, token_file: str | None,
+               **fields: Any) -> None:
+    """Add or update NAME's SLO in the catalog."""
+    body = {k: v for k, v in fields.items() if v is not None}
+    doc = _call(url, token_file, "PUT", f"/v1/models/{name}", body)
+    click.echo(json.dumps(doc, indent=2) if as_json else
+               f"{name}: SLO {doc['slo_ms']:g} ms at p{doc['percentile']:g}, "
+               f"priority {doc['priority']:g}")
+
+
+@models.command("rm")
+@click.argument("name")
+@_client_options
+def models_rm(name: str, url: str, as_json: bool, token_file: str | None) -> None:
+    """Remove NAME from the catalog (it is no longer planned)."""
+    doc = _call(url, token_file, "DELETE", f"/v1/models/{name}")
+    click.echo(json.dumps(doc) if as_json else f"removed {name}")
+
+
+@coordinator.command("nodes")
+@_client_options
+def nodes(url: str, as_json: bool, token_file: str | None) -> None:
+    """List the nodes that report to the coordinator."""
+    doc = _call(url, token_file, "GET", "/v1/nodes")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(_table(
+        ["NAME", "ALIVE", "AGE_S", "CORES", "CPU_MEM", "MODELS", "RESIDENT", "PINNED"],
+        [[n["name"], "yes" if n["alive"] else "no", _fmt(n["age_s"], ".1f"),
+          _fmt((n["capacity"] or {}).get("cores")),
+          _fmt((n["capacity"] or {}).get("cpu_memory_bytes"), ".3g"),
+          str(len(n["models"])),
+          ",".join(sorted(k for k, m in n["models"].items() if m.get("resident"))) or "-",
+          ",".join(sorted((n["directives"] or {}).get("pin", []))) or "-"]
+         for n in doc]))
+
+
+@coordinator.command("plan")
+@click.option("--now", "replan", is_flag=True, help="Re-plan now instead of showing "
+                                                   "the current plan.")
+@_client_options
+def plan(replan: bool, url: str, as_json: bool, token_file: str | None) -> None:
+    """Show the current allocation and placement (or re-plan with --now)."""
+    doc = _call(url, token_file, "POST" if replan else "GET", "/v1/plan")
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"plan {doc['id']} ({doc['kind']}, solver {doc['solver'] or '-'}, "
+               f"objective {doc['objective']})")
+    click.echo(_table(
+        ["MODEL", "REPLICAS", "RATE/S", "PROC_MS", "SLO_MS", "PRED_MS", "UTILITY",
+         "PLACEMENT"],
+        [[name, str(m["replicas"]), _fmt(m["rate"]), _fmt(m["proc_ms"]), _fmt(m["slo_ms"]),
+          _fmt(m["predicted_latency_ms"], ".1f"), _fmt(m["utility"], ".3f"),
+          ",".join(f"{n}={c}" for n, c in sorted(m["placement"].items()))
+          + (f" (+{m['unplaced']} unplaced)" if m["unplaced"] else "")]
+         for name, m in sorted(doc["models"].items())]))

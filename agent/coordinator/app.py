@@ -1,0 +1,244 @@
+"""The coordinator's aiohttp application: ``create_app`` builds it, state lives on a
+``Coordinator`` stored on the app (no globals), handlers are thin.
+
+API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
+
+    GET    /v1/health                     liveness (never needs the token)
+    POST   /v1/nodes/{name}/report        a node's report (report.py) -> its directives
+    GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
+    DELETE /v1/nodes/{name}               forget a node
+    GET    /v1/models[/{name}]            catalog with planned replicas
+    PUT    /v1/models/{name}              set a model's SLO (catalog.py)
+    DELETE /v1/models/{name}              remove it from the catalog
+    GET    /v1/plan                       current allocation and placement
+    POST   /v1/plan                       re-plan now
+
+With ``admin_token_file`` every path but ``/v1/health`` needs
+``Authorization: Bearer <token>`` (agents send it from their ``coordinator.token_file``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from agent.coordinator.catalog import CatalogError, check_name, parse_slo
+from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.directives import DirectiveBook, directives_for
+from agent.coordinator.planner import PlanError, Planner, PlannerLoops
+from agent.coordinator.report import ReportError, parse_report
+from agent.coordinator.store import StoredPlan, Store
+from agent.httpauth import bearer_auth, read_token
+
+log = logging.getLogger("edgeagent.coordinator")
+
+
+class Coordinator:
+    """Everything one coordinator process holds: config, store, planner, directives."""
+
+    def __init__(self, config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,
+                 start_loops: bool = True) -> None:
+        self.config = config
+        self.clock = clock
+        self.admin_token = read_token(config.admin_token_file)
+        self.store = Store(config.database)
+        self.planner = Planner(self.store, config, clock=clock)
+        self.loops = PlannerLoops(self.planner)
+        self.book = DirectiveBook()
+        self.start_loops = start_loops
+
+    def node_summary(self, row: Any, now: float) -> dict[str, Any]:
+        report = row.report
+        models = {name: {k: v for k, v in m.items() if k != "arrivals"}
+                  for name, m in (report.get("models") or {}).items()}
+        directives = self.book.current(row.name, now)
+        expires = self.book.expires_at(row.name)
+        return {"name": row.name, "first_seen": row.first_seen, "last_seen": row.last_seen,
+                "age_s": round(now - row.last_seen, 3),
+                "alive": now - row.last_seen <= self.config.node_timeout_s,
+                "capacity": report.get("capacity"), "models": models,
+                "directives": directives.to_json() if directives else None,
+                "directives_expire_in_s": None if directives is None or expires is None
+                else round(expires - now, 3)}
+
+    def plan_json(self, stored: StoredPlan) -> dict[str, Any]:
+        return {"id": stored.id, **stored.plan}
+
+
+COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return _error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+    except (CatalogError, ReportError) as exc:
+        return _error(400, str(exc))
+    except PlanError as exc:
+        return _error(409, str(exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(500, "internal error (logged)")
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise CatalogError(f"body is not valid JSON: {exc}") from None
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def node_report(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    name = request.match_info["name"]
+    body = await _json_body(request)
+    try:
+        report = parse_report(name, body)
+    except ReportError as exc:
+        raise ReportError(f"report from {name!r}: {exc}") from None
+    now = co.clock()
+    arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
+                for m, r in report.models.items() if r.arrivals}
+    co.store.record_report(name, body, arrivals, now, co.config.history_s)
+    current = co.store.current_plan()
+    directives = directives_for(current.plan if current else None, name,
+                                {m for m, r in report.models.items() if r.resident},
+                                co.config.directive_ttl_s, current.id if current else None)
+    co.book.issue(directives, now)
+    return web.json_response(directives.to_json())
+
+
+async def nodes_list(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    now = co.clock()
+    return web.json_response([co.node_summary(row, now) for row in co.store.nodes()])
+
+
+async def node_get(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    row = co.store.node(request.match_info["name"])
+    if row is None:
+        return _error(404, f"unknown node {request.match_info['name']!r}")
+    return web.json_response(co.node_summary(row, co.clock()))
+
+
+async def node_delete(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    name = request.match_info["name"]
+    if not co.store.delete_node(name):
+        return _error(404, f"unknown node {name!r}")
+    co.book.expire(name)
+    return web.json_response({"deleted": name})
+
+
+def _model_json(co: Coordinator, slo: Any, plan: StoredPlan | None, now: float) -> dict:
+    planned = (plan.plan.get("models") or {}).get(slo.name) if plan else None
+    on = [row.name for row in co.store.nodes()
+          if slo.name in (row.report.get("models") or {})
+          and now - row.last_seen <= co.config.node_timeout_s]
+    return {**slo.to_json(), "nodes": on,
+            "replicas": planned["replicas"] if planned else None,
+            "predicted_latency_ms": planned["predicted_latency_ms"] if planned else None}
+
+
+async def models_list(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    plan, now = co.store.current_plan(), co.clock()
+    return web.json_response([_model_json(co, m, plan, now) for m in co.store.models()])
+
+
+async def model_get(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    name = check_name(request.match_info["name"])
+    slo = co.store.model(name)
+    if slo is None:
+        return _error(404, f"model {name!r} is not in the catalog")
+    return web.json_response(_model_json(co, slo, co.store.current_plan(), co.clock()))
+
+
+async def model_put(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    slo = parse_slo(request.match_info["name"], await _json_body(request))
+    created = co.store.put_model(slo, co.clock())
+    log.info("catalog: %s %s", "added" if created else "updated", slo)
+    return web.json_response(slo.to_json(), status=201 if created else 200)
+
+
+async def model_delete(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    name = check_name(request.match_info["name"])
+    if not co.store.delete_model(name):
+        return _error(404, f"model {name!r} is not in the catalog")
+    return web.json_response({"deleted": name})
+
+
+async def plan_get(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    current = co.store.current_plan()
+    if current is None:
+        hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
+        return _error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
+    return web.json_response(co.plan_json(current))
+
+
+async def plan_post(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    return web.json_response(co.plan_json(await co.loops.replan("manual")))
+
+
+def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,
+               start_loops: bool = True) -> web.Application:
+    """The coordinator's app; ``start_loops=False`` leaves planning to ``POST /v1/plan``
+    and direct calls (tests)."""
+    app = web.Application(client_max_size=8 * 2**20, middlewares=[
+        errors_middleware,
+        bearer_auth(lambda r: r.app[COORDINATOR].admin_token, lambda p: p != "/v1/health"),
+    ])
+    app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
+    r = app.router
+    r.add_get("/v1/health", health)
+    r.add_post("/v1/nodes/{name}/report", node_report)
+    r.add_get("/v1/nodes", nodes_list)
+    r.add_get("/v1/nodes/{name}", node_get)
+    r.add_delete("/v1/nodes/{name}", node_delete)
+    r.add_get("/v1/models", models_list)
+    r.add_get("/v1/models/{name}", model_get)
+    r.add_put("/v1/models/{name}", model_put)
+    r.add_delete("/v1/models/{name}", model_delete)
+    r.add_get("/v1/plan", plan_get)
+    r.add_post("/v1/plan", plan_post)
+
+    async def on_startup(app: web.Application) -> None:
+        if app[COORDINATOR].start_loops:
+            app[COORDINATOR].loops.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app[COORDINATOR].loops.stop()
+        app[COORDINATOR].store.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,99 @@
+"""Coordinator settings: a YAML file (``configs/coordinator.yaml``) checked against a
+schema, or the embedded defaults when no file is given.
+
+Errors name the file and key, as for the agent's config (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from agent.config import ConfigError, _check_mapping, _choice, _load_yaml, _num, _str
+from agent.coordinator.faro.latency import ESTIMATORS
+from agent.coordinator.faro.objectives import OBJECTIVES
+
+
+def default_state_dir() -> Path:
+    """``$EDGEAGENT_COORDINATOR_DIR``, systemd's ``$STATE_DIRECTORY``, or
+    ~/.local/share/edgeagent-coordinator."""
+    for var in ("EDGEAGENT_COORDINATOR_DIR", "STATE_DIRECTORY"):
+        if os.environ.get(var):
+            return Path(os.environ[var].split(":")[0])
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "edgeagent-coordinator"
+
+
+_SCHEMA = {
+    "host": _str,
+    "port": _num(0, 65535, integer=True),
+    "state_dir": _str,
+    "admin_token_file": _str,
+    "plan_interval_s": _num(0, strict_lo=True),
+    "plan_window_s": _num(0, strict_lo=True),
+    "rate_step_s": _num(0, strict_lo=True),
+    "history_s": _num(0, strict_lo=True),
+    "reactive_interval_s": _num(0, strict_lo=True),
+    "reactive_patience": _num(1, integer=True),
+    "objective": _choice(*OBJECTIVES),
+    "estimator": _choice(*ESTIMATORS),
+    "rate_quantile": _num(0, 1),
+    "directive_ttl_s": _num(0, strict_lo=True),
+    "node_timeout_s": _num(0, strict_lo=True),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """The coordinator's settings; the defaults are Faro's (5-min plans over a 7-min
+    window at the 0.9 quantile, a 10 s reactive loop that acts after 3 violations)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    state_dir: Path = field(default_factory=default_state_dir)
+    admin_token_file: Path | None = None
+    plan_interval_s: float = 300.0
+    plan_window_s: float = 420.0
+    rate_step_s: float = 10.0  # one point of the arrival-rate series the forecast sees
+    history_s: float = 900.0  # rate history kept and fed to the forecast (Faro: 15 min)
+    reactive_interval_s: float = 10.0
+    reactive_patience: int = 3
+    objective: str = "fairsum"
+    estimator: str = "mdc"
+    rate_quantile: float = 0.9
+    directive_ttl_s: float = 60.0  # agents revert directives not renewed within this
+    node_timeout_s: float = 60.0  # a node silent this long is left out of plans
+    log_level: str = "info"
+
+    @property
+    def database(self) -> Path:
+        return self.state_dir / "coordinator.sqlite3"
+
+    def with_overrides(self, **changes: Any) -> "CoordinatorConfig":
+        """A copy with the non-None ``changes`` applied (command-line flags)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def parse_coordinator_config(data: Any, file: str | Path | None = None) -> CoordinatorConfig:
+    """A ``CoordinatorConfig`` from a parsed YAML mapping; relative paths are from
+    ``file``'s directory."""
+    d = _check_mapping(data, _SCHEMA, file)
+    base = Path(file).parent if file else Path.cwd()
+    for key in ("state_dir", "admin_token_file"):
+        if key in d:
+            d[key] = (base / Path(d[key]).expanduser()).resolve()
+    if d.get("plan_window_s", 0) and d.get("rate_step_s", 10.0) > d["plan_window_s"]:
+        raise ConfigError(file, "rate_step_s", "must not exceed plan_window_s")
+    assert set(d) <= {f.name for f in fields(CoordinatorConfig)}
+    return CoordinatorConfig(**d)
+
+
+def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
+    """The file's settings, or the embedded defaults for None."""
+    if path is None:
+        return CoordinatorConfig()
+    path = Path(path)
+    return parse_coordinator_config(_load_yaml(path), path)

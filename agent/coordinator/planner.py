@@ -1,0 +1,362 @@
+"""Faro's hybrid autoscaler over the fleet: catalog + node reports → ``faro.Problem`` →
+``solve`` → ``place`` → a stored plan, on a long-term and a short-term loop.
+
+* Long-term (every ``plan_interval_s``, Faro: 5 min): each catalogued model present on a
+  live node gets its arrival-rate series (``rate_step_s`` bins summed over nodes, the
+  last ``history_s``), a forecast over the next ``plan_window_s`` (Faro: 7 min), and is
+  planned for the ``rate_quantile`` quantile of the forecast's window samples, not its
+  mean (Faro §3.5.2). Then ``solve`` (Stages 2–3) and ``place``.
+* Short-term (every ``reactive_interval_s``, Faro: 10 s): ``reactive_step`` per model on
+  the worst observed latency at its SLO percentile among nodes that reported since the
+  last tick; +1 replica after ``reactive_patience`` violating ticks, only into free
+  cores, never down (Faro §4.4). The long-term plan resets the counts.
+
+Decisions where the papers leave room:
+* A replica is one worker of the model on a node; it needs ``cpu_per_replica`` cores.
+  Capacity is the sum of live nodes' cores and CPU memory budgets.
+* Processing time p (Faro's "average per-request replica processing time"): total
+  busy seconds over requests processed, summed over nodes and batch sizes, so batching
+  (MArk §4.3: a batch of b counts T_b / b per request) lowers it. Before any node
+  measured one: the catalog's ``proc_ms``, else ``DEFAULT_PROC_MS``.
+* Arrival points cover intervals; they are spread over the bins they overlap in
+  proportion to the overlap, so any report interval gives the same series.
+* Placement is on CPU memory: a model is held once per node that runs it
+  (``resident_bytes``: its largest reported size) and may only go to nodes whose
+  repository has it, preferring the last plan's nodes, then nodes where it is
+  resident; GPU-device models count no CPU memory (their node's cache keeps
+  the GPU budget). Replicas that fit nowhere are listed in the plan as ``unplaced``.
+* A model reported by nodes but absent from the catalog has no SLO: it is not planned
+  and no directive touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from agent.coordinator.catalog import ModelSLO
+from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Problem,
+                                    ProblemError, ReactiveState, forecast, place,
+                                    reactive_step, solve)
+from agent.coordinator.faro.tables import model_value
+from agent.coordinator.report import NodeReport, latency_at, parse_report
+from agent.coordinator.store import StoredPlan, Store
+
+log = logging.getLogger("edgeagent.coordinator.planner")
+
+DEFAULT_PROC_MS = 10.0
+
+
+class PlanError(ValueError):
+    """Nothing to plan (no live node or catalogued model) or the problem is infeasible."""
+
+
+def rate_series(points: list[tuple[float, float, float]], end: float, step: float,
+                span: float) -> np.ndarray:
+    """Arrival rate per ``step`` bin over ``(end - span, end]`` from ``(t_end, seconds,
+    count)`` points, each spread over the bins it overlaps; leading bins that no point
+    covers (before the history starts) are dropped."""
+    n = max(1, int(span // step))
+    start = end - n * step
+    counts = np.zeros(n)
+    covered = np.zeros(n, dtype=bool)
+    for t_end, seconds, count in points:
+        lo, hi = max(t_end - seconds, start), min(t_end, end)
+        if hi <= lo:
+            continue
+        first, last = int((lo - start) // step), min(n - 1, int(math.ceil((hi - start) / step)) - 1)
+        for b in range(first, last + 1):
+            overlap = min(hi, start + (b + 1) * step) - max(lo, start + b * step)
+            if overlap > 0:
+                counts[b] += count * overlap / seconds
+                covered[b] = True
+    if not covered.any():
+        return np.zeros(0)
+    return counts[int(np.argmax(covered)):] / step
+
+
+class Planner:
+    """Plans from the store's catalog and reports; keeps the reactive counters."""
+
+    def __init__(self, store: Store, config: CoordinatorConfig, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store, self.config, self.clock = store, config, clock
+        self.reactive: dict[str, ReactiveState] = {}
+        self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
+        self.last_error: str | None = None
+
+    # -- inputs ----------------------------------------------------------------------
+    def live_reports(self, now: float) -> dict[str, tuple[float, NodeReport]]:
+        """node -> (last_seen, parsed report) for nodes heard from within the timeout."""
+        out = {}
+        for row in self.store.nodes():
+            if now - row.last_seen <= self.config.node_timeout_s:
+                out[row.name] = (row.last_seen, parse_report(row.name, row.report))
+        return out
+
+    def planning_rate(self, model: str, now: float) -> tuple[float, int]:
+        """(rate to plan for, history points used) for ``model``."""
+        cfg = self.config
+        by_node: dict[str, list[tuple[float, float, float]]] = {}
+        for node, _, t_end, seconds, count in self.store.arrivals(now - cfg.history_s, model):
+            by_node.setdefault(node, []).append((t_end, seconds, count))
+        if not by_node:
+            return 0.0, 0
+        end = min(points[-1][0] for points in by_node.values())  # every node covers it
+        series = rate_series([p for ps in by_node.values() for p in ps], end,
+                             cfg.rate_step_s, cfg.history_s)
+        if series.size == 0:
+            return 0.0, 0
+        horizon = max(1, round(cfg.plan_window_s / cfg.rate_step_s))
+        predicted = forecast(series, horizon, n_samples=200, seed=0)
+        return predicted.window_quantile(cfg.rate_quantile), int(series.size)
+
+    @staticmethod
+    def processing_ms(slo: ModelSLO, reports: list[NodeReport]) -> tuple[float, str]:
+        """(per-request processing ms, where it came from)."""
+        busy = done = 0.0
+        for report in reports:
+            m = report.models.get(slo.name)
+            if m is not None:
+                seconds, requests = m.busy_seconds_per_request()
+                busy, done = busy + seconds, done + requests
+        if done > 0 and busy > 0:
+            return busy / done * 1000.0, "measured"
+        if slo.proc_ms is not None:
+            return slo.proc_ms, "catalog"
+        return DEFAULT_PROC_MS, "default"
+
+    def build(self, now: float) -> tuple[Problem, dict[str, dict[str, Any]],
+                                         dict[str, NodeReport]]:
+        """The Faro problem for now, per-model plan details, and the live reports."""
+        live = {n: r for n, (_, r) in self.live_reports(now).items()}
+        if not live:
+            raise PlanError("no live nodes: none reported in the last "
+                            f"{self.config.node_timeout_s:g} s")
+        catalog = [m for m in self.store.models()
+                   if any(m.name in r.models for r in live.values())]
+        if not catalog:
+            raise PlanError("no catalogued model is in a live node's repository; add one "
+                            "with PUT /v1/models/{name} or 'edgeagent coordinator models set'")
+        specs, details = [], {}
+        for slo in catalog:
+            rate, points = self.planning_rate(slo.name, now)
+            proc_ms, source = self.processing_ms(slo, list(live.values()))
+            specs.append(ModelSpec(
+                name=slo.name, rate=rate, proc_s=proc_ms / 1000.0, slo_s=slo.slo_ms / 1000.0,
+                percentile=slo.percentile, priority=slo.priority,
+                cpu_per_replica=slo.cpu_per_replica,
+                memory_per_replica_bytes=slo.memory_per_replica_bytes))
+            details[slo.name] = {"rate_points": points, "proc_source": source}
+        capacity = Capacity(cpu=sum(r.capacity.cores for r in live.values()),
+                            memory_bytes=sum(r.capacity.cpu_memory_bytes for r in live.values()))
+        problem = Problem(capacity=capacity, models=tuple(specs),
+                          objective=self.config.objective, estimator=self.config.estimator)
+        return problem, details, live
+
+    # -- plans -----------------------------------------------------------------------
+    def _place(self, problem: Problem, replicas: dict[str, int],
+               live: dict[str, NodeReport], previous: StoredPlan | None):
+        nodes = [Node(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
+                 for n, r in sorted(live.items())]
+        demands = []
+        for spec in problem.models:
+            on = [r.models[spec.name] for r in live.values() if spec.name in r.models]
+            cpu_model = all(m.device == "cpu" for m in on)
+            demands.append(ModelDemand(
+                name=spec.name, replicas=replicas[spec.name],
+                cpu_per_replica=spec.cpu_per_replica,
+                resident_bytes=max((m.size_bytes for m in on), default=0.0) if cpu_model else 0.0,
+                memory_per_replica_bytes=spec.memory_per_replica_bytes,
+                pinned_nodes=frozenset(n for n, r in live.items() if spec.name in r.models)))
+        current = {n: dict(row) for n, row in
+                   ((previous.plan.get("assignment") or {}) if previous else {}).items()}
+        # A model the last plan did not place starts where it is resident (no new load).
+        placed = {m for row in current.values() for m in row}
+        for n, r in live.items():
+            for spec in problem.models:
+                m = r.models.get(spec.name)
+                if spec.name not in placed and m is not None and m.resident:
+                    current.setdefault(n, {})[spec.name] = 1
+        return place(nodes, demands, current)
+
+    def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
+                utility: dict[str, float], drops: dict[str, float], placement: Any,
+                details: dict[str, dict[str, Any]], now: float, kind: str,
+                solver: str, objective: float | None) -> dict[str, Any]:
+        models = {}
+        for spec in problem.models:
+            models[spec.name] = {
+                "replicas": replicas[spec.name],
+                "rate": spec.rate, "proc_ms": spec.proc_s * 1000.0,
+                "slo_ms": spec.slo_s * 1000.0, "percentile": spec.percentile,
+                "priority": spec.priority, "cpu_per_replica": spec.cpu_per_replica,
+                "memory_per_replica_bytes": spec.memory_per_replica_bytes,
+                "predicted_latency_ms": latency[spec.name] * 1000.0
+                if math.isfinite(latency[spec.name]) else None,
+                "utility": utility[spec.name], "drop_rate": drops[spec.name],
+                "placement": {n: row[spec.name] for n, row in placement.assignment.items()
+                              if spec.name in row},
+                "unplaced": placement.unplaced.get(spec.name, 0),
+                **details.get(spec.name, {}),
+            }
+        return {"created": now, "kind": kind, "objective": problem.objective,
+                "estimator": problem.estimator, "solver": solver,
+                "objective_value": objective, "rate_quantile": self.config.rate_quantile,
+                "window_s": self.config.plan_window_s,
+                "capacity": {"cpu": problem.capacity.cpu,
+                             "memory_bytes": problem.capacity.memory_bytes},
+                "models": models, "assignment": placement.assignment,
+                "moves": {"started": placement.started, "stopped": placement.stopped}}
+
+    def plan_now(self, kind: str = "long-term") -> StoredPlan:
+        """Plan from scratch (long-term or manual), store and return the plan."""
+        now = self.clock()
+        try:
+            problem, details, live = self.build(now)
+            allocation = solve(problem)
+        except (PlanError, ProblemError) as exc:
+            self.last_error = str(exc)
+            raise PlanError(str(exc)) from None
+        placement = self._place(problem, allocation.replicas, live, self.store.current_plan())
+        plan = self._render(problem, allocation.replicas, allocation.latency_s,
+                            allocation.utility, allocation.drop_rate, placement, details,
+                            now, kind, allocation.solver, allocation.objective)
+        plan_id = self.store.save_plan(plan, kind, now)
+        self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
+        self.last_error = None
+        log.info("plan %d (%s, %s): %s%s", plan_id, kind, allocation.solver,
+                 ", ".join(f"{m}={n}" for m, n in allocation.replicas.items()),
+                 f"; unplaced {placement.unplaced}" if placement.unplaced else "")
+        return self.store.current_plan()
+
+    def observed_latency_ms(self, model: str, percentile: float,
+                            fresh: dict[str, NodeReport]) -> float | None:
+        """The worst latency at ``percentile`` among ``fresh`` reports that measured one."""
+        seen = [v for r in fresh.values() if model in r.models
+                for v in [latency_at(r.models[model], percentile)] if v is not None]
+        return max(seen) if seen else None
+
+    def reactive_tick(self) -> StoredPlan | None:
+        """One short-term check; a new (reactive) plan when some model scaled up."""
+        now = self.clock()
+        current = self.store.current_plan()
+        if current is None:
+            return None
+        live = self.live_reports(now)
+        fresh = {n: r for n, (seen, r) in live.items()
+                 if seen > self._reactive_seen.get(n, -math.inf)}
+        self._reactive_seen.update({n: seen for n, (seen, _) in live.items()})
+        plan = current.plan
+        models = plan["models"]
+        cap_cpu = plan["capacity"]["cpu"]
+        free = cap_cpu - sum(m["replicas"] * m["cpu_per_replica"] for m in models.values())
+        grown = {}
+        for name, m in sorted(models.items()):
+            observed = self.observed_latency_ms(name, m["percentile"], fresh)
+            if observed is None:
+                continue
+            state = self.reactive.get(name)
+            if state is None or state.replicas < m["replicas"]:
+                state = ReactiveState(m["replicas"], state.violations if state else 0)
+            room = int(free // m["cpu_per_replica"] + 1e-9)
+            new = reactive_step(state, observed, m["slo_ms"],
+                                patience=self.config.reactive_patience, step=1,
+                                max_replicas=state.replicas + max(room, 0))
+            if new.replicas > state.replicas:
+                free -= (new.replicas - state.replicas) * m["cpu_per_replica"]
+                grown[name] = new.replicas
+                log.info("reactive: %s latency %.1f ms > SLO %.1f ms for %d checks: "
+                         "%d -> %d replicas", name, observed, m["slo_ms"],
+                         self.config.reactive_patience, state.replicas, new.replicas)
+            self.reactive[name] = new
+        if not grown:
+            return None
+        return self._rescale(current, grown, {n: r for n, (_, r) in live.items()}, now)
+
+    def _rescale(self, current: StoredPlan, grown: dict[str, int],
+                 live: dict[str, NodeReport], now: float) -> StoredPlan:
+        """The current plan with ``grown`` replica counts, re-placed and re-scored."""
+        plan = current.plan
+        specs = tuple(ModelSpec(name=n, rate=m["rate"], proc_s=m["proc_ms"] / 1000.0,
+                                slo_s=m["slo_ms"] / 1000.0, percentile=m["percentile"],
+                                priority=m["priority"], cpu_per_replica=m["cpu_per_replica"],
+                                memory_per_replica_bytes=m["memory_per_replica_bytes"])
+                      for n, m in plan["models"].items())
+        problem = Problem(capacity=Capacity(**plan["capacity"]), models=specs,
+                          objective=plan["objective"], estimator=plan["estimator"])
+        replicas = {n: grown.get(n, m["replicas"]) for n, m in plan["models"].items()}
+        latency, utility, drops = {}, {}, {}
+        for spec in specs:
+            utility[spec.name], latency[spec.name], drops[spec.name] = model_value(
+                spec, replicas[spec.name], problem)
+        placement = self._place(problem, replicas, live, current)
+        details = {n: {k: m[k] for k in ("rate_points", "proc_source") if k in m}
+                   for n, m in plan["models"].items()}
+        new = self._render(problem, replicas, latency, utility, drops, placement, details,
+                           now, "reactive", plan.get("solver", ""), None)
+        self.store.save_plan(new, "reactive", now)
+        return self.store.current_plan()
+
+
+class PlannerLoops:
+    """Runs the long-term and reactive loops on the event loop; planning itself runs in
+    a worker thread, one plan at a time (``replan`` shares the lock)."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self.lock = asyncio.Lock()
+        self.tasks: list[asyncio.Task] = []
+
+    async def replan(self, kind: str = "manual") -> StoredPlan:
+        async with self.lock:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, self.planner.plan_now, kind)
+
+    async def react(self) -> StoredPlan | None:
+        async with self.lock:
+            if self.planner.store.current_plan() is None:  # first plan as soon as possible
+                try:
+                    return await asyncio.get_running_loop().run_in_executor(
+                        None, self.planner.plan_now, "long-term")
+                except PlanError:
+                    return None
+            return await asyncio.get_running_loop().run_in_executor(
+                None, self.planner.reactive_tick)
+
+    async def _every(self, interval: float, step: Callable[[], Any], name: str) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await step()
+            except PlanError as exc:
+                log.info("%s: no plan: %s", name, exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a bad tick must not stop the loop
+                log.exception("%s failed", name)
+
+    def start(self) -> None:
+        cfg = self.planner.config
+        loop = asyncio.get_running_loop()
+        self.tasks = [
+            loop.create_task(self._every(cfg.plan_interval_s,
+                                         lambda: self.replan("long-term"), "long-term plan")),
+            loop.create_task(self._every(cfg.reactive_interval_s, self.react, "reactive check")),
+        ]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - cancelled or failed, either way done
+                pass
+        self.tasks = []

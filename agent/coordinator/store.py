@@ -1,0 +1,218 @@
+"""The coordinator's state in SQLite (WAL): nodes and their last report, a bounded
+arrival-rate history, the model catalog and the plans made.
+
+Schema changes are migrations by version (``PRAGMA user_version``): ``MIGRATIONS[i]``
+takes a database from version i to i + 1, each in one transaction, so an old state
+directory is upgraded in place on start. Times are the coordinator's wall clock,
+passed in by the caller (``now``), never read here.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from agent.coordinator.catalog import ModelSLO
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL,
+        report TEXT NOT NULL            -- the last report body, JSON
+    );
+    CREATE TABLE rates (                -- arrivals: count requests in (t_end - seconds, t_end]
+        node TEXT NOT NULL,
+        model TEXT NOT NULL,
+        t_end REAL NOT NULL,
+        seconds REAL NOT NULL,
+        count REAL NOT NULL
+    );
+    CREATE INDEX rates_by_model ON rates (model, t_end);
+    CREATE INDEX rates_by_time ON rates (t_end);
+    CREATE TABLE models (
+        name TEXT PRIMARY KEY,
+        slo_ms REAL NOT NULL,
+        percentile REAL NOT NULL,
+        priority REAL NOT NULL,
+        cpu_per_replica REAL NOT NULL,
+        memory_per_replica_bytes REAL NOT NULL,
+        proc_ms REAL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE plans (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created REAL NOT NULL,
+        kind TEXT NOT NULL,             -- long-term, reactive or manual
+        plan TEXT NOT NULL              -- JSON, see planner.Plan
+    );
+    """,
+)
+
+PLANS_KEPT = 100
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    first_seen: float
+    last_seen: float
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    id: int
+    created: float
+    kind: str
+    plan: dict[str, Any]
+
+
+class Store:
+    """One SQLite database; safe to share between threads (one connection, a lock)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self.migrate()
+
+    # -- plumbing --------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        """Apply the migrations this database has not seen, each atomically."""
+        with self._lock:
+            current = self.version
+            if current > len(MIGRATIONS):
+                raise RuntimeError(f"{self.path} has schema version {current}, newer than "
+                                   f"this coordinator's {len(MIGRATIONS)}")
+            for version in range(current, len(MIGRATIONS)):
+                script = (f"BEGIN;\n{MIGRATIONS[version]}\n"
+                          f"PRAGMA user_version = {version + 1};\nCOMMIT;")
+                try:
+                    self._db.executescript(script)
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+
+    def _tx(self) -> "_Transaction":
+        return _Transaction(self._db, self._lock)
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- nodes and reports ----------------------------------------------------------
+    def record_report(self, node: str, report: dict[str, Any],
+                      arrivals: dict[str, list[tuple[float, float, float]]], now: float,
+                      keep_s: float) -> None:
+        """Store ``node``'s report and its arrival points (absolute ``t_end``); forget
+        points older than ``keep_s`` seconds (the bounded history)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO nodes (name, first_seen, last_seen, report) "
+                       "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                       "last_seen = excluded.last_seen, report = excluded.report",
+                       (node, now, now, json.dumps(report)))
+            db.executemany("INSERT INTO rates (node, model, t_end, seconds, count) "
+                           "VALUES (?, ?, ?, ?, ?)",
+                           [(node, model, t, s, c) for model, points in arrivals.items()
+                            for t, s, c in points])
+            db.execute("DELETE FROM rates WHERE t_end < ?", (now - keep_s,))
+
+    def nodes(self) -> list[NodeRow]:
+        return [NodeRow(n, f, s, json.loads(r)) for n, f, s, r in self._query(
+            "SELECT name, first_seen, last_seen, report FROM nodes ORDER BY name")]
+
+    def node(self, name: str) -> NodeRow | None:
+        rows = self._query("SELECT name, first_seen, last_seen, report FROM nodes "
+                           "WHERE name = ?", (name,))
+        return NodeRow(*rows[0][:3], json.loads(rows[0][3])) if rows else None
+
+    def delete_node(self, name: str) -> bool:
+        with self._tx() as db:
+            db.execute("DELETE FROM rates WHERE node = ?", (name,))
+            return db.execute("DELETE FROM nodes WHERE name = ?", (name,)).rowcount > 0
+
+    def arrivals(self, since: float, model: str | None = None
+                 ) -> Iterator[tuple[str, str, float, float, float]]:
+        """(node, model, t_end, seconds, count) of points ending after ``since``."""
+        sql = "SELECT node, model, t_end, seconds, count FROM rates WHERE t_end > ?"
+        args: tuple = (since,)
+        if model is not None:
+            sql += " AND model = ?"
+            args += (model,)
+        return iter(self._query(sql + " ORDER BY t_end", args))
+
+    # -- catalog ---------------------------------------------------------------------
+    def put_model(self, slo: ModelSLO, now: float) -> bool:
+        """Insert or replace; True when the model is new."""
+        with self._tx() as db:
+            new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
+            db.execute("INSERT OR REPLACE INTO models (name, slo_ms, percentile, priority, "
+                       "cpu_per_replica, memory_per_replica_bytes, proc_ms, updated) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (slo.name, slo.slo_ms, slo.percentile, slo.priority,
+                        slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms, now))
+            return new
+
+    def models(self) -> list[ModelSLO]:
+        return [ModelSLO(*row) for row in self._query(
+            "SELECT name, slo_ms, percentile, priority, cpu_per_replica, "
+            "memory_per_replica_bytes, proc_ms FROM models ORDER BY name")]
+
+    def model(self, name: str) -> ModelSLO | None:
+        found = [m for m in self.models() if m.name == name]
+        return found[0] if found else None
+
+    def delete_model(self, name: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount > 0
+
+    # -- plans -----------------------------------------------------------------------
+    def save_plan(self, plan: dict[str, Any], kind: str, now: float) -> int:
+        """Store ``plan`` as the current one (keeping the last ``PLANS_KEPT``); its id."""
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO plans (created, kind, plan) VALUES (?, ?, ?)",
+                             (now, kind, json.dumps(plan)))
+            plan_id = int(cur.lastrowid)
+            db.execute("DELETE FROM plans WHERE id <= ?", (plan_id - PLANS_KEPT,))
+            return plan_id
+
+    def current_plan(self) -> StoredPlan | None:
+        rows = self._query("SELECT id, created, kind, plan FROM plans ORDER BY id DESC LIMIT 1")
+        return StoredPlan(*rows[0][:3], json.loads(rows[0][3])) if rows else None
+
+
+class _Transaction:
+    """``with store._tx() as db``: BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
+        self.db, self.lock = db, lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            self.lock.release()

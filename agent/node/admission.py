@@ -1,0 +1,131 @@
+"""Admission control: deadlines, MArk's bouncer and Faro's tail drop.
+
+Every request gets a deadline at arrival: its model's SLO latency, or the client's
+``timeout`` when that is tighter. Before it is queued:
+
+- *tail drop* (Faro §5): a model queue already holding ``max_queue`` requests rejects;
+- *bouncer* (MArk §4.1): the completion time predicted from the queue ahead, the
+  batches running and the measured batch latencies must fall before the deadline;
+- a *cold* model's expected (remaining) load time counts against the deadline.
+
+A rejection is ``Shed``: 503 with ``Retry-After`` (seconds until the queue is expected to
+drain, at least 1), at once rather than after queueing to fail later.
+
+Decision: the bouncer rejects for the SLO only when *others* make the request late
+(queue ahead, busy workers, a load); a request that would miss its SLO on an idle model
+is served (and counted as a violation), since rejecting it would leave a model whose SLO
+is below its own latency unusable. A client ``timeout`` is a hard deadline: such requests
+are rejected whenever they cannot make it, and dropped if it passes while queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from agent.node.cache import CacheError
+
+
+class Shed(CacheError):
+    """A request rejected to protect latency (503 + Retry-After); ``reason`` names why:
+    ``queue_full``, ``deadline``, ``cold``, ``expired``, ``unloaded`` or ``shutdown``."""
+
+    status = 503
+
+    def __init__(self, message: str, reason: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = max(1.0, float(math.ceil(retry_after)))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    at: float
+    hard: bool  # from the client's timeout: the answer is useless after it
+
+    def left(self, now: float) -> float:
+        return self.at - now
+
+
+def deadline_for(arrived: float, slo: float, timeout: float | None) -> Deadline:
+    """The SLO deadline, or the client's ``timeout`` (seconds) when tighter."""
+    if timeout is not None and timeout < slo:
+        return Deadline(arrived + timeout, True)
+    return Deadline(arrived + slo, False)
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """What a model's batcher looks like to an arriving request."""
+
+    queued_rows: int          # rows waiting, all shapes
+    queued_requests: int
+    limit: int                # rows per batch now
+    workers: int
+    running_left: tuple[float, ...]  # seconds left of each batch running now
+    arrival_rate: float = 0.0  # rows per second joining the queue
+
+
+def predict_finish(now: float, rows: int, q: QueueState,
+                   predict: Callable[[int], float | None]) -> float:
+    """When a request of ``rows`` rows joining the queue now is expected to be answered.
+
+    The queue ahead runs as full batches of ``q.limit`` rows, each on the worker free
+    first; the request's own batch holds the remainder, its rows and the rows expected
+    to arrive before it starts (so it costs more under load). The delayed-batching
+    window does not count: the batcher never waits past the latest start that keeps
+    the oldest queued request within its deadline (``Pending.dispatch_by``), so a
+    request is never refused for a wait that would be cut short for it. Unmeasured
+    sizes cost 0 (optimistic: a model is not refused before anything is known about
+    it)."""
+    def cost(size: int) -> float:
+        return predict(size) or 0.0
+
+    limit = max(1, q.limit)
+    free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
+    free += [now] * (max(q.workers, 1) - len(free))
+    heapq.heapify(free)
+    full, rest = divmod(q.queued_rows, limit)
+    for _ in range(full):
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + cost(limit))
+    start = heapq.heappop(free)
+    if rest + rows > limit:
+        size = rows  # runs alone
+    else:
+        joining = int(q.arrival_rate * max(start - now, 0.0))
+        size = min(limit, rest + rows + joining)
+    return start + cost(size)
+
+
+def drain_seconds(q: QueueState, predict: Callable[[int], float | None]) -> float:
+    """Seconds until the queue now waiting is expected to be served (for Retry-After)."""
+    return predict_finish(0.0, 0, q, predict) if q.queued_rows else 0.0
+
+
+def admit(now: float, deadline: Deadline, rows: int, q: QueueState, max_queue: int,
+          predict: Callable[[int], float | None], *, load_left: float = 0.0,
+          margin: float = 0.0) -> float:
+    """Raise ``Shed`` unless a request may join the queue; returns its predicted finish.
+
+    ``load_left``: seconds until the model is loaded (0 when it is); ``margin``: seconds
+    the predicted finish must leave before the deadline (predictions are estimates, the
+    SLO a percentile)."""
+    if q.queued_requests >= max_queue:
+        raise Shed(f"queue full ({q.queued_requests} requests waiting, bound {max_queue})",
+                   "queue_full", drain_seconds(q, predict))
+    finish = predict_finish(now + load_left, rows, q, predict)
+    if finish <= deadline.at - margin:
+        return finish
+    alone = predict(rows) or 0.0  # its own batch on an idle, loaded model
+    if deadline.hard or finish - now > alone + 1e-9:
+        late_ms = (finish - deadline.at + margin) * 1000
+        if load_left > 0 and q.queued_rows == 0:
+            raise Shed(f"model is loading ({load_left:.3f}s left): the request would miss "
+                       f"its deadline by {late_ms:.0f} ms", "cold", load_left)
+        raise Shed(f"cannot meet the deadline: predicted {late_ms:.0f} ms late behind "
+                   f"{q.queued_requests} queued request(s)", "deadline",
+                   max(finish - now, drain_seconds(q, predict)))
+    return finish

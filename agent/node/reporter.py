@@ -1,0 +1,460 @@
+"""The agent's side of the coordinator: report capacity and per-model stats every
+``report_interval_s`` and apply the directives that come back.
+
+Reports follow ``agent.coordinator.report``; directives ``agent.coordinator.directives``.
+Nothing here can stop the node serving: every failure (coordinator down, bad answer,
+a model that will not load) is logged and retried with exponential backoff, and
+directives that are not renewed within their ``ttl_s`` are reverted.
+
+What applying means:
+* ``pin``: pinned through ``ModelCache.set_pinned``; only models this reporter pinned are
+  ever unpinned by it (an operator's pin stays). The names are kept in
+  ``<data_dir>/coordinator-pins.json``, so that after a restart (which restores pins from
+  the state file, with no directives yet) they are unpinned again.
+* ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
+  a time; a load that does not fit is logged and retried on the next directives.
+* ``workers``: set through the batching layer (``Serving.set_workers``, as
+  ``POST /v1/cache/{name}/workers`` does); the count a model had before is restored
+  when the directives drop it or lapse.
+* ``drop_rate``: recorded and shown in ``GET /v1/coordinator`` (the batching layer's
+  admission control has no knob for it yet).
+
+Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
+samples: arrivals (requests of any outcome), drops (503 answers), latency percentiles
+(interpolated within the histogram buckets, as Prometheus' ``histogram_quantile``).
+Processing time comes from the batching layer's profile: all batches run, reported at
+the mean batch size b with the profile's time for b (MArk's black box: b / T_b requests
+per second). Before any batch ran (or without a batching layer) it falls back to batches
+of one whose seconds are the successful requests' latency: an upper bound, as it
+includes queueing (and a cold load on a miss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+import aiohttp
+from aiohttp import web
+
+from agent.config import CoordinatorLink
+from agent.coordinator.directives import DirectiveBook, Directives
+from agent.httpauth import read_token
+from agent.node.cache import CacheError, State
+from agent.node.state import read_state, write_state
+
+if TYPE_CHECKING:
+    from agent.node.app import Node
+
+log = logging.getLogger("edgeagent.reporter")
+
+PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+MAX_PENDING_POINTS = 500  # arrival intervals kept per model while the coordinator is away
+PINS_FORMAT = 1
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets, linear
+    within a bucket; the highest finite bound for the +Inf bucket; None when empty."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, cumulative in buckets:
+        if cumulative >= rank:
+            if math.isinf(upper):
+                return lower
+            inside = cumulative - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = upper, cumulative
+    return lower
+
+
+class MetricsSampler:
+    """Cumulative per-model counters read from the agent's Prometheus registry."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def sample(self) -> dict[str, dict[str, Any]]:
+        """model -> {requests, drops, ok, ok_seconds, buckets: {le: cumulative}}."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def row(model: str) -> dict[str, Any]:
+            return out.setdefault(model, {"requests": 0.0, "drops": 0.0, "ok": 0.0,
+                                          "ok_seconds": 0.0, "buckets": {}})
+
+        for family in self.registry.collect():
+            if family.name == "edgeagent_requests":
+                for s in family.samples:
+                    if s.name.endswith("_total"):
+                        r = row(s.labels["model"])
+                        r["requests"] += s.value
+                        if s.labels.get("code") == "503":
+                            r["drops"] += s.value
+            elif family.name == "edgeagent_request_seconds":
+                for s in family.samples:
+                    r = row(s.labels["model"])
+                    if s.name.endswith("_bucket"):
+                        le = float(s.labels["le"])
+                        r["buckets"][le] = r["buckets"].get(le, 0.0) + s.value
+                    elif s.name.endswith("_count"):
+                        r["ok"] += s.value
+                    elif s.name.endswith("_sum"):
+                        r["ok_seconds"] += s.value
+        return out
+
+
+class Reporter:
+    """Periodic reports to the coordinator and the directives they bring back."""
+
+    def __init__(self, node: "Node", link: CoordinatorLink, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.node, self.link, self.clock = node, link, clock
+        self.name = link.node_name or os.uname().nodename
+        self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
+        self.interval = float(link.report_interval_s)
+        self.max_backoff = max(self.interval, min(60.0, self.interval * 16))
+        self.sampler = MetricsSampler(node.metrics.registry)
+        self.book = DirectiveBook()
+        self.pins_path = node.config.data_dir / "coordinator-pins.json"
+        self.pinned_by_us: set[str] = set()
+        self.workers: dict[str, int] = {}
+        self._workers_before: dict[str, tuple[int, bool]] = {}  # name -> (count, was set)
+        self.drop_rate: dict[str, float] = {}
+        self.directives: Directives | None = None
+        self.loading: dict[str, asyncio.Task] = {}
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_ok: float | None = None  # clock() of the last successful report
+        self.reports = 0
+        self._previous: dict[str, dict[str, Any]] = {}
+        self._previous_at: float | None = None
+        self._pending: dict[str, deque] = {}
+        self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        self._revert_saved_pins()
+        self._previous, self._previous_at = self.sampler.sample(), self.clock()
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval)))
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        log.info("reporting to %s every %gs as node %r", self.link.url, self.interval,
+                 self.name)
+
+    async def stop(self) -> None:
+        for task in [self._task, *self.loading.values()]:
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        delay = 0.0
+        while True:
+            await self._sleep(delay)
+            try:
+                self.expire_if_due()
+                directives = await self.report_once()
+                self.apply(directives)
+                if self.failures:
+                    log.info("coordinator %s reachable again", self.link.url)
+                self.failures, self.last_error = 0, None
+                delay = self.interval
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - never let reporting hurt serving
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                delay = min(self.max_backoff, self.interval * 2 ** min(self.failures, 10))
+                (log.warning if self.failures == 1 else log.debug)(
+                    "report to %s failed (%d in a row, next try in %.1fs): %s",
+                    self.link.url, self.failures, delay, self.last_error)
+
+    async def _sleep(self, delay: float) -> None:
+        """Sleep ``delay`` seconds, waking early to revert directives that lapse."""
+        end = self.clock() + delay
+        while True:
+            now = self.clock()
+            expires = self.book.expires_at(self.name)
+            wake = end if expires is None or self.directives is None else min(end, expires)
+            await asyncio.sleep(max(0.0, wake - now))
+            with contextlib.suppress(Exception):
+                self.expire_if_due()
+            if self.clock() >= end:
+                return
+
+    # -- reporting -------------------------------------------------------------------
+    def capacity(self) -> dict[str, Any]:
+        cores = self.link.cores
+        if cores is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else os.cpu_count() or 1
+        pools = self.node.cache.pools
+        return {"cores": cores,
+                "cpu_memory_bytes": pools["cpu"].budget if "cpu" in pools else 0,
+                "gpus": [{"device": name, "memory_bytes": p.budget}
+                         for name, p in sorted(pools.items()) if name != "cpu"]}
+
+    def _collect_arrivals(self) -> dict[str, dict[str, Any]]:
+        """Sample the counters; queue this interval's arrivals; the interval deltas."""
+        now, current = self.clock(), self.sampler.sample()
+        seconds = now - (self._previous_at if self._previous_at is not None else now)
+        deltas: dict[str, dict[str, Any]] = {}
+        for model, cur in current.items():
+            prev = self._previous.get(model, {})
+            d = {k: cur[k] - prev.get(k, 0.0) for k in ("requests", "drops", "ok", "ok_seconds")}
+            pb = prev.get("buckets", {})
+            d["buckets"] = sorted((le, c - pb.get(le, 0.0)) for le, c in cur["buckets"].items())
+            deltas[model] = d
+            if seconds > 0 and model in self.node.cache.specs:
+                self._pending.setdefault(model, deque(maxlen=MAX_PENDING_POINTS)).append(
+                    (now, seconds, d["requests"]))
+        self._previous, self._previous_at = current, now
+        return deltas
+
+    def build_report(self) -> dict[str, Any]:
+        """The report body for now (and queue the interval's arrivals)."""
+        deltas = self._collect_arrivals()
+        totals = self._previous
+        now = self.clock()
+        cache = self.node.cache
+        models: dict[str, Any] = {}
+        for name in sorted(cache.specs):
+            try:
+                entry = cache.entry(name)
+            except CacheError:
+                continue
+            info = cache.describe(entry)
+            resident = any(e.state is State.READY for (n, _), e in cache.entries.items()
+                           if n == name)
+            d, total = deltas.get(name), totals.get(name)
+            m: dict[str, Any] = {
+                "device": entry.device, "state": info["state"], "resident": resident,
+                "pinned": entry.pinned, "size_bytes": info["size_bytes"],
+                "load_seconds": info["load_seconds"],
+                "arrivals": [[round(now - t, 6), round(s, 6), c]
+                             for t, s, c in self._pending.get(name, ())],
+                "requests": d["requests"] if d else 0.0, "drops": d["drops"] if d else 0.0,
+            }
+            rt = self._runtime(entry)
+            if rt is not None:
+                m["workers"] = rt.workers
+            batches = self._batches(rt)
+            if batches:
+                m["batches"] = batches
+                m["batch_ms"] = {str(b): round(t * 1000.0, 3)
+                                 for b, t in rt.tuner.profile.means().items()}
+            elif total and total["ok"] > 0:
+                m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
+            if d and d["ok"] > 0:
+                m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
+                                   for v in [histogram_quantile(p / 100.0, d["buckets"])]
+                                   if v is not None}
+            models[name] = m
+        return {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
+
+    def _runtime(self, entry: Any) -> Any:
+        """The batching layer's runtime for ``entry`` (None without a batching layer)."""
+        serving = getattr(self.node, "serving", None)
+        return serving.runtime(entry) if serving is not None else None
+
+    @staticmethod
+    def _batches(rt: Any) -> dict[str, dict[str, float]] | None:
+        """All batches run, as ``{b: {count, seconds}}`` at the mean batch size b."""
+        if rt is None or not rt.batches:
+            return None
+        size = max(1, round(rt.batch_rows / rt.batches))
+        seconds = rt.tuner.profile.predict(size)
+        if seconds is None:
+            return None
+        return {str(size): {"count": rt.batches, "seconds": rt.batches * seconds}}
+
+    async def report_once(self) -> Directives:
+        """Send one report; the directives in the answer (raises on any failure)."""
+        assert self._session is not None, "start() first"
+        body = self.build_report()
+        token = read_token(self.link.token_file)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self._session.post(self.url, json=body, headers=headers) as resp:
+            try:
+                answer = await resp.json(content_type=None)
+            except ValueError:
+                answer = None
+            if resp.status != 200:
+                message = answer.get("error") if isinstance(answer, dict) else resp.reason
+                raise RuntimeError(f"coordinator answered {resp.status}: {message}")
+        directives = Directives.from_json(answer)
+        self.book.issue(directives, self.clock())
+        for queue in self._pending.values():
+            queue.clear()  # delivered
+        self.last_ok = self.clock()
+        self.reports += 1
+        return directives
+
+    # -- directives ------------------------------------------------------------------
+    def apply(self, directives: Directives) -> None:
+        """Make the node follow ``directives`` (pins, prefetches, recorded counts)."""
+        cache = self.node.cache
+        self.directives = directives
+        wanted = {m for m in directives.pin if m in cache.specs}
+        for name in sorted(wanted):
+            try:
+                entry = cache.entry(name)
+            except CacheError as exc:
+                log.warning("coordinator asks to pin %s: %s", name, exc)
+                continue
+            if not entry.pinned:
+                cache.set_pinned(name, True)
+                self.pinned_by_us.add(name)
+        for name in sorted(self.pinned_by_us - wanted):
+            self._unpin(name)
+        for name in directives.prefetch:
+            self._prefetch(name)
+        for name in wanted:  # pinned models belong in memory even if not asked to fetch
+            self._prefetch(name)
+        self.workers = {m: n for m, n in directives.workers.items() if m in cache.specs}
+        self._apply_workers()
+        self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
+        self._save_pins()
+
+    def expire_if_due(self) -> None:
+        """Revert what the last directives did once they are older than their ttl."""
+        if self.directives is None or self.book.current(self.name, self.clock()) is not None:
+            return
+        log.warning("directives from %s expired (no renewal in %gs): reverting pins %s",
+                    self.link.url, self.directives.ttl_s, sorted(self.pinned_by_us) or "none")
+        self.book.expire(self.name)
+        self.directives = None
+        for name in sorted(self.pinned_by_us):
+            self._unpin(name)
+        self.workers, self.drop_rate = {}, {}
+        self._apply_workers()
+        self._save_pins()
+
+    def _apply_workers(self) -> None:
+        """Worker counts of ``self.workers`` on the batching layer; models no longer in it
+        get back the count they had before the coordinator changed it."""
+        serving = getattr(self.node, "serving", None)
+        if serving is None:
+            return
+        cache = self.node.cache
+        for name in sorted(set(self._workers_before) - set(self.workers)):
+            count, was_set = self._workers_before.pop(name)
+            with contextlib.suppress(CacheError):
+                entry = cache.entry(name)
+                serving.set_workers(entry, count)
+                serving.runtime(entry).workers_set = was_set
+        for name, count in sorted(self.workers.items()):
+            try:
+                entry = cache.entry(name)
+            except CacheError:
+                continue
+            rt = serving.runtime(entry)
+            self._workers_before.setdefault(name, (rt.workers, rt.workers_set))
+            if count >= 1 and rt.workers != count:
+                serving.set_workers(entry, count)
+
+    def _unpin(self, name: str) -> None:
+        self.pinned_by_us.discard(name)
+        with contextlib.suppress(CacheError):
+            if self.node.cache.entry(name).pinned:
+                self.node.cache.set_pinned(name, False)
+
+    def _prefetch(self, name: str) -> None:
+        cache = self.node.cache
+        try:
+            entry = cache.entry(name)
+        except CacheError:
+            return
+        if entry.state is State.READY or name in self.loading:
+            return
+
+        async def load() -> None:
+            try:
+                await cache.ensure_loaded(name)
+                log.info("prefetched %s for the coordinator", name)
+            except CacheError as exc:
+                log.warning("prefetch %s: %s", name, exc)
+            finally:
+                self.loading.pop(name, None)
+
+        self.loading[name] = asyncio.get_running_loop().create_task(load())
+
+    def _save_pins(self) -> None:
+        try:
+            saved = read_state(self.pins_path) if self.pins_path.exists() else None
+            if saved is None and not self.pinned_by_us:
+                return
+            if saved and sorted(saved.get("pins", [])) == sorted(self.pinned_by_us):
+                return
+            write_state(self.pins_path, {"format": PINS_FORMAT,
+                                         "pins": sorted(self.pinned_by_us)})
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.pins_path, exc)
+
+    def _revert_saved_pins(self) -> None:
+        """Unpin what this reporter pinned before a restart (no directives cover it now)."""
+        saved = read_state(self.pins_path) if self.pins_path.exists() else None
+        for name in (saved or {}).get("pins", []):
+            if isinstance(name, str):
+                self._unpin(name)
+        if saved:
+            self._save_pins()
+            self.node.schedule_persist()
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        expires = self.book.expires_at(self.name)
+        return {"configured": True, "url": self.link.url, "node": self.name,
+                "interval_s": self.interval, "reports": self.reports,
+                "last_report_s_ago": None if self.last_ok is None
+                else round(now - self.last_ok, 3),
+                "failures": self.failures, "last_error": self.last_error,
+                "directives": self.directives.to_json() if self.directives else None,
+                "directives_expire_in_s": None if self.directives is None or expires is None
+                else round(expires - now, 3),
+                "pinned_by_coordinator": sorted(self.pinned_by_us),
+                "prefetching": sorted(self.loading),
+                "workers": dict(self.workers), "drop_rate": dict(self.drop_rate),
+                "workers_applied": getattr(self.node, "serving", None) is not None}
+
+
+REPORTER: web.AppKey[Reporter] = web.AppKey("reporter", Reporter)
+
+
+async def coordinator_status(request: web.Request) -> web.Response:
+    reporter = request.app.get(REPORTER)
+    if reporter is None:
+        return web.json_response({"configured": False})
+    return web.json_response(reporter.status())
+
+
+def setup(app: web.Application, node: "Node") -> None:
+    """Add ``GET /v1/coordinator`` and, when the config has a ``coordinator:`` section,
+    a reporter started and stopped with the app."""
+    app.router.add_get("/v1/coordinator", coordinator_status)
+    link = node.config.coordinator
+    if link is None:
+        return
+    app[REPORTER] = Reporter(node, link)
+
+    async def on_startup(app: web.Application) -> None:
+        await app[REPORTER].start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app[REPORTER].stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)

@@ -1,0 +1,367 @@
+"""The inference path of a request, between the HTTP handlers and the backends:
+
+deadline → (cold model: expected load time vs deadline) → cache lease → prediction
+cache → admission (tail drop, bouncer) → the model's batcher → answer.
+
+One ``ModelRuntime`` per model version holds what outlives a load (tuner and its
+measurements, statistics, worker count, prediction cache); its ``ModelBatcher`` exists
+while the version is loaded. The handler's cache lease covers the time a request waits
+in the queue, so a model with queued or running requests is never unloaded; whatever is
+still queued when a model is unloaded or the agent stops gets an explicit 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from agent.backends.base import InvalidInput
+from agent.config import AgentConfig, ModelConfig
+from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for
+from agent.node.batch_tuner import BatchTuner, TunerSettings
+from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batch_key,
+                                 has_batch_dimension, rows_of)
+from agent.node.cache import CacheError, Entry, ModelCache, State
+from agent.node.latency_stats import LatencyWindow, RateMeter
+from agent.node.prediction_cache import PredictionCache, input_digest
+
+log = logging.getLogger("edgeagent.serving")
+
+#: Share of the SLO a request's predicted finish must leave before its deadline
+#: (predictions are pessimistic already: ``BatchProfile.predict_high``).
+ADMISSION_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """A model's SLO, batching, queue and prediction cache settings: its config.yaml
+    where it says, the agent config's defaults elsewhere."""
+
+    slo: float                 # seconds
+    percentile: float
+    max_batch_size: int        # < 2: never batched
+    batching: bool
+    tuner: TunerSettings
+    max_queue: int
+    workers: int
+    prediction_cache: bool
+    prediction_cache_bytes: int
+
+
+def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
+    def pick(mine: Any, server: Any) -> Any:
+        return server if mine is None else mine
+
+    b, sb = model.batching, agent.batching
+    pc, spc = model.prediction_cache, agent.prediction_cache
+    if model.slo_latency_ms is not None:
+        slo, percentile = model.slo_latency_ms / 1000, model.slo_percentile
+    else:
+        slo, percentile = agent.slo_latency_ms / 1000, agent.slo_percentile
+    max_batch = pick(model.max_batch_size, sb.max_batch_size)
+    enabled = bool(pick(b.enabled, sb.enabled)) and max_batch >= 2
+    tuner = TunerSettings(
+        max_batch_size=max(max_batch, 1), slo=slo,
+        budget_fraction=pick(b.budget_fraction, sb.budget_fraction),
+        aimd_step=pick(b.aimd_step, sb.aimd_step),
+        window_max=pick(b.window_ms_max, sb.window_ms_max) / 1000,
+        adaptive=bool(pick(b.adaptive, sb.adaptive)))
+    return ServingSettings(
+        slo=slo, percentile=percentile, max_batch_size=max_batch, batching=enabled,
+        tuner=tuner, max_queue=pick(model.max_queue, agent.max_queue),
+        workers=pick(b.workers, sb.workers),
+        prediction_cache=bool(pick(pc.enabled, spc.enabled)),
+        prediction_cache_bytes=pick(pc.max_bytes, spc.max_bytes))
+
+
+def timeout_parameter(parameters: dict[str, Any]) -> float | None:
+    """The client's ``timeout`` request parameter, in microseconds as Triton's clients
+    send it, as seconds (None when absent)."""
+    raw = parameters.get("timeout")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw > 0:
+        raise InvalidInput(f"parameter 'timeout' must be a number of microseconds > 0, "
+                           f"got {raw!r}")
+    return raw / 1e6
+
+
+class ModelRuntime:
+    """What the agent knows about serving one model version, across its loads."""
+
+    def __init__(self, key: str, settings: ServingSettings) -> None:
+        self.key = key
+        self.settings = settings
+        self.tuner = BatchTuner(settings.tuner)
+        self.latencies = LatencyWindow()
+        self.offered = RateMeter()
+        self.served = self.slo_violations = self.batches = self.batch_rows = 0
+        self.drops: Counter[str] = Counter()
+        self.batch_seconds: dict[int, float] = {}
+        self.workers = settings.workers
+        self.workers_set = False  # changed through the admin API: config no longer rules
+        self.batcher: ModelBatcher | None = None
+        self.prediction_cache: PredictionCache | None = None
+
+    def configure(self, settings: ServingSettings) -> None:
+        self.settings = settings
+        self.tuner.configure(settings.tuner)
+        if not self.workers_set:
+            self.workers = settings.workers
+        if settings.prediction_cache:
+            if self.prediction_cache is None:
+                self.prediction_cache = PredictionCache(settings.prediction_cache_bytes)
+            self.prediction_cache.max_bytes = settings.prediction_cache_bytes
+        elif self.prediction_cache is not None:
+            self.prediction_cache.clear()
+            self.prediction_cache = None
+
+    def on_batch(self, rows: int, seconds: float) -> None:
+        self.batches += 1
+        self.batch_rows += rows
+
+    def record(self, seconds: float) -> None:
+        self.served += 1
+        self.latencies.add(seconds)
+        if seconds > self.settings.slo:
+            self.slo_violations += 1
+
+    def describe(self, now: float) -> dict[str, Any]:
+        """Batching, latency and SLO figures for ``/v1/cache/{name}`` (times in ms)."""
+        def ms(x: float | None) -> float | None:
+            return None if x is None else round(x * 1000, 3)
+
+        s, b, tuner = self.settings, self.batcher, self.tuner
+        batched = b.batchable if b is not None else s.batching
+        pct = self.latencies.percentiles((50, 95, 99, s.percentile))
+        pc = self.prediction_cache
+        return {
+            "slo_latency_ms": ms(s.slo), "slo_percentile": s.percentile,
+            "batching": batched, "adaptive": s.tuner.adaptive,
+            "max_batch_size": s.max_batch_size,
+            "batch_limit": (b.limit if b is not None else tuner.limit) if batched else 1,
+            "batch_target": min(tuner.target, tuner.limit) if batched else 1,
+            "batch_window_ms": ms(tuner.window) if batched else 0.0,
+            "workers": b.workers if b is not None else self.workers,
+            "queue_length": len(b.queue) if b is not None else 0,
+            "max_queue": s.max_queue,
+            "arrival_rate": round(self.offered.rate(now), 3),
+            "batches": self.batches,
+            "mean_batch_size": round(self.batch_rows / self.batches, 3) if self.batches else None,
+            "batch_ms_by_size": {str(k): ms(v) for k, v in tuner.profile.means().items()},
+            "latency_ms": {"p50": ms(pct[50]), "p95": ms(pct[95]), "p99": ms(pct[99])},
+            "latency_at_slo_percentile_ms": ms(pct[s.percentile]),
+            "requests_served": self.served, "slo_violations": self.slo_violations,
+            "drops": dict(sorted(self.drops.items())), "drops_total": sum(self.drops.values()),
+            "prediction_cache": pc.describe() if pc is not None else None,
+        }
+
+
+class Serving:
+    """Runs requests through admission, prediction caches and per-model batchers."""
+
+    def __init__(self, cache: ModelCache, config: AgentConfig, executor: Executor | None,
+                 *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.cache, self.config, self.executor, self.clock = cache, config, executor, clock
+        self.runtimes: dict[tuple[str, int], ModelRuntime] = {}
+        self.accepting = True
+        self._background: set[asyncio.Task] = set()
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        cache.on_load.append(self._loaded)
+        cache.on_unload.append(self._unloaded)
+
+    # -- runtimes --------------------------------------------------------------------
+    def runtime(self, entry: Entry) -> ModelRuntime:
+        rt = self.runtimes.get((entry.name, entry.version))
+        if rt is None:
+            rt = ModelRuntime(entry.key, resolve_settings(entry.spec.config, self.config))
+            self.runtimes[(entry.name, entry.version)] = rt
+        return rt
+
+    def refresh(self, config: AgentConfig | None = None) -> None:
+        """Re-resolve every runtime's settings (SIGHUP, rescan)."""
+        if config is not None:
+            self.config = config
+        for (name, version), rt in self.runtimes.items():
+            spec = self.cache.specs.get(name)
+            if spec is not None:
+                rt.configure(resolve_settings(spec.config, self.config))
+                if rt.batcher is not None:
+                    rt.batcher.batchable = rt.batcher.batchable and rt.settings.batching
+
+    def _loaded(self, entry: Entry) -> None:
+        rt = self.runtime(entry)
+        rt.configure(resolve_settings(entry.spec.config, self.config))
+        backend = entry.backend
+        batchable = rt.settings.batching and has_batch_dimension(backend.inputs,
+                                                                 backend.outputs)
+        rt.batcher = ModelBatcher(entry.key, backend, self.executor, rt.tuner,
+                                  batchable=batchable, workers=rt.workers, clock=self.clock,
+                                  on_batch=rt.on_batch)
+        log.info("serving %s: %s, SLO %.0f ms (p%g), %d worker(s), queue bound %d%s",
+                 entry.key, f"batched up to {rt.settings.max_batch_size}" if batchable
+                 else "not batched", rt.settings.slo * 1000, rt.settings.percentile,
+                 rt.workers, rt.settings.max_queue,
+                 ", prediction cache" if rt.prediction_cache is not None else "")
+
+    def _unloaded(self, entry: Entry, reason: str) -> None:
+        rt = self.runtimes.get((entry.name, entry.version))
+        if rt is None:
+            return
+        if rt.prediction_cache is not None:
+            rt.prediction_cache.clear()
+        batcher, rt.batcher = rt.batcher, None
+        if batcher is not None:
+            self._spawn(batcher.close(Shed(f"model {entry.key} was unloaded ({reason})",
+                                           "unloaded")))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- requests --------------------------------------------------------------------
+    async def infer(self, name: str, version: int | None,
+                    prepare: Callable[[Entry], dict[str, np.ndarray]],
+                    parameters: dict[str, Any], *, arrived: float,
+                    timeout: float | None = None, rows: int = 1
+                    ) -> tuple[Entry, dict[str, np.ndarray]]:
+        """Serve one request: (the entry that served it, its outputs). ``prepare(entry)``
+        validates the request against the loaded model and returns its input tensors;
+        ``rows`` is the request's batch size if known before (for the cold-start check)."""
+        entry = self.cache.entry(name, version)
+        rt = self.runtime(entry)
+        rt.offered.add(self.clock())
+        deadline = deadline_for(arrived, rt.settings.slo, timeout)
+        try:
+            if not self.accepting:
+                raise Shed("the agent is shutting down", "shutdown")
+            if entry.state is not State.READY:
+                self._check_cold(entry, rt, deadline, rows)
+            async with self.cache.lease(name, version) as entry:
+                inputs = prepare(entry)
+                params = backend_parameters(parameters)
+                pc = rt.prediction_cache
+                if pc is None:
+                    outputs = await self._queue(rt, inputs, params, deadline)
+                else:
+                    outputs, _ = await pc.get_or_compute(
+                        input_digest(inputs, params),
+                        lambda: self._queue(rt, inputs, params, deadline))
+        except Shed as exc:
+            rt.drops[exc.reason] += 1
+            raise
+        rt.record(self.clock() - arrived)
+        return entry, outputs
+
+    def _check_cold(self, entry: Entry, rt: ModelRuntime, deadline: Deadline,
+                    rows: int) -> None:
+        """Reject at once a request that the model's expected load time makes late, and
+        start that load so that a retry finds the model ready."""
+        expected = entry.load_seconds
+        if expected <= 0 or entry.state is State.FAILED:
+            return  # never loaded: unknown; it is checked again once loaded
+        left = expected
+        if entry.state is State.LOADING and entry.load_started is not None:
+            left = max(expected - (self.cache.clock() - entry.load_started), 0.0)
+        nothing_queued = QueueState(queued_rows=0, queued_requests=0, limit=1, workers=1,
+                                    running_left=())
+        try:
+            admit(self.clock(), deadline, max(rows, 1), nothing_queued, rt.settings.max_queue,
+                  rt.tuner.profile.predict_high, load_left=left,
+                  margin=ADMISSION_MARGIN * rt.settings.slo)
+        except Shed as exc:
+            if entry.state is State.UNLOADED:
+                self._spawn(self._load_quietly(entry))
+            raise Shed(f"model {entry.key} is not loaded: its load takes about "
+                       f"{expected:.3f}s, more than the request's deadline allows; retry "
+                       "shortly", "cold", exc.retry_after) from None
+
+    async def _load_quietly(self, entry: Entry) -> None:
+        try:
+            acquired = await self.cache.acquire(entry.name, entry.version)
+        except CacheError as exc:
+            log.info("background load of %s failed: %s", entry.key, exc)
+            return
+        self.cache.release(acquired)
+
+    async def _queue(self, rt: ModelRuntime, inputs: dict[str, np.ndarray],
+                     params: dict[str, Any], deadline: Deadline) -> dict[str, np.ndarray]:
+        batcher = rt.batcher
+        if batcher is None:  # cannot happen under a lease; never hang if it does
+            raise Shed(f"model {rt.key} is not loaded", "unloaded")
+        if not self.accepting:
+            raise Shed("the agent is shutting down", "shutdown")
+        now = self.clock()
+        rows = rows_of(inputs)
+        idle = batcher.can_run_now()
+        margin = ADMISSION_MARGIN * rt.settings.slo
+        if not idle or deadline.hard:  # an idle model admits all but hopeless timeouts
+            admit(now, deadline, max(rows, 1), batcher.state(now), rt.settings.max_queue,
+                  batcher.predict, margin=margin)
+        future = asyncio.get_running_loop().create_future()
+        full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
+        pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,
+                          future, dispatch_by=deadline.at - margin - full_batch)
+        rt.tuner.observe_arrival(now, pending.weight)
+        if idle:
+            return await batcher.run_now(pending)
+        batcher.submit(pending)
+        return await future
+
+    # -- admin -----------------------------------------------------------------------
+    def set_workers(self, entry: Entry, workers: int) -> None:
+        """Run the model's batches on ``workers`` workers, now and after reloads."""
+        rt = self.runtime(entry)
+        rt.workers, rt.workers_set = workers, True
+        if rt.batcher is not None:
+            rt.batcher.set_workers(workers)
+        log.info("%s now runs on %d worker(s)", entry.key, workers)
+
+    def describe(self, entry: Entry) -> dict[str, Any]:
+        return self.runtime(entry).describe(self.clock())
+
+    # -- shutdown --------------------------------------------------------------------
+    def begin_shutdown(self, drain_seconds: float) -> None:
+        """The server stopped listening: requests already in (queued or loading) keep
+        being served, and whatever is still queued shortly before the drain time ends
+        gets a 503 (never a dropped socket)."""
+        loop = asyncio.get_running_loop()
+        self._deadline_timer = loop.call_later(max(drain_seconds * 0.9 - 0.5, 0.0),
+                                               self._fail_all_queued)
+
+    def _fail_all_queued(self) -> None:
+        for rt in self.runtimes.values():
+            if rt.batcher is not None:  # each request counts its own drop
+                rt.batcher.fail_queued(Shed("the agent is shutting down", "shutdown"))
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Answer everything queued with 503, let running batches finish (``timeout``)."""
+        self.accepting = False
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        closing = []
+        for rt in self.runtimes.values():
+            batcher, rt.batcher = rt.batcher, None
+            if batcher is not None:
+                closing.append(batcher.close(Shed("the agent is shutting down", "shutdown"),
+                                             timeout))
+        if closing:
+            await asyncio.gather(*closing)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
+
+
+def retry_after_header(exc: CacheError) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, >= 1) for a 503 that carries one."""
+    if exc.retry_after is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}

@@ -1,0 +1,275 @@
+"""Admission control: deadlines, the bouncer's completion estimate, tail drop, cold
+models, client timeouts, and explicit answers on shutdown — as pure functions, in
+process, and over HTTP on a real agent (3× overload: 503 + Retry-After, nothing hangs)."""
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import main
+from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for, predict_finish
+from tests.conftest import add_synthetic
+from tests.test_batching import call, start, stop, without_stalls
+
+
+def linear(base, per_item):
+    return lambda b: base + per_item * b
+
+
+def queue(**kw):
+    state = dict(queued_rows=0, queued_requests=0, limit=10, workers=1, running_left=(),
+                 arrival_rate=0.0)
+    state.update(kw)
+    return QueueState(**state)
+
+
+def test_deadline_is_the_slo_or_a_tighter_client_timeout():
+    assert deadline_for(10.0, 0.1, None) == Deadline(10.1, False)
+    assert deadline_for(10.0, 0.1, 0.05) == Deadline(10.05, True)
+    assert deadline_for(10.0, 0.1, 5.0) == Deadline(10.1, False)
+
+
+def test_completion_estimate():
+    t = linear(0.01, 0.001)
+    assert predict_finish(0, 1, queue(), t) == pytest.approx(0.011)
+    # busy for 20 ms more, then its own batch
+    assert predict_finish(0, 1, queue(running_left=(0.02,)), t) == pytest.approx(0.031)
+    # 25 rows ahead with limit 10: two full batches, then 5 + 1 rows
+    assert predict_finish(0, 1, queue(queued_rows=25), t) == pytest.approx(
+        2 * 0.02 + 0.016)
+    # two workers share the full batches
+    assert predict_finish(0, 1, queue(queued_rows=25, workers=2), t) == pytest.approx(
+        0.02 + 0.016)
+    # rows arriving while it waits for a worker make its own batch bigger
+    assert predict_finish(0, 1, queue(running_left=(0.05,), arrival_rate=100), t) == \
+        pytest.approx(0.05 + 0.01 + 0.006)
+    assert predict_finish(0, 1, queue(queued_rows=3), lambda b: None) == 0.0
+
+
+def test_admit_rules():
+    t = linear(0.01, 0.001)
+    soft, hard = Deadline(0.1, False), Deadline(0.1, True)
+    assert admit(0, soft, 1, queue(queued_rows=30), 50, t) == pytest.approx(0.071)
+    with pytest.raises(Shed) as err:
+        admit(0, soft, 1, queue(queued_rows=50, queued_requests=50), 50, t)
+    assert err.value.reason == "queue_full" and err.value.retry_after >= 1
+    with pytest.raises(Shed) as err:
+        admit(0, soft, 1, queue(queued_rows=90, queued_requests=40), 50, t)
+    assert err.value.reason == "deadline" and err.value.status == 503
+    slow = linear(0.5, 0.0)  # slower than its SLO even when idle
+    assert admit(0, soft, 1, queue(), 50, slow) == 0.5  # served (and counted late)
+    with pytest.raises(Shed):
+        admit(0, hard, 1, queue(), 50, slow)  # the client said it will not wait
+    with pytest.raises(Shed) as err:
+        admit(0, soft, 1, queue(), 50, t, load_left=0.3)
+    assert err.value.reason == "cold"
+    busy = queue(queued_rows=10)  # finishes at 31 ms
+    assert admit(0, soft, 1, busy, 50, t, margin=0.065) == pytest.approx(0.031)
+    with pytest.raises(Shed):  # predictions are means: keep a margin before the deadline
+        admit(0, soft, 1, busy, 50, t, margin=0.075)
+
+
+async def test_shutdown_answers_every_queued_request(repo):
+    add_synthetic(repo, "m", base_ms=200, max_batch_size=0, slo={"latency_ms": 60000})
+    cache, serving = await start(repo)
+    await cache.ensure_loaded("m")
+    x = np.ones((1, 2), np.float32)
+    tasks = [asyncio.ensure_future(call(serving, "m", x)) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    await stop(cache, serving)
+    done, pending = await asyncio.wait(tasks, timeout=5)
+    assert not pending
+    results = [t.exception() or t.result() for t in tasks]
+    assert isinstance(results[0], np.ndarray)  # the running batch finished
+    assert all(isinstance(r, Shed) and r.reason == "shutdown" for r in results[1:])
+    assert serving.runtimes[("m", 1)].drops == {"shutdown": 5}
+
+
+async def test_the_batch_window_never_makes_a_request_late(repo):
+    # static batching: wait up to 2 s for 64 rows; the SLO (150 ms) cuts the wait short
+    add_synthetic(repo, "m", base_ms=10, max_batch_size=64, slo={"latency_ms": 150},
+                  batching={"adaptive": False, "window_ms_max": 2000})
+    cache, serving = await start(repo)
+    await cache.ensure_loaded("m")
+    x = np.ones((1, 2), np.float32)
+    t = time.perf_counter()
+    await asyncio.gather(*(call(serving, "m", x) for _ in range(3)))
+    assert time.perf_counter() - t < 0.5
+    await stop(cache, serving)
+
+
+async def test_unload_closes_the_batcher_and_client_timeout_expires_in_queue(repo):
+    add_synthetic(repo, "m", base_ms=100, max_batch_size=0, slo={"latency_ms": 60000})
+    cache, serving = await start(repo)
+    entry = await cache.ensure_loaded("m")
+    x = np.ones((1, 2), np.float32)
+    await call(serving, "m", x)
+    # second request must wait 100 ms behind the first: a 50 ms timeout cannot be met
+    first = asyncio.ensure_future(call(serving, "m", x))
+    await asyncio.sleep(0.01)
+    with pytest.raises(Shed) as err:
+        await call(serving, "m", x, timeout=0.05)
+    assert err.value.reason == "deadline"
+    await first
+    await cache.evict("m")
+    assert serving.runtime(entry).batcher is None
+    await asyncio.sleep(0.05)
+    assert await call(serving, "m", x) is not None  # reloaded, a new batcher
+    await stop(cache, serving)
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+def v2(x, **parameters):
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": list(x.shape),
+                       "data": x.ravel().tolist()}]}
+    if parameters:
+        doc["parameters"] = parameters
+    return doc
+
+
+async def http_open_loop(url, rate, seconds, seed=0):
+    """Open-loop Poisson load over HTTP: list of (status, seconds, headers, body)."""
+    rng = np.random.default_rng(seed)
+    body = json.dumps(v2(np.ones((1, 2), np.float32))).encode()
+    results = []
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one():
+            t = time.perf_counter()
+            async with session.post(url, data=body) as r:
+                payload = await r.json()
+                results.append((r.status, time.perf_counter() - t, dict(r.headers), payload))
+        tasks, nxt = [], time.perf_counter()
+        end = nxt + seconds
+        while nxt < end:
+            nxt += rng.exponential(1 / rate)
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return results, len(tasks)
+
+
+async def test_http_overload_gets_503_with_retry_after_and_nothing_hangs(repo, start_agent):
+    # budget 100 ms → n* = floor((100 − 40) / 8) = 7 → ~70 req/s at most
+    add_synthetic(repo, "m", base_ms=40, per_item_ms=8, max_batch_size=32,
+                  slo={"latency_ms": 200})
+    agent = start_agent(repo)
+    url = f"{agent.url}/v2/models/m/infer"
+    await http_open_loop(url, 60, 1.0)                        # learn the profile
+    results, sent = await without_stalls(lambda: http_open_loop(url, 220, 2.0, seed=1))  # 3×
+    assert len(results) == sent                               # every request answered
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    assert len(ok) + len(shed) == sent and len(shed) >= 0.3 * sent
+    assert all(int(h["Retry-After"]) >= 1 and "error" in b for _, _, h, b in shed)
+    assert np.median([t for _, t, _, _ in shed]) < 0.05       # rejected at once
+    assert np.percentile([t for _, t, _, _ in ok], 99) <= 0.2 * 1.3
+    status, _, info = agent.request("GET", "/v1/cache/m")
+    for key in ("batch_limit", "batch_window_ms", "mean_batch_size", "queue_length",
+                "arrival_rate", "batch_ms_by_size", "latency_ms", "slo_violations",
+                "drops", "workers"):
+        assert key in info, key
+    assert info["drops_total"] >= len(shed) and 1 <= info["batch_limit"] <= 32
+    assert info["latency_ms"]["p99"] is not None and info["arrival_rate"] > 0
+    text = agent.request("GET", "/metrics")[2].decode()
+    for metric in ('edgeagent_batch_limit{model="m",version="1"}',
+                   'edgeagent_batch_window_ms{model="m",version="1"}',
+                   'edgeagent_mean_batch_size{model="m",version="1"}',
+                   'edgeagent_queue_length{model="m",version="1"}',
+                   'edgeagent_arrival_rate{model="m",version="1"}',
+                   'edgeagent_latency_ms{model="m",quantile="0.99",version="1"}',
+                   'edgeagent_slo_violations_total{model="m",version="1"}',
+                   'edgeagent_drops_total{model="m",reason="deadline",version="1"}',
+                   'edgeagent_batch_processing_ms{batch_size="1",model="m",version="1"}'):
+        assert metric in text, metric
+
+
+async def test_http_tail_drop(repo, start_agent):
+    add_synthetic(repo, "m", base_ms=100, max_batch_size=0, max_queue=5,
+                  slo={"latency_ms": 60000})
+    agent = start_agent(repo)
+    url = f"{agent.url}/v2/models/m/infer"
+    agent.request("POST", "/v2/models/m/infer", v2(np.ones((1, 2), np.float32)))
+    results, sent = await http_open_loop(url, 400, 0.05)
+    assert sent >= 10
+    full = [b for s, _, _, b in results if s == 503]
+    assert full and all("queue full" in b["error"] for b in full)
+    assert sum(s == 200 for s, _, _, _ in results) >= 5
+
+
+def test_http_cold_model_load_counts_against_the_deadline(repo, start_agent):
+    add_synthetic(repo, "m", load_ms=400, slo={"latency_ms": 100})
+    agent = start_agent(repo)
+    x = np.ones((1, 2), np.float32)
+    status, _, _ = agent.request("POST", "/v2/models/m/infer", v2(x))
+    assert status == 200  # load time unknown before the first load: served, late
+    assert agent.request("POST", "/v1/cache/m/evict")[0] == 200
+    status, headers, body = agent.request("POST", "/v2/models/m/infer", v2(x))
+    assert status == 503 and "load" in body["error"] and int(headers["Retry-After"]) >= 1
+    deadline = time.time() + 10  # the rejected request started the load
+    while agent.request("GET", "/v1/cache/m")[2]["state"] != "ready":
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert agent.request("POST", "/v2/models/m/infer", v2(x))[0] == 200
+    assert agent.request("GET", "/v1/cache/m")[2]["drops"] == {"cold": 1}
+
+
+def test_http_client_timeout_parameter(repo, start_agent):
+    add_synthetic(repo, "m", base_ms=50)
+    agent = start_agent(repo)
+    x = np.ones((1, 2), np.float32)
+    assert agent.request("POST", "/v2/models/m/infer", v2(x, timeout=5_000_000))[0] == 200
+    status, headers, body = agent.request("POST", "/v2/models/m/infer", v2(x, timeout=1000))
+    assert status == 503 and "deadline" in body["error"] and "Retry-After" in headers
+    status, _, body = agent.request("POST", "/v2/models/m/infer", v2(x, timeout="soon"))
+    assert status == 400 and "timeout" in body["error"]
+
+
+def test_queued_requests_hold_the_model(repo, start_agent):
+    import concurrent.futures as cf
+    add_synthetic(repo, "m", base_ms=300, max_batch_size=0, slo={"latency_ms": 60000})
+    agent = start_agent(repo)
+    x = np.ones((1, 2), np.float32)
+    with cf.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(agent.request, "POST", "/v2/models/m/infer", v2(x))
+                   for _ in range(3)]
+        time.sleep(0.15)
+        info = agent.request("GET", "/v1/cache/m")[2]
+        assert info["in_flight"] == 3 and info["queue_length"] >= 1
+        status, _, body = agent.request("POST", "/v1/cache/m/evict")
+        assert status == 409 and "in flight" in body["error"]
+        assert [f.result()[0] for f in futures] == [200, 200, 200]
+
+
+def test_workers_endpoint_and_cli(repo, start_agent, tmp_path):
+    add_synthetic(repo, "m")
+    token = tmp_path / "token"
+    token.write_text("tok")
+    agent = start_agent(repo, admin_token_file=token)
+    auth = {"Authorization": "Bearer tok"}
+    assert agent.request("POST", "/v1/cache/m/workers", {"workers": 3})[0] == 401
+    status, _, body = agent.request("POST", "/v1/cache/m/workers", {"workers": 3}, auth)
+    assert status == 200 and body["workers"] == 3
+    for bad in ({"workers": 0}, {"workers": "2"}, {}, [3]):
+        status, _, body = agent.request("POST", "/v1/cache/m/workers", bad, auth)
+        assert status == 400 and "workers" in body["error"], bad
+    assert agent.request("POST", "/v1/cache/nope/workers", {"workers": 2}, auth)[0] == 404
+    agent.request("POST", "/v2/models/m/infer", v2(np.ones((1, 2), np.float32)))
+    assert agent.request("GET", "/v1/cache/m", headers=auth)[2]["workers"] == 3
+    run = CliRunner().invoke(main, ["cache", "--token-file", str(token), "workers", "m", "2",
+                                    "--url", agent.url, "--json"])
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.output)["workers"] == 2
+    batcher = agent.node.serving.runtimes[("m", 1)].batcher
+    deadline = time.time() + 5  # surplus workers stop once they wake up
+    while len(batcher._workers) != 2:
+        assert time.time() < deadline
+        time.sleep(0.01)

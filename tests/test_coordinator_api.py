@@ -1,0 +1,209 @@
+"""The coordinator's HTTP API on a real server: catalog, reports, plans, errors, auth."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from aiohttp import web
+
+from agent.coordinator.app import COORDINATOR, create_app
+from agent.coordinator.config import CoordinatorConfig
+
+
+class CoordinatorServer:
+    """A real coordinator on 127.0.0.1 in a background thread with its own event loop."""
+
+    def __init__(self, config: CoordinatorConfig, **kwargs):
+        self.loop = asyncio.new_event_loop()
+        self.app = create_app(config, **kwargs)
+        self.co = self.app[COORDINATOR]
+        self.runner = web.AppRunner(self.app, access_log=None)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.call(self._start())
+        self.closed = False
+
+    async def _start(self):
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def call(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def request(self, method, path, body=None, token=None, raw=None):
+        """(status, parsed JSON) for one request."""
+        data = raw if raw is not None else (json.dumps(body).encode()
+                                            if body is not None else None)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def start_coordinator(tmp_path):
+    servers = []
+
+    def start(**config):
+        config.setdefault("state_dir", tmp_path / "coordinator")
+        kwargs = {k: config.pop(k) for k in ("clock", "start_loops") if k in config}
+        kwargs.setdefault("start_loops", False)
+        server = CoordinatorServer(CoordinatorConfig(**config), **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+REPORT = {"capacity": {"cores": 4, "cpu_memory_bytes": 1_000_000_000},
+          "models": {"a": {"resident": True, "size_bytes": 1000,
+                           "arrivals": [[1.0, 5.0, 100]],
+                           "batches": {"1": {"count": 100, "seconds": 2.0}},
+                           "latency_ms": {"p50": 20, "p99": 40}},
+                     "b": {"resident": False}}}
+
+
+def test_health_and_empty_state(start_coordinator):
+    co = start_coordinator()
+    assert co.request("GET", "/v1/health") == (200, {"ok": True})
+    assert co.request("GET", "/v1/nodes") == (200, [])
+    assert co.request("GET", "/v1/models") == (200, [])
+    status, doc = co.request("GET", "/v1/plan")
+    assert status == 404 and "no plan yet" in doc["error"]
+
+
+def test_catalog_round_trip(start_coordinator):
+    co = start_coordinator()
+    status, doc = co.request("PUT", "/v1/models/a", {"slo_ms": 200, "priority": 2})
+    assert status == 201 and doc["slo_ms"] == 200 and doc["percentile"] == 99
+    status, doc = co.request("PUT", "/v1/models/a", {"slo_ms": 100, "percentile": 99.9})
+    assert status == 200 and doc["priority"] == 1  # a PUT replaces the whole entry
+    status, doc = co.request("GET", "/v1/models/a")
+    assert status == 200 and doc["slo_ms"] == 100 and doc["nodes"] == []
+    assert [m["name"] for m in co.request("GET", "/v1/models")[1]] == ["a"]
+    assert co.request("DELETE", "/v1/models/a") == (200, {"deleted": "a"})
+    status, doc = co.request("GET", "/v1/models/a")
+    assert status == 404 and "not in the catalog" in doc["error"]
+    assert co.request("DELETE", "/v1/models/a")[0] == 404
+
+
+@pytest.mark.parametrize("body, words", [
+    ({}, "missing field 'slo_ms'"),
+    ({"slo_ms": -1}, "'slo_ms' must be a number > 0"),
+    ({"slo_ms": "fast"}, "'slo_ms' must be a number"),
+    ({"slo_ms": 10, "percentile": 100}, "'percentile' must be a number > 0 and < 100"),
+    ({"slo_ms": 10, "priority": -1}, "'priority' must be a number >= 0"),
+    ({"slo_ms": 10, "colour": "red"}, "unknown field 'colour'"),
+    ({"slo_ms": 10, "name": "other"}, "URL names 'a'"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_catalog_validation(start_coordinator, body, words):
+    co = start_coordinator()
+    status, doc = co.request("PUT", "/v1/models/a", body)
+    assert status == 400 and words in doc["error"], doc
+    assert co.request("GET", "/v1/models") == (200, [])  # nothing changed
+
+
+def test_bad_json_and_bad_names(start_coordinator):
+    co = start_coordinator()
+    status, doc = co.request("PUT", "/v1/models/a", raw=b"{nope")
+    assert status == 400 and "not valid JSON" in doc["error"]
+    status, doc = co.request("PUT", "/v1/models/bad%20name", {"slo_ms": 1})
+    assert status == 400 and "model name" in doc["error"]
+    status, doc = co.request("GET", "/v1/nowhere")
+    assert status == 404 and "error" in doc
+
+
+@pytest.mark.parametrize("report, words", [
+    ({}, "capacity: missing"),
+    ({"capacity": {"cores": 0}}, "capacity.cores: must be > 0"),
+    ({"capacity": {"cores": 2, "disks": 1}}, "capacity.disks: unknown field"),
+    ({"capacity": {"cores": 2}, "models": {"a": {"arrivals": [[1, 0, 3]]}}},
+     "models.a.arrivals[0]: seconds must be > 0"),
+    ({"capacity": {"cores": 2}, "models": {"a": {"batches": {"0": {"count": 1, "seconds": 1}}}}},
+     "models.a.batches: keys must be batch sizes"),
+    ({"capacity": {"cores": 2}, "models": {"a": {"batch_ms": {"4": -1}}}},
+     "models.a.batch_ms.4: must be a number >= 0"),
+    ({"capacity": {"cores": 2}, "models": {"a": {"latency_ms": {"median": 3}}}},
+     "models.a.latency_ms: keys must look like p50"),
+    ({"capacity": {"cores": 2}, "models": {"a": {"resident": "yes"}}},
+     "models.a.resident: must be true or false"),
+    ({"capacity": {"cores": 2}, "extra": 1}, "extra: unknown field"),
+])
+def test_report_validation(start_coordinator, report, words):
+    co = start_coordinator()
+    status, doc = co.request("POST", "/v1/nodes/n1/report", report)
+    assert status == 400 and words in doc["error"] and "'n1'" in doc["error"], doc
+    assert co.request("GET", "/v1/nodes") == (200, [])
+
+
+def test_report_registers_node_and_plan_gives_directives(start_coordinator):
+    co = start_coordinator(directive_ttl_s=30)
+    status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
+    assert status == 200 and directives["plan_id"] is None and directives["workers"] == {}
+    [node] = co.request("GET", "/v1/nodes")[1]
+    assert node["name"] == "n1" and node["alive"] and node["capacity"]["cores"] == 4
+    assert "arrivals" not in node["models"]["a"] and node["models"]["a"]["resident"]
+    status, doc = co.request("POST", "/v1/plan")
+    assert status == 409 and "no catalogued model" in doc["error"]
+    co.request("PUT", "/v1/models/a", {"slo_ms": 100})
+    co.request("PUT", "/v1/models/b", {"slo_ms": 100})
+    co.request("PUT", "/v1/models/elsewhere", {"slo_ms": 100})  # on no node: not planned
+    status, plan = co.request("POST", "/v1/plan")
+    assert status == 200 and plan["kind"] == "manual" and set(plan["models"]) == {"a", "b"}
+    a = plan["models"]["a"]
+    assert a["proc_source"] == "measured" and a["proc_ms"] == pytest.approx(20.0)
+    assert a["rate"] > 0 and a["utility"] > 0 and a["predicted_latency_ms"] > 0
+    assert plan["assignment"]["n1"] == {"a": a["replicas"], "b": 1}
+    assert co.request("GET", "/v1/plan") == (200, plan)
+    status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
+    assert directives["plan_id"] == plan["id"] and directives["ttl_s"] == 30
+    assert directives["workers"] == {"a": a["replicas"], "b": 1}
+    assert directives["pin"] == ["a", "b"] and directives["prefetch"] == ["b"]
+    models = {m["name"]: m for m in co.request("GET", "/v1/models")[1]}
+    assert models["a"]["replicas"] == a["replicas"] and models["a"]["nodes"] == ["n1"]
+    assert models["elsewhere"]["replicas"] is None
+    node = co.request("GET", "/v1/nodes/n1")[1]
+    assert node["directives"]["pin"] == ["a", "b"] and 0 < node["directives_expire_in_s"] <= 30
+    assert co.request("DELETE", "/v1/nodes/n1") == (200, {"deleted": "n1"})
+    assert co.request("GET", "/v1/nodes/n1")[0] == 404
+
+
+def test_admin_token(start_coordinator, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    co = start_coordinator(admin_token_file=token)
+    assert co.request("GET", "/v1/health")[0] == 200
+    for method, path, body in [("GET", "/v1/nodes", None), ("GET", "/v1/plan", None),
+                               ("PUT", "/v1/models/a", {"slo_ms": 5}),
+                               ("POST", "/v1/nodes/n/report", REPORT)]:
+        status, doc = co.request(method, path, body)
+        assert status == 401 and "Bearer" in doc["error"]
+    assert co.request("GET", "/v1/nodes", token="wrong")[0] == 401
+    assert co.request("GET", "/v1/nodes", token="s3cret") == (200, [])
+    assert co.request("POST", "/v1/nodes/n/report", REPORT, token="s3cret")[0] == 200

@@ -1,0 +1,106 @@
+"""The agent's reporter: stats from the metrics registry, failures that never reach
+serving, tokens, and pins from before a restart."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from agent.config import AgentConfig, CoordinatorLink
+from agent.node.reporter import histogram_quantile
+from tests.conftest import AgentServer, add_synthetic
+from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
+from tests.test_coordinator_e2e import BODY, wait_for
+
+UNREACHABLE = "http://127.0.0.1:9"
+
+
+def start(tmp_path, repo, url, **link):
+    link.setdefault("report_interval_s", 0.1)
+    cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=50_000_000,
+                      infer_threads=2,
+                      coordinator=CoordinatorLink(url=url, node_name="n1", **link))
+    return AgentServer(cfg, budgets={"cpu": 50_000_000})
+
+
+def test_histogram_quantile():
+    buckets = [(0.01, 0.0), (0.02, 50.0), (0.05, 100.0), (math.inf, 100.0)]
+    assert histogram_quantile(0.5, buckets) == 0.02
+    assert histogram_quantile(0.25, buckets) == 0.015
+    assert histogram_quantile(0.99, buckets) == 0.02 + 0.03 * 49 / 50
+    assert histogram_quantile(0.999, [(0.1, 0.0), (math.inf, 4.0)]) == 0.1
+    assert histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+    assert histogram_quantile(0.5, []) is None
+
+
+def test_unreachable_coordinator_never_stops_serving(tmp_path, repo):
+    add_synthetic(repo, "m")
+    agent = start(tmp_path, repo, UNREACHABLE)
+    try:
+        status = wait_for(lambda: (lambda s: s["failures"] >= 2 and s)(
+            agent.request("GET", "/v1/coordinator")[2]))
+        assert status["reports"] == 0 and "Error" in status["last_error"]
+        assert status["directives"] is None
+        assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
+        assert agent.request("GET", "/v2/health/ready")[0] == 200
+    finally:
+        agent.close()
+
+
+def test_no_section_no_reporter(repo, start_agent):
+    add_synthetic(repo, "m")
+    agent = start_agent(repo)
+    assert agent.request("GET", "/v1/coordinator")[2] == {"configured": False}
+
+
+def test_token_and_stats(tmp_path, repo, start_coordinator):  # noqa: F811
+    add_synthetic(repo, "m", base_ms=5)
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    co = start_coordinator(admin_token_file=token)
+    agent = start(tmp_path, repo, co.url)  # no token: refused, and says why
+    try:
+        status = wait_for(lambda: (lambda s: s["failures"] and s)(
+            agent.request("GET", "/v1/coordinator")[2]))
+        assert "401" in status["last_error"]
+    finally:
+        agent.close()
+    agent = start(tmp_path, repo, co.url, token_file=token, cores=3)
+    try:
+        for _ in range(20):
+            assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
+
+        def all_in():
+            status, node = co.request("GET", "/v1/nodes/n1", token="tok")
+            batches = node.get("models", {}).get("m", {}).get("batches") if status == 200 \
+                else None
+            return batches and batches["1"]["count"] == 20 and node
+        node = wait_for(all_in)
+        m = node["models"]["m"]
+        assert node["capacity"]["cores"] == 3 and m["resident"] and m["device"] == "cpu"
+        assert m["batches"]["1"]["seconds"] >= 0.1  # 20 requests of >= 5 ms
+        assert m["batch_ms"]["1"] >= 5  # the batching layer's profile
+        seen = sum(c for _, _, _, _, c in co.co.store.arrivals(since=0, model="m"))
+        assert seen == 20  # every request counted once, across reports
+    finally:
+        agent.close()
+
+
+def test_pins_from_before_a_restart_are_reverted(tmp_path, repo):
+    add_synthetic(repo, "m")
+    add_synthetic(repo, "mine")
+    data = tmp_path / "data"
+    data.mkdir()
+    # the state file restores both pins; only "m" was the coordinator's
+    (data / "resident.json").write_text(json.dumps(
+        {"format": 1, "resident": [], "pins": {"m": True, "mine": True}}))
+    (data / "coordinator-pins.json").write_text(json.dumps({"format": 1, "pins": ["m"]}))
+    agent = start(tmp_path, repo, UNREACHABLE)
+    try:
+        assert agent.request("GET", "/v1/cache/m")[2]["pinned"] is False
+        assert agent.request("GET", "/v1/cache/mine")[2]["pinned"] is True
+        time.sleep(0.1)
+        assert json.loads((data / "coordinator-pins.json").read_text())["pins"] == []
+    finally:
+        agent.close()
