@@ -10,6 +10,10 @@ models, writes it as the simulator's CSV files, then times (medians of ``--reps`
   a CSV with a size column (its reader parses while it simulates), and checks that its
   LRU miss count equals ours.
 
+The policies and the replay loop are numba kernels: each policy's first ``simulate`` in
+a process compiles them (the first run after an install or an edit) or loads them from
+numba's cache; that first call is timed and printed apart, before the timed rounds.
+
 Ratios printed: ours (parse + LRU) / libCacheSim (read + LRU), target <= 1.5; and
 cremebrulee / our LRU (simulation only), target <= 2. Wall times; the machine is shared,
 so expect noise.
@@ -20,6 +24,7 @@ so expect noise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -81,6 +86,15 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     shares = [float(x) for x in args.capacity_shares.split(",")]
     capacities = [max(int(share * total), int(profiles.size_bytes.max())) for share in shares]
     specs = args.policies.split(",")
+
+    # The first call per policy, on a few requests (both loops: plain and queueing).
+    tiny = dataclasses.replace(trace, timestamps=trace.timestamps[:1000],
+                               model_ids=trace.model_ids[:1000])
+    for spec in specs:
+        t = time.perf_counter()
+        simulate(tiny, profiles, capacities[0], spec)
+        simulate(tiny, profiles, capacities[0], spec, queueing=2)
+        print(f"first call (compile or load the kernels) {spec}: {time.perf_counter() - t:.1f} s")
 
     # Interleaved repetitions: parse, libCacheSim, then every policy, per round, so
     # that load from other processes hits all of them alike; medians over the rounds.

@@ -12,18 +12,27 @@ Every policy has the same four verbs (libCacheSim style):
 
 A policy never reads a clock (time is passed in) and never tracks capacity: the caller
 (simulator or live cache) owns the byte budget and asks for victims when it needs room.
+
+The decisions themselves are compiled kernels over arrays indexed by dense integer ids
+(``cachepolicies.kernels``); these methods map keys to ids and back. The simulator's
+compiled loop calls the same kernels, so it decides exactly as these methods do.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator
+import math
+from collections.abc import Callable, Hashable, Iterable
 from typing import ClassVar
+
+import numpy as np
+
+from cachepolicies import kernels
 
 Key = Hashable
 Evictable = Callable[[Key], bool]
+
+#: Ids the arrays hold at first; they double as more keys are seen.
+INITIAL_CAPACITY = 64
 
 
 class InsufficientSpace(Exception):
@@ -37,11 +46,47 @@ class InsufficientSpace(Exception):
         self.freeable_bytes = freeable_bytes
 
 
-class Policy(ABC):
-    """Base class: keeps the resident set and builds eviction sets.
+class Ids:
+    """Dense integer ids 0, 1, 2, ... for hashable keys, in the order they are interned."""
 
-    Subclasses say only what differs: how an access updates their state and in which
-    order resident keys are candidates for eviction (``_candidates``).
+    def __init__(self) -> None:
+        self._index: dict[Key, int] = {}
+        self.keys: list[Key] = []  # id -> key
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def get(self, key: Key) -> int | None:
+        return self._index.get(key)
+
+    def intern(self, key: Key) -> int:
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.keys)
+            self.keys.append(key)
+        return i
+
+    def intern_many(self, keys: Iterable[Key] | np.ndarray) -> np.ndarray:
+        """The ids of ``keys``, interning new ones (fast for numpy integer arrays)."""
+        if not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu" and keys.size):
+            return np.array([self.intern(k) for k in keys], dtype=np.int64)
+        keys = keys.astype(np.int64, copy=False)
+        if keys.min() >= 0 and keys.max() <= 4 * keys.size:  # dense, as model ids: O(n)
+            distinct = np.flatnonzero(np.bincount(keys))
+            table = np.zeros(distinct[-1] + 1, dtype=np.int64)
+            table[distinct] = [self.intern(k) for k in distinct.tolist()]
+            return table[keys]
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        ids = np.array([self.intern(k) for k in distinct.tolist()], dtype=np.int64)
+        return ids[inverse.reshape(-1)]
+
+
+class Policy:
+    """Base class: maps keys to ids and calls the kernels; subclasses build the state.
+
+    A subclass's ``__init__`` calls ``super().__init__()`` and then sets ``self._state``
+    to its structref (which holds ``self._res``); its verbs are kernels registered with
+    ``kernels.implements``.
     """
 
     name: ClassVar[str]
@@ -52,43 +97,48 @@ class Policy(ABC):
     #: policies (LRU, GDSF, ...) evict strictly in priority order instead.
     trims_eviction_set: ClassVar[bool] = False
 
-    def __init__(self) -> None:
-        self._sizes: dict[Key, int] = {}
-        self._penalties: dict[Key, float] = {}
+    def __init__(self, ids: Ids | None = None) -> None:
+        """``ids``: keys known up front (an oracle's future), so arrays start big enough."""
+        self._ids = ids if ids is not None else Ids()
+        self._capacity = INITIAL_CAPACITY
+        while self._capacity < len(self._ids):
+            self._capacity *= 2
+        self._res = kernels.new_resident(self._capacity)
+        self._state: object = None
 
     # -- resident set -------------------------------------------------------------
     def __contains__(self, key: Key) -> bool:
-        return key in self._sizes
+        i = self._ids.get(key)
+        return i is not None and kernels.is_resident(self._res, i)
 
     def __len__(self) -> int:
-        return len(self._sizes)
+        return kernels.resident_count(self._res)
 
     def resident(self) -> list[Key]:
-        """The resident keys, in no particular order."""
-        return list(self._sizes)
+        """The resident keys, in admission order."""
+        keys = self._ids.keys
+        return [keys[i] for i in kernels.resident_ids(self._res).tolist()]
 
     def size_of(self, key: Key) -> int:
-        return self._sizes[key]
+        return int(kernels.size_of(self._res, self._resident_id(key)))
 
     def penalty_of(self, key: Key) -> float:
-        return self._penalties[key]
+        return float(kernels.penalty_of(self._res, self._resident_id(key)))
 
     # -- the four verbs ---------------------------------------------------------------
-    @abstractmethod
     def record_access(self, key: Key, now: float) -> None:
         """Note one request for ``key`` at time ``now`` (seconds), resident or not."""
+        if not kernels.access(self._state, self._id(key), float(now)):
+            raise self._out_of_step(key)
 
     def admit(self, key: Key, size: int, penalty: float, now: float) -> None:
         """Make ``key`` resident with ``size`` bytes and reload ``penalty`` seconds."""
-        sizes = self._sizes
-        if key in sizes:
+        if key in self:
             raise ValueError(f"{key!r} is already resident")
         if size < 0 or penalty < 0:
             what, value = ("size", size) if size < 0 else ("penalty", penalty)
             raise ValueError(f"{what} of {key!r} must be >= 0, got {value}")
-        sizes[key] = int(size)
-        self._penalties[key] = float(penalty)
-        self._on_admit(key, now)
+        kernels.admit(self._state, self._id(key), int(size), float(penalty), float(now))
 
     def choose_victims(
         self, need_bytes: int, now: float, evictable: Evictable | None = None
@@ -96,40 +146,28 @@ class Policy(ABC):
         """Resident keys whose removal frees at least ``need_bytes``.
 
         Keys are taken lowest priority first and never more than needed; keys for which
-        ``evictable(key)`` is false (in use, pinned) are skipped. Does not remove them:
-        the caller calls ``remove`` for each. Raises ``InsufficientSpace`` when all
-        evictable keys together free too little.
+        ``evictable(key)`` is false (in use, pinned) are skipped (it is asked once per
+        resident key). Does not remove them: the caller calls ``remove`` for each.
+        Raises ``InsufficientSpace`` when all evictable keys together free too little.
         """
         if need_bytes <= 0:
             return []
-        chosen: list[Key] = []
-        freed = 0
-        sizes = self._sizes
-        if evictable is None:
-            for key in self._candidates(now):
-                chosen.append(key)
-                freed += sizes[key]
-                if freed >= need_bytes:
-                    break
-        else:
-            for key in self._candidates(now):
-                if evictable(key):
-                    chosen.append(key)
-                    freed += sizes[key]
-                    if freed >= need_bytes:
-                        break
-        self._candidates_done()
+        keys = self._ids.keys
+        # The kernels skip ids busy after ``now``: a key that is not evictable is busy forever.
+        busy_until = np.full(self._capacity, -math.inf)
+        if evictable is not None:
+            for i in kernels.resident_ids(self._res).tolist():
+                if not evictable(keys[i]):
+                    busy_until[i] = math.inf
+        victims, freed = kernels.choose(self._state, math.ceil(need_bytes), float(now),
+                                        busy_until, self.trims_eviction_set)
         if freed < need_bytes:
-            raise InsufficientSpace(need_bytes, freed)
-        if self.trims_eviction_set and len(chosen) > 1:
-            chosen = _largest_sufficient(chosen, self._sizes, need_bytes)
-        return chosen
+            raise InsufficientSpace(need_bytes, int(freed))
+        return [keys[i] for i in victims.tolist()]
 
     def remove(self, key: Key) -> None:
         """``key`` left the cache. Raises ``KeyError`` when it was not resident."""
-        del self._sizes[key]
-        del self._penalties[key]
-        self._on_remove(key)
+        kernels.remove(self._state, self._resident_id(key))
 
     # -- introspection (logs, /v1/cache) ----------------------------------------------
     def priority(self, key: Key, now: float) -> float:
@@ -140,112 +178,40 @@ class Policy(ABC):
         """The policy's estimate of requests/s for ``key``, where it keeps one."""
         return None
 
-    # -- what subclasses provide ------------------------------------------------------
-    def _on_admit(self, key: Key, now: float) -> None:
-        """Hook: ``key`` was just added to the resident set."""
+    def _candidates(self, now: float) -> list[Key]:
+        """All resident keys, first to evict first (what ``choose_victims`` walks)."""
+        keys = self._ids.keys
+        return [keys[i] for i in kernels.eviction_order(self._state, float(now)).tolist()]
 
-    def _on_remove(self, key: Key) -> None:
-        """Hook: ``key`` was just removed from the resident set."""
+    # -- ids ----------------------------------------------------------------------------
+    def _id(self, key: Key) -> int:
+        """The id of ``key``, interning it (and growing the arrays) when new."""
+        i = self._ids.intern(key)
+        if i >= self._capacity:
+            self._fit()
+        return i
 
-    @abstractmethod
-    def _candidates(self, now: float) -> Iterator[Key]:
-        """Resident keys, lowest priority (first to evict) first. May be lazy."""
+    def _intern_all(self, keys: Iterable[Key] | np.ndarray) -> np.ndarray:
+        """The ids of ``keys``, interning new ones (the simulator's model ids)."""
+        ids = self._ids.intern_many(keys)
+        self._fit()
+        return ids
 
-    def _candidates_done(self) -> None:
-        """Hook: the last ``_candidates`` iteration is over (restore popped state)."""
+    def _fit(self) -> None:
+        """Grow the arrays (doubling) until they hold every interned id."""
+        capacity = self._capacity
+        while capacity < len(self._ids):
+            capacity *= 2
+        if capacity != self._capacity:
+            kernels.grow_state(self._state, capacity)
+            self._capacity = capacity
 
+    def _resident_id(self, key: Key) -> int:
+        i = self._ids.get(key)
+        if i is None or not kernels.is_resident(self._res, i):
+            raise KeyError(key)
+        return i
 
-def _largest_sufficient(chosen: list[Key], sizes: dict[Key, int], need: int) -> list[Key]:
-    """The shortest largest-first prefix of ``chosen`` freeing ``need`` bytes.
-
-    The prefix is minimal: every member is at least as large as the last one, and the
-    prefix without its last member frees less than ``need``.
-    """
-    by_size = sorted(chosen, key=lambda k: sizes[k], reverse=True)
-    kept: list[Key] = []
-    freed = 0
-    for key in by_size:
-        kept.append(key)
-        freed += sizes[key]
-        if freed >= need:
-            break
-    return kept
-
-
-class HeapPolicy(Policy):
-    """A policy whose per-key priority only changes when that key is touched.
-
-    Keys are taken in ascending ``(priority, seq)`` order, ``seq`` counting
-    ``_set_priority`` calls (so ties go to the key touched longest ago). Subclasses call
-    ``_set_priority`` whenever a resident key's priority changes.
-
-    The heap is updated lazily: a priority that rises (the common case: another
-    request) is only noted, and a key's heap entry is refreshed when it reaches the top
-    of the heap. As priorities never fall behind their heap entry, the first entry that
-    is up to date is the true minimum. A priority that falls is pushed at once.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._heap: list[tuple[float, int, Key]] = []
-        self._current: dict[Key, tuple[float, int]] = {}  # key -> (priority, seq)
-        self._in_heap: dict[Key, int] = {}  # key -> seq of its entry in the heap
-        self._seq = itertools.count()
-        self._popped: list[tuple[float, int, Key]] = []
-
-    def _set_priority(self, key: Key, priority: float) -> None:
-        seq = next(self._seq)
-        current = self._current
-        old = current.get(key)
-        current[key] = (priority, seq)
-        if old is not None and priority >= old[0]:
-            return  # rose (or stayed): refreshed lazily when it reaches the top
-        if self._popped:
-            self._restore_popped()
-        in_heap = self._in_heap
-        in_heap[key] = seq
-        heap = self._heap
-        heapq.heappush(heap, (priority, seq, key))
-        if len(heap) > 2 * len(in_heap) + 64:
-            self._heap = [e for e in heap if in_heap.get(e[2]) == e[1]]
-            heapq.heapify(self._heap)
-
-    def _on_remove(self, key: Key) -> None:
-        del self._current[key]
-        del self._in_heap[key]
-
-    def _candidates(self, now: float) -> Iterator[Key]:
-        if self._popped:
-            self._restore_popped()
-        heap = self._heap
-        popped = self._popped
-        current = self._current
-        in_heap = self._in_heap
-        pop = heapq.heappop
-        while heap:
-            entry = pop(heap)
-            key = entry[2]
-            if in_heap.get(key) != entry[1]:
-                continue  # superseded, or the key left the cache
-            priority, seq = current[key]
-            if seq != entry[1]:
-                # The priority rose since this entry was pushed: refresh it.
-                in_heap[key] = seq
-                heapq.heappush(heap, (priority, seq, key))
-                continue
-            popped.append(entry)
-            yield key
-
-    def _candidates_done(self) -> None:
-        # The popped entries stay out of the heap until it is next used: by then the
-        # caller has removed some of them (the victims), which need not go back.
-        pass
-
-    def _restore_popped(self) -> None:
-        """Put back the popped entries whose keys are still resident."""
-        heap = self._heap
-        in_heap = self._in_heap
-        for entry in self._popped:
-            if in_heap.get(entry[2]) == entry[1]:
-                heapq.heappush(heap, entry)
-        self._popped.clear()
+    def _out_of_step(self, key: Key) -> Exception:
+        """The error for a request the policy refused (only oracles refuse)."""
+        return RuntimeError(f"policy {self.name!r} refused a request for {key!r}")

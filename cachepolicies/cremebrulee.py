@@ -4,7 +4,8 @@ The Belady boundary B (time to the model's next request) is estimated from its r
 rate λ (paper §V-A), so utility = penalty · λ / size. λ comes from a rate estimator
 (``rate``): ``decayed`` (default, half-life ``half_life`` seconds) follows popularity as
 it shifts; ``cumulative`` counts the whole history as the paper's artifact does. With
-either, the order of two models only changes when one is requested, so a heap holds it.
+either, the order of two models only changes when one is requested, so a heap holds it,
+keyed by log utility = log(penalty / size) + log score (up to a term shared by all).
 
 The eviction set follows §V-B: take lowest utility first until enough bytes are freed,
 then keep only the largest of those that suffice.
@@ -14,48 +15,100 @@ from __future__ import annotations
 
 import math
 
-from cachepolicies.base import HeapPolicy, Key
-from cachepolicies.rates import make_rate_estimator
+import numpy as np
+from numba import types
+from numba.experimental import structref
+
+from cachepolicies import rates
+from cachepolicies.base import Key, Policy
+from cachepolicies.heap import (
+    grow_heap, heap_first_candidate, heap_next_candidate, heap_remove, heap_set, new_heap)
+from cachepolicies.kernels import grown, implements, kernel
 
 
-class CremeBrulee(HeapPolicy):
+@structref.register
+class CremeBruleeStateType(types.StructRef):
+    pass
+
+
+class CremeBruleeState(structref.StructRefProxy):
+    pass
+
+
+# log_worth: log(penalty / size) of each resident id (-inf: no penalty), fixed while resident.
+structref.define_proxy(CremeBruleeState, CremeBruleeStateType,
+                       ["res", "heap", "rates", "log_worth"])
+
+
+@kernel
+def new_state(res, cumulative, k):
+    n = len(res.size)
+    return CremeBruleeState(res, new_heap(n), rates.new_rates(cumulative, k, n), np.zeros(n))
+
+
+@kernel
+def _on_access(s, i, now):
+    log_rate = rates.record(s.rates, i, now)
+    if s.res.slot[i] >= 0:
+        heap_set(s.heap, i, s.log_worth[i] + log_rate)
+    return True
+
+
+@kernel
+def _on_admit(s, i, now):
+    penalty = s.res.penalty[i]
+    if penalty <= 0:
+        log_worth = -math.inf
+    else:
+        log_worth = math.log(penalty) - math.log(max(s.res.size[i], 1))
+    s.log_worth[i] = log_worth
+    heap_set(s.heap, i, log_worth + rates.log_score(s.rates, i))
+
+
+@kernel
+def _on_remove(s, i):
+    heap_remove(s.heap, i)
+
+
+@kernel
+def _grow(s, capacity):
+    grow_heap(s.heap, capacity)
+    rates.grow_rates(s.rates, capacity)
+    s.log_worth = grown(s.log_worth, capacity, 0.0)
+
+
+implements(CremeBruleeStateType, on_access=_on_access, on_admit=_on_admit,
+           on_remove=_on_remove, first_candidate=heap_first_candidate,
+           next_candidate=heap_next_candidate, grow=_grow)
+
+
+@kernel
+def _utility(s, i, now):
+    if s.res.slot[i] < 0:
+        return 0.0
+    return s.res.penalty[i] * rates.rate(s.rates, i, now) / max(s.res.size[i], 1)
+
+
+@kernel
+def _rate(s, i, now):
+    return rates.rate(s.rates, i, now)
+
+
+class CremeBrulee(Policy):
     name = "cremebrulee"
     trims_eviction_set = True
 
     def __init__(self, rate: str = "decayed", half_life: float = 600.0) -> None:
+        cumulative, k = rates.rate_parameters(rate, half_life)
         super().__init__()
-        self._rates = make_rate_estimator(rate, half_life)
-        # log(penalty / size) of each resident key, fixed while it stays resident.
-        self._log_worth: dict[Key, float] = {}
-
-    def record_access(self, key: Key, now: float) -> None:
-        log_rate = self._rates.record(key, now)
-        log_worth = self._log_worth.get(key)
-        if log_worth is not None:
-            self._set_priority(key, log_worth + log_rate)
-
-    def _on_admit(self, key: Key, now: float) -> None:
-        penalty = self._penalties[key]
-        if penalty <= 0:
-            log_worth = -math.inf
-        else:
-            log_worth = math.log(penalty) - math.log(max(self._sizes[key], 1))
-        self._log_worth[key] = log_worth
-        self._set_priority(key, log_worth + self._rates.log_score(key))
-
-    def _on_remove(self, key: Key) -> None:
-        super()._on_remove(key)
-        del self._log_worth[key]
-
-    def _log_utility(self, key: Key) -> float:
-        """log(penalty · λ / size) up to a term shared by all keys (-inf: no penalty)."""
-        return self._log_worth[key] + self._rates.log_score(key)
+        self.rate, self.half_life = rate, float(half_life)
+        self._state = new_state(self._res, cumulative, k)
 
     def priority(self, key: Key, now: float) -> float:
         """Utility in seconds of load time saved per byte per second."""
-        if key not in self._sizes:
-            return 0.0
-        return self._penalties[key] * self._rates.rate(key, now) / max(self._sizes[key], 1)
+        i = self._ids.get(key)
+        return 0.0 if i is None else _utility(self._state, i, float(now))
 
     def request_rate(self, key: Key, now: float) -> float:
-        return self._rates.rate(key, now)
+        i = self._ids.get(key)
+        return 0.0 if i is None else _rate(self._state, i, float(now))

@@ -8,37 +8,86 @@ admitted (it restarts at 1 after an eviction), as in FaaSCache's keep-alive poli
 
 from __future__ import annotations
 
-from cachepolicies.base import HeapPolicy, Key
+import numpy as np
+from numba import types
+from numba.experimental import structref
+
+from cachepolicies.base import Key, Policy
+from cachepolicies.heap import (
+    grow_heap, heap_first_candidate, heap_next_candidate, heap_priority, heap_remove, heap_set,
+    new_heap)
+from cachepolicies.kernels import grown, implements, kernel
 
 
-class GDSF(HeapPolicy):
+@structref.register
+class GDSFStateType(types.StructRef):
+    pass
+
+
+class GDSFState(structref.StructRefProxy):
+    pass
+
+
+structref.define_proxy(GDSFState, GDSFStateType, ["res", "heap", "freq", "inflation"])
+
+
+@kernel
+def new_state(res):
+    n = len(res.size)
+    return GDSFState(res, new_heap(n), np.zeros(n, np.int64), 0.0)
+
+
+@kernel
+def _on_access(s, i, now):
+    if s.res.slot[i] >= 0:
+        s.freq[i] += 1
+        _update(s, i)
+    return True
+
+
+@kernel
+def _on_admit(s, i, now):
+    s.freq[i] = 1
+    _update(s, i)
+
+
+@kernel
+def _update(s, i):
+    size = max(s.res.size[i], 1)
+    heap_set(s.heap, i, s.inflation + s.freq[i] * s.res.penalty[i] / size)
+
+
+@kernel
+def _on_remove(s, i):
+    priority = heap_priority(s.heap, i)
+    heap_remove(s.heap, i)
+    if priority > s.inflation:
+        s.inflation = priority
+
+
+@kernel
+def _grow(s, capacity):
+    grow_heap(s.heap, capacity)
+    s.freq = grown(s.freq, capacity, 0)
+
+
+implements(GDSFStateType, on_access=_on_access, on_admit=_on_admit, on_remove=_on_remove,
+           first_candidate=heap_first_candidate,
+           next_candidate=heap_next_candidate, grow=_grow)
+
+
+@kernel
+def _priority(s, i):
+    return heap_priority(s.heap, i) if s.res.slot[i] >= 0 else 0.0
+
+
+class GDSF(Policy):
     name = "gdsf"
 
     def __init__(self) -> None:
         super().__init__()
-        self._inflation = 0.0
-        self._freq: dict[Key, int] = {}
-        self._prio: dict[Key, float] = {}
-
-    def record_access(self, key: Key, now: float) -> None:
-        if key in self._sizes:
-            self._freq[key] += 1
-            self._update(key)
-
-    def _on_admit(self, key: Key, now: float) -> None:
-        self._freq[key] = 1
-        self._update(key)
-
-    def _update(self, key: Key) -> None:
-        size = max(self._sizes[key], 1)
-        prio = self._inflation + self._freq[key] * self._penalties[key] / size
-        self._prio[key] = prio
-        self._set_priority(key, prio)
-
-    def _on_remove(self, key: Key) -> None:
-        super()._on_remove(key)
-        self._inflation = max(self._inflation, self._prio.pop(key))
-        del self._freq[key]
+        self._state = new_state(self._res)
 
     def priority(self, key: Key, now: float) -> float:
-        return self._prio.get(key, 0.0)
+        i = self._ids.get(key)
+        return 0.0 if i is None else _priority(self._state, i)

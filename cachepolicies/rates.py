@@ -11,34 +11,135 @@ them is requested, so policies can rank keys in a heap instead of rescanning:
   λ(now) = (ln 2 / h) · Σ_i 2^(−(now − t_i)/h). Kept in the log domain as
   L = log Σ_i exp(t_i · ln 2 / h), which is time-invariant between requests, so the
   order of two keys does not change while neither is requested.
+
+The estimate is a ``Rates`` structref over ids that policies embed in their state and
+update with the kernels below; ``RateEstimator`` is the same over arbitrary keys.
 """
 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
-from collections.abc import Hashable
-from math import exp, log, log1p
+from typing import ClassVar
 
-Key = Hashable
+import numpy as np
+from numba import types
+from numba.experimental import structref
+
+from cachepolicies.base import INITIAL_CAPACITY, Ids, Key
+from cachepolicies.kernels import grown, kernel
 
 
-class RateEstimator(ABC):
+def rate_parameters(rate: str, half_life: float) -> tuple[bool, float]:
+    """(cumulative, k = ln 2 / half_life) for the estimator named ``rate``."""
+    if rate not in ("cumulative", "decayed"):
+        raise ValueError(f"unknown rate estimator {rate!r}: expected 'cumulative' or 'decayed'")
+    if rate == "cumulative":
+        return True, 0.0
+    if not half_life > 0:
+        raise ValueError(f"half_life must be > 0 seconds, got {half_life}")
+    return False, math.log(2.0) / float(half_life)
+
+
+@structref.register
+class RatesType(types.StructRef):
+    pass
+
+
+class Rates(structref.StructRefProxy):
+    """Per id: ``count`` (requests seen) and ``log_sum`` (decayed: L); ``t0`` is the
+    first request's time once ``started`` (cumulative)."""
+
+
+structref.define_proxy(Rates, RatesType, ["cumulative", "k", "started", "t0", "count", "log_sum"])
+
+
+@kernel
+def new_rates(cumulative, k, capacity):
+    return Rates(cumulative, k, False, 0.0, np.zeros(capacity, np.int64), np.zeros(capacity))
+
+
+@kernel
+def grow_rates(r, capacity):
+    r.count = grown(r.count, capacity, 0)
+    r.log_sum = grown(r.log_sum, capacity, 0.0)
+
+
+@kernel(inline="always")
+def record(r, i, now):
+    """Count one request for id ``i`` at ``now``; return its new log score."""
+    count = r.count  # (a field read once: each read costs a reference count)
+    count[i] += 1
+    if r.cumulative:
+        if not r.started:
+            r.started = True
+            r.t0 = now
+        return math.log(count[i])
+    log_sum = r.log_sum
+    x = now * r.k
+    if count[i] == 1:
+        new = x
+    else:
+        old = log_sum[i]
+        if old >= x:
+            new = old + math.log1p(math.exp(x - old))
+        else:
+            new = x + math.log1p(math.exp(old - x))
+    log_sum[i] = new
+    return new
+
+
+@kernel(inline="always")
+def log_score(r, i):
+    """log(rate) up to a term shared by all ids; -inf for an id never seen."""
+    if r.count[i] == 0:
+        return -math.inf
+    if r.cumulative:
+        return math.log(r.count[i])
+    return r.log_sum[i]
+
+
+@kernel(inline="always")
+def rate(r, i, now):
+    """Requests per second for id ``i`` at ``now``."""
+    count = r.count[i]
+    if count == 0:
+        return 0.0
+    if r.cumulative:
+        # One second floor on the elapsed time so the first requests do not divide by ~0.
+        elapsed = now - r.t0
+        if 1.0 > elapsed:
+            elapsed = 1.0
+        return count / elapsed
+    return r.k * math.exp(r.log_sum[i] - now * r.k)
+
+
+class RateEstimator:
     """Per-key request-rate estimate; ``log_score`` ranks keys like the rate does."""
 
-    name: str
+    name: ClassVar[str]
 
-    @abstractmethod
+    def __init__(self, cumulative: bool, k: float) -> None:
+        self._ids = Ids()
+        self._rates = new_rates(cumulative, k, INITIAL_CAPACITY)
+        self._capacity = INITIAL_CAPACITY
+
     def record(self, key: Key, now: float) -> float:
         """Count one request for ``key`` at ``now``; return its new ``log_score``."""
+        i = self._ids.intern(key)
+        if i >= self._capacity:
+            self._capacity *= 2
+            grow_rates(self._rates, self._capacity)
+        return record(self._rates, i, float(now))
 
-    @abstractmethod
     def log_score(self, key: Key) -> float:
         """log(rate) up to a term shared by all keys; -inf for a key never seen."""
+        i = self._ids.get(key)
+        return -math.inf if i is None else log_score(self._rates, i)
 
-    @abstractmethod
     def rate(self, key: Key, now: float) -> float:
         """Requests per second for ``key`` at ``now``."""
+        i = self._ids.get(key)
+        return 0.0 if i is None else rate(self._rates, i, float(now))
 
 
 class CumulativeRate(RateEstimator):
@@ -47,26 +148,7 @@ class CumulativeRate(RateEstimator):
     name = "cumulative"
 
     def __init__(self) -> None:
-        self._counts: dict[Key, int] = {}
-        self._t0: float | None = None
-
-    def record(self, key: Key, now: float) -> float:
-        if self._t0 is None:
-            self._t0 = now
-        count = self._counts.get(key, 0) + 1
-        self._counts[key] = count
-        return log(count)
-
-    def log_score(self, key: Key) -> float:
-        count = self._counts.get(key, 0)
-        return math.log(count) if count else -math.inf
-
-    def rate(self, key: Key, now: float) -> float:
-        count = self._counts.get(key, 0)
-        if not count or self._t0 is None:
-            return 0.0
-        # One second floor on the elapsed time so the first requests do not divide by ~0.
-        return count / max(now - self._t0, 1.0)
+        super().__init__(*rate_parameters("cumulative", 0.0))
 
 
 class DecayedRate(RateEstimator):
@@ -75,39 +157,11 @@ class DecayedRate(RateEstimator):
     name = "decayed"
 
     def __init__(self, half_life: float = 600.0) -> None:
-        if not half_life > 0:
-            raise ValueError(f"half_life must be > 0 seconds, got {half_life}")
+        super().__init__(*rate_parameters("decayed", half_life))
         self.half_life = float(half_life)
-        self._k = math.log(2.0) / self.half_life
-        self._log_sums: dict[Key, float] = {}
-
-    def record(self, key: Key, now: float) -> float:
-        x = now * self._k
-        log_sums = self._log_sums
-        old = log_sums.get(key)
-        if old is None:
-            new = x
-        elif old >= x:
-            new = old + log1p(exp(x - old))
-        else:
-            new = x + log1p(exp(old - x))
-        log_sums[key] = new
-        return new
-
-    def log_score(self, key: Key) -> float:
-        return self._log_sums.get(key, -math.inf)
-
-    def rate(self, key: Key, now: float) -> float:
-        log_sum = self._log_sums.get(key)
-        if log_sum is None:
-            return 0.0
-        return self._k * math.exp(log_sum - now * self._k)
 
 
 def make_rate_estimator(rate: str = "decayed", half_life: float = 600.0) -> RateEstimator:
     """The estimator named ``rate`` (``cumulative`` or ``decayed``)."""
-    if rate == "cumulative":
-        return CumulativeRate()
-    if rate == "decayed":
-        return DecayedRate(half_life)
-    raise ValueError(f"unknown rate estimator {rate!r}: expected 'cumulative' or 'decayed'")
+    rate_parameters(rate, half_life)
+    return CumulativeRate() if rate == "cumulative" else DecayedRate(half_life)

@@ -14,6 +14,10 @@ loads the model (its penalty), then executes. A model being loaded by an earlier
 request is a hit that waits for that load (single flight), and a model with requests in
 flight is never evicted. When in-flight models pin so much memory that the new one
 cannot fit, the head of the queue waits until enough of them finish.
+
+The policies' decisions are compiled kernels, and so is the replay (``replay``): the
+loops below are what it does, spelled in Python; they drive a policy whose verbs were
+overridden in Python (a subclass, a test's spy), so its overrides are honoured.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from tqdm import tqdm
 
+from cachepolicies import replay
 from cachepolicies.base import InsufficientSpace, Policy
 from cachepolicies.registry import make_policy
 from cachepolicies.traces import Profiles, Trace, check_capacity
@@ -87,7 +92,9 @@ def simulate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if queueing is None:
+        if _runs_compiled(policy):
+            counts, response = _replay_compiled(trace, profiles, capacity_bytes, policy, queueing)
+        elif queueing is None:
             counts = _replay(trace, profiles, capacity_bytes, policy)
             response = None
         else:
@@ -150,10 +157,49 @@ def sweep(
     return results
 
 
+_VERBS = ("record_access", "admit", "choose_victims", "remove")
+
+
+def _runs_compiled(policy: Policy) -> bool:
+    """True when the policy's verbs are the kernel-backed ones, not Python overrides."""
+    return all(name not in vars(policy) and getattr(type(policy), name) is getattr(Policy, name)
+               for name in _VERBS)
+
+
+def _replay_compiled(
+    trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int | None
+) -> tuple[tuple[int, int, int, float], np.ndarray | None]:
+    """``_replay`` (``workers`` None) or ``_replay_queued`` by the compiled loops."""
+    table = policy._intern_all(np.arange(len(profiles)))  # model id -> policy id
+    ids = table[trace.model_ids]
+    times = np.ascontiguousarray(trace.timestamps, dtype=np.float64)
+
+    def by_id(column: np.ndarray) -> np.ndarray:
+        out = np.zeros(policy._capacity, column.dtype)
+        out[table] = column
+        return out
+
+    size, penalty = by_id(profiles.size_bytes), by_id(profiles.penalty_seconds)
+    trims = policy.trims_eviction_set
+    if workers is None:
+        loads, status = replay.replay(policy._state, trims, ids, times, size, penalty,
+                                      capacity)
+        response = None
+    else:
+        loads, response, status = replay.replay_queued(
+            policy._state, trims, ids, times, size, penalty, by_id(profiles.exec_seconds),
+            capacity, workers)
+    if status == replay.TOO_LITTLE:
+        raise PolicyContractError(f"{policy.name}'s victims freed too little")
+    if status != replay.DONE:
+        raise policy._out_of_step(int(trace.model_ids[status]))
+    return _totals(loads[table], profiles, resident_count=len(policy)), response
+
+
 def _replay(
     trace: Trace, profiles: Profiles, capacity: int, policy: Policy
 ) -> tuple[int, int, int, float]:
-    """The hot loop: (misses, evictions, bytes loaded, load delay) for one replay."""
+    """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay."""
     sizes = profiles.size_bytes.tolist()
     resident = [False] * len(sizes)
     loads = [0] * len(sizes)  # misses per model
@@ -183,7 +229,7 @@ def _replay(
 
 
 def _totals(
-    loads: list[int], profiles: Profiles, resident_count: int
+    loads: list[int] | np.ndarray, profiles: Profiles, resident_count: int
 ) -> tuple[int, int, int, float]:
     """(misses, evictions, bytes loaded, load delay) from the loads per model.
 

@@ -76,7 +76,9 @@ def test_unknown_policy_and_parameter_are_named():
 
 def test_policy_parameters_are_parsed():
     policy = make_policy("cremebrulee:rate=decayed,half_life=30")
-    assert policy._rates.half_life == 30.0
+    assert (policy.rate, policy.half_life) == ("decayed", 30.0)
+    policy.record_access("a", 0.0)  # and the half-life is the one the estimate uses
+    assert policy.request_rate("a", 60.0) == pytest.approx(policy.request_rate("a", 30.0) / 2)
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from cachepolicies import POLICY_NAMES, make_policy
 from cachepolicies import simulator as simulator_module
-from cachepolicies.base import HeapPolicy
+from cachepolicies.heap import (
+    grow_heap, heap_first, heap_next, heap_order, heap_remove, heap_set, new_heap)
 from cachepolicies.simulator import PolicyContractError, simulate, sweep
 from cachepolicies.traces import (
     SimulationInputError,
@@ -328,54 +329,32 @@ def test_a_missing_file_is_an_os_error(tmp_path):
 
 
 # -- policy internals the simulator relies on for speed -------------------------------------
-class _Scripted(HeapPolicy):
-    """A heap policy whose priorities the test sets directly (up and down)."""
-
-    name = "scripted"
-
-    def record_access(self, key, now):
-        pass
-
-    def set(self, key, priority):
-        self._set_priority(key, priority)
-
-    def _on_admit(self, key, now):
-        self._set_priority(key, 0.0)
-
-
-def test_lazy_heap_orders_like_a_full_sort_by_priority_then_touch_order():
+def test_indexed_heap_orders_like_a_full_sort_by_priority_then_touch_order():
     rng = random.Random(7)
-    policy = _Scripted()
-    truth: dict[int, tuple[float, int]] = {}  # key -> (priority, touch counter)
+    heap = new_heap(8)
+    grow_heap(heap, 40)  # ids go up to 39
+    truth: dict[int, tuple[float, int]] = {}  # id -> (priority, touch counter)
     touch = 0
     for _ in range(3000):
         op = rng.random()
         key = rng.randrange(40)
         if key not in truth:
-            policy.admit(key, rng.randint(1, 5), 1.0, 0.0)
+            heap_set(heap, key, 0.0)
             truth[key] = (0.0, touch)
         elif op < 0.6:
             priority = float(rng.randint(-5, 5))  # many ties, rises and falls
-            policy.set(key, priority)
+            heap_set(heap, key, priority)
             truth[key] = (priority, touch)
-        elif op < 0.8:
-            need = rng.randint(1, 12)
-            expected, freed = [], 0
-            for k in sorted(truth, key=truth.get):
-                expected.append(k)
-                freed += policy.size_of(k)
-                if freed >= need:
-                    break
-            if freed < need:
-                continue
-            victims = policy.choose_victims(need, 0.0)
-            assert victims == expected
-            if rng.random() < 0.5:
-                for victim in victims:
-                    policy.remove(victim)
-                    del truth[victim]
+        elif op < 0.7:
+            assert heap_order(heap).tolist() == sorted(truth, key=truth.get)
+        elif op < 0.8:  # a walk abandoned part way leaves the heap as it was
+            walked = [heap_first(heap)]
+            while walked[-1] >= 0 and len(walked) < 3:
+                walked.append(heap_next(heap, walked[-1]))
+            walked = [i for i in walked if i >= 0]
+            assert walked == sorted(truth, key=truth.get)[: len(walked)]
         else:
-            policy.remove(key)
+            heap_remove(heap, key)
             del truth[key]
         touch += 1
 
@@ -397,11 +376,7 @@ def test_oracle_candidates_follow_utility_then_farthest_next_use():
             resident = policy.resident()  # insertion (admission) order
             expected = sorted(resident, key=lambda k: (
                 penalties[k] / (max(sizes[k], 1) * (nxt[k] - i)), -nxt[k]))
-            got = []
-            for k in policy._candidates(float(i)):
-                got.append(k)
-            policy._candidates_done()
-            assert got == expected
+            assert policy._candidates(float(i)) == expected
             for victim in policy.choose_victims(sizes[key], float(i)):
                 policy.remove(victim)
         policy.admit(key, sizes[key], penalties[key], float(i))
