@@ -13,10 +13,8 @@ machine's cores, so client cost is inside the agent figures; ``health`` (GET
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile

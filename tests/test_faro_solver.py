@@ -6,7 +6,6 @@ import time
 import numpy as np
 import pytest
 
-from agent.coordinator.faro.allocator import fast_allocate
 from agent.coordinator.faro.exhaustive import brute_force
 from agent.coordinator.faro.objectives import OBJECTIVES, cluster_objective, objective_weights
 from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem, ProblemError

@@ -1,11 +1,8 @@
 """Cache admin API and cache behaviour seen over HTTP, on a real server."""
 
 import concurrent.futures as cf
-import json
-import urllib.request
 
 import numpy as np
-import pytest
 
 from agent.modelzoo import mlp_forward
 from tests.conftest import add_mlp, add_synthetic

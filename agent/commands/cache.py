@@ -5,31 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from typing import Any
 
 import click
 
+from agent.commands.http import call_json
 from agent.units import format_size
 
 
 def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
-    url, token = ctx.obj["url"].rstrip("/"), ctx.obj["token"]
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
-    req = urllib.request.Request(url + path, method=method, headers=headers, data=data)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        try:
-            message = json.loads(err.read()).get("error", err.reason)
-        except ValueError:
-            message = err.reason
-        raise click.ClickException(f"{err.code}: {message}") from None
-    except urllib.error.URLError as err:
-        raise click.ClickException(f"cannot reach the agent at {url}: {err.reason}") from None
+    return call_json(ctx.obj["url"], method, path, body, token=ctx.obj["token"], server="agent")
 
 
 def _num(x: Any, fmt: str) -> str:

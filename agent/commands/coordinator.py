@@ -9,13 +9,12 @@ import logging
 import os
 import signal
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import click
 
+from agent.commands.http import call_json
 from agent.config import ConfigError
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -113,24 +112,7 @@ def _call(url: str, token_file: str | None, method: str, path: str,
           body: Any = None) -> Any:
     token = open(token_file).read().strip() if token_file \
         else os.environ.get("EDGEAGENT_COORDINATOR_TOKEN")
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    data = json.dumps(body).encode() if body is not None else (b"" if method != "GET" else None)
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method,
-                                 headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        try:
-            message = json.loads(err.read()).get("error", err.reason)
-        except ValueError:
-            message = err.reason
-        raise click.ClickException(f"{err.code}: {message}") from None
-    except urllib.error.URLError as err:
-        raise click.ClickException(f"cannot reach the coordinator at {url}: "
-                                   f"{err.reason}") from None
+    return call_json(url, method, path, body, token=token, server="coordinator", timeout=120)
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:

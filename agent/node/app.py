@@ -13,7 +13,6 @@ import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
@@ -21,7 +20,7 @@ from aiohttp import web
 from agent.backends.base import Backend, BackendError, InvalidInput, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
-from agent.httpauth import bearer_auth
+from agent.httpauth import bearer_auth, read_token
 from agent.node import state as statefile
 from agent.node.cache import CacheBusy, CacheError, ModelCache
 from agent.node.memory import FootprintModel, cpu_budget_default, gpu_devices, tune_malloc
@@ -73,21 +72,12 @@ class Node:
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
         self.metrics = Metrics(self.cache, self.serving)
-        self.admin_token = self._read_token(config.admin_token_file)
+        self.admin_token = read_token(config.admin_token_file)
         self.ready = False
         self._persist_task: asyncio.Task | None = None
         self._startup_task: asyncio.Task | None = None
         self.cache.on_load.append(lambda e: self.schedule_persist())
         self.cache.on_unload.append(lambda e, why: self.schedule_persist())
-
-    @staticmethod
-    def _read_token(path: Path | None) -> str | None:
-        if path is None:
-            return None
-        token = Path(path).read_text().strip()
-        if not token:
-            raise ValueError(f"admin token file {path} is empty")
-        return token
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,7 +146,7 @@ class Node:
             self.cache.pools["cpu"].budget = config.cpu_budget
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
         try:
-            self.admin_token = self._read_token(config.admin_token_file)
+            self.admin_token = read_token(config.admin_token_file)
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the old admin token: %s", exc)
         self.config = config
