@@ -2,12 +2,16 @@
 session called directly in-process, small model, several client concurrencies.
 
 The agent runs as its own process (``edgeagent serve``); the load generator is another
-process (aiohttp client, keep-alive, pre-encoded OIP v2 JSON bodies). Both share this
-machine's cores, so client cost is inside the agent figures; ``health`` (GET
-/v2/health/live) shows the HTTP round-trip floor. Targets: p50 overhead <= 0.3 ms,
->= 3,000 req/s.
+process, keep-alive, pre-encoded OIP v2 JSON bodies: ``--client aiohttp`` (default, a
+Python client whose own cost, ~0.25 ms a request, is inside the agent figures) or
+``--client wrk`` (the C load generator ``wrk`` with a Lua script: one thread, as many
+connections as the concurrency; it needs the ``wrk`` binary on PATH). Both share this
+machine's cores; ``health`` (GET /v2/health/live through the same client) shows the
+HTTP round-trip floor. The overhead is agent p50 - direct ``session.run`` p50. Targets:
+p50 overhead <= 0.3 ms, >= 3,000 req/s.
 
     .venv/bin/python bench/serving_overhead.py [--seconds 5] [--concurrency 1,4,16]
+        [--client aiohttp|wrk]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,11 +101,55 @@ def through_agent(url: str, seconds: float, concurrency: int, method: str, body:
     return {"p50_ms": pct(lats, 50), "p99_ms": pct(lats, 99), "rps": len(lats) / doc["seconds"]}
 
 
+# wrk: latencies from its histogram (microseconds), requests over the run's duration;
+# any non-2xx answer or socket error fails the point.
+WRK_SCRIPT = r"""
+local f = io.open(os.getenv("EDGEAGENT_BENCH_BODY"), "rb")
+local body = f:read("*a")
+f:close()
+if os.getenv("EDGEAGENT_BENCH_METHOD") == "POST" then
+  wrk.method = "POST"
+  wrk.body = body
+  wrk.headers["Content-Type"] = "application/json"
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "WRKJSON {\"requests\": %d, \"duration_us\": %d, \"p50_us\": %d, " ..
+    "\"p99_us\": %d, \"errors\": %d, \"non2xx\": %d}\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def through_wrk(url: str, seconds: float, concurrency: int, method: str, body: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        script, data = Path(tmp) / "oip.lua", Path(tmp) / "body"
+        script.write_text(WRK_SCRIPT)
+        data.write_text(body)
+        env = dict(os.environ, EDGEAGENT_BENCH_BODY=str(data), EDGEAGENT_BENCH_METHOD=method)
+        out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{max(seconds, 1):.0f}s",
+                              "--timeout", "10s", "-s", str(script), url],
+                             capture_output=True, text=True, check=True, env=env)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("WRKJSON "))
+    doc = json.loads(line[len("WRKJSON "):])
+    if doc["errors"] or doc["non2xx"] or not doc["requests"]:
+        raise RuntimeError(f"wrk on {url}: {doc}\n{out.stdout}")
+    return {"p50_ms": doc["p50_us"] / 1000, "p99_ms": doc["p99_us"] / 1000,
+            "rps": doc["requests"] / (doc["duration_us"] / 1e6)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--client", choices=("aiohttp", "wrk"), default="aiohttp",
+                    help="load generator: the Python aiohttp client or wrk (C, Lua script)")
     args = ap.parse_args()
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        ap.error("--client wrk needs the wrk binary on PATH (Debian: apt-get install wrk)")
+    client = through_wrk if args.client == "wrk" else through_agent
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
@@ -117,13 +166,13 @@ def main() -> None:
                                            "data": x.ravel().tolist()}]})
             through_agent(url + "/v2/models/small/infer", 0.5, 1, "POST", body)  # load it
             print(f"model: MLP {SHAPE} ({path.stat().st_size} bytes), {os.cpu_count()} cores, "
-                  f"{args.seconds:.0f} s per point")
+                  f"{args.seconds:.0f} s per point, client {args.client}")
             print(f"{'conc':>4} {'path':8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
             rows = []
             for c in levels:
                 d = direct(path, args.seconds, c)
-                h = through_agent(url + "/v2/health/live", args.seconds, c, "GET", "")
-                a = through_agent(url + "/v2/models/small/infer", args.seconds, c, "POST", body)
+                h = client(url + "/v2/health/live", args.seconds, c, "GET", "")
+                a = client(url + "/v2/models/small/infer", args.seconds, c, "POST", body)
                 for label, r in (("direct", d), ("health", h), ("agent", a)):
                     print(f"{c:4d} {label:8} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['rps']:8.0f}")
                 rows.append((c, d, h, a))

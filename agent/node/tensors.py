@@ -14,6 +14,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # several times faster than json for the small bodies of an infer request
+    import orjson
+except ImportError:  # pragma: no cover - a declared dependency; json is the fallback
+    orjson = None
+
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, datatype_of
 
 
@@ -22,6 +27,13 @@ class BadRequest(InvalidInput):
 
 
 def parse_json(body: bytes) -> Any:
+    if orjson is not None:
+        # orjson accepts a subset of what json accepts and then gives the same values;
+        # anything else (NaN, huge integers, UTF-16, BOMs, errors) goes to json.
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -224,10 +236,26 @@ def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
     passthrough = {k: v for k, v in params.items() if k != "binary_data_output"}
     if passthrough:
         doc["parameters"] = passthrough
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = _dumps(doc)
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it. orjson
+    where its output means the same: it writes NaN and infinities as null and non-ASCII
+    unescaped, so any output holding a null or a non-ASCII byte (and anything orjson
+    refuses) is written by json instead."""
+    if orjson is not None:
+        try:
+            out = orjson.dumps(doc)
+        except TypeError:
+            pass
+        else:
+            if out.isascii() and b"null" not in out:
+                return out
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 # -- TF Serving REST --------------------------------------------------------------------
