@@ -16,6 +16,7 @@ import click
 
 from agent.commands.http import call_json
 from agent.config import ConfigError
+from agent.eventloop import run_event_loop
 
 log = logging.getLogger("edgeagent.coordinator")
 DEFAULT_URL = "http://127.0.0.1:8100"
@@ -90,7 +91,7 @@ def serve(config_file: str | None, host: str | None, port: int | None,
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(run_coordinator(config))
+        run_event_loop(run_coordinator(config))
     except (OSError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
 

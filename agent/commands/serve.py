@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from agent.eventloop import run_event_loop
 from agent.config import AgentConfig, ConfigError, load_agent_config
 from agent.units import format_size, parse_size
 
@@ -157,7 +158,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
             write_demo_repository(config.repository)
             (config.repository / ".complete").touch()
     try:
-        asyncio.run(run_agent(config, config_file=config_file, overrides=overrides))
+        run_event_loop(run_agent(config, config_file=config_file, overrides=overrides))
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     with contextlib.suppress(Exception):
