@@ -1,0 +1,36 @@
+"""The systemd units carry the hardening and settings the README promises."""
+
+from pathlib import Path
+
+import pytest
+
+UNITS = Path(__file__).resolve().parent.parent / "systemd"
+
+
+def directives(unit: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in (UNITS / unit).read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            found.setdefault(key.strip(), []).append(value.strip())
+    return found
+
+
+@pytest.mark.parametrize("unit, state", [("edgeagent.service", "edgeagent"),
+                                          ("edgeagent-coordinator.service",
+                                           "edgeagent-coordinator")])
+def test_unit_is_hardened_and_can_write_its_caches(unit, state):
+    d = directives(unit)
+    assert d["Restart"] == ["on-failure"]
+    assert d["DynamicUser"] == ["yes"] and d["NoNewPrivileges"] == ["yes"]
+    assert d["ProtectSystem"] == ["strict"]
+    assert d["StateDirectory"] == [state]
+    # numba must cache compiled kernels somewhere writable under ProtectSystem=strict.
+    cache = [v for v in d.get("Environment", []) if v.startswith("NUMBA_CACHE_DIR=")]
+    assert cache and cache[0].split("=", 1)[1].startswith(f"/var/lib/{state}/")
+
+
+def test_agent_unit_is_a_notify_service_with_a_watchdog():
+    d = directives("edgeagent.service")
+    assert d["Type"] == ["notify"] and int(d["WatchdogSec"][0]) > 0
+    assert d["MemoryMax"] and d["ExecReload"][0].endswith("-HUP $MAINPID")
