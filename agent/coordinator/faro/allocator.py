@@ -216,22 +216,29 @@ def reverse_greedy(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A,
 
 
 @njit(cache=True)
-def pair_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G, span,
-                max_passes):
-    """Pairwise re-optimisation in place; ``span`` < 0 means every split of the pair."""
+def _search_start(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G):
+    """Where the exchange searches start from ``x``: its values, capacity tolerances,
+    usage, the extremes of the values, their weighted total and the objective."""
     n = x.shape[0]
     v = np.empty(n)
     for i in range(n):
         v[i] = _val(values, offsets, length, i, x[i])
-    tol_c = 1e-9 * max(1.0, cap_c)
-    tol_m = 1e-9 * max(1.0, cap_m)
-    used_c = np.dot(cpu, x.astype(np.float64))
-    used_m = np.dot(mem, x.astype(np.float64))
     top = np.empty(4, np.int64)
     bot = np.empty(4, np.int64)
     _extremes(v, top, bot)
     total = np.dot(prios, v)
-    cur = A * total - G * (v[top[0]] - v[bot[0]])
+    return (v, 1e-9 * max(1.0, cap_c), 1e-9 * max(1.0, cap_m),
+            np.dot(cpu, x.astype(np.float64)), np.dot(mem, x.astype(np.float64)), top, bot,
+            total, A * total - G * (v[top[0]] - v[bot[0]]))
+
+
+@njit(cache=True)
+def pair_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G, span,
+                max_passes):
+    """Pairwise re-optimisation in place; ``span`` < 0 means every split of the pair."""
+    n = x.shape[0]
+    v, tol_c, tol_m, used_c, used_m, top, bot, total, cur = _search_start(
+        x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G)
     changed = False
     for _ in range(max_passes):
         improved = False
@@ -297,18 +304,8 @@ def pair_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G,
 def triple_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G, max_passes):
     """Exact re-optimisation of every triple of models (others fixed), in place."""
     n = x.shape[0]
-    v = np.empty(n)
-    for i in range(n):
-        v[i] = _val(values, offsets, length, i, x[i])
-    tol_c = 1e-9 * max(1.0, cap_c)
-    tol_m = 1e-9 * max(1.0, cap_m)
-    used_c = np.dot(cpu, x.astype(np.float64))
-    used_m = np.dot(mem, x.astype(np.float64))
-    top = np.empty(4, np.int64)
-    bot = np.empty(4, np.int64)
-    _extremes(v, top, bot)
-    total = np.dot(prios, v)
-    cur = A * total - G * (v[top[0]] - v[bot[0]])
+    v, tol_c, tol_m, used_c, used_m, top, bot, total, cur = _search_start(
+        x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G)
     changed = False
     for _ in range(max_passes):
         improved = False
