@@ -41,26 +41,23 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
-class AgentServer:
-    """A real agent app on 127.0.0.1 in a background thread (own event loop), so that
+class ThreadedServer:
+    """A real aiohttp app on 127.0.0.1 in a background thread (own event loop), so that
     blocking clients such as ``tritonclient.http`` can call it from the test."""
 
-    def __init__(self, config, **node_kwargs):
+    def __init__(self, app):
         import asyncio
         import threading
 
         from aiohttp import web
 
-        from agent.node.app import NODE, create_app
-
         self.loop = asyncio.new_event_loop()
-        self.app = create_app(config, **node_kwargs)
-        self.node = self.app[NODE]
-        self.runner = web.AppRunner(self.app, access_log=None)
+        self.app = app
+        self.runner = web.AppRunner(app, access_log=None)
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
+        self.closed = False
         self.call(self._start())
-        self.call(self.node.wait_ready())
 
     async def _start(self):
         from aiohttp import web
@@ -75,6 +72,26 @@ class AgentServer:
         import asyncio
 
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class AgentServer(ThreadedServer):
+    """A real agent on 127.0.0.1 (see ``ThreadedServer``), started and ready."""
+
+    def __init__(self, config, **node_kwargs):
+        from agent.node.app import NODE, create_app
+
+        super().__init__(create_app(config, **node_kwargs))
+        self.node = self.app[NODE]
+        self.call(self.node.wait_ready())
 
     def request(self, method, path, body=None, headers=None):
         """(status, headers, parsed JSON or raw bytes) for one HTTP request."""
@@ -94,13 +111,6 @@ class AgentServer:
             return status, hdrs, json.loads(raw)
         except ValueError:
             return status, hdrs, raw
-
-    def close(self):
-        self.call(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
-
 
 @pytest.fixture
 def start_agent(tmp_path):

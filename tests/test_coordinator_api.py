@@ -2,41 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
-from aiohttp import web
 
 from agent.coordinator.app import COORDINATOR, create_app
 from agent.coordinator.config import CoordinatorConfig
+from tests.conftest import ThreadedServer
 
 
-class CoordinatorServer:
-    """A real coordinator on 127.0.0.1 in a background thread with its own event loop."""
+class CoordinatorServer(ThreadedServer):
+    """A real coordinator on 127.0.0.1 in a background thread (see ``ThreadedServer``)."""
 
     def __init__(self, config: CoordinatorConfig, **kwargs):
-        self.loop = asyncio.new_event_loop()
-        self.app = create_app(config, **kwargs)
+        super().__init__(create_app(config, **kwargs))
         self.co = self.app[COORDINATOR]
-        self.runner = web.AppRunner(self.app, access_log=None)
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.call(self._start())
-        self.closed = False
-
-    async def _start(self):
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def call(self, coro, timeout=60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def request(self, method, path, body=None, token=None, raw=None):
         """(status, parsed JSON) for one request."""
@@ -52,15 +34,6 @@ class CoordinatorServer:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
-
-    def close(self):
-        if self.closed:
-            return
-        self.closed = True
-        self.call(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture
