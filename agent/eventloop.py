@@ -1,4 +1,4 @@
-"""Running a server's main coroutine on the fastest event loop available."""
+"""Running a server: its main coroutine on the fastest event loop, its HTTP listener."""
 
 from __future__ import annotations
 
@@ -22,3 +22,15 @@ def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
         else:
             return uvloop.run(main)
     return asyncio.run(main)
+
+
+async def listen(app: Any, host: str, port: int, **runner_kwargs: Any) -> tuple[Any, str]:
+    """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, **runner_kwargs)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server else port
+    return runner, f"http://{host}:{bound}"

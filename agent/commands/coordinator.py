@@ -16,7 +16,7 @@ import click
 
 from agent.commands.http import call_json
 from agent.config import ConfigError
-from agent.eventloop import run_event_loop
+from agent.eventloop import listen, run_event_loop
 
 log = logging.getLogger("edgeagent.coordinator")
 DEFAULT_URL = "http://127.0.0.1:8100"
@@ -32,18 +32,12 @@ def coordinator() -> None:
 
 async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT."""
-    from aiohttp import web
 
     from agent.coordinator.app import create_app
     from agent.node.sdnotify import notify
 
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1] if site._server else config.port
-    url = f"http://{config.host}:{port}"
+    runner, url = await listen(app, config.host, config.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

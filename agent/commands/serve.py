@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from agent.eventloop import run_event_loop
+from agent.eventloop import listen, run_event_loop
 from agent.config import AgentConfig, ConfigError, load_agent_config
 from agent.units import format_size, parse_size
 
@@ -51,19 +51,14 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[Ag
 async def run_agent(config: AgentConfig, *, config_file: str | None = None,
                     overrides: dict[str, Any] | None = None, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP re-reads the config and rescans."""
-    from aiohttp import web
 
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
 
     app = create_app(config)
     node = app[NODE]
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=config.drain_seconds)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1] if site._server else config.port
-    url = f"http://{config.host}:{port}"
+    runner, url = await listen(app, config.host, config.port,
+                               shutdown_timeout=config.drain_seconds)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
