@@ -17,6 +17,10 @@ import yaml
 from agent.units import parse_size
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
+#: What a request for a model that is not loaded does: wait for the load (``serve``,
+#: late answers count as SLO violations) or fail fast when the load outlasts its
+#: deadline (``reject``: 503 + Retry-After while the load goes on in the background).
+COLD_START = ("serve", "reject")
 
 
 class ConfigError(ValueError):
@@ -149,6 +153,8 @@ _MODEL_SCHEMA = {
     "max_queue": _num(1, integer=True),
     "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "pin": _bool,
+    "cold_start": _choice(*COLD_START),
+    "load_wait_max_s": _num(0),
     "onnxruntime": _ORT_SCHEMA,
     "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
                   "load_ms": _num(0)},
@@ -225,6 +231,8 @@ class ModelConfig:
     max_queue: int | None = None
     prediction_cache: PredictionCacheOptions = field(default_factory=PredictionCacheOptions)
     pin: bool = False
+    cold_start: str | None = None         # serve | reject; None: the server's
+    load_wait_max_s: float | None = None  # longest wait for room; None: the server's
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     synthetic: SyntheticOptions | None = None
 
@@ -247,6 +255,8 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         max_queue=d.get("max_queue"),
         prediction_cache=PredictionCacheOptions(**d.get("prediction_cache", {})),
         pin=d.get("pin", False),
+        cold_start=d.get("cold_start"),
+        load_wait_max_s=d.get("load_wait_max_s"),
         onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
         synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
     )
@@ -281,6 +291,8 @@ _AGENT_SCHEMA = {
     "slo": _SLO_SCHEMA,
     "batching": {**_BATCHING_SCHEMA, "max_batch_size": _num(0, integer=True)},
     "max_queue": _num(1, integer=True),
+    "cold_start": _choice(*COLD_START),
+    "load_wait_max_s": _num(0),
     "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "tfserving": {
         "binary": _str, "address": _str, "grpc_port": _num(0, 65535, integer=True),
@@ -362,6 +374,8 @@ class AgentConfig:
     slo_percentile: float = 99.0
     batching: BatchingOptions = SERVER_BATCHING
     max_queue: int = 50  # tail drop bound per model queue (Faro)
+    cold_start: str = "serve"     # see COLD_START
+    load_wait_max_s: float = 30.0  # a load waits this long for room, then 503
     prediction_cache: PredictionCacheOptions = SERVER_PREDICTION_CACHE
     tfserving: TfServingSettings = field(default_factory=TfServingSettings)
     coordinator: CoordinatorLink | None = None  # None: run stand-alone, report nowhere
