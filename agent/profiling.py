@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from agent.node.memory import malloc_trim
+from agent.memory import malloc_trim
 from agent.node.repository import scan_model, scan_repository
 from cachepolicies.traces import Profiles, make_profiles
 

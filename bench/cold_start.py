@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.modelzoo import write_mlp  # noqa: E402
 from agent.node.cache import ModelCache  # noqa: E402
-from agent.node.memory import malloc_trim, tune_malloc  # noqa: E402
+from agent.memory import malloc_trim, tune_malloc  # noqa: E402
 from agent.node.repository import scan_repository  # noqa: E402
 
 MODELS = {

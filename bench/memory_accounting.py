@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.modelzoo import write_mlp  # noqa: E402
 from agent.node.cache import ModelCache  # noqa: E402
-from agent.node.memory import MemoryMeter, tune_malloc  # noqa: E402
+from agent.memory import MemoryMeter, tune_malloc  # noqa: E402
 from agent.node.repository import scan_repository  # noqa: E402
 
 MODELS = {
@@ -34,7 +34,7 @@ MODELS = {
 
 TRUE_DELTA = """
 import sys, json, numpy as np, onnxruntime as ort, psutil
-from agent.node.memory import tune_malloc, malloc_trim
+from agent.memory import tune_malloc, malloc_trim
 from agent.backends.onnx import prime_runtime
 tune_malloc(); prime_runtime(); malloc_trim()
 p = psutil.Process(); r0 = p.memory_info().rss

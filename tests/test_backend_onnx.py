@@ -8,7 +8,7 @@ from agent.backends.base import BackendError
 from agent.backends.onnx import OnnxBackend
 from agent.config import parse_model_config
 from agent.modelzoo import mlp_forward
-from agent.node.memory import FootprintModel
+from agent.memory import FootprintModel
 from tests.conftest import TINY_MLP, add_mlp
 
 

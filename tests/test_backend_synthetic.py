@@ -7,7 +7,7 @@ import numpy as np
 from agent.backends.synthetic import SyntheticBackend
 from agent.config import parse_model_config
 from agent.node.cache import ModelCache, State
-from agent.node.memory import FootprintModel
+from agent.memory import FootprintModel
 from agent.node.repository import scan_repository
 from tests.conftest import add_synthetic
 

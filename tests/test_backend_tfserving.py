@@ -28,7 +28,7 @@ from agent.backends.base import BackendError, BackendUnavailable, InvalidInput, 
 from agent.config import (AgentConfig, ConfigError, TfServingSettings, parse_agent_config,
                           parse_model_config)
 from agent.modelzoo import mlp_forward as onnx_mlp_forward
-from agent.node.memory import FootprintModel
+from agent.memory import FootprintModel
 from tests.conftest import TINY_MLP, AgentServer, add_mlp
 from tests.tfserving_standin.savedmodels import mlp_forward
 

@@ -22,7 +22,7 @@ def test_eviction_under_a_budget_smaller_than_the_zoo(repo, start_agent):
     for name, shape in ZOO.items():
         add_mlp(repo, name, **shape)
     # Room for one model at its (upper-bound) estimate, for ~2 at their measured sizes.
-    from agent.node.memory import FootprintModel
+    from agent.memory import FootprintModel
     file_bytes = (repo / "m0" / "1" / "model.onnx").stat().st_size
     budget = int(FootprintModel().estimate("onnx", file_bytes) * 1.05)
     agent = start_agent(repo, budget=budget)

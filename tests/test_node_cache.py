@@ -8,7 +8,7 @@ import pytest
 from agent.backends.onnx import prime_runtime
 from agent.node.cache import (CacheBusy, LoadFailed, ModelCache, ModelInUse, ModelTooLarge,
                               State, UnknownModel)
-from agent.node.memory import tune_malloc
+from agent.memory import tune_malloc
 from agent.node.repository import scan_repository
 from tests.conftest import add_mlp, add_synthetic
 

@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from agent.backends.tfserving import TfServingHost
     from agent.config import ModelConfig
-    from agent.node.memory import FootprintModel
+    from agent.memory import FootprintModel
 
 
 class BackendError(RuntimeError):

@@ -114,7 +114,7 @@ class OnnxBackend(Backend):
     def load(self) -> None:
         import onnxruntime as ort
 
-        from agent.node.memory import gpu_used_bytes
+        from agent.memory import gpu_used_bytes
 
         providers = self._providers()
         gpu_before = gpu_used_bytes(self.device) if self.device != "cpu" else None

@@ -450,7 +450,7 @@ class TfServingHost:
 
 def _gpu_bytes(device: str, pid: int | None) -> int | None:
     """GPU memory of process ``pid`` on ``cuda:N`` (NVML), else the device's used bytes."""
-    from agent.node.memory import gpu_used_bytes
+    from agent.memory import gpu_used_bytes
 
     if pid is not None:
         try:

@@ -23,7 +23,7 @@ from agent.config import AgentConfig
 from agent.httpauth import bearer_auth, read_token
 from agent.node import state as statefile
 from agent.node.cache import CacheBusy, CacheError, ModelCache
-from agent.node.memory import FootprintModel, cpu_budget_default, gpu_devices, tune_malloc
+from agent.memory import FootprintModel, cpu_budget_default, gpu_devices, tune_malloc
 from agent.node.metrics import Metrics
 from agent.node.repository import scan_repository
 from agent.node.serving import Serving, retry_after_header

@@ -36,7 +36,7 @@ from cachepolicies.base import InsufficientSpace, Policy
 from cachepolicies.registry import make_policy
 
 from agent.backends.base import Backend, BackendError, TensorSpec, make_backend
-from agent.node.memory import FootprintModel, MemoryMeter, malloc_trim
+from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.repository import ModelSpec
 from agent.units import format_size
 
