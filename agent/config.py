@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import yaml
-
-from agent.units import parse_size
+from agent.validation import (ConfigError, boolean, check_config, choice, device, load_yaml,
+                              number, size, str_list, string)
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
 #: What a request for a model that is not loaded does: wait for the load (``serve``,
@@ -23,103 +22,9 @@ BACKENDS = ("onnx", "tfserving", "synthetic")
 COLD_START = ("serve", "reject")
 
 
-class ConfigError(ValueError):
-    """A configuration file is unreadable, has an unknown key or a bad value."""
-
-    def __init__(self, file: str | Path | None, key: str | None, message: str):
-        where = ": ".join(str(p) for p in (file, key) if p)
-        super().__init__(f"{where}: {message}" if where else message)
-        self.file, self.key = file, key
-
-
-# -- tiny schema checkers: each takes the value, returns it converted or raises ValueError
-
-
-def _num(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = False,
-         integer: bool = False) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-        bound = (f" > {lo}" if strict_lo else f" >= {lo}") if lo is not None else ""
-        bound += f" and <= {hi}" if hi is not None else ""
-        what = f"{'an integer' if integer else 'a number'}{bound}"
-        if isinstance(v, bool) or not ok_type:
-            raise ValueError(f"must be {what}, got {v!r}")
-        if lo is not None and (v <= lo if strict_lo else v < lo) or hi is not None and v > hi:
-            raise ValueError(f"must be {what}, got {v!r}")
-        return v
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, got {v!r}")
-    return v
-
-
-def _choice(*options: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v not in options:
-            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
-        return v
-    return check
-
-
-def _size(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError(f"must be a size such as 512MB or 2GiB, got {v!r}")
-    return parse_size(v)
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"must be a non-empty string, got {v!r}")
-    return v
-
-
-def _str_list(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ValueError(f"must be a list of non-empty strings, got {v!r}")
-    return tuple(v)
-
-
-def _device(v: Any) -> str:
-    if v == "cpu" or v == "cuda" or (isinstance(v, str) and v.startswith("cuda:")
-                                     and v[5:].isdigit()):
-        return "cuda:0" if v == "cuda" else v
-    raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
-
-
-def _check_mapping(data: Any, schema: dict[str, Any], file: Any, prefix: str = "") -> dict:
-    """Validate ``data`` against ``schema`` (key -> checker or nested schema dict)."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(file, prefix.rstrip(".") or None,
-                          f"must be a mapping, got {type(data).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key not in schema:
-            raise ConfigError(file, dotted,
-                              f"unknown key (expected one of: {', '.join(schema)})")
-        check = schema[key]
-        if isinstance(check, dict):
-            out[key] = _check_mapping(value, check, file, dotted + ".")
-        else:
-            try:
-                out[key] = check(value)
-            except ValueError as exc:
-                raise ConfigError(file, dotted, str(exc)) from None
-    return out
-
-
-def _load_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(path, None, f"invalid YAML: {exc}") from None
+# The schemas below name the shared checkers (agent.validation) by short private names.
+_bool, _choice, _device, _num = boolean, choice, device, number
+_size, _str, _str_list = size, string, str_list
 
 
 # -- per-model config.yaml -------------------------------------------------------------
@@ -239,7 +144,7 @@ class ModelConfig:
 
 def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig:
     """A ``ModelConfig`` from a parsed config.yaml mapping (errors name ``file``/key)."""
-    d = _check_mapping(data, _MODEL_SCHEMA, file)
+    d = check_config(data, _MODEL_SCHEMA, file)
     slo = d.get("slo", {})
     if slo and "latency_ms" not in slo:
         raise ConfigError(file, "slo.latency_ms", "required when slo is given")
@@ -266,7 +171,7 @@ def load_model_config(path: Path) -> ModelConfig:
     """Parse ``path`` (a model's config.yaml); a missing file gives the defaults."""
     if not path.exists():
         return ModelConfig()
-    return parse_model_config(_load_yaml(path), path)
+    return parse_model_config(load_yaml(path), path)
 
 
 # -- agent config ----------------------------------------------------------------------
@@ -395,7 +300,7 @@ _PATH_KEYS = {"repository", "data_dir", "state_file", "admin_token_file"}
 
 def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig:
     """An ``AgentConfig`` from a parsed YAML mapping; relative paths are from ``file``'s dir."""
-    d = _check_mapping(data, _AGENT_SCHEMA, file)
+    d = check_config(data, _AGENT_SCHEMA, file)
     base = Path(file).parent if file else Path.cwd()
     for key in _PATH_KEYS & d.keys():
         d[key] = (base / Path(d[key]).expanduser()).resolve()
@@ -443,4 +348,4 @@ def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig
 
 def load_agent_config(path: str | Path) -> AgentConfig:
     path = Path(path)
-    return parse_agent_config(_load_yaml(path), path)
+    return parse_agent_config(load_yaml(path), path)

@@ -9,10 +9,11 @@ import pytest
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.directives import DirectiveBook, Directives, directives_for
 from agent.coordinator.faro import Capacity, ModelSpec, Problem, forecast, solve
+from agent.coordinator.plan import directives_for
 from agent.coordinator.planner import PlanError, Planner, PlannerLoops, rate_series
 from agent.coordinator.store import Store
+from agent.wire import DirectiveBook, Directives
 
 
 class Clock:

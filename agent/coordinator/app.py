@@ -4,7 +4,7 @@
 API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
 
     GET    /v1/health                     liveness (never needs the token)
-    POST   /v1/nodes/{name}/report        a node's report (report.py) -> its directives
+    POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
     DELETE /v1/nodes/{name}               forget a node
     GET    /v1/models[/{name}]            catalog with planned replicas
@@ -29,11 +29,11 @@ from aiohttp import web
 
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.directives import DirectiveBook, directives_for
+from agent.coordinator.plan import directives_for
 from agent.coordinator.planner import PlanError, Planner, PlannerLoops
-from agent.coordinator.report import ReportError, parse_report
 from agent.coordinator.store import StoredPlan, Store
 from agent.httpauth import bearer_auth, read_token
+from agent.wire import DirectiveBook, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -118,13 +118,13 @@ async def node_report(request: web.Request) -> web.Response:
     try:
         report = parse_report(name, body)
     except ReportError as exc:
-        raise ReportError(f"report from {name!r}: {exc}") from None
+        raise ReportError(None, f"report from {name!r}: {exc}") from None
     now = co.clock()
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
     co.store.record_report(name, body, arrivals, now, co.config.history_s)
     current = co.store.current_plan()
-    directives = directives_for(current.plan if current else None, name,
+    directives = directives_for(current.parsed if current else None, name,
                                 {m for m, r in report.models.items() if r.resident},
                                 co.config.directive_ttl_s, current.id if current else None)
     co.book.issue(directives, now)
@@ -155,13 +155,13 @@ async def node_delete(request: web.Request) -> web.Response:
 
 
 def _model_json(co: Coordinator, slo: Any, plan: StoredPlan | None, now: float) -> dict:
-    planned = (plan.plan.get("models") or {}).get(slo.name) if plan else None
+    planned = plan.parsed.models.get(slo.name) if plan else None
     on = [row.name for row in co.store.nodes()
           if slo.name in (row.report.get("models") or {})
           and now - row.last_seen <= co.config.node_timeout_s]
     return {**slo.to_json(), "nodes": on,
-            "replicas": planned["replicas"] if planned else None,
-            "predicted_latency_ms": planned["predicted_latency_ms"] if planned else None}
+            "replicas": planned.replicas if planned else None,
+            "predicted_latency_ms": planned.predicted_latency_ms if planned else None}
 
 
 async def models_list(request: web.Request) -> web.Response:

@@ -12,11 +12,10 @@ JSON (every field but ``slo_ms`` optional)::
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+from agent.wire import NAME
 
 
 class CatalogError(ValueError):

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError, _check_mapping, _choice, _load_yaml, _num, _str
 from agent.coordinator.faro.latency import ESTIMATORS
 from agent.coordinator.faro.objectives import OBJECTIVES
+from agent.validation import ConfigError, check_config, choice, load_yaml, number, string
 
 
 def default_state_dir() -> Path:
@@ -27,22 +27,22 @@ def default_state_dir() -> Path:
 
 
 _SCHEMA = {
-    "host": _str,
-    "port": _num(0, 65535, integer=True),
-    "state_dir": _str,
-    "admin_token_file": _str,
-    "plan_interval_s": _num(0, strict_lo=True),
-    "plan_window_s": _num(0, strict_lo=True),
-    "rate_step_s": _num(0, strict_lo=True),
-    "history_s": _num(0, strict_lo=True),
-    "reactive_interval_s": _num(0, strict_lo=True),
-    "reactive_patience": _num(1, integer=True),
-    "objective": _choice(*OBJECTIVES),
-    "estimator": _choice(*ESTIMATORS),
-    "rate_quantile": _num(0, 1),
-    "directive_ttl_s": _num(0, strict_lo=True),
-    "node_timeout_s": _num(0, strict_lo=True),
-    "log_level": _choice("debug", "info", "warning", "error"),
+    "host": string,
+    "port": number(0, 65535, integer=True),
+    "state_dir": string,
+    "admin_token_file": string,
+    "plan_interval_s": number(0, strict_lo=True),
+    "plan_window_s": number(0, strict_lo=True),
+    "rate_step_s": number(0, strict_lo=True),
+    "history_s": number(0, strict_lo=True),
+    "reactive_interval_s": number(0, strict_lo=True),
+    "reactive_patience": number(1, integer=True),
+    "objective": choice(*OBJECTIVES),
+    "estimator": choice(*ESTIMATORS),
+    "rate_quantile": number(0, 1),
+    "directive_ttl_s": number(0, strict_lo=True),
+    "node_timeout_s": number(0, strict_lo=True),
+    "log_level": choice("debug", "info", "warning", "error"),
 }
 
 
@@ -80,7 +80,7 @@ class CoordinatorConfig:
 def parse_coordinator_config(data: Any, file: str | Path | None = None) -> CoordinatorConfig:
     """A ``CoordinatorConfig`` from a parsed YAML mapping; relative paths are from
     ``file``'s directory."""
-    d = _check_mapping(data, _SCHEMA, file)
+    d = check_config(data, _SCHEMA, file)
     base = Path(file).parent if file else Path.cwd()
     for key in ("state_dir", "admin_token_file"):
         if key in d:
@@ -96,4 +96,4 @@ def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:
     if path is None:
         return CoordinatorConfig()
     path = Path(path)
-    return parse_coordinator_config(_load_yaml(path), path)
+    return parse_coordinator_config(load_yaml(path), path)

@@ -45,8 +45,9 @@ from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Prob
                                     ProblemError, ReactiveState, forecast, place,
                                     reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
-from agent.coordinator.report import NodeReport, latency_at, parse_report
+from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
+from agent.wire import NodeReport, latency_at, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
 
@@ -176,7 +177,7 @@ class Planner:
                 memory_per_replica_bytes=spec.memory_per_replica_bytes,
                 pinned_nodes=frozenset(n for n, r in live.items() if spec.name in r.models)))
         current = {n: dict(row) for n, row in
-                   ((previous.plan.get("assignment") or {}) if previous else {}).items()}
+                   (previous.parsed.assignment if previous else {}).items()}
         # A model the last plan did not place starts where it is resident (no new load).
         placed = {m for row in current.values() for m in row}
         for n, r in live.items():
@@ -189,31 +190,28 @@ class Planner:
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
                 utility: dict[str, float], drops: dict[str, float], placement: Any,
                 details: dict[str, dict[str, Any]], now: float, kind: str,
-                solver: str, objective: float | None) -> dict[str, Any]:
+                solver: str, objective: float | None) -> Plan:
         models = {}
         for spec in problem.models:
-            models[spec.name] = {
-                "replicas": replicas[spec.name],
-                "rate": spec.rate, "proc_ms": spec.proc_s * 1000.0,
-                "slo_ms": spec.slo_s * 1000.0, "percentile": spec.percentile,
-                "priority": spec.priority, "cpu_per_replica": spec.cpu_per_replica,
-                "memory_per_replica_bytes": spec.memory_per_replica_bytes,
-                "predicted_latency_ms": latency[spec.name] * 1000.0
+            models[spec.name] = ModelPlan(
+                replicas=replicas[spec.name],
+                rate=spec.rate, proc_ms=spec.proc_s * 1000.0,
+                slo_ms=spec.slo_s * 1000.0, percentile=spec.percentile,
+                priority=spec.priority, cpu_per_replica=spec.cpu_per_replica,
+                memory_per_replica_bytes=spec.memory_per_replica_bytes,
+                predicted_latency_ms=latency[spec.name] * 1000.0
                 if math.isfinite(latency[spec.name]) else None,
-                "utility": utility[spec.name], "drop_rate": drops[spec.name],
-                "placement": {n: row[spec.name] for n, row in placement.assignment.items()
-                              if spec.name in row},
-                "unplaced": placement.unplaced.get(spec.name, 0),
+                utility=utility[spec.name], drop_rate=drops[spec.name],
+                placement={n: row[spec.name] for n, row in placement.assignment.items()
+                           if spec.name in row},
+                unplaced=placement.unplaced.get(spec.name, 0),
                 **details.get(spec.name, {}),
-            }
-        return {"created": now, "kind": kind, "objective": problem.objective,
-                "estimator": problem.estimator, "solver": solver,
-                "objective_value": objective, "rate_quantile": self.config.rate_quantile,
-                "window_s": self.config.plan_window_s,
-                "capacity": {"cpu": problem.capacity.cpu,
-                             "memory_bytes": problem.capacity.memory_bytes},
-                "models": models, "assignment": placement.assignment,
-                "moves": {"started": placement.started, "stopped": placement.stopped}}
+            )
+        return Plan(created=now, kind=kind, objective=problem.objective,
+                    estimator=problem.estimator, solver=solver, objective_value=objective,
+                    rate_quantile=self.config.rate_quantile, window_s=self.config.plan_window_s,
+                    capacity=problem.capacity, models=models, assignment=placement.assignment,
+                    started=placement.started, stopped=placement.stopped)
 
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
         """Plan from scratch (long-term or manual), store and return the plan."""
@@ -228,7 +226,7 @@ class Planner:
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
                             now, kind, allocation.solver, allocation.objective)
-        plan_id = self.store.save_plan(plan, kind, now)
+        plan_id = self.store.save_plan(plan.to_json(), kind, now)
         self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
         self.last_error = None
         log.info("plan %d (%s, %s): %s%s", plan_id, kind, allocation.solver,
@@ -253,27 +251,25 @@ class Planner:
         fresh = {n: r for n, (seen, r) in live.items()
                  if seen > self._reactive_seen.get(n, -math.inf)}
         self._reactive_seen.update({n: seen for n, (seen, _) in live.items()})
-        plan = current.plan
-        models = plan["models"]
-        cap_cpu = plan["capacity"]["cpu"]
-        free = cap_cpu - sum(m["replicas"] * m["cpu_per_replica"] for m in models.values())
+        plan = current.parsed
+        free = plan.free_cpu()
         grown = {}
-        for name, m in sorted(models.items()):
-            observed = self.observed_latency_ms(name, m["percentile"], fresh)
+        for name, m in sorted(plan.models.items()):
+            observed = self.observed_latency_ms(name, m.percentile, fresh)
             if observed is None:
                 continue
             state = self.reactive.get(name)
-            if state is None or state.replicas < m["replicas"]:
-                state = ReactiveState(m["replicas"], state.violations if state else 0)
-            room = int(free // m["cpu_per_replica"] + 1e-9)
-            new = reactive_step(state, observed, m["slo_ms"],
+            if state is None or state.replicas < m.replicas:
+                state = ReactiveState(m.replicas, state.violations if state else 0)
+            room = int(free // m.cpu_per_replica + 1e-9)
+            new = reactive_step(state, observed, m.slo_ms,
                                 patience=self.config.reactive_patience, step=1,
                                 max_replicas=state.replicas + max(room, 0))
             if new.replicas > state.replicas:
-                free -= (new.replicas - state.replicas) * m["cpu_per_replica"]
+                free -= (new.replicas - state.replicas) * m.cpu_per_replica
                 grown[name] = new.replicas
                 log.info("reactive: %s latency %.1f ms > SLO %.1f ms for %d checks: "
-                         "%d -> %d replicas", name, observed, m["slo_ms"],
+                         "%d -> %d replicas", name, observed, m.slo_ms,
                          self.config.reactive_patience, state.replicas, new.replicas)
             self.reactive[name] = new
         if not grown:
@@ -283,25 +279,22 @@ class Planner:
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
                  live: dict[str, NodeReport], now: float) -> StoredPlan:
         """The current plan with ``grown`` replica counts, re-placed and re-scored."""
-        plan = current.plan
-        specs = tuple(ModelSpec(name=n, rate=m["rate"], proc_s=m["proc_ms"] / 1000.0,
-                                slo_s=m["slo_ms"] / 1000.0, percentile=m["percentile"],
-                                priority=m["priority"], cpu_per_replica=m["cpu_per_replica"],
-                                memory_per_replica_bytes=m["memory_per_replica_bytes"])
-                      for n, m in plan["models"].items())
-        problem = Problem(capacity=Capacity(**plan["capacity"]), models=specs,
-                          objective=plan["objective"], estimator=plan["estimator"])
-        replicas = {n: grown.get(n, m["replicas"]) for n, m in plan["models"].items()}
+        plan = current.parsed
+        specs = tuple(m.spec(n) for n, m in plan.models.items())
+        problem = Problem(capacity=plan.capacity, models=specs,
+                          objective=plan.objective, estimator=plan.estimator)
+        replicas = {n: grown.get(n, m.replicas) for n, m in plan.models.items()}
         latency, utility, drops = {}, {}, {}
         for spec in specs:
             utility[spec.name], latency[spec.name], drops[spec.name] = model_value(
                 spec, replicas[spec.name], problem)
         placement = self._place(problem, replicas, live, current)
-        details = {n: {k: m[k] for k in ("rate_points", "proc_source") if k in m}
-                   for n, m in plan["models"].items()}
+        details = {n: {k: v for k, v in (("rate_points", m.rate_points),
+                                         ("proc_source", m.proc_source)) if v is not None}
+                   for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
-                           now, "reactive", plan.get("solver", ""), None)
-        self.store.save_plan(new, "reactive", now)
+                           now, "reactive", plan.solver, None)
+        self.store.save_plan(new.to_json(), "reactive", now)
         return self.store.current_plan()
 
 

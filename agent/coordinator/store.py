@@ -13,10 +13,12 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
 from agent.coordinator.catalog import ModelSLO
+from agent.coordinator.plan import Plan
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -49,7 +51,7 @@ MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         created REAL NOT NULL,
         kind TEXT NOT NULL,             -- long-term, reactive or manual
-        plan TEXT NOT NULL              -- JSON, see planner.Plan
+        plan TEXT NOT NULL              -- JSON, see plan.Plan
     );
     """,
 )
@@ -67,10 +69,17 @@ class NodeRow:
 
 @dataclass(frozen=True)
 class StoredPlan:
+    """A plan as stored: ``plan`` is its JSON (what the API shows), ``parsed`` the
+    typed ``Plan``."""
+
     id: int
     created: float
     kind: str
     plan: dict[str, Any]
+
+    @cached_property
+    def parsed(self) -> Plan:
+        return Plan.from_json(self.plan)
 
 
 class Store:

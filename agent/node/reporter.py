@@ -1,7 +1,7 @@
 """The agent's side of the coordinator: report capacity and per-model stats every
 ``report_interval_s`` and apply the directives that come back.
 
-Reports follow ``agent.coordinator.report``; directives ``agent.coordinator.directives``.
+Reports and directives follow the wire schema in ``agent.wire``.
 Nothing here can stop the node serving: every failure (coordinator down, bad answer,
 a model that will not load) is logged and retried with exponential backoff, and
 directives that are not renewed within their ``ttl_s`` are reverted.
@@ -44,10 +44,10 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import CoordinatorLink
-from agent.coordinator.directives import DirectiveBook, Directives
 from agent.httpauth import read_token
 from agent.node.cache import CacheError, State
 from agent.node.state import read_state, write_state
+from agent.wire import DirectiveBook, Directives
 
 if TYPE_CHECKING:
     from agent.node.app import Node

@@ -1,0 +1,165 @@
+"""Schema checks for everything read from outside: the agent's and models' YAML config,
+the coordinator's config, node reports and directives (``agent.wire``).
+
+A *checker* takes a value and returns it (converted where that is the point, e.g. sizes)
+or raises ``ValueError`` with a message that reads after a key: ``must be a number > 0,
+got 'fast'``. A *schema* maps keys to checkers or to nested schemas; ``check_mapping``
+applies one and raises ``SchemaError`` naming the dotted key. ``ConfigError`` is the same
+for a configuration file (it names the file first).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import yaml
+
+from agent.units import parse_size
+
+Checker = Callable[[Any], Any]
+
+
+class SchemaError(ValueError):
+    """A value that breaks a schema; ``key`` is the dotted path to it (None: the whole)."""
+
+    def __init__(self, key: str | None, message: str):
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key, self.message = key, message
+
+
+class ConfigError(SchemaError):
+    """A configuration file is unreadable, has an unknown key or a bad value."""
+
+    def __init__(self, file: str | Path | None, key: str | None, message: str):
+        where = ": ".join(str(p) for p in (file, key) if p)
+        ValueError.__init__(self, f"{where}: {message}" if where else message)
+        self.file, self.key, self.message = file, key, message
+
+
+# -- checkers: each takes the value, returns it converted or raises ValueError ----------
+
+
+def number(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = False,
+           integer: bool = False, finite: bool = False) -> Checker:
+    """A number (``integer``: an int) within the bounds (``hi`` inclusive); bools are
+    not numbers. ``finite`` also refuses inf and nan."""
+    bound = (f" > {lo:g}" if strict_lo else f" >= {lo:g}") if lo is not None else ""
+    bound += f" and <= {hi:g}" if hi is not None else ""
+    what = f"{'an integer' if integer else 'a number'}{bound}"
+
+    def check(v: Any) -> Any:
+        ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok_type or finite and not math.isfinite(v) \
+                or lo is not None and (v <= lo if strict_lo else v < lo) \
+                or hi is not None and v > hi:
+            raise ValueError(f"must be {what}, got {v!r}")
+        return v
+    return check
+
+
+def boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")
+    return v
+
+
+def choice(*options: str) -> Checker:
+    def check(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
+        return v
+    return check
+
+
+def size(v: Any) -> int:
+    """Bytes, as an integer or a string with a unit (``512MB``, ``2GiB``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"must be a size such as 512MB or 2GiB, got {v!r}")
+    return parse_size(v)
+
+
+def string(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def str_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ValueError(f"must be a list of non-empty strings, got {v!r}")
+    return tuple(v)
+
+
+def device(v: Any) -> str:
+    """``cpu``, ``cuda`` (read as ``cuda:0``) or ``cuda:N``."""
+    if v == "cpu" or v == "cuda" or (isinstance(v, str) and v.startswith("cuda:")
+                                     and v[5:].isdigit()):
+        return "cuda:0" if v == "cuda" else v
+    raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+
+
+def json_object(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a JSON object, got {type(v).__name__}")
+    return v
+
+
+# -- applying checkers -------------------------------------------------------------------
+
+
+def check(checker: Checker, value: Any, key: str | None) -> Any:
+    """``checker(value)``, its ValueError raised as a ``SchemaError`` naming ``key``."""
+    try:
+        return checker(value)
+    except SchemaError:
+        raise
+    except ValueError as exc:
+        raise SchemaError(key, str(exc)) from None
+
+
+def only(data: dict, allowed: Iterable[str], prefix: str = "", noun: str = "key") -> None:
+    """Refuse a key of ``data`` that is not ``allowed`` (the message lists them)."""
+    allowed = tuple(allowed)
+    for key in data:
+        if key not in allowed:
+            raise SchemaError(f"{prefix}{key}",
+                              f"unknown {noun} (expected one of: {', '.join(allowed)})")
+
+
+def check_mapping(data: Any, schema: dict[str, Any], prefix: str = "") -> dict:
+    """Validate ``data`` against ``schema`` (key -> checker or nested schema dict); the
+    checked (converted) values. None reads as an empty mapping."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SchemaError(prefix.rstrip(".") or None,
+                          f"must be a mapping, got {type(data).__name__}")
+    only(data, schema, prefix)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        rule = schema[key]
+        if isinstance(rule, dict):
+            out[key] = check_mapping(value, rule, f"{prefix}{key}.")
+        else:
+            out[key] = check(rule, value, f"{prefix}{key}")
+    return out
+
+
+def check_config(data: Any, schema: dict[str, Any], file: str | Path | None) -> dict:
+    """``check_mapping`` for a configuration file: errors are ``ConfigError`` naming it."""
+    try:
+        return check_mapping(data, schema)
+    except SchemaError as exc:
+        raise ConfigError(file, exc.key, exc.message) from None
+
+
+def load_yaml(path: Path) -> Any:
+    """A YAML file's content; ``ConfigError`` when it cannot be read or parsed."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, None, f"invalid YAML: {exc}") from None

@@ -1,0 +1,308 @@
+"""The wire schema between nodes and the coordinator: what a node reports
+(``POST /v1/nodes/{name}/report``) and the directives that come back, with their
+validation. Both sides import this module; neither imports the other.
+
+**Report** (JSON; only ``capacity`` is required; ``models`` maps names to per-model stats)::
+
+    {"capacity": {"cores": 8, "cpu_memory_bytes": 2147483648,
+                  "gpus": [{"device": "cuda:0", "memory_bytes": 12884901888}]},
+     "models": {"resnet": {
+        "device": "cpu", "resident": true, "pinned": false, "size_bytes": 102760448,
+        "load_seconds": 0.41, "workers": 2,
+        "arrivals": [[12.0, 5.0, 140], [7.0, 5.0, 155]],
+        "batches": {"1": {"count": 9000, "seconds": 180.0}, "4": {"count": 10, "seconds": 0.5}},
+        "batch_ms": {"1": 20.0, "4": 50.0},
+        "latency_ms": {"p50": 21.0, "p99": 48.5}, "requests": 155, "drops": 0}}}
+
+``arrivals`` are ``[age_s, seconds, count]``: ``count`` requests arrived in the
+``seconds`` that ended ``age_s`` before the report was sent (ages, not timestamps, so
+node clocks need not agree with the coordinator's). ``batches`` are cumulative since the
+agent started: batches run per batch size and their total processing seconds.
+``batch_ms`` is the node's current processing-time profile (ms per batch size; shown,
+not planned with).
+``latency_ms``, ``requests`` and ``drops`` cover the last report interval only.
+
+**Directives**, the answer to every report, valid for ``ttl_s`` seconds::
+
+    {"node": "edge-1", "plan_id": 7, "ttl_s": 60,
+     "workers": {"resnet": 2}, "pin": ["resnet"], "prefetch": ["resnet"],
+     "drop_rate": {"bert": 0.05}}
+
+``workers``: replicas of the plan on this node (the model's worker count). ``pin``: keep
+these resident (the plan runs replicas here). ``prefetch``: of those, the ones not
+resident yet: load them now. ``drop_rate``: the share of requests to shed (penalty
+objectives only; absent means 0). A node reverts what it applied when directives are
+not renewed within ``ttl_s`` (coordinator gone): a missing coordinator never leaves
+models pinned forever. Both sides keep directives in a ``DirectiveBook``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.validation import (SchemaError, boolean, check, json_object, number, only)
+
+#: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+MAX_ARRIVALS = 2000
+_PERCENTILE_KEY = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+
+
+# -- reports -----------------------------------------------------------------------------
+
+
+class ReportError(SchemaError):
+    """A report with a missing or malformed field; the message names the field."""
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    device: str
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What a node offers the planner: cores, model memory on CPU and per GPU."""
+
+    cores: float
+    cpu_memory_bytes: float
+    gpus: tuple[GpuCapacity, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """One model's state and recent stats on one node."""
+
+    name: str
+    device: str = "cpu"
+    resident: bool = False
+    pinned: bool = False
+    size_bytes: float = 0.0
+    load_seconds: float = 0.0
+    workers: int | None = None
+    arrivals: tuple[tuple[float, float, float], ...] = ()
+    batches: dict[int, tuple[float, float]] = field(default_factory=dict)  # b -> (n, s)
+    latency_ms: dict[float, float] = field(default_factory=dict)  # percentile -> ms
+    requests: float = 0.0
+    drops: float = 0.0
+
+    def busy_seconds_per_request(self) -> tuple[float, float]:
+        """(processing seconds, requests processed) summed over all batch sizes."""
+        seconds = sum(s for _, s in self.batches.values())
+        done = sum(b * n for b, (n, _) in self.batches.items())
+        return seconds, done
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    capacity: NodeCapacity
+    models: dict[str, ModelReport]
+
+
+_COUNT = number(0.0, finite=True)
+_INTEGER = number(0, integer=True, finite=True)
+
+
+def _count(value: Any, where: str) -> float:
+    return float(check(_COUNT, value, where))
+
+
+def _obj(value: Any, where: str) -> dict:
+    return check(json_object, value, where)
+
+
+def _capacity(data: Any) -> NodeCapacity:
+    d = _obj(data, "capacity")
+    only(d, ("cores", "cpu_memory_bytes", "gpus"), "capacity.", noun="field")
+    if "cores" not in d:
+        raise ReportError("capacity.cores", "missing")
+    cores = check(_COUNT, d["cores"], "capacity.cores")
+    if cores <= 0:
+        raise ReportError("capacity.cores", f"must be > 0, got {cores!r}")
+    gpus = d.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise ReportError("capacity.gpus", "must be a list")
+    parsed = []
+    for i, g in enumerate(gpus):
+        g = _obj(g, f"capacity.gpus[{i}]")
+        device = g.get("device")
+        if not isinstance(device, str) or not device:
+            raise ReportError(f"capacity.gpus[{i}].device",
+                              "must be a device name such as cuda:0")
+        parsed.append(GpuCapacity(device, check(_COUNT, g.get("memory_bytes"),
+                                                f"capacity.gpus[{i}].memory_bytes")))
+    return NodeCapacity(cores, check(_COUNT, d.get("cpu_memory_bytes", 0),
+                                     "capacity.cpu_memory_bytes"), tuple(parsed))
+
+
+_MODEL_FIELDS = ("device", "resident", "pinned", "size_bytes", "load_seconds", "workers",
+                 "arrivals", "batches", "batch_ms", "latency_ms", "requests", "drops",
+                 "state")
+
+
+def _batch_size(key: Any, where: str) -> int:
+    if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+        raise ReportError(where, f"keys must be batch sizes >= 1, got {key!r}")
+    return int(key)
+
+
+def _model(name: str, data: Any) -> ModelReport:
+    where = f"models.{name}"
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ReportError("models", f"bad model name {name!r}")
+    d = _obj(data, where)
+    only(d, _MODEL_FIELDS, f"{where}.", noun="field")
+    arrivals = d.get("arrivals", [])
+    if not isinstance(arrivals, list) or len(arrivals) > MAX_ARRIVALS:
+        raise ReportError(f"{where}.arrivals", f"must be a list of at most {MAX_ARRIVALS} "
+                          "[age_s, seconds, count] triples")
+    points = []
+    for i, p in enumerate(arrivals):
+        if not isinstance(p, list) or len(p) != 3:
+            raise ReportError(f"{where}.arrivals[{i}]", "must be [age_s, seconds, count]")
+        age, secs, count = (_count(v, f"{where}.arrivals[{i}]") for v in p)
+        if secs <= 0:
+            raise ReportError(f"{where}.arrivals[{i}]", "seconds must be > 0")
+        points.append((age, secs, count))
+    batches = {}
+    for key, value in _obj(d.get("batches", {}), f"{where}.batches").items():
+        size = _batch_size(key, f"{where}.batches")
+        v = _obj(value, f"{where}.batches.{key}")
+        only(v, ("count", "seconds"), f"{where}.batches.{key}.", noun="field")
+        batches[size] = (_count(v.get("count"), f"{where}.batches.{key}.count"),
+                         _count(v.get("seconds"), f"{where}.batches.{key}.seconds"))
+    for key, value in _obj(d.get("batch_ms", {}), f"{where}.batch_ms").items():
+        _batch_size(key, f"{where}.batch_ms")
+        _count(value, f"{where}.batch_ms.{key}")
+    latency = {}
+    for key, value in _obj(d.get("latency_ms", {}), f"{where}.latency_ms").items():
+        m = _PERCENTILE_KEY.match(key) if isinstance(key, str) else None
+        if not m or not 0 < float(m.group(1)) < 100:
+            raise ReportError(f"{where}.latency_ms",
+                              f"keys must look like p50 or p99.9, got {key!r}")
+        if value is not None:
+            latency[float(m.group(1))] = _count(value, f"{where}.latency_ms.{key}")
+    workers = d.get("workers")
+    device = d.get("device", "cpu")
+    if not isinstance(device, str) or not device:
+        raise ReportError(f"{where}.device", f"must be cpu or cuda:N, got {device!r}")
+    return ModelReport(
+        name=name, device=device,
+        resident=check(boolean, d.get("resident", False), f"{where}.resident"),
+        pinned=check(boolean, d.get("pinned", False), f"{where}.pinned"),
+        size_bytes=_count(d.get("size_bytes", 0), f"{where}.size_bytes"),
+        load_seconds=_count(d.get("load_seconds", 0), f"{where}.load_seconds"),
+        workers=None if workers is None else int(check(_INTEGER, workers, f"{where}.workers")),
+        arrivals=tuple(points), batches=batches, latency_ms=latency,
+        requests=_count(d.get("requests", 0), f"{where}.requests"),
+        drops=_count(d.get("drops", 0), f"{where}.drops"),
+    )
+
+
+def parse_report(node: str, data: Any) -> NodeReport:
+    """Validate a report body; ``ReportError`` names the first bad field."""
+    if not isinstance(node, str) or not NAME.match(node):
+        raise ReportError(None, f"node name must be 1-128 letters, digits, '_', '.' or '-', "
+                          f"got {node!r}")
+    try:
+        d = _obj(data, "report")
+        only(d, ("capacity", "models", "interval_s"), noun="field")
+        if "capacity" not in d:
+            raise ReportError("capacity", "missing (cores, cpu_memory_bytes, gpus)")
+        if "interval_s" in d:
+            _count(d["interval_s"], "interval_s")
+        models = {name: _model(name, m)
+                  for name, m in _obj(d.get("models", {}), "models").items()}
+        return NodeReport(node, _capacity(d["capacity"]), models)
+    except ReportError:
+        raise
+    except SchemaError as exc:
+        raise ReportError(exc.key, exc.message) from None
+
+
+def latency_at(model: ModelReport, percentile: float) -> float | None:
+    """The reported latency (ms) at the smallest reported percentile >= ``percentile``
+    (the highest one when none is that high); None when nothing was measured."""
+    if not model.latency_ms:
+        return None
+    above = [p for p in model.latency_ms if p >= percentile - 1e-9]
+    return model.latency_ms[min(above) if above else max(model.latency_ms)]
+
+
+# -- directives --------------------------------------------------------------------------
+
+
+_TTL = number(0, strict_lo=True, finite=True)
+
+
+@dataclass(frozen=True)
+class Directives:
+    node: str
+    ttl_s: float
+    plan_id: int | None = None
+    workers: dict[str, int] = field(default_factory=dict)
+    pin: tuple[str, ...] = ()
+    prefetch: tuple[str, ...] = ()
+    drop_rate: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
+                "workers": dict(self.workers), "pin": list(self.pin),
+                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Directives":
+        """Parse a coordinator's answer; ValueError names what is malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("directives must be a JSON object")
+        ttl = check(_TTL, data.get("ttl_s"), "ttl_s")
+        workers = data.get("workers") or {}
+        if not isinstance(workers, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                and v >= 0 for k, v in workers.items()):
+            raise ValueError("workers must map model names to integers >= 0")
+        lists = {}
+        for key in ("pin", "prefetch"):
+            value = data.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+                raise ValueError(f"{key} must be a list of model names")
+            lists[key] = tuple(value)
+        drops = data.get("drop_rate") or {}
+        if not isinstance(drops, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                for v in drops.values()):
+            raise ValueError("drop_rate must map model names to numbers in [0, 1]")
+        plan_id = data.get("plan_id")
+        return cls(node=str(data.get("node", "")), ttl_s=float(ttl),
+                   plan_id=plan_id if isinstance(plan_id, int) else None,
+                   workers=dict(workers), drop_rate={k: float(v) for k, v in drops.items()},
+                   **lists)
+
+
+class DirectiveBook:
+    """The directives last issued to (or received by) each node, and when they lapse.
+    Times come from the caller's clock."""
+
+    def __init__(self) -> None:
+        self._issued: dict[str, tuple[Directives, float]] = {}
+
+    def issue(self, directives: Directives, now: float) -> None:
+        self._issued[directives.node] = (directives, now + directives.ttl_s)
+
+    def current(self, node: str, now: float) -> Directives | None:
+        """The node's directives, or None when there are none or they expired."""
+        entry = self._issued.get(node)
+        return entry[0] if entry is not None and now < entry[1] else None
+
+    def expires_at(self, node: str) -> float | None:
+        entry = self._issued.get(node)
+        return entry[1] if entry is not None else None
+
+    def expire(self, node: str) -> Directives | None:
+        """Drop ``node``'s directives; the ones dropped."""
+        entry = self._issued.pop(node, None)
+        return entry[0] if entry is not None else None
