@@ -27,6 +27,21 @@ _bool, _choice, _device, _num = boolean, choice, device, number
 _size, _str, _str_list = size, string, str_list
 
 
+def gpu_budget(v: Any) -> int | dict[str, int]:
+    """``gpu_budget``: one size for every GPU (``6GiB``), or sizes per device as a
+    mapping (``{cuda:0: 6GiB}``) or a string (``cuda:0=6GiB,cuda:1=4GiB``)."""
+    if isinstance(v, str) and "=" in v:
+        pairs = [part.partition("=") for part in v.split(",")]
+        if any(not sep for _, sep, _ in pairs):
+            raise ValueError(f"must be a size or cuda:N=SIZE,... pairs, got {v!r}")
+        v = {name.strip(): amount.strip() for name, _, amount in pairs}
+    if isinstance(v, dict):
+        if not v or any(_device(name) == "cpu" for name in v):
+            raise ValueError(f"must name GPUs (cuda:N) with sizes, got {v!r}")
+        return {_device(name): _size(amount) for name, amount in v.items()}
+    return _size(v)
+
+
 # -- per-model config.yaml -------------------------------------------------------------
 
 _ORT_SCHEMA = {
@@ -60,6 +75,7 @@ _MODEL_SCHEMA = {
     "pin": _bool,
     "cold_start": _choice(*COLD_START),
     "load_wait_max_s": _num(0),
+    "idle_unload_s": _num(0, strict_lo=True),
     "onnxruntime": _ORT_SCHEMA,
     "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
                   "load_ms": _num(0)},
@@ -138,6 +154,7 @@ class ModelConfig:
     pin: bool = False
     cold_start: str | None = None         # serve | reject; None: the server's
     load_wait_max_s: float | None = None  # longest wait for room; None: the server's
+    idle_unload_s: float | None = None  # unload after this long unused; None: the server's
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     synthetic: SyntheticOptions | None = None
 
@@ -162,6 +179,7 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         pin=d.get("pin", False),
         cold_start=d.get("cold_start"),
         load_wait_max_s=d.get("load_wait_max_s"),
+        idle_unload_s=d.get("idle_unload_s"),
         onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
         synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
     )
@@ -183,7 +201,7 @@ _AGENT_SCHEMA = {
     "data_dir": _str,
     "state_file": _str,
     "cpu_budget": _size,
-    "gpu_budget": _size,
+    "gpu_budget": gpu_budget,
     "memory_margin": _num(0, 0.9),
     "policy": _str,
     "admin_token_file": _str,
@@ -198,6 +216,7 @@ _AGENT_SCHEMA = {
     "max_queue": _num(1, integer=True),
     "cold_start": _choice(*COLD_START),
     "load_wait_max_s": _num(0),
+    "idle_unload_s": _num(0, strict_lo=True),
     "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "tfserving": {
         "binary": _str, "address": _str, "grpc_port": _num(0, 65535, integer=True),
@@ -264,7 +283,7 @@ class AgentConfig:
     data_dir: Path = field(default_factory=default_data_dir)
     state_file: Path | None = None
     cpu_budget: int | None = None
-    gpu_budget: int | None = None
+    gpu_budget: int | dict[str, int] | None = None  # one size for all GPUs, or per cuda:N
     memory_margin: float = 0.2
     policy: str = "cremebrulee"
     admin_token_file: Path | None = None
@@ -281,6 +300,7 @@ class AgentConfig:
     max_queue: int = 50  # tail drop bound per model queue (Faro)
     cold_start: str = "serve"     # see COLD_START
     load_wait_max_s: float = 30.0  # a load waits this long for room, then 503
+    idle_unload_s: float | None = None  # unload a model unused this long; None: never
     prediction_cache: PredictionCacheOptions = SERVER_PREDICTION_CACHE
     tfserving: TfServingSettings = field(default_factory=TfServingSettings)
     coordinator: CoordinatorLink | None = None  # None: run stand-alone, report nowhere
@@ -289,6 +309,11 @@ class AgentConfig:
     @property
     def resident_state_path(self) -> Path:
         return self.state_file or self.data_dir / "resident.json"
+
+    @property
+    def footprints_path(self) -> Path:
+        """Where learned footprint factors are kept across restarts."""
+        return self.data_dir / "footprints.json"
 
     def with_overrides(self, **changes: Any) -> "AgentConfig":
         """A copy with the non-None ``changes`` applied (command-line flags)."""
