@@ -1,0 +1,162 @@
+"""The layers of README's "Architecture", drawn from the code's own imports (``ast``; no
+module is imported): a forbidden import fails here, naming the file and the line.
+
+Every import counts, in functions too; for the layer rules also those under
+``if TYPE_CHECKING:`` (a type-only import still ties the layers), for the circles only
+those that run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """(imported module, line, only under TYPE_CHECKING) for every import in ``path``
+    (or in ``source``, read as if it stood there). ``from package import name`` counts as
+    importing ``package.name`` when that is a module of the tree, else ``package``."""
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" \
+        else _module_name(path)
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    out = []
+    for node in ast.walk(tree):
+        hint = id(node) in typing_only
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno, hint) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.append((full if _exists(full) else base, node.lineno, hint))
+    return out
+
+
+def _exists(module: str) -> bool:
+    path = ROOT.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _files(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
+
+
+MODULES = {_module_name(p): p for p in _files("agent", "cachepolicies")}
+
+
+def _violations(sources: list[Path], forbidden: tuple[str, ...], *,
+                with_hints: bool = True) -> list[str]:
+    found = []
+    for path in sources:
+        for module, line, hint in _imports(path):
+            if hint and not with_hints:
+                continue
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return found
+
+
+def _cycles(names: set[str]) -> list[list[str]]:
+    """Circles among ``names`` through imports that run (not type-only ones)."""
+    graph = {n: sorted({m for m, _, hint in _imports(MODULES[n]) if m in names and m != n
+                        and not hint}) for n in names}
+    cycles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(n: str) -> None:  # Tarjan's strongly connected components
+        index[n] = low[n] = len(index)
+        stack.append(n)
+        on_stack.add(n)
+        for m in graph[n]:
+            if m not in index:
+                visit(m)
+                low[n] = min(low[n], low[m])
+            elif m in on_stack:
+                low[n] = min(low[n], index[m])
+        if low[n] == index[n]:
+            component = []
+            while True:
+                m = stack.pop()
+                on_stack.discard(m)
+                component.append(m)
+                if m == n:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for n in sorted(names):
+        if n not in index:
+            visit(n)
+    return cycles
+
+
+def test_backends_know_no_node_coordinator_or_command():
+    assert _violations(_files("agent/backends"),
+                       ("agent.node", "agent.coordinator", "agent.commands")) == []
+
+
+def test_node_and_coordinator_never_import_each_other():
+    assert _violations(_files("agent/node"), ("agent.coordinator",)) == []
+    assert _violations(_files("agent/coordinator"), ("agent.node",)) == []
+
+
+def test_shared_leaves_import_no_upper_layer():
+    leaves = [ROOT / "agent" / f for f in ("wire.py", "validation.py", "units.py")]
+    assert _violations([p for p in leaves if p.exists()],
+                       ("agent.backends", "agent.node", "agent.coordinator",
+                        "agent.commands", "agent.cli")) == []
+
+
+def test_cachepolicies_knows_no_agent():
+    assert _violations(_files("cachepolicies"), ("agent",)) == []
+
+
+def test_node_routes_do_not_import_the_app():
+    routes = [p for p in _files("agent/node")
+              if p.name.startswith("api_") or p.name == "reporter.py"]
+    assert routes, "no api_*.py found under agent/node"
+    assert _violations(routes, ("agent.node.app",)) == []
+
+
+def test_no_circle_among_backends():
+    assert _cycles({n for n in MODULES if n.startswith("agent.backends.")}) == []
+
+
+def test_no_circle_among_the_node_app_and_its_routes():
+    names = {n for n in MODULES if n.startswith("agent.node.")
+             and (n.rsplit(".", 1)[1].startswith("api_") or n == "agent.node.app")}
+    assert _cycles(names) == []
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from agent.node.app import NODE\n", ["agent.node.app"]),
+    ("from agent.node import app\n", ["agent.node.app"]),
+    ("from . import app\n", ["agent.node.app"]),
+    ("import agent.coordinator.plan as p\n", ["agent.coordinator.plan"]),
+    ("def f():\n    from agent.coordinator import plan\n", ["agent.coordinator.plan"]),
+])
+def test_the_walk_sees_every_import_form(source, expected):
+    probe = ROOT / "agent" / "node" / "api_probe.py"
+    assert [m for m, _, _ in _imports(probe, source)] == expected
