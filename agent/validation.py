@@ -42,18 +42,18 @@ class ConfigError(SchemaError):
 
 
 def number(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = False,
-           integer: bool = False, finite: bool = False) -> Checker:
-    """A number (``integer``: an int) within the bounds (``hi`` inclusive); bools are
-    not numbers. ``finite`` also refuses inf and nan."""
+           strict_hi: bool = False, integer: bool = False, finite: bool = False) -> Checker:
+    """A number (``integer``: an int) within the bounds, inclusive unless ``strict_``;
+    bools are not numbers. ``finite`` also refuses inf and nan."""
     bound = (f" > {lo:g}" if strict_lo else f" >= {lo:g}") if lo is not None else ""
-    bound += f" and <= {hi:g}" if hi is not None else ""
+    bound += (f" and < {hi:g}" if strict_hi else f" and <= {hi:g}") if hi is not None else ""
     what = f"{'an integer' if integer else 'a number'}{bound}"
 
     def check(v: Any) -> Any:
         ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
         if isinstance(v, bool) or not ok_type or finite and not math.isfinite(v) \
                 or lo is not None and (v <= lo if strict_lo else v < lo) \
-                or hi is not None and v > hi:
+                or hi is not None and (v >= hi if strict_hi else v > hi):
             raise ValueError(f"must be {what}, got {v!r}")
         return v
     return check

@@ -11,10 +11,10 @@ JSON (every field but ``slo_ms`` optional)::
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agent.validation import number
 from agent.wire import NAME
 
 
@@ -38,13 +38,14 @@ class ModelSLO:
         return asdict(self)
 
 
-_FIELDS = {  # field -> (lower bound, exclusive?, upper bound)
-    "slo_ms": (0.0, True, None),
-    "percentile": (0.0, True, 100.0),
-    "priority": (0.0, False, None),
-    "cpu_per_replica": (0.0, True, None),
-    "memory_per_replica_bytes": (0.0, False, None),
-    "proc_ms": (0.0, True, None),
+_POSITIVE = number(0, strict_lo=True, finite=True)
+_FIELDS = {
+    "slo_ms": _POSITIVE,
+    "percentile": number(0, 100, strict_lo=True, strict_hi=True, finite=True),
+    "priority": number(0, finite=True),
+    "cpu_per_replica": _POSITIVE,
+    "memory_per_replica_bytes": number(0, finite=True),
+    "proc_ms": _POSITIVE,
 }
 
 
@@ -68,13 +69,11 @@ def parse_slo(name: str, data: Any) -> ModelSLO:
     if "slo_ms" not in data:
         raise CatalogError("missing field 'slo_ms' (the latency SLO in milliseconds)")
     values: dict[str, float | None] = {}
-    for key, (lo, exclusive, hi) in _FIELDS.items():
+    for key, check in _FIELDS.items():
         if key not in data or (key == "proc_ms" and data[key] is None):
             continue
-        v = data[key]
-        bound = f"{'>' if exclusive else '>='} {lo:g}" + (f" and < {hi:g}" if hi else "")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (v <= lo if exclusive else v < lo) or (hi is not None and v >= hi):
-            raise CatalogError(f"field {key!r} must be a number {bound}, got {v!r}")
-        values[key] = float(v)
+        try:
+            values[key] = float(check(data[key]))
+        except ValueError as exc:
+            raise CatalogError(f"field {key!r} {exc}") from None
     return ModelSLO(name=name, **values)
