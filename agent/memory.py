@@ -1,70 +1,180 @@
 """Memory accounting: estimates before load, measurements after, heap given back.
 
-- ``FootprintModel``: estimate = overhead + factor × model-file bytes, per backend kind.
-  The factor starts conservative and is learned from clean measurements (max observed
-  ratio + 10 %), so the estimate stays an upper bound as TF Serving's Loader asks.
-- ``MemoryMeter``: process-RSS deltas around loads/unloads. RSS is process-wide, so a
-  window that overlapped another load or unload is flagged unreliable and the caller
-  keeps the estimate instead (``size_estimated`` stays true).
-- ``malloc_trim``: glibc keeps freed heap; without trimming, RSS never shows an unload.
-- GPU memory via NVML (nvidia-ml-py), where present.
+Shared by the backends and the node (a layer below both: it imports neither).
+
+- ``FootprintModel``: estimate = overhead + factor × weight bytes, per (backend kind,
+  device class). A backend supplies the weights' bytes (read from the model file, no
+  session) and a ``Prior`` (its factor and per-model overhead before any measurement);
+  the factor is then learned from clean measurements — a high quantile of the observed
+  ratios plus a small margin, so the estimate stays tight — and kept across restarts in
+  a JSON file (``save``/``load``, written atomically).
+- ``MemoryMeter``: deltas of a reading (process RSS, or this process's GPU memory)
+  around loads/unloads. The reading is process-wide, so a window that overlapped
+  another one is flagged unreliable and the caller keeps the estimate instead.
+- ``malloc_trim`` / ``tune_malloc``: glibc keeps freed heap; without trimming, RSS never
+  shows an unload, and without a fixed mmap threshold load-time scratch stays resident.
+- ``GpuMemoryReader``: this process's bytes on a GPU through NVML's per-process figures;
+  ``GpuAccounting``: per-GPU budgets, a meter per GPU and the runtime's one-time context
+  overhead, which is the pool's overhead and never a model's size.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
+import logging
 import os
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import psutil
+
+log = logging.getLogger("edgeagent.memory")
 
 MiB = 2**20
 
 
+@dataclass(frozen=True)
+class Prior:
+    """What a backend expects before any measurement: resident bytes per weight byte,
+    and bytes per loaded model besides its weights (session, arena, handles)."""
+
+    factor: float
+    overhead: int
+
+
+#: For callers that name no prior: weights as they are, nothing besides.
+PLAIN = Prior(1.0, 0)
+
+
+def device_class(device: str) -> str:
+    """``cpu`` or ``cuda``: learned factors are shared by GPUs of one process."""
+    return device.split(":", 1)[0]
+
+
 class FootprintModel:
-    """Per-backend ``overhead + factor × file_bytes`` estimates, learned from loads."""
+    """Per (backend kind, device class) estimates ``overhead + factor × weight_bytes``,
+    learned from clean measurements and optionally persisted to ``path`` (JSON).
 
-    # ONNX Runtime CPU on MLPs, with ``tune_malloc`` and the runtime primed: RSS ≈ 1.0-1.15 ×
-    # file + ~0.1 MiB per session (bench/memory_accounting.py). Without the malloc tuning
-    # load-time scratch stays resident and it reads 2-3 ×; 2 × keeps the first guess safe.
-    DEFAULTS = {"onnx": (2.0, 2 * MiB), "tfserving": (4.0, 64 * MiB)}
-    MARGIN = 1.10
+    Before any measurement a backend's ``Prior`` applies. From the recent measurements
+    (weights w, measured m): overhead = the median excess max(m − w, 0) of models under
+    ``MIN_LEARN_BYTES`` (they are mostly overhead), else the smallest excess seen;
+    factor = the 0.9 quantile of (m − overhead) / w over the larger models (at least 1:
+    weights are held); the estimate gets ``MARGIN`` on top: tight, yet above nearly
+    every measurement."""
+
+    QUANTILE = 0.9
+    MARGIN = 1.03
     KEEP = 32
-
-    def __init__(self, factors: dict[str, float] | None = None) -> None:
-        self._lock = threading.Lock()
-        self._learned: dict[str, float] = dict(factors or {})
-        self._ratios: dict[str, deque[float]] = {}
-
-    def factor(self, kind: str) -> float:
-        return self._learned.get(kind, self.DEFAULTS.get(kind, (4.0, 0))[0])
-
-    def overhead(self, kind: str) -> int:
-        return self.DEFAULTS.get(kind, (4.0, 64 * MiB))[1]
-
-    def estimate(self, kind: str, file_bytes: int) -> int:
-        return int(self.overhead(kind) + self.factor(kind) * file_bytes)
-
     #: Smaller models say more about per-session overhead than about the factor.
     MIN_LEARN_BYTES = 4 * MiB
 
-    def observe(self, kind: str, file_bytes: int, measured: int) -> None:
-        """Learn from one clean measurement of a model of ``file_bytes``."""
-        if file_bytes < self.MIN_LEARN_BYTES or measured <= 0:
-            return
-        ratio = measured / file_bytes
+    def __init__(self, factors: dict[str, float] | None = None, *,
+                 path: Path | None = None) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, deque[tuple[int, int]]] = {}
+        self._learned: dict[str, tuple[float, int]] = {
+            key: (float(f), 0) for key, f in (factors or {}).items()}
+        self._weights: dict[tuple[str, int, int], int] = {}
+        self.path = path
+
+    @classmethod
+    def load(cls, path: Path) -> "FootprintModel":
+        """The model saved at ``path`` (fresh when absent or unreadable, logged); later
+        observations are saved there."""
+        model = cls(path=path)
+        try:
+            doc = json.loads(Path(path).read_text())
+            for key, pairs in (doc.get("measurements") or {}).items():
+                for weights, measured in pairs:
+                    model._add(key, int(weights), int(measured))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            log.warning("ignoring unreadable footprint file %s: %s", path, exc)
+        return model
+
+    def weight_bytes(self, file: Path, read: Callable[[Path], int]) -> int:
+        """``read(file)``, remembered while the file keeps its size and mtime (parsing a
+        large model file on every miss would cost time and transient memory)."""
+        stat = os.stat(file)
+        key = (str(file), stat.st_size, stat.st_mtime_ns)
         with self._lock:
-            ratios = self._ratios.setdefault(kind, deque(maxlen=self.KEEP))
-            ratios.append(ratio)
-            self._learned[kind] = max(1.0, max(ratios) * self.MARGIN)
+            if key in self._weights:
+                return self._weights[key]
+        value = read(file)
+        with self._lock:
+            self._weights[key] = value
+        return value
+
+    @staticmethod
+    def key(kind: str, device: str = "cpu") -> str:
+        return f"{kind}/{device_class(device)}"
+
+    def factor(self, kind: str, device: str = "cpu", prior: Prior = PLAIN) -> float:
+        """The learned factor for ``kind`` on ``device``, else the prior's."""
+        with self._lock:
+            learned = self._learned.get(self.key(kind, device))
+        return learned[0] if learned else prior.factor
+
+    def estimate(self, kind: str, weight_bytes: int, *, device: str = "cpu",
+                 prior: Prior = PLAIN) -> int:
+        """Bytes a model with ``weight_bytes`` of weights will take once loaded."""
+        with self._lock:
+            learned = self._learned.get(self.key(kind, device))
+        if learned is None:
+            return int(prior.overhead + prior.factor * weight_bytes)
+        factor, overhead = learned
+        return int(self.MARGIN * (overhead + factor * weight_bytes))
+
+    def observe(self, kind: str, weight_bytes: int, measured: int, *, device: str = "cpu",
+                prior: Prior = PLAIN) -> None:
+        """Learn from one clean measurement (bytes) of a model of ``weight_bytes``."""
+        if measured <= 0 or weight_bytes < 0:
+            return
+        self._add(self.key(kind, device), weight_bytes, measured)
+        self.save()
+
+    def _add(self, key: str, weights: int, measured: int) -> None:
+        with self._lock:
+            seen = self._seen.setdefault(key, deque(maxlen=self.KEEP))
+            seen.append((weights, measured))
+            small = sorted(max(m - w, 0) for w, m in seen if w < self.MIN_LEARN_BYTES)
+            overhead = small[len(small) // 2] if small else \
+                min(max(m - w, 0) for w, m in seen)
+            ratios = sorted((m - overhead) / w for w, m in seen if w >= self.MIN_LEARN_BYTES)
+            if ratios:
+                factor = max(1.0, ratios[min(len(ratios) - 1, int(self.QUANTILE * len(ratios)))])
+            else:
+                factor = self._learned.get(key, (1.0, 0))[0]
+            self._learned[key] = (factor, overhead)
 
     def to_json(self) -> dict[str, float]:
+        """The learned factors by ``kind/device class``."""
         with self._lock:
-            return dict(self._learned)
+            return {key: factor for key, (factor, _) in self._learned.items()}
+
+    def save(self) -> None:
+        """Write the recent measurements to ``path`` atomically (nothing without one)."""
+        if self.path is None:
+            return
+        with self._lock:
+            doc = {"format": 1,
+                   "learned": {k: {"factor": f, "overhead": o}
+                               for k, (f, o) in self._learned.items()},
+                   "measurements": {k: [list(p) for p in v] for k, v in self._seen.items()}}
+        path = Path(self.path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc, indent=1))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write footprint file %s: %s", path, exc)
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -161,29 +271,180 @@ def cpu_budget_default(margin: float) -> int:
     return int(psutil.virtual_memory().available * (1 - margin))
 
 
-def gpu_devices() -> dict[str, int]:
-    """``cuda:N`` → total bytes for each GPU NVML sees; empty without NVML or GPUs."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library, no driver, no GPU: all mean "none"
-        return {}
-    try:
-        return {f"cuda:{i}": int(pynvml.nvmlDeviceGetMemoryInfo(
-                    pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                for i in range(pynvml.nvmlDeviceGetCount())}
-    except Exception:  # noqa: BLE001
-        return {}
+def device_index(device: str) -> int:
+    """N of ``cuda:N``."""
+    return int(device.split(":", 1)[1])
 
 
-def gpu_used_bytes(device: str) -> int | None:
-    """Bytes in use on ``cuda:N`` per NVML, None where NVML cannot tell."""
-    try:
-        import pynvml
+class GpuMemoryReader:
+    """GPU memory as NVML reports it, for this process (or ``pid``) per device.
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[1]))
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-    except Exception:  # noqa: BLE001
-        return None
+    ``used`` is the process's own usage from ``nvmlDeviceGetComputeRunningProcesses``
+    (``_v3`` where the binding has it), so other processes on the GPU never change what
+    our models are charged. Where the driver hides per-process figures (unsupported, or
+    no usedGpuMemory, or our pid absent while we hold a context: a PID namespace), it
+    falls back to the device's used memory and logs a warning once per device. ``nvml``
+    is the ``pynvml`` module (nvidia-ml-py) or a double with its functions."""
+
+    def __init__(self, nvml: Any | None = None, *, pid: int | None = None) -> None:
+        self._nvml = nvml
+        self._ready: bool | None = None
+        self.pid = pid or os.getpid()
+        self._lock = threading.Lock()
+        self._contexts: set[str] = set()  # devices where this process made a context
+        self._warned: set[str] = set()
+
+    def _lib(self) -> Any | None:
+        """The initialised NVML binding, None without library, driver or GPU."""
+        with self._lock:
+            if self._ready is None:
+                try:
+                    if self._nvml is None:
+                        import pynvml
+
+                        self._nvml = pynvml
+                    self._nvml.nvmlInit()
+                    self._ready = True
+                except Exception:  # noqa: BLE001 - no library, no driver: all mean "none"
+                    self._ready = False
+            return self._nvml if self._ready else None
+
+    def _handle(self, device: str) -> Any:
+        return self._lib().nvmlDeviceGetHandleByIndex(device_index(device))
+
+    def devices(self) -> dict[str, int]:
+        """``cuda:N`` → total bytes for each GPU NVML sees; empty without NVML."""
+        nvml = self._lib()
+        if nvml is None:
+            return {}
+        try:
+            return {f"cuda:{i}": int(nvml.nvmlDeviceGetMemoryInfo(
+                        nvml.nvmlDeviceGetHandleByIndex(i)).total)
+                    for i in range(nvml.nvmlDeviceGetCount())}
+        except Exception:  # noqa: BLE001
+            return {}
+
+    def device_used(self, device: str) -> int | None:
+        """Bytes in use on ``device`` by every process; None where NVML cannot tell."""
+        if self._lib() is None:
+            return None
+        try:
+            return int(self._lib().nvmlDeviceGetMemoryInfo(self._handle(device)).used)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def note_context(self, device: str) -> None:
+        """Record that this process now holds a CUDA context on ``device`` (from then
+        on, our pid missing from NVML's list means NVML cannot see our pid)."""
+        with self._lock:
+            self._contexts.add(device)
+
+    def process_used(self, device: str, pid: int | None = None) -> int | None:
+        """Bytes ``pid`` (default: this process) uses on ``device`` per NVML's
+        per-process figures; 0 when it has no context there; None when unavailable."""
+        nvml = self._lib()
+        if nvml is None:
+            return None
+        pid = pid or self.pid
+        try:
+            query = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", None) \
+                or nvml.nvmlDeviceGetComputeRunningProcesses
+            procs = query(self._handle(device))
+        except Exception:  # noqa: BLE001 - NotSupported and friends
+            return None
+        ours = [p for p in procs if p.pid == pid]
+        if any(p.usedGpuMemory is None for p in ours) or (
+                procs and all(p.usedGpuMemory is None for p in procs)):
+            return None
+        if not ours and pid == self.pid and device in self._contexts:
+            return None  # we hold a context yet are not listed: NVML sees other pids
+        return int(sum(p.usedGpuMemory for p in ours))
+
+    def used(self, device: str, pid: int | None = None) -> int | None:
+        """``process_used``, else the device's used bytes (with a warning, once per
+        device); None without NVML."""
+        used = self.process_used(device, pid)
+        if used is not None:
+            return used
+        total = self.device_used(device)
+        if total is not None and device not in self._warned:
+            self._warned.add(device)
+            log.warning("NVML gives no per-process memory on %s here; measuring device-wide "
+                        "used memory, which other processes on this GPU change", device)
+        return total
+
+
+class GpuAccounting:
+    """What the node shares with backends about its GPUs: the reader, each device's
+    budget, one meter per device (this process's GPU bytes) and the one-time runtime
+    overhead (CUDA context, runtime set-up) of each device.
+
+    The overhead is measured once, around the first CUDA set-up on a device
+    (``ensure_context``), and belongs to the pool, not to a model: the cache takes it
+    off the device's room for models (``context_overhead``)."""
+
+    def __init__(self, reader: GpuMemoryReader, budgets: dict[str, int]) -> None:
+        self.reader = reader
+        self.budgets = dict(budgets)
+        self._overhead: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._meters: dict[str, MemoryMeter] = {}
+
+    def meter(self, device: str) -> MemoryMeter | None:
+        """A meter of this process's bytes on ``device``; None where NVML cannot tell."""
+        if self.reader.used(device) is None:
+            return None
+        with self._lock:
+            if device not in self._meters:
+                self._meters[device] = MemoryMeter(lambda: self.reader.used(device) or 0)
+            return self._meters[device]
+
+    def context_overhead(self, device: str) -> int | None:
+        """Bytes of the runtime's one-time set-up on ``device``; None before the first
+        CUDA load there (or where it could not be measured: then 0 is billed)."""
+        with self._lock:
+            return self._overhead.get(device)
+
+    def ensure_context(self, device: str, set_up: Callable[[], None]) -> int:
+        """Run ``set_up`` (which creates the runtime's context on ``device`` and frees
+        everything else it allocated) once per device, measuring this process's GPU
+        usage around it; the overhead in bytes (0 where unmeasurable). Blocking."""
+        with self._lock:  # one set-up per device, concurrent first loads wait for it
+            if device in self._overhead:
+                return self._overhead[device]
+            reader = self.reader
+            before = reader.process_used(device), reader.device_used(device)
+            set_up()
+            reader.note_context(device)
+            after = reader.process_used(device), reader.device_used(device)
+            # Per-process figures where NVML gives them, else device-wide ones (logged).
+            pair = (before[0], after[0]) if None not in (before[0], after[0]) else \
+                (before[1], reader.used(device))
+            overhead = max(pair[1] - pair[0], 0) if None not in pair else 0
+            self._overhead[device] = overhead
+        log.info("runtime set-up on %s takes %.1f MiB of GPU memory (pool overhead)",
+                 device, overhead / MiB)
+        return overhead
+
+    def session_limit(self, device: str) -> int | None:
+        """The most one session may take on ``device`` (its ``gpu_mem_limit``): the
+        budget less the context overhead; None without a budget for the device."""
+        budget = self.budgets.get(device)
+        if budget is None:
+            return None
+        return max(budget - (self.context_overhead(device) or 0), 0)
+
+
+def gpu_budgets(spec: int | dict[str, int] | None, devices: dict[str, int],
+                margin: float) -> dict[str, int]:
+    """A budget per GPU in ``devices`` (``cuda:N`` → total bytes): ``spec`` as one size
+    for every GPU, a mapping per device (devices it omits get the default), or None for
+    total memory less ``margin``. Devices named by ``spec`` but absent are left out."""
+    out = {}
+    for device, total in devices.items():
+        if isinstance(spec, dict):
+            budget = spec.get(device)
+        else:
+            budget = spec
+        out[device] = budget if budget is not None else int(total * (1 - margin))
+    return out

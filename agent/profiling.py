@@ -1,14 +1,17 @@
 """Measuring model profiles on this machine: memory, load and execution time of real
 ONNX models in ONNX Runtime, written as the simulator's profiles CSV.
 
-For each model, in this process, one after another (ONNX Runtime is warmed up first,
-so library start-up is billed to no model):
+For each model, in this process, one after another, set up as the agent sets itself up
+(``tune_malloc``, ONNX Runtime primed so its start-up is billed to no model), and
+loaded and measured by the agent's own code: the ONNX backend with the model's
+settings (``config.yaml`` beside it, else the defaults) under ``load_measured``, so
+``profile measure`` and the agent report the same size for the same file.
 
 - ``rss_delta_bytes``: process RSS after the session is created and has run once,
   minus RSS before (freed heap is returned with ``malloc_trim`` between models).
-  ``size_bytes`` = max(RSS delta, file size): RSS moves in pages and reuses freed
-  heap, so for small models the delta undercounts; a model needs at least its weights.
-- ``load_seconds``: InferenceSession creation; ``first_exec_seconds``: the first run;
+  ``size_bytes``: what the agent would account, max(RSS delta, the weights' bytes):
+  RSS moves in pages and reuses freed heap, so for small models the delta undercounts.
+- ``load_seconds``: session creation; ``first_exec_seconds``: the first run;
   ``exec_seconds``: the median of ``runs`` warm runs. ``cachepolicies.traces`` charges a
   miss ``load + max(first_exec − exec, 0)`` = session creation + first run − a warm
   run, which is CremeBrulee's "cold first execution − warm execution".
@@ -23,13 +26,14 @@ import gc
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import psutil
 
-from agent.memory import malloc_trim
+from agent.backends import BackendError, load_measured
+from agent.config import ConfigError, ModelConfig, load_model_config
+from agent.memory import FootprintModel, MemoryMeter, malloc_trim, tune_malloc
 from agent.node.repository import scan_model, scan_repository
 from cachepolicies.traces import Profiles, make_profiles
 
@@ -57,11 +61,7 @@ class ModelProfile:
     load_seconds: float  # InferenceSession creation
     first_exec_seconds: float  # the first run after creation
     exec_seconds: float  # median warm run
-
-    @property
-    def size_bytes(self) -> int:
-        """Memory the loaded model takes: the RSS delta, at least the file size."""
-        return max(self.rss_delta_bytes, self.file_bytes)
+    size_bytes: int = 0  # what the agent accounts: max(RSS delta, weights' bytes)
 
 
 def find_onnx_models(paths: Iterable[str | Path]) -> list[tuple[str, Path]]:
@@ -112,46 +112,62 @@ def synthetic_inputs(session, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _model_config(path: Path) -> ModelConfig:
+    """The settings the agent would load ``path`` with, on the CPU: the model's
+    ``config.yaml`` for ``<model>/<version>/model.onnx``, else the defaults."""
+    config = ModelConfig()
+    if path.parent.name.isdigit():
+        try:
+            config = load_model_config(path.parent.parent / "config.yaml")
+        except ConfigError as exc:
+            raise ProfilingError(str(exc)) from None
+    return replace(config, backend="onnx", device="cpu")
+
+
 def measure_model(path: str | Path, *, name: str | None = None, runs: int = 10,
                   seed: int = 0) -> ModelProfile:
     """Measure one ONNX model file on the CPU; see the module docstring for what is what."""
-    import onnxruntime as ort
+    from agent.backends.onnx import OnnxBackend
 
     if runs < 1:
         raise ProfilingError(f"runs must be >= 1, got {runs}")
     path = Path(path)
-    process = psutil.Process()
+    backend = OnnxBackend(name or path.stem, 1, path.parent, _model_config(path),
+                          FootprintModel(), model_file=path)
     gc.collect()
     malloc_trim()
-    rss_before = process.memory_info().rss
-    start = time.perf_counter()
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types
+        result = load_measured(backend, MemoryMeter())
+    except BackendError as exc:
         raise ProfilingError(f"{path}: ONNX Runtime cannot load it: {exc}") from None
-    load_seconds = time.perf_counter() - start
-    feeds = synthetic_inputs(session, seed)
     try:
-        first_exec_seconds = _timed_run(session, feeds)
-        rss_delta = process.memory_info().rss - rss_before
-        warm = [_timed_run(session, feeds) for _ in range(runs)]
+        feeds = synthetic_inputs(backend.session, seed)
+        warm = [_timed_run(backend.session, feeds) for _ in range(runs)]
+    except ProfilingError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ProfilingError(f"{path}: running it on a synthetic input failed: {exc}") from None
     finally:
-        del session
+        backend.unload()
         gc.collect()
         malloc_trim()
+    size = result.size_bytes if result.size_bytes is not None else max(
+        result.rss_delta, backend.lower_bound())
     return ModelProfile(model=name or path.stem, path=path, file_bytes=path.stat().st_size,
-                        rss_delta_bytes=int(rss_delta), load_seconds=load_seconds,
-                        first_exec_seconds=first_exec_seconds,
-                        exec_seconds=statistics.median(warm))
+                        rss_delta_bytes=int(result.rss_delta),
+                        load_seconds=result.seconds - result.first_run_seconds,
+                        first_exec_seconds=result.first_run_seconds,
+                        exec_seconds=statistics.median(warm), size_bytes=int(size))
 
 
 def measure_models(paths: Iterable[str | Path], *, runs: int = 10,
                    seed: int = 0) -> list[ModelProfile]:
     """Measure every ONNX model ``find_onnx_models`` finds under ``paths``, in order."""
+    from agent.backends.onnx import prime_runtime
+
     models = find_onnx_models(paths)
-    _warm_up_onnxruntime()
+    tune_malloc()
+    prime_runtime()
     return [measure_model(path, name=name, runs=runs, seed=seed) for name, path in models]
 
 
@@ -166,18 +182,3 @@ def _timed_run(session, feeds: dict[str, np.ndarray]) -> float:
     start = time.perf_counter()
     session.run(None, feeds)
     return time.perf_counter() - start
-
-
-def _warm_up_onnxruntime() -> None:
-    """Create and run one trivial session so ORT's one-time start-up is nobody's load."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "warm-up",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    session.run(None, {"x": np.zeros(1, np.float32)})

@@ -87,8 +87,9 @@ class AgentServer(ThreadedServer):
     """A real agent on 127.0.0.1 (see ``ThreadedServer``), started and ready."""
 
     def __init__(self, config, **node_kwargs):
-        from agent.node.app import NODE, create_app
+        from agent.node.app import NODE, create_app, prepare_process
 
+        prepare_process()  # as ``edgeagent serve`` does
         super().__init__(create_app(config, **node_kwargs))
         self.node = self.app[NODE]
         self.call(self.node.wait_ready())

@@ -5,9 +5,9 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import BackendError
-from agent.backends.onnx import OnnxBackend
+from agent.backends.onnx import OnnxBackend, cuda_options, onnx_weight_bytes
 from agent.config import parse_model_config
-from agent.modelzoo import mlp_forward
+from agent.modelzoo import mlp_forward, mlp_param_bytes
 from agent.memory import FootprintModel
 from tests.conftest import TINY_MLP, add_mlp
 
@@ -20,7 +20,7 @@ def backend(repo, config=None, name="m"):
 def test_load_infer_unload(repo):
     b = backend(repo, {"onnxruntime": {"intra_op_threads": 2,
                                        "graph_optimization_level": "basic"}})
-    assert b.estimate() >= b.file_bytes()
+    assert b.file_bytes() > b.weight_bytes() > 0 and b.estimate() > b.lower_bound()
     b.load()
     assert [s.as_json() for s in b.inputs] == [{"name": "X", "datatype": "FP32",
                                                 "shape": [-1, 4]}]
@@ -36,16 +36,56 @@ def test_load_infer_unload(repo):
         b.infer({"X": x}, {})
 
 
-def test_footprint_factor_is_learned_as_an_upper_bound():
-    f = FootprintModel()
-    assert f.estimate("onnx", 10 * 2**20) == 2 * 2**20 + 20 * 2**20
-    f.observe("onnx", 100, 10_000)  # tiny models teach nothing about the factor
-    assert f.factor("onnx") == 2.0
-    f.observe("onnx", 10 * 2**20, 12 * 2**20)
-    f.observe("onnx", 20 * 2**20, 22 * 2**20)
-    assert f.factor("onnx") == pytest.approx(1.2 * 1.1)
-    assert f.estimate("onnx", 10 * 2**20) > 12 * 2**20
-    assert FootprintModel(f.to_json()).factor("onnx") == f.factor("onnx")
+def test_estimate_is_from_the_graph_and_the_prior(repo):
+    b = backend(repo, name="w")
+    weights = mlp_param_bytes(**{k: v for k, v in TINY_MLP.items() if k != "seed"})
+    assert b.weight_bytes() == b.lower_bound() == weights
+    prior = OnnxBackend.PRIORS["cpu"]
+    assert b.estimate() == int(prior.overhead + prior.factor * weights)
+
+
+def test_weight_bytes_counts_typed_fields_constants_and_external_data(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.ones((256, 128), np.float32)          # raw_data: 128 KiB
+    typed = helper.make_tensor("T", TensorProto.FLOAT, [64], [0.5] * 64)  # float_data
+    half = helper.make_tensor("H", TensorProto.FLOAT16, [10], np.ones(10, np.float16))
+    const = helper.make_node("Constant", [], ["C"],
+                             value=numpy_helper.from_array(np.ones(100, np.int64)))
+    graph = helper.make_graph(
+        [const, helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 128])],
+        initializer=[numpy_helper.from_array(w, "W"), typed, half])
+    model = helper.make_model(graph)
+    inline = tmp_path / "inline.onnx"
+    onnx.save(model, str(inline))
+    expected = w.nbytes + 64 * 4 + 10 * 2 + 100 * 8
+    assert onnx_weight_bytes(inline) == expected
+    external = tmp_path / "ext" / "model.onnx"
+    external.parent.mkdir()
+    onnx.save(model, str(external), save_as_external_data=True, location="weights.bin",
+              size_threshold=1024)
+    assert external.stat().st_size < 4096  # the weights are not in the protobuf
+    assert onnx_weight_bytes(external) == expected
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        (tmp_path / "bad.onnx").write_bytes(b"\xff\xff not a model")
+        onnx_weight_bytes(tmp_path / "bad.onnx")
+
+
+def test_a_broken_file_is_a_backend_error_at_estimate(repo):
+    (repo / "bad" / "1").mkdir(parents=True)
+    (repo / "bad" / "1" / "model.onnx").write_bytes(b"\xff\xff not a model")
+    b = OnnxBackend("bad", 1, repo / "bad", parse_model_config({}), FootprintModel())
+    with pytest.raises(BackendError, match="cannot load"):
+        b.estimate()
+
+
+def test_cuda_sessions_ask_for_exact_arena_growth_and_a_limit():
+    assert cuda_options("cuda:1") == {"device_id": "1",
+                                      "arena_extend_strategy": "kSameAsRequested"}
+    assert cuda_options("cuda:0", 3 * 2**30)["gpu_mem_limit"] == str(3 * 2**30)
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),

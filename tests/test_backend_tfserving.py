@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.backends.base import BackendError, BackendUnavailable, InvalidInput, make_backend
+from agent.backends import BackendError, BackendUnavailable, InvalidInput, make_backend
 from agent.config import (AgentConfig, ConfigError, TfServingSettings, parse_agent_config,
                           parse_model_config)
 from agent.modelzoo import mlp_forward as onnx_mlp_forward

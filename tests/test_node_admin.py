@@ -21,10 +21,12 @@ def infer(agent, name, x):
 def test_eviction_under_a_budget_smaller_than_the_zoo(repo, start_agent):
     for name, shape in ZOO.items():
         add_mlp(repo, name, **shape)
-    # Room for one model at its (upper-bound) estimate, for ~2 at their measured sizes.
+    # Room for ~2 of the 4 models at their (tight) estimates.
+    from agent.backends import make_backend
+    from agent.config import parse_model_config
     from agent.memory import FootprintModel
-    file_bytes = (repo / "m0" / "1" / "model.onnx").stat().st_size
-    budget = int(FootprintModel().estimate("onnx", file_bytes) * 1.05)
+    m0 = make_backend("onnx", "m0", 1, repo / "m0", parse_model_config({}), FootprintModel())
+    budget = int(m0.estimate() * 2.5)
     agent = start_agent(repo, budget=budget)
     x = np.ones((2, 32), np.float32)
     for _ in range(2):

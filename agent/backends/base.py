@@ -1,8 +1,9 @@
 """The loader interface every backend implements, after TF Serving's core/loader.h.
 
-Lifecycle: ``estimate`` → ``load`` → ``infer``/``infer_async`` (any number of times,
-concurrently) → ``unload``. ``load``, ``infer`` and ``unload`` block and are run by the
-cache in thread pools, never on the event loop. Inference is batch-shaped (the first
+Lifecycle: ``lower_bound``/``estimate`` → ``load`` → ``infer``/``infer_async`` (any
+number of times, concurrently) → ``unload``. ``load``, ``infer`` and ``unload`` block and
+are run by the cache in thread pools, never on the event loop. ``load_measured`` is the
+one way to load and measure a backend, shared by the agent and ``profile measure``. Inference is batch-shaped (the first
 dimension of every tensor is the batch) so an adaptive batcher can sit in front of it.
 The interface knows nothing about a particular runtime: tensors are numpy arrays with
 Open Inference Protocol datatype names.
@@ -11,18 +12,22 @@ Open Inference Protocol datatype names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
+
+from agent.memory import PLAIN, FootprintModel, MemoryMeter, Prior, device_class, malloc_trim
 
 if TYPE_CHECKING:
     from agent.backends.tfserving import TfServingHost
     from agent.config import ModelConfig
-    from agent.memory import FootprintModel
+    from agent.memory import GpuAccounting
 
 
 class BackendError(RuntimeError):
@@ -100,9 +105,13 @@ class Backend(ABC):
     """One version of one model in one runtime. Not reusable after ``unload``."""
 
     kind: ClassVar[str]
+    #: The file a version directory holds for this backend (None: no file).
+    MODEL_FILE: ClassVar[str | None] = None
+    #: Estimate priors by device class (``cpu``, ``cuda``) before any measurement.
+    PRIORS: ClassVar[dict[str, Prior]] = {"cpu": PLAIN}
 
     def __init__(self, name: str, version: int, path: Path, config: "ModelConfig",
-                 footprints: "FootprintModel") -> None:
+                 footprints: FootprintModel) -> None:
         self.name, self.version, self.path, self.config = name, version, path, config
         self.device = config.device
         self.footprints = footprints
@@ -111,15 +120,44 @@ class Backend(ABC):
         #: Seconds of the first inference after load (part of the reload penalty).
         self.first_run_seconds = 0.0
 
+    @classmethod
+    def create(cls, name: str, version: int, path: Path, config: "ModelConfig",
+               footprints: FootprintModel, *, tfserving: "TfServingHost | None" = None,
+               gpu: "GpuAccounting | None" = None) -> "Backend":
+        """A backend given the node's shared services; each class takes what it needs."""
+        return cls(name, version, path, config, footprints)
+
     @property
     def pool(self) -> str:
         """The memory pool the model lives in: ``cpu`` or ``cuda:N``."""
         return self.device
 
-    @abstractmethod
+    def prior(self) -> Prior:
+        """This backend's estimate prior on its device."""
+        return self.PRIORS.get(device_class(self.device), self.PRIORS["cpu"])
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as the runtime will hold them, read from the
+        model's files without loading anything; 0 when unknown."""
+        return 0
+
+    def lower_bound(self) -> int:
+        """Bytes the loaded model takes in ``pool`` at the very least (its weights):
+        no eviction can make a model fit whose lower bound exceeds the room."""
+        return self.weight_bytes()
+
     def estimate(self) -> int:
-        """Bytes the model will take in ``pool`` once loaded: an upper bound, cheap to
-        compute, without loading anything. The cache reserves this much before ``load``."""
+        """Bytes the model will take in ``pool`` once loaded: tight (overhead + learned
+        factor × weight bytes), cheap, without loading anything. The cache reserves this
+        much before ``load``; the measurement replaces it afterwards."""
+        return self.footprints.estimate(self.kind, self.weight_bytes(), device=self.device,
+                                        prior=self.prior())
+
+    def set_up_device(self) -> int:
+        """Set up the runtime on ``pool`` once per process (e.g. the CUDA context) and
+        return that one-time overhead in bytes: the pool's, never a model's. Blocking,
+        idempotent; 0 where there is none (cpu)."""
+        return 0
 
     @abstractmethod
     def load(self) -> None:
@@ -154,23 +192,40 @@ class Backend(ABC):
                 "outputs": [s.as_json() for s in self.outputs]}
 
 
-def make_backend(kind: str, name: str, version: int, path: Path, config: "ModelConfig",
-                 footprints: "FootprintModel", *, tfserving: "TfServingHost | None" = None
-                 ) -> Backend:
-    """The backend for ``kind`` (onnx, synthetic, tfserving). TF models share the node's
-    one TF Serving server, ``tfserving``; the agent binds it (``functools.partial``)."""
-    if kind == "onnx":
-        from agent.backends.onnx import OnnxBackend as cls
-    elif kind == "synthetic":
-        from agent.backends.synthetic import SyntheticBackend as cls
-    elif kind == "tfserving":
-        if tfserving is None:
-            raise BackendError("backend tfserving needs the agent's TF Serving server; "
-                               "this process was given none")
-        from agent.backends.tfserving import TfServingBackend
+@dataclass(frozen=True)
+class LoadResult:
+    """One measured load: ``size_bytes`` in ``pool`` (None when nothing clean was
+    measured: keep the estimate), seconds of load including the first run, seconds of
+    the first run, and the raw RSS window (delta, clean)."""
 
-        return TfServingBackend(name, version, path, config, footprints, tfserving)
-    else:
-        raise BackendError(f"backend {kind!r} is not available in this agent "
-                           "(available: onnx, synthetic, tfserving)")
-    return cls(name, version, path, config, footprints)
+    size_bytes: int | None
+    seconds: float
+    first_run_seconds: float
+    rss_delta: int
+    clean: bool
+
+
+def load_measured(backend: Backend, meter: MemoryMeter, *,
+                  trim: Callable[[], bool] = malloc_trim) -> LoadResult:
+    """Load ``backend`` inside a ``meter`` window and say what it takes: the backend's
+    own figure (``measured_bytes``: exact, or measured on its device), else on ``cpu``
+    max(RSS delta, ``lower_bound``) of a clean window, which also teaches the footprint
+    model. On failure: unload, return the heap (``trim``) and re-raise. Blocking."""
+    window = meter.begin()
+    started = time.perf_counter()
+    try:
+        backend.load()
+    except BaseException:
+        meter.end(window)
+        with contextlib.suppress(Exception):
+            backend.unload()
+        trim()
+        raise
+    seconds = time.perf_counter() - started
+    delta, clean = meter.end(window)
+    size = backend.measured_bytes()
+    if size is None and backend.pool == "cpu" and clean and delta > 0:
+        size = max(delta, backend.lower_bound())
+        backend.footprints.observe(backend.kind, backend.weight_bytes(), size,
+                                   device=backend.pool, prior=backend.prior())
+    return LoadResult(size, seconds, backend.first_run_seconds, delta, clean)

@@ -1,16 +1,29 @@
 """ONNX Runtime backend: CPU execution provider, or CUDA where onnxruntime-gpu and a GPU
-are present (GPU memory then measured with NVML around the load)."""
+are present.
+
+Memory: the estimate is computed from the graph (``onnx_weight_bytes``: the constant
+tensors' bytes, read from the protobuf without creating a session) times a factor
+learned per device class. On CUDA, sessions grow their arena by what they ask for
+(``arena_extend_strategy: kSameAsRequested``; the default, powers of two, bills a 256 MiB
+model ~640 MiB), are capped by ``gpu_mem_limit`` (the device budget less the context
+overhead), and are measured with this process's NVML usage around the load. The CUDA
+context and ONNX Runtime's CUDA set-up are created once per device by a trivial session
+(``set_up_device``) and measured as the pool's overhead, never a model's size.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agent.backends.base import Backend, BackendError, InvalidInput, TensorSpec
+from agent.memory import GpuAccounting, GpuMemoryReader, MiB, Prior, device_index
 
 _ORT_TYPES = {
     "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
@@ -29,10 +42,7 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, dtype, shape)
 
 
-def prime_runtime() -> None:
-    """Create and run one trivial session so that ONNX Runtime's one-time set-up (~10 MB
-    of environment, thread pools, allocators) is not billed to the first model loaded."""
-    import onnxruntime as ort
+def _trivial_model() -> bytes:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "prime",
@@ -40,11 +50,100 @@ def prime_runtime() -> None:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    return model.SerializeToString()
+
+
+def prime_runtime() -> None:
+    """Create and run one trivial session so that ONNX Runtime's one-time set-up (~10 MB
+    of environment, thread pools, allocators) is not billed to the first model loaded."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(_trivial_model(), so, providers=["CPUExecutionProvider"])
     session.run(None, {"x": np.zeros(1, np.float32)})
+
+
+def prime_cuda(device: str) -> None:
+    """Create, run and drop one trivial CUDA session on ``device``: what stays (the CUDA
+    context, ONNX Runtime's CUDA set-up) is the device's one-time overhead."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    session = ort.InferenceSession(
+        _trivial_model(), so, providers=[("CUDAExecutionProvider", cuda_options(device)),
+                                         "CPUExecutionProvider"])
+    session.run(None, {"x": np.zeros(1, np.float32)})
+    del session
+
+
+def cuda_options(device: str, gpu_mem_limit: int | None = None) -> dict[str, str]:
+    """CUDA execution provider options for ``cuda:N``: an arena that grows by what is
+    asked (not powers of two) and, where given, a per-session memory cap."""
+    options = {"device_id": str(device_index(device)),
+               "arena_extend_strategy": "kSameAsRequested"}
+    if gpu_mem_limit:
+        options["gpu_mem_limit"] = str(int(gpu_mem_limit))
+    return options
+
+
+_ELEMENT_BYTES = {  # onnx.TensorProto.DataType → bytes per element (STRING: by content)
+    1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 14: 8,
+    15: 16, 16: 2, 17: 1, 18: 1, 19: 1, 20: 1, 21: 1, 22: 1, 23: 1,
+}
+
+
+def _tensor_bytes(tensor: Any, model_dir: Path) -> int:
+    """Bytes of one TensorProto's data: its external data's length (or the rest of its
+    file), else the elements' bytes (inline ``raw_data`` or typed fields alike)."""
+    if tensor.data_location == 1:  # EXTERNAL
+        info = {e.key: e.value for e in tensor.external_data}
+        if "length" in info:
+            return int(info["length"])
+        try:
+            return max((model_dir / info["location"]).stat().st_size
+                       - int(info.get("offset", 0)), 0)
+        except (KeyError, OSError):
+            pass
+    if tensor.data_type == 8:  # STRING
+        return sum(len(s) for s in tensor.string_data)
+    count = math.prod(tensor.dims)
+    if tensor.data_type in (21, 22, 23):  # 4-bit types: two per byte
+        return (count + 1) // 2
+    return count * _ELEMENT_BYTES.get(tensor.data_type, 4)
+
+
+def _graph_bytes(graph: Any, model_dir: Path) -> int:
+    total = sum(_tensor_bytes(t, model_dir) for t in graph.initializer)
+    for sparse in graph.sparse_initializer:
+        total += _tensor_bytes(sparse.values, model_dir) + _tensor_bytes(sparse.indices,
+                                                                          model_dir)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                total += _tensor_bytes(attr.t, model_dir)
+            total += sum(_tensor_bytes(t, model_dir) for t in attr.tensors)
+            if attr.HasField("g"):
+                total += _graph_bytes(attr.g, model_dir)
+            total += sum(_graph_bytes(g, model_dir) for g in attr.graphs)
+    return total
+
+
+def onnx_weight_bytes(model_file: Path) -> int:
+    """Bytes of an ONNX model's constant tensors (initializers, sparse initializers,
+    Constant and other tensor attributes, subgraphs included) as the runtime holds them:
+    parsed from the protobuf with ``load_external_data=False``, external data counted by
+    its length. No session is created. Raises ``OSError`` / ``ValueError`` on a bad file."""
+    import onnx
+
+    try:
+        model = onnx.load(str(model_file), load_external_data=False)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise ValueError(f"{model_file}: not an ONNX model: {exc}") from None
+    return _graph_bytes(model.graph, Path(model_file).parent)
 
 
 def _answer(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -60,24 +159,60 @@ def _answer(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
 
 class OnnxBackend(Backend):
     kind = "onnx"
+    MODEL_FILE = "model.onnx"
+    # CPU, with tune_malloc and the runtime primed: RSS = weights + 0.5-0.8 MiB (the
+    # arena's first chunk, session state) on the demo MLPs, 1.01-1.03 × weights in all
+    # (bench/memory_accounting.py). CUDA: weights + cuBLAS/cuDNN handles and workspace
+    # per session (a guess until the first measurement teaches the factor).
+    PRIORS = {"cpu": Prior(1.03, MiB // 2), "cuda": Prior(1.05, 48 * MiB)}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gpu: GpuAccounting | None = None,
+                 model_file: Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.session = None
         self._gpu_bytes: int | None = None
+        self._model_file = Path(model_file) if model_file is not None else None
+        self._weights: int | None = None
+        self.gpu = gpu if gpu is not None or self.device == "cpu" else \
+            GpuAccounting(GpuMemoryReader(), {})
+
+    @classmethod
+    def create(cls, name: str, version: int, path: Path, config: Any, footprints: Any, *,
+               tfserving: Any = None, gpu: GpuAccounting | None = None) -> "OnnxBackend":
+        return cls(name, version, path, config, footprints, gpu=gpu)
 
     @property
-    def model_file(self):
-        return self.path / str(self.version) / "model.onnx"
+    def model_file(self) -> Path:
+        if self._model_file is not None:
+            return self._model_file
+        return self.path / str(self.version) / self.MODEL_FILE
 
     def file_bytes(self) -> int:
         return self.model_file.stat().st_size
 
-    def estimate(self) -> int:
+    def weight_bytes(self) -> int:
+        """``onnx_weight_bytes`` of the model file (parsed once per backend)."""
+        if self._weights is None:
+            try:
+                self._weights = self.footprints.weight_bytes(self.model_file,
+                                                             onnx_weight_bytes)
+            except OSError as exc:
+                raise BackendError(f"cannot read {self.model_file}: {exc.strerror}") from None
+            except ValueError as exc:
+                raise BackendError(f"onnxruntime cannot load {self.model_file}: {exc}"
+                                   ) from None
+        return self._weights
+
+    def set_up_device(self) -> int:
+        if self.device == "cpu":
+            return 0
+        self._check_cuda()
         try:
-            return self.footprints.estimate(self.kind, self.file_bytes())
-        except OSError as exc:
-            raise BackendError(f"cannot read {self.model_file}: {exc.strerror}") from None
+            return self.gpu.ensure_context(self.device, lambda: prime_cuda(self.device))
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated types
+            raise BackendError(f"cannot set up CUDA on {self.device}: {exc}") from None
 
     def _session_options(self):
         import onnxruntime as ort
@@ -100,24 +235,43 @@ class OnnxBackend(Backend):
                                     "1" if opts.allow_spinning else "0")
         return so
 
-    def _providers(self) -> list:
+    def _check_cuda(self) -> None:
         import onnxruntime as ort
 
-        if self.device == "cpu":
-            return ["CPUExecutionProvider"]
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise BackendError(f"model {self.name!r} asks for {self.device} but onnxruntime "
                                "has no CUDA execution provider (install onnxruntime-gpu)")
-        index = int(self.device.split(":")[1])
-        return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+
+    def _providers(self) -> list:
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        self._check_cuda()
+        limit = self.gpu.session_limit(self.device)
+        return [("CUDAExecutionProvider", cuda_options(self.device, limit)),
+                "CPUExecutionProvider"]
 
     def load(self) -> None:
+        """Create the session and run it once. On CUDA the device is set up first (not
+        billed) and this process's GPU bytes around the load are the model's size."""
+        meter = window = None
+        if self.device != "cpu":
+            self.set_up_device()
+            meter = self.gpu.meter(self.device)
+            window = meter.begin() if meter is not None else None
+        try:
+            self._load_session()
+        finally:
+            if window is not None:
+                delta, clean = meter.end(window)
+        if window is not None and clean:
+            self._gpu_bytes = max(delta, self.lower_bound())
+            self.footprints.observe(self.kind, self.weight_bytes(), self._gpu_bytes,
+                                    device=self.device, prior=self.prior())
+
+    def _load_session(self) -> None:
         import onnxruntime as ort
 
-        from agent.memory import gpu_used_bytes
-
         providers = self._providers()
-        gpu_before = gpu_used_bytes(self.device) if self.device != "cpu" else None
         try:
             session = ort.InferenceSession(str(self.model_file), self._session_options(),
                                            providers=providers)
@@ -132,9 +286,6 @@ class OnnxBackend(Backend):
         except Exception as exc:  # noqa: BLE001
             raise BackendError(f"warm-up run of {self.model_file} failed: {exc}") from None
         self.first_run_seconds = time.perf_counter() - start
-        if gpu_before is not None:
-            after = gpu_used_bytes(self.device)
-            self._gpu_bytes = max(after - gpu_before, 0) if after is not None else None
         self.session, self.inputs, self.outputs = session, inputs, outputs
 
     @staticmethod

@@ -29,6 +29,9 @@ class SyntheticBackend(Backend):
     def estimate(self) -> int:
         return self.options.size_bytes
 
+    def lower_bound(self) -> int:
+        return self.options.size_bytes
+
     def load(self) -> None:
         if self.device != "cpu":
             raise BackendError(f"synthetic model {self.name!r} runs on cpu only, "

@@ -31,6 +31,7 @@ import numpy as np
 
 from agent.backends.base import (DATATYPES, Backend, BackendError, BackendUnavailable,
                                  InvalidInput, TensorSpec)
+from agent.memory import GpuMemoryReader, MiB, Prior
 from agent.backends.tfserving_protos import (Protos, from_tensor_proto, oip_datatype,
                                              protos, to_tensor_proto)
 
@@ -64,9 +65,11 @@ class TfServingHost:
 
     POLL_MAX = 0.2  # seconds between GetModelStatus polls, at most
 
-    def __init__(self, settings: "TfServingSettings", workdir: Path) -> None:
+    def __init__(self, settings: "TfServingSettings", workdir: Path, *,
+                 gpu_reader: GpuMemoryReader | None = None) -> None:
         self.settings = settings
         self.workdir = Path(workdir)
+        self.gpu_reader = gpu_reader or GpuMemoryReader()
         self._server: Any = None
         self._server_lock = threading.Lock()
         #: (name, version) → model base path (the directory holding the version dirs).
@@ -321,7 +324,7 @@ class TfServingHost:
                 return psutil.Process(pid).memory_info().rss
             except psutil.Error:
                 return None
-        return _gpu_bytes(device, pid)
+        return self.gpu_reader.used(device, pid)
 
     # -- inference -----------------------------------------------------------------------
     def signature(self, name: str, version: int) -> tuple[str, list[TensorSpec],
@@ -448,24 +451,6 @@ class TfServingHost:
         return BackendError(f"TF Serving failed on {name}:{version}: {code}: {details}")
 
 
-def _gpu_bytes(device: str, pid: int | None) -> int | None:
-    """GPU memory of process ``pid`` on ``cuda:N`` (NVML), else the device's used bytes."""
-    from agent.memory import gpu_used_bytes
-
-    if pid is not None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[1]))
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            used = [p.usedGpuMemory for p in procs if p.pid == pid and p.usedGpuMemory]
-            return int(sum(used))
-        except Exception:  # noqa: BLE001 - no NVML, no driver, no per-process accounting
-            pass
-    return gpu_used_bytes(device)
-
-
 def saved_model_bytes(version_dir: Path) -> int:
     """Bytes of a SavedModel on disk: saved_model.pb, variables/, assets/."""
     total = 0
@@ -480,6 +465,18 @@ class TfServingBackend(Backend):
     """One SavedModel version served by the node's TF Serving (``TfServingHost``)."""
 
     kind = "tfserving"
+    MODEL_FILE = "saved_model.pb"
+    # A SavedModel's runtime footprint is several times its files (graph, kernels,
+    # per-model allocator); learned from the server's memory around each load.
+    PRIORS = {"cpu": Prior(4.0, 64 * MiB), "cuda": Prior(4.0, 64 * MiB)}
+
+    @classmethod
+    def create(cls, name: str, version: int, path: Path, config: Any, footprints: Any, *,
+               tfserving: TfServingHost | None = None, gpu: Any = None) -> "TfServingBackend":
+        if tfserving is None:
+            raise BackendError("backend tfserving needs the agent's TF Serving server; "
+                               "this process was given none")
+        return cls(name, version, path, config, footprints, tfserving)
 
     def __init__(self, name: str, version: int, path: Path, config: Any, footprints: Any,
                  host: TfServingHost) -> None:
@@ -496,10 +493,18 @@ class TfServingBackend(Backend):
     def file_bytes(self) -> int:
         return saved_model_bytes(self.version_dir)
 
+    def weight_bytes(self) -> int:
+        """The SavedModel's bytes on disk (graph, variables, assets)."""
+        return self.file_bytes()
+
+    def lower_bound(self) -> int:
+        """The variables' bytes: the weights, at least, must be held."""
+        return saved_model_bytes(self.version_dir / "variables")
+
     def estimate(self) -> int:
         if not (self.version_dir / "saved_model.pb").is_file():
             raise BackendError(f"{self.version_dir} holds no saved_model.pb")
-        return self.footprints.estimate(self.kind, self.file_bytes())
+        return super().estimate()
 
     def load(self) -> None:
         host = self.host
@@ -531,7 +536,7 @@ class TfServingBackend(Backend):
             return self.estimate()
         delta = after - before
         if self.device == "cpu" and delta > 0:
-            self.footprints.observe(self.kind, size, delta)
+            self.footprints.observe(self.kind, size, delta, prior=self.prior())
         return max(delta, size)
 
     def _warm_up(self) -> None:

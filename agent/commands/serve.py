@@ -33,6 +33,18 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc)) from None
 
 
+def _gpu_size(ctx: click.Context, param: click.Parameter, value: str | None
+              ) -> int | dict[str, int] | None:
+    if value is None:
+        return None
+    from agent.config import gpu_budget
+
+    try:
+        return gpu_budget(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[AgentConfig, bool]:
     """(config, is_demo): the file (or defaults) with flags applied; demo when no
     repository is configured anywhere."""
@@ -121,6 +133,9 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8000).")
 @click.option("--cpu-budget", callback=_size, help="CPU memory for models: bytes or 2GiB.")
+@click.option("--gpu-budget", callback=_gpu_size,
+              help="GPU memory for models: one size for every GPU (6GiB) or per device "
+                   "(cuda:0=6GiB,cuda:1=4GiB); the CUDA context is taken off it.")
 @click.option("--policy", help="Eviction policy spec (default cremebrulee).")
 @click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False,
                                                     path_type=Path),
@@ -152,6 +167,9 @@ def serve(config_file: str | None, **flags: Any) -> None:
             click.echo(f"generating the demo model repository in {config.repository} ...")
             write_demo_repository(config.repository)
             (config.repository / ".complete").touch()
+    from agent.node.app import prepare_process
+
+    prepare_process()
     try:
         run_event_loop(run_agent(config, config_file=config_file, overrides=overrides))
     except (OSError, ValueError) as exc:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agent.node.app import NODE
 from agent.node.cache import UnknownModel
+from agent.node.routes import NODE
 from agent.node.tensors import BadRequest, parse_json
 
 

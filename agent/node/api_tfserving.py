@@ -5,10 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from agent.backends.base import check_inputs
-from agent.node.api_v2 import model_ref
-from agent.node.app import NODE, counted
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
+from agent.node.routes import NODE, counted, model_ref
 from agent.node.tensors import decode_tf_request, encode_tf_response
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",

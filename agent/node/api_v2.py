@@ -6,25 +6,14 @@ from aiohttp import web
 
 from agent import __version__
 from agent.backends.base import check_inputs
-from agent.node.app import NODE, counted
 from agent.node.batching import rows_of
-from agent.node.cache import Entry, State, UnknownModel
+from agent.node.cache import Entry, State
+from agent.node.routes import NODE, counted, model_ref
 from agent.node.serving import timeout_parameter
 from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
 
 _PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
               "synthetic": "synthetic"}
-
-
-def model_ref(request: web.Request) -> tuple[str, int | None]:
-    """(model name, version or None) from the URL."""
-    raw = request.match_info.get("version")
-    if raw is None or raw == "":
-        return request.match_info["name"], None
-    if not raw.isdigit():
-        raise UnknownModel(f"model {request.match_info['name']!r} has no version {raw!r}: "
-                           "versions are integers")
-    return request.match_info["name"], int(raw)
 
 
 async def live(request: web.Request) -> web.Response:

@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from agent.backends.base import Backend, BackendError, InvalidInput, make_backend
+from agent.backends import Backend, BackendError, InvalidInput, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
 from agent.httpauth import bearer_auth, read_token
 from agent.node import state as statefile
 from agent.node.cache import CacheBusy, CacheError, ModelCache
-from agent.memory import FootprintModel, cpu_budget_default, gpu_devices, tune_malloc
+from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
+                          gpu_budgets, tune_malloc)
 from agent.node.metrics import Metrics
 from agent.node.repository import scan_repository
 from agent.node.serving import Serving, retry_after_header
@@ -33,11 +34,13 @@ log = logging.getLogger("edgeagent.node")
 NODE: web.AppKey["Node"] = web.AppKey("node")
 
 
-def default_budgets(config: AgentConfig) -> dict[str, int]:
-    """CPU budget (config, else available memory minus the margin) and one per GPU."""
+def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
+                    ) -> dict[str, int]:
+    """CPU budget (config, else available memory minus the margin) and one per GPU
+    (``gpu_budget``: one size for all, or per device; else total minus the margin)."""
     budgets = {"cpu": config.cpu_budget or cpu_budget_default(config.memory_margin)}
-    for device, total in gpu_devices().items():
-        budgets[device] = config.gpu_budget or int(total * (1 - config.memory_margin))
+    budgets.update(gpu_budgets(config.gpu_budget, (reader or GpuMemoryReader()).devices(),
+                               config.memory_margin))
     return budgets
 
 
@@ -54,16 +57,19 @@ class Node:
         tune_malloc()
         self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
         saved = statefile.read_state(config.resident_state_path) if config.restore else None
-        factors = (saved or {}).get("footprint_factors") or {}
         # One TF Serving server for all TF models; it starts when the first one loads.
         self.tfserving = TfServingHost(config.tfserving, config.data_dir / "tfserving")
+        gpu_reader = GpuMemoryReader()
+        budgets = budgets or default_budgets(config, gpu_reader)
+        #: GPU budgets, per-process NVML meters and each GPU's context overhead.
+        self.gpu = GpuAccounting(gpu_reader, {d: b for d, b in budgets.items() if d != "cpu"})
         if backend_factory is make_backend:
-            backend_factory = functools.partial(make_backend, tfserving=self.tfserving)
+            backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
+                                                gpu=self.gpu)
         self.cache = ModelCache(
-            scan_repository(config.repository), budgets or default_budgets(config),
+            scan_repository(config.repository), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
-            footprints=FootprintModel({k: float(v) for k, v in factors.items()
-                                       if isinstance(v, (int, float))}),
+            footprints=FootprintModel.load(config.footprints_path),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():

@@ -35,7 +35,8 @@ from typing import Any, AsyncIterator, Callable
 from cachepolicies.base import InsufficientSpace, Policy
 from cachepolicies.registry import make_policy
 
-from agent.backends.base import Backend, BackendError, TensorSpec, make_backend
+from agent.backends import make_backend
+from agent.backends.base import Backend, BackendError, TensorSpec
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.repository import ModelSpec
 from agent.units import format_size
