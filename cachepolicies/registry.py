@@ -79,3 +79,15 @@ def _convert(policy: str, key: str, value: object, default: object) -> object:
             f"policy {policy!r}: parameter {key}={value!r} is not a valid {type(default).__name__}"
         ) from None
     return value
+
+
+def prime_policy(spec: str) -> None:
+    """Run each verb of a throwaway ``spec`` policy once, so that its compiled kernels
+    are loaded (or compiled) now rather than on the first request that needs them."""
+    policy = make_policy(spec, future=(0, 1, 0))
+    policy.record_access(0, 0.0)
+    policy.admit(0, 10, 1.0, 0.0)
+    policy.record_access(1, 1.0)
+    policy.admit(1, 10, 1.0, 1.0)
+    for key in policy.choose_victims(5, 2.0, lambda key: True):
+        policy.remove(key)

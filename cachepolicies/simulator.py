@@ -7,25 +7,30 @@ does not fit, ``choose_victims(need, now)`` and ``remove`` for each victim, then
 
 Without queueing, a request costs its model's load penalty on a miss and nothing on a
 hit (``load_delay_seconds`` sums the penalties paid). With ``queueing=N`` the replay
-follows the CremeBrulee testbed (paper Fig. 4) with N workers: requests wait in one FIFO
-queue; at the head, a request takes the first free worker at ``start`` (cache decisions
-happen then, with ``now = start``). A hit executes for ``exec_seconds``; a miss first
-loads the model (its penalty), then executes. A model being loaded by an earlier
-request is a hit that waits for that load (single flight), and a model with requests in
-flight is never evicted. When in-flight models pin so much memory that the new one
-cannot fit, the head of the queue waits until enough of them finish.
+follows the CremeBrulee testbed (paper Fig. 4) with N workers, and the agent's cache:
+requests wait in one FIFO queue for a worker, and cache decisions happen when one takes
+a worker (``now`` = then). A hit executes for ``exec_seconds``; a miss loads the model
+(its penalty), then executes; the request holds its worker throughout. A model being
+loaded, or waiting for room, is a hit that waits for that load (single flight). A load
+reserves its bytes all or nothing; when models with requests in flight (never evicted)
+hold the room it needs, it waits in the *room queue* (FIFO, as the agent's) until enough
+of them finish, while hits go on being served. The model is admitted when its load
+ends, as in the agent.
 
-The policies' decisions are compiled kernels, and so is the replay (``replay``): the
-loops below are what it does, spelled in Python; they drive a policy whose verbs were
-overridden in Python (a subclass, a test's spy), so its overrides are honoured.
+Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node agent's
+cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
+decisions are compiled kernels, and so is the plain replay (``replay.replay``): a
+compiled copy of ``_replay`` for speed, held equal to it decision by decision by a
+property test (``test_the_compiled_loop_decides_as_the_python_verbs``). The queueing
+replay runs in Python only, on the pool itself.
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
-import math
 import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -33,7 +38,8 @@ import numpy as np
 from tqdm import tqdm
 
 from cachepolicies import replay
-from cachepolicies.base import InsufficientSpace, Policy
+from cachepolicies.base import Policy
+from cachepolicies.pool import MemoryPool, PolicyContractError
 from cachepolicies.registry import make_policy
 from cachepolicies.traces import Profiles, Trace, check_capacity
 
@@ -64,10 +70,6 @@ class SimulationResult:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-class PolicyContractError(RuntimeError):
-    """A policy broke its contract (e.g. victims that free too little)."""
-
-
 def simulate(
     trace: Trace,
     profiles: Profiles,
@@ -92,13 +94,13 @@ def simulate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if _runs_compiled(policy):
-            counts, response = _replay_compiled(trace, profiles, capacity_bytes, policy, queueing)
-        elif queueing is None:
-            counts = _replay(trace, profiles, capacity_bytes, policy)
-            response = None
-        else:
+        response = None
+        if queueing is not None:
             counts, response = _replay_queued(trace, profiles, capacity_bytes, policy, queueing)
+        elif _runs_compiled(policy):
+            counts = _replay_compiled(trace, profiles, capacity_bytes, policy)
+        else:
+            counts = _replay(trace, profiles, capacity_bytes, policy)
     finally:
         if collecting:
             gc.enable()
@@ -167,9 +169,9 @@ def _runs_compiled(policy: Policy) -> bool:
 
 
 def _replay_compiled(
-    trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int | None
-) -> tuple[tuple[int, int, int, float], np.ndarray | None]:
-    """``_replay`` (``workers`` None) or ``_replay_queued`` by the compiled loops."""
+    trace: Trace, profiles: Profiles, capacity: int, policy: Policy
+) -> tuple[int, int, int, float]:
+    """``_replay`` by the compiled loop."""
     table = policy._intern_all(np.arange(len(profiles)))  # model id -> policy id
     ids = table[trace.model_ids]
     times = np.ascontiguousarray(trace.timestamps, dtype=np.float64)
@@ -181,19 +183,12 @@ def _replay_compiled(
 
     size, penalty = by_id(profiles.size_bytes), by_id(profiles.penalty_seconds)
     trims = policy.trims_eviction_set
-    if workers is None:
-        loads, status = replay.replay(policy._state, trims, ids, times, size, penalty,
-                                      capacity)
-        response = None
-    else:
-        loads, response, status = replay.replay_queued(
-            policy._state, trims, ids, times, size, penalty, by_id(profiles.exec_seconds),
-            capacity, workers)
+    loads, status = replay.replay(policy._state, trims, ids, times, size, penalty, capacity)
     if status == replay.TOO_LITTLE:
         raise PolicyContractError(f"{policy.name}'s victims freed too little")
     if status != replay.DONE:
         raise policy._out_of_step(int(trace.model_ids[status]))
-    return _totals(loads[table], profiles, resident_count=len(policy)), response
+    return _totals(loads[table], profiles, resident_count=len(policy))
 
 
 def _replay(
@@ -201,31 +196,18 @@ def _replay(
 ) -> tuple[int, int, int, float]:
     """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay."""
     sizes = profiles.size_bytes.tolist()
-    resident = [False] * len(sizes)
-    loads = [0] * len(sizes)  # misses per model
     penalties = profiles.penalty_seconds.tolist()
+    pool = MemoryPool(capacity, policy)
+    loads = [0] * len(sizes)  # misses per model
     record = policy.record_access
-    choose = policy.choose_victims
-    remove = policy.remove
-    admit = policy.admit
-    used = 0
     for key, now in zip(trace.model_ids.tolist(), trace.timestamps.tolist()):
         record(key, now)
-        if resident[key]:
+        if key in pool:
             continue
-        size = sizes[key]
-        used += size
-        if used > capacity:
-            for victim in choose(used - capacity, now):
-                remove(victim)
-                resident[victim] = False
-                used -= sizes[victim]
-            if used > capacity:
-                raise PolicyContractError(f"{policy.name}'s victims freed too little")
-        admit(key, size, penalties[key], now)
-        resident[key] = True
+        pool.reserve(sizes[key], now)  # everything is evictable: never None
+        pool.commit(key, sizes[key], sizes[key], penalties[key], now)
         loads[key] += 1
-    return _totals(loads, profiles, resident_count=sum(resident))
+    return _totals(loads, profiles, resident_count=len(pool.sizes))
 
 
 def _totals(
@@ -242,53 +224,84 @@ def _totals(
     return misses, misses - resident_count, loaded, delay
 
 
+_ARRIVE, _LOADED, _FINISH = 0, 1, 2  # event kinds, in the order ties are handled
+
+
 def _replay_queued(
     trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int
 ) -> tuple[tuple[int, int, int, float], np.ndarray]:
-    """The FIFO N-worker replay of the module docstring; also returns response times."""
+    """The N-worker replay of the module docstring, as discrete events (arrivals, loads
+    done, requests done); also returns response times."""
     sizes = profiles.size_bytes.tolist()
     penalties = profiles.penalty_seconds.tolist()
     exec_seconds = profiles.exec_seconds.tolist()
+    model_of = trace.model_ids.tolist()
+    arrivals = trace.timestamps.tolist()
     n_models = len(sizes)
-    resident = [False] * n_models
-    ready_at = [0.0] * n_models  # when the model's load completes
-    busy_until = [-math.inf] * n_models  # when its last in-flight request finishes
-    free_at = [0.0] * workers  # min-heap of worker free times
-    response = np.empty(len(trace))
+    pool = MemoryPool(capacity, policy)
+    loading: dict[int, list[int]] = {}   # model -> requests waiting for its load
+    in_flight = [0] * n_models           # requests started, not finished, per model
+    room_queue: deque[int] = deque()     # models whose load waits for room, FIFO
+    ready: deque[int] = deque()          # requests waiting for a worker, FIFO
+    free_workers = workers
     loads = [0] * n_models
-    used = 0
-    start = -math.inf
+    response = np.empty(len(trace))
+    events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, request/model)
+    seq = 0
+
+    def schedule(at: float, kind: int, what: int) -> None:
+        nonlocal seq
+        heapq.heappush(events, (at, kind, seq, what))
+        seq += 1
 
     def evictable(key: int) -> bool:
-        return busy_until[key] <= start
+        return in_flight[key] == 0
 
-    for i, (key, arrival) in enumerate(zip(trace.model_ids.tolist(), trace.timestamps.tolist())):
-        start = max(arrival, heapq.heappop(free_at), start)
-        policy.record_access(key, start)
-        if resident[key]:
-            finish = max(start, ready_at[key]) + exec_seconds[key]
+    def grant(now: float) -> None:
+        while room_queue:
+            model = room_queue[0]
+            if pool.reserve(sizes[model], now, evictable) is None:
+                return  # until a request on a resident model finishes
+            room_queue.popleft()
+            loads[model] += 1
+            schedule(now + penalties[model], _LOADED, model)
+
+    def start(i: int, now: float) -> None:
+        nonlocal free_workers
+        free_workers -= 1
+        model = model_of[i]
+        policy.record_access(model, now)
+        in_flight[model] += 1
+        if model in pool:
+            schedule(now + exec_seconds[model], _FINISH, i)
+        elif model in loading:  # single flight: wait for the load under way or queued
+            loading[model].append(i)
         else:
-            size = sizes[key]
-            while used + size > capacity:
-                try:
-                    victims = policy.choose_victims(used + size - capacity, start, evictable)
-                except InsufficientSpace:
-                    # Everything evictable is too little: wait for in-flight requests.
-                    start = min(t for k in policy.resident() if (t := busy_until[k]) > start)
-                    continue
-                for victim in victims:
-                    policy.remove(victim)
-                    resident[victim] = False
-                    used -= sizes[victim]
-            penalty = penalties[key]
-            policy.admit(key, size, penalty, start)
-            resident[key] = True
-            used += size
-            loads[key] += 1
-            ready_at[key] = start + penalty
-            finish = ready_at[key] + exec_seconds[key]
-        busy_until[key] = max(busy_until[key], finish)
-        heapq.heappush(free_at, finish)
-        response[i] = finish - arrival
-    return _totals(loads, profiles, resident_count=sum(resident)), response
+            loading[model] = [i]
+            room_queue.append(model)
+            grant(now)
 
+    for i, arrival in enumerate(arrivals):
+        schedule(arrival, _ARRIVE, i)
+    while events:
+        now, kind, _, what = heapq.heappop(events)
+        if kind == _ARRIVE:
+            if free_workers:
+                start(what, now)
+            else:
+                ready.append(what)
+        elif kind == _LOADED:
+            size = sizes[what]
+            pool.commit(what, size, size, penalties[what], now)
+            for i in loading.pop(what):
+                schedule(now + exec_seconds[what], _FINISH, i)
+        else:
+            model = model_of[what]
+            in_flight[model] -= 1
+            response[what] = now - arrivals[what]
+            free_workers += 1
+            if ready:
+                start(ready.popleft(), now)
+            if room_queue and in_flight[model] == 0:
+                grant(now)
+    return _totals(loads, profiles, resident_count=len(pool.sizes)), response

@@ -32,6 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from cachepolicies.pool import miss_penalty
+
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
 OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds",)
@@ -94,13 +96,9 @@ def cremebrulee_profiles_path() -> Path:
 def load_penalty(
     load_seconds: np.ndarray, exec_seconds: np.ndarray, first_exec_seconds: np.ndarray | None
 ) -> np.ndarray:
-    """load + max(first_exec − exec, 0), the surplus only where first_exec is known."""
-    penalty = np.asarray(load_seconds, dtype=np.float64).copy()
-    if first_exec_seconds is not None:
-        surplus = np.asarray(first_exec_seconds, dtype=np.float64) - exec_seconds
-        known = ~np.isnan(surplus)
-        penalty[known] += np.maximum(surplus[known], 0.0)
-    return penalty
+    """``cachepolicies.pool.miss_penalty`` per model, the surplus only where first_exec
+    is known."""
+    return miss_penalty(load_seconds, first_exec_seconds, exec_seconds)
 
 
 # -- profiles -----------------------------------------------------------------------------

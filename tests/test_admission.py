@@ -205,8 +205,22 @@ async def test_http_tail_drop(repo, start_agent):
     assert sum(s == 200 for s, _, _, _ in results) >= 5
 
 
-def test_http_cold_model_load_counts_against_the_deadline(repo, start_agent):
+def test_http_cold_model_is_served_late_by_default(repo, start_agent):
     add_synthetic(repo, "m", load_ms=400, slo={"latency_ms": 100})
+    agent = start_agent(repo)
+    x = np.ones((1, 2), np.float32)
+    for _ in range(2):  # the second time the load time is known: still served
+        started = time.monotonic()
+        status, _, body = agent.request("POST", "/v2/models/m/infer", v2(x))
+        assert status == 200, body
+        assert time.monotonic() - started >= 0.4  # it waited for the load
+        assert agent.request("POST", "/v1/cache/m/evict")[0] == 200
+    info = agent.request("GET", "/v1/cache/m")[2]
+    assert info["drops"] == {} and info["slo_violations"] == 2 and info["loads"] == 2
+
+
+def test_http_cold_start_reject_counts_the_load_against_the_deadline(repo, start_agent):
+    add_synthetic(repo, "m", load_ms=400, slo={"latency_ms": 100}, cold_start="reject")
     agent = start_agent(repo)
     x = np.ones((1, 2), np.float32)
     status, _, _ = agent.request("POST", "/v2/models/m/infer", v2(x))

@@ -4,6 +4,7 @@ latencies of a synthetic profile (T(b) = base + per_item × b) on an injected cl
 import math
 import random
 
+import numpy as np
 import pytest
 
 from agent.node.batch_tuner import (WAIT_GAIN, AimdLimit, BatchTuner, TunerSettings,
@@ -111,10 +112,23 @@ def test_profile_fits_a_line_and_predicts_unseen_sizes():
     for _ in range(40):  # a window of recent samples: the figures follow a change
         profile.observe(4, 0.05)
     assert profile.typical(4) == pytest.approx(0.05) == profile.means()[4]
-    spread = profile.spread
     profile.observe(4, 5.0)  # one stalled batch: reported in the mean, not predicted
     assert profile.predict(4) == pytest.approx(0.05) and profile.means()[4] > 0.15
-    assert spread < profile.spread <= spread + 0.05 and profile.predict_high(4) > 0.05
+
+
+def test_predict_high_is_the_measured_time_at_the_slo_percentile():
+    rng = np.random.default_rng(3)
+    profile = BatchProfile(percentile=90)
+    profile.observe(8, 0.010)
+    assert profile.predict_high(8) == profile.predict(8)  # too few samples: typical
+    times = 0.010 * (1 + rng.exponential(0.1, 400))       # a right-skewed batch time
+    for t in times:
+        profile.observe(8, float(t))
+    expected = np.percentile(times[-BatchProfile.RATIOS:], 90)
+    assert profile.predict_high(8) == pytest.approx(expected, rel=0.1)
+    assert profile.predict(8) < profile.predict_high(8)
+    profile.percentile = 50   # a median SLO plans with about the median
+    assert profile.predict_high(8) == pytest.approx(profile.predict(8), rel=0.05)
 
 
 @pytest.mark.parametrize("base, per_item, rate, waits", [

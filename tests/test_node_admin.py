@@ -83,11 +83,12 @@ def test_pin_unpin_evict_and_in_use(repo, start_agent):
         assert info["in_flight"] == 1
         status, _, body = agent.request("POST", "/v1/cache/slow/evict")
         assert status == 409 and "in flight" in body["error"]
-        # and the cache will not evict it for another model either: 503 + Retry-After
+        # and the cache will not evict it for another model either: "other" waits for
+        # the request on "slow" to end, then takes its room
         agent.request("POST", "/v1/cache/third/pin")
         status, headers, body = infer(agent, "other", x)
-        assert status == 503 and headers["Retry-After"] == "1" and "no room" in body["error"]
-        assert pending.result()[0] == 200
+        assert status == 200, body
+        assert pending.done() and pending.result()[0] == 200
     status, _, body = agent.request("POST", "/v1/cache/slow/evict")
     assert status == 200 and body["state"] == "unloaded" and body["evictions"] == 1
     assert agent.request("POST", "/v1/cache/nope/evict")[0] == 404

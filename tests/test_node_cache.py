@@ -1,6 +1,7 @@
 """The model cache with real backends: single flight, refcounts, pins, budget, eviction."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -58,15 +59,54 @@ async def test_model_in_use_is_not_evicted(repo):
     await cache.ensure_loaded("c")          # must evict b, never a (a is older)
     assert a.state is State.READY and cache.entry("b").state is State.UNLOADED
     c = await cache.acquire("c")
-    with pytest.raises(CacheBusy) as err:   # a and c in use: nothing evictable
-        await cache.acquire("b")
-    assert err.value.status == 503 and err.value.retry_after
-    assert cache.entry("b").state is State.UNLOADED
+    # a and c in use: nothing evictable now, so b's load waits for room ...
+    waiting = asyncio.get_running_loop().create_task(cache.acquire("b"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and cache.entry("b").waiting_for_room
+    assert cache.memory()["cpu"]["waiting_loads"] == 1
+    assert cache.pools["cpu"].reserved == 0  # a waiting load holds nothing
     with pytest.raises(ModelInUse):
         await cache.evict("a")
-    cache.release(a)
+    cache.release(a)                         # ... and gets a's room as soon as a is idle
+    b = await asyncio.wait_for(waiting, 5)
+    assert b.state is State.READY and cache.entry("a").state is State.UNLOADED
+    assert cache.entry("c").state is State.READY  # c was in use throughout
+    assert cache.entry("b").room_waits == 1 and cache.entry("b").room_wait_seconds >= 0.2
+    cache.release(b)
     cache.release(c)
-    await cache.acquire("b")
+    await cache.close()
+
+
+async def test_a_load_gives_up_after_load_wait_max_s_and_leaves_nothing_behind(repo):
+    for name in "ab":
+        add_synthetic(repo, name, size_bytes=60 * MB)
+    cache = make_cache(repo, 100 * MB, load_wait_max_s=0.3)
+    a = await cache.acquire("a")
+    started = time.monotonic()
+    with pytest.raises(CacheBusy, match="waited 0.3s") as err:
+        await cache.acquire("b")
+    assert 0.3 <= time.monotonic() - started < 2
+    assert err.value.status == 503 and err.value.retry_after
+    pool = cache.pools["cpu"]
+    assert pool.reserved == 0 and not pool.waiting and cache.entry("b").in_flight == 0
+    assert cache.entry("b").state is State.UNLOADED
+    cache.release(a)
+    b = await cache.acquire("b")             # room now: served at once
+    assert b.state is State.READY
+    cache.release(b)
+    await cache.close()
+
+
+async def test_a_client_timeout_bounds_its_wait_and_withdraws_an_unwanted_load(repo):
+    for name in "ab":
+        add_synthetic(repo, name, size_bytes=60 * MB)
+    cache = make_cache(repo, 100 * MB)
+    a = await cache.acquire("a")
+    with pytest.raises(CacheBusy, match="timeout"):
+        await cache.acquire("b", timeout=0.2)
+    await asyncio.sleep(0)  # the cancelled load leaves the room queue
+    assert not cache.pools["cpu"].waiting and cache.entry("b").state is State.UNLOADED
+    cache.release(a)
     await cache.close()
 
 

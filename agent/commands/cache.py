@@ -21,10 +21,16 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _wait(m: dict[str, Any]) -> str:
+    """Requests waiting for the model's load, and its loads' total wait for room."""
+    waiting, seconds = m.get("waiting_requests") or 0, m.get("room_wait_seconds") or 0.0
+    return "-" if not waiting and not seconds else f"{waiting}/{seconds:.1f}s"
+
+
 def table(models: list[dict[str, Any]]) -> str:
     """The readable ``cache ls`` table."""
     head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
-            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "P99_MS"]
+            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS"]
     rows = [[m["name"], str(m["version"]), m["state"],
              format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
                                              else ""),
@@ -32,7 +38,7 @@ def table(models: list[dict[str, Any]]) -> str:
              str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
              "yes" if m["pinned"] else "no", str(m["in_flight"]),
              _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
-             _num((m.get("latency_ms") or {}).get("p99"), ".1f")] for m in models]
+             _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f")] for m in models]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
                      for r in [head] + rows)

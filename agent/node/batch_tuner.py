@@ -57,6 +57,7 @@ class TunerSettings:
     aimd_step: int = 2
     window_max: float = 0.1
     adaptive: bool = True
+    percentile: float = 99.0  # the SLO's: admission plans batch times at it
 
     @property
     def budget(self) -> float:
@@ -151,6 +152,7 @@ class BatchTuner:
     def configure(self, settings: TunerSettings) -> None:
         """Adopt new settings (a reload with an edited config.yaml); keeps measurements."""
         self.settings = settings
+        self.profile.percentile = settings.percentile
         self.aimd.max_size = max(1, settings.max_batch_size)
         self.aimd.budget, self.aimd.step = settings.budget, max(1, settings.aimd_step)
         self.aimd.limit = min(self.aimd.limit, self.aimd.max_size)

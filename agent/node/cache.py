@@ -1,19 +1,28 @@
 """The model cache: which models are loaded, under a byte budget per device.
 
-The cache drives a ``cachepolicies`` policy with the simulator's verbs: every request
-calls ``record_access``; a miss reserves the model's estimated bytes, asking the policy
-for victims (``choose_victims`` with an ``evictable`` predicate) when the budget is
-short; a finished load calls ``admit`` with the *measured* size and penalty = load time
-+ first run; every unload calls ``remove``. So a decision the simulator shows is the
-one the agent makes.
+The cache drives the simulator's miss path, ``cachepolicies.pool.MemoryPool``: every
+request calls ``record_access``; a miss *reserves* the model's estimated bytes, all or
+nothing, taking victims among idle unpinned models when the budget is short; a finished
+load *commits* the measured size with ``miss_penalty`` (load + cold-run surplus); every
+unload removes the model. So a decision the simulator shows is the one the agent makes.
+Models are keyed ``(name, version)`` in the pools and policies.
+
+Waiting for room: a load that finds no room now (everything resident in use, or room
+held by other loads) joins its pool's *room queue*, ordered by deadline then arrival,
+and is granted as soon as leases end, loads finish or pins change, strictly in that
+order (a later load never overtakes the head, so none starves). A waiting load holds no
+reservation and no lease on another model, so waiting cannot deadlock. It gives up
+with ``CacheBusy`` (503 + Retry-After) after the model's ``load_wait_max_s`` or, for a
+request, its client's hard timeout.
 
 Guarantees:
 - single flight: requests for a loading model wait on that one load;
 - reference counts: a model with requests in flight (``in_flight``) is never unloaded;
   a request holds its reference while it waits in its model's batching queue too;
 - pinned models are never chosen as victims;
-- a model larger than its device budget is ``ModelTooLarge``; one that does not fit now
-  because everything resident is in use or pinned is ``CacheBusy`` (503 + Retry-After);
+- a model whose lower bound (its weights' bytes) exceeds what could ever be freed (the
+  budget less the pool's overhead and the pinned models) is ``ModelTooLarge`` (507);
+  one that must wait longer than its bound is ``CacheBusy`` (503 + Retry-After);
 - nothing loads into memory still being freed: a load first waits for the pool's
   pending unloads.
 
@@ -26,14 +35,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import heapq
+import itertools
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from cachepolicies.base import InsufficientSpace, Policy
-from cachepolicies.registry import make_policy
+from cachepolicies.base import Policy
+from cachepolicies.pool import MemoryPool, miss_penalty
+from cachepolicies.registry import make_policy, prime_policy
 
 from agent.backends import make_backend
 from agent.backends.base import Backend, BackendError, TensorSpec
@@ -90,17 +102,48 @@ class LoadFailed(CacheError):
     status = 500
 
 
+@dataclass(order=True)
+class RoomRequest:
+    """A load waiting in its pool's room queue for ``need`` bytes."""
+
+    deadline: float
+    seq: int
+    key: tuple[str, int] = field(compare=False)
+    need: int = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
 @dataclass
 class Pool:
-    """One device's memory: budget, bytes held by resident models, bytes reserved by
-    loads in progress, and the policy ranking its resident models."""
+    """One device's memory: the shared miss path's books (``memory``: budget, resident
+    models, reservations, policy), the loads waiting for room and the unloads under way."""
 
     name: str
-    budget: int
-    policy: Policy
-    used: int = 0
-    reserved: int = 0
+    memory: MemoryPool
     unloading: set[asyncio.Task] = field(default_factory=set)
+    waiting: list[RoomRequest] = field(default_factory=list)  # a heap
+    waits: int = 0               # loads that had to wait for room
+    wait_seconds: float = 0.0    # their total wait
+
+    @property
+    def policy(self) -> Policy:
+        return self.memory.policy
+
+    @property
+    def budget(self) -> int:
+        return self.memory.budget
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        self.memory.budget = int(value)
+
+    @property
+    def used(self) -> int:
+        return self.memory.used
+
+    @property
+    def reserved(self) -> int:
+        return self.memory.reserved
 
 
 @dataclass
@@ -117,6 +160,9 @@ class Entry:
     load_seconds: float = 0.0
     load_started: float | None = None  # cache clock at the start of the last load
     first_run_seconds: float = 0.0
+    waiting_for_room: bool = False
+    room_waits: int = 0          # loads of this model that waited for room
+    room_wait_seconds: float = 0.0
     loads: int = 0
     hits: int = 0
     misses: int = 0
@@ -134,7 +180,13 @@ class Entry:
         return self.spec.name
 
     @property
+    def id(self) -> tuple[str, int]:
+        """The key in pools and policies."""
+        return (self.spec.name, self.version)
+
+    @property
     def key(self) -> str:
+        """``name:version``, for people (logs, messages)."""
         return f"{self.spec.name}:{self.version}"
 
     @property
@@ -158,10 +210,17 @@ class ModelCache:
         meter: MemoryMeter | None = None,
         load_concurrency: int = 2,
         infer_executor: Executor | None = None,
+        load_wait_max_s: float = 30.0,
     ) -> None:
         self.policy_spec = policy
-        self.pools = {name: Pool(name, budget, make_policy(policy))
+        prime_policy(policy)  # the first request must not pay for loading the kernels
+        self.pools = {name: Pool(name, MemoryPool(budget, make_policy(policy)))
                       for name, budget in budgets.items()}
+        self.load_wait_max_s = load_wait_max_s
+        #: Warm seconds of one run of a model, where known (the serving layer's
+        #: measurements): the cold first run's surplus over it is part of the penalty.
+        self.warm_exec: Callable[[Entry], float | None] = lambda entry: None
+        self._seq = itertools.count()
         self.clock, self.wall_clock = clock, wall_clock
         self.backend_factory = backend_factory
         self.footprints = footprints or FootprintModel()
@@ -233,14 +292,17 @@ class ModelCache:
 
     # -- serving ---------------------------------------------------------------------
     async def acquire(self, name: str, version: int | None = None, *,
-                      record: bool = True) -> Entry:
-        """The entry, loaded, with one reference held: call ``release`` when done."""
+                      record: bool = True, timeout: float | None = None) -> Entry:
+        """The entry, loaded, with one reference held: call ``release`` when done.
+
+        ``timeout``: seconds this caller waits at most for a load (its client's hard
+        timeout); ``CacheBusy`` after it, while the load itself goes on for others."""
         entry = self.entry(name, version)
         if entry.spec.error:
             raise ModelInvalid(entry.spec.error)
         pool = self.pool_of(entry)
         if record and pool is not None:
-            pool.policy.record_access(entry.key, self.clock())
+            pool.policy.record_access(entry.id, self.clock())
         entry.in_flight += 1
         try:
             if entry.state is State.READY:
@@ -249,6 +311,7 @@ class ModelCache:
                 return entry
             if record:
                 entry.misses += 1
+            give_up = None if timeout is None else self.clock() + timeout
             while entry.state is not State.READY:
                 if entry.task is None:
                     entry.task = asyncio.get_running_loop().create_task(self._load(entry))
@@ -258,13 +321,18 @@ class ModelCache:
                 waiting_for_load = entry.state in (State.LOADING, State.UNLOADED,
                                                    State.FAILED)
                 task = entry.task
-                try:
-                    await asyncio.shield(task)
-                except CacheError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - an unload that failed
-                    if waiting_for_load:
-                        raise LoadFailed(str(exc)) from exc
+                left = None if give_up is None else max(give_up - self.clock(), 0.0)
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if not done:
+                    raise CacheBusy(f"model {entry.key} is not loaded yet and the request's "
+                                    f"timeout ({timeout:.3f}s) has passed")
+                if task.cancelled():
+                    raise LoadFailed(f"the load of model {entry.key} was cancelled")
+                exc = task.exception()
+                if isinstance(exc, CacheError):
+                    raise exc
+                if exc is not None and waiting_for_load:  # (a failed unload: go on)
+                    raise LoadFailed(str(exc)) from exc
             return entry
         except BaseException:
             self._release(entry, touch=False)
@@ -277,12 +345,20 @@ class ModelCache:
         entry.in_flight -= 1
         if touch:
             entry.last_used = self.wall_clock()
-        if entry.in_flight == 0 and entry.name not in self.specs and entry.state is State.READY:
+        if entry.in_flight:
+            return
+        if entry.name not in self.specs and entry.state is State.READY:
             self._start_unload(entry, "removed from the repository")
+        elif entry.waiting_for_room and entry.task is not None:
+            entry.task.cancel()  # nobody wants it any more: leave the room queue
+        pool = self.pool_of(entry)
+        if pool is not None and pool.waiting:
+            self._grant(pool)
 
     @contextlib.asynccontextmanager
-    async def lease(self, name: str, version: int | None = None) -> AsyncIterator[Entry]:
-        entry = await self.acquire(name, version)
+    async def lease(self, name: str, version: int | None = None, *,
+                    timeout: float | None = None) -> AsyncIterator[Entry]:
+        entry = await self.acquire(name, version, timeout=timeout)
         try:
             yield entry
         finally:
@@ -311,12 +387,25 @@ class ModelCache:
             entry.state, entry.error = State.FAILED, str(exc)
             log.warning("load %s failed: %s", entry.key, exc)
             raise LoadFailed(str(exc)) from None
+        except asyncio.CancelledError:
+            entry.state, entry.error = State.UNLOADED, None  # given up while waiting
+            raise
         except BaseException:
             entry.state = State.FAILED
             entry.error = "load interrupted"
             raise
         finally:
             entry.task = None
+
+    def wait_bound(self, entry: Entry) -> float:
+        """Seconds a load of ``entry`` may wait for room: its config, else the agent's."""
+        own = entry.spec.config.load_wait_max_s
+        return self.load_wait_max_s if own is None else own
+
+    def _pinned_bytes(self, pool: Pool, but: Entry) -> int:
+        return sum(e.size_bytes for e in self.entries.values()
+                   if e.pinned and e is not but and e.state is State.READY
+                   and self.pool_of(e) is pool)
 
     async def _do_load(self, entry: Entry) -> None:
         pool = self.pool_of(entry)
@@ -327,22 +416,29 @@ class ModelCache:
         backend = self.backend_factory(kind, entry.name, entry.version, entry.spec.path,
                                        entry.spec.config, self.footprints)
         estimate = backend.estimate()
-        # A clean measurement from an earlier load beats the file-size estimate.
+        # A clean measurement from an earlier load beats the estimate.
         reserve = entry.measured_bytes or estimate
-        if reserve > pool.budget:
+        lower = entry.measured_bytes or getattr(backend, "lower_bound", lambda: reserve)()
+        room = pool.memory.capacity - self._pinned_bytes(pool, entry)
+        if lower > room:
             raise ModelTooLarge(
-                f"model {entry.key} needs {format_size(reserve)} ({reserve} bytes) but the "
-                f"whole {pool.name} budget is {format_size(pool.budget)} ({pool.budget} bytes)")
-        self._make_room(pool, reserve, entry, "admit")
-        pool.reserved += reserve
+                f"model {entry.key} needs at least {format_size(lower)} ({lower} bytes) but the "
+                f"whole {pool.name} budget is {format_size(pool.budget)} ({pool.budget} bytes), "
+                f"of which {format_size(room)} can ever be freed for it (less overhead and "
+                "pinned models)")
+        # An estimate above what could be freed: evict what is idle, load and measure.
+        reserve = min(reserve, room)
+        await self._wait_for_room(pool, entry, reserve)
         try:
             while pool.unloading:  # never load into memory that is still being freed
                 await asyncio.wait(set(pool.unloading))
             loop = asyncio.get_running_loop()
             delta, clean, seconds = await loop.run_in_executor(
                 self.load_executor, self._load_blocking, backend)
-        finally:
-            pool.reserved -= reserve
+        except BaseException:
+            pool.memory.cancel(reserve)
+            self._grant(pool)
+            raise
         measured = backend.measured_bytes()
         if measured is None and clean and delta > 0:
             measured = delta
@@ -353,26 +449,113 @@ class ModelCache:
         if measured is not None:  # the largest clean measurement: reservations stay safe
             entry.measured_bytes = max(measured, entry.measured_bytes or 0)
         entry.backend, entry.state = backend, State.READY
-        entry.load_seconds, entry.first_run_seconds = seconds, backend.first_run_seconds
+        first_run = backend.first_run_seconds
+        entry.load_seconds, entry.first_run_seconds = max(seconds - first_run, 0.0), first_run
         entry.metadata, entry.signature = backend.metadata(), list(backend.inputs)
         entry.loads += 1
-        pool.used += entry.size_bytes
-        penalty = seconds  # load_blocking includes the warm-up (first) run
-        pool.policy.admit(entry.key, entry.size_bytes, penalty, self.clock())
-        log.info("loaded %s on %s in %.3fs (first run %.4fs): size %s (%s; estimate %s), "
-                 "pool %s/%s", entry.key, pool.name, seconds, backend.first_run_seconds,
+        warm = self.warm_exec(entry)
+        penalty = miss_penalty(entry.load_seconds, first_run, 0.0 if warm is None else warm)
+        pool.memory.commit(entry.id, reserve, entry.size_bytes, float(penalty), self.clock())
+        log.info("loaded %s on %s in %.3fs (+ first run %.4fs): size %s (%s; estimate %s), "
+                 "pool %s/%s", entry.key, pool.name, entry.load_seconds, first_run,
                  format_size(entry.size_bytes), "estimated" if entry.size_estimated
                  else "measured", format_size(estimate), format_size(pool.used),
                  format_size(pool.budget))
-        if pool.used + pool.reserved > pool.budget:
+        if pool.memory.free < 0:
             # The measurement exceeded the reservation: shed others if we can.
-            try:
-                self._make_room(pool, 0, entry, "correct an under-estimate")
-            except CacheBusy:
+            for victim in pool.memory.shed_overdraft(
+                    self.clock(), lambda k: k != entry.id and self._evictable(k)):
+                self._start_unload(self.entries[victim], "evicted", accounted=True)
+            if pool.memory.free < 0:
                 log.warning("pool %s is over budget (%s > %s) and nothing is evictable",
-                            pool.name, format_size(pool.used), format_size(pool.budget))
+                            pool.name, format_size(pool.used + pool.reserved
+                                                   + pool.memory.overhead),
+                            format_size(pool.budget))
+        self._grant(pool)
         for hook in self.on_load:
             hook(entry)
+
+    # -- waiting for room --------------------------------------------------------------
+    async def _wait_for_room(self, pool: Pool, entry: Entry, need: int) -> list:
+        """Reserve ``need`` bytes in ``pool`` for ``entry``'s load, waiting in the room
+        queue as long as ``wait_bound`` allows; returns the victims (already unloading)."""
+        bound = self.wait_bound(entry)
+        started = self.clock()
+        request = RoomRequest(started + bound, next(self._seq), entry.id, need,
+                              asyncio.get_running_loop().create_future())
+        heapq.heappush(pool.waiting, request)
+        self._grant(pool)
+        if request.future.done():
+            return request.future.result()
+        entry.waiting_for_room = True
+        log.info("load of %s waits for room on %s: needs %s, %s free, %s reserved by "
+                 "loads, %d load(s) waiting", entry.key, pool.name, format_size(need),
+                 format_size(max(pool.memory.free, 0)), format_size(pool.reserved),
+                 len(pool.waiting))
+        try:
+            await asyncio.wait({request.future}, timeout=bound)
+        except BaseException:
+            self._withdraw(pool, request)
+            raise
+        finally:
+            entry.waiting_for_room = False
+            waited = self.clock() - started
+            entry.room_waits += 1
+            entry.room_wait_seconds += waited
+            pool.waits += 1
+            pool.wait_seconds += waited
+        if not request.future.done():
+            self._withdraw(pool, request)
+            busy = [e.key for e in self.entries.values()
+                    if self.pool_of(e) is pool and e.state is not State.UNLOADED
+                    and (e.in_flight or e.pinned)]
+            raise CacheBusy(
+                f"no room for model {entry.key} on {pool.name}: waited {bound:.1f}s "
+                f"(load_wait_max_s) for {format_size(need)}; in use or pinned: "
+                f"{', '.join(busy) or 'none'}")
+        return request.future.result()
+
+    def _withdraw(self, pool: Pool, request: RoomRequest) -> None:
+        """Take a waiting load out of the room queue (it gave up or was cancelled)."""
+        if request.future.done() and not request.future.cancelled():
+            pool.memory.cancel(request.need)  # granted meanwhile: give the room back
+        else:
+            request.future.cancel()
+            pool.waiting.remove(request)
+            heapq.heapify(pool.waiting)
+        self._grant(pool)
+
+    def _grant(self, pool: Pool) -> None:
+        """Give room to the waiting loads in queue order, as far as room allows now."""
+        while pool.waiting:
+            head = pool.waiting[0]
+            now = self.clock()
+            victims = pool.memory.reserve(
+                head.need, now, lambda k: k != head.key and self._evictable(k))
+            if victims is None:
+                if self._nothing_to_wait_for(pool):
+                    heapq.heappop(pool.waiting)
+                    head.future.set_exception(CacheBusy(
+                        f"no room for model {head.key[0]}:{head.key[1]} on {pool.name}: "
+                        "the pinned models hold what it needs; unpin one"))
+                    continue
+                return
+            heapq.heappop(pool.waiting)
+            for key in victims:  # at once: no request may lease a victim from now on
+                victim = self.entries[key]
+                log.info("evict %s (size=%s, penalty=%.3fs) to admit %s:%s on %s",
+                         victim.key, format_size(victim.size_bytes),
+                         victim.load_seconds + victim.first_run_seconds,
+                         head.key[0], head.key[1], pool.name)
+                self._start_unload(victim, "evicted", accounted=True)
+            head.future.set_result(victims)
+
+    def _nothing_to_wait_for(self, pool: Pool) -> bool:
+        """No lease, load or unload in ``pool`` could ever free room: waiting is futile."""
+        if pool.reserved or pool.unloading:
+            return False
+        return not any(e.in_flight and e.state is State.READY and not e.pinned
+                       for e in self.entries.values() if self.pool_of(e) is pool)
 
     def _load_blocking(self, backend: Backend) -> tuple[int, bool, float]:
         """Load in a worker thread: (RSS delta, delta is clean, seconds incl. first run)."""
@@ -389,50 +572,21 @@ class ModelCache:
         seconds = time.perf_counter() - started
         return (*self.meter.end(window), seconds)
 
-    def _evictable(self, key: str) -> bool:
-        name, _, version = key.rpartition(":")
-        entry = self.entries.get((name, int(version)))
+    def _evictable(self, key: tuple[str, int]) -> bool:
+        entry = self.entries.get(key)
         return (entry is not None and entry.state is State.READY and entry.in_flight == 0
                 and not entry.pinned)
 
-    def _make_room(self, pool: Pool, need: int, entry: Entry, why: str) -> None:
-        """Choose and start unloading victims so ``need`` more bytes fit in ``pool``."""
-        over = pool.used + pool.reserved + need - pool.budget
-        if over <= 0:
-            return
-        now = self.clock()
-        try:
-            victims = pool.policy.choose_victims(
-                over, now, evictable=lambda k: k != entry.key and self._evictable(k))
-        except InsufficientSpace as exc:
-            busy = [e.key for e in self.entries.values()
-                    if e.state is State.READY and self.pool_of(e) is pool
-                    and (e.in_flight or e.pinned)]
-            log.info("cannot %s %s: need %d more bytes in %s, only %d evictable "
-                     "(in use or pinned: %s)", why, entry.key, over, pool.name,
-                     exc.freeable_bytes, ", ".join(busy) or "none")
-            raise CacheBusy(
-                f"no room for model {entry.key} on {pool.name} right now: needs {over} more "
-                f"bytes, only {exc.freeable_bytes} are held by idle unpinned models") from None
-        for key in victims:
-            name, _, version = key.rpartition(":")
-            victim = self.entries[(name, int(version))]
-            log.info("evict %s (utility=%.4g, rate=%.4g/s, size=%s, penalty=%.3fs) to %s %s "
-                     "(need %d bytes on %s)", key, pool.policy.priority(key, now),
-                     pool.policy.request_rate(key, now) or 0.0,
-                     format_size(victim.size_bytes), pool.policy.penalty_of(key), why,
-                     entry.key, over, pool.name)
-            self._start_unload(victim, "evicted")
-
     # -- unloading -------------------------------------------------------------------
-    def _start_unload(self, entry: Entry, reason: str) -> asyncio.Task:
-        """Take ``entry`` out of the policy and the budget and unload it in a thread."""
+    def _start_unload(self, entry: Entry, reason: str, *,
+                      accounted: bool = False) -> asyncio.Task:
+        """Take ``entry`` out of the pool (unless ``accounted``: the pool chose it as a
+        victim and took it out already) and unload it in a thread."""
         assert entry.state is State.READY and entry.in_flight == 0
         pool = self.pool_of(entry)
         entry.state = State.UNLOADING
-        if pool is not None:
-            pool.policy.remove(entry.key)
-            pool.used -= entry.size_bytes
+        if pool is not None and not accounted:
+            pool.memory.remove(entry.id)
         task = asyncio.get_running_loop().create_task(self._unload(entry, reason))
         entry.task = task
         if pool is not None:
@@ -493,6 +647,9 @@ class ModelCache:
         entry = self.entry(name, version)
         entry.pinned = pinned
         log.info("%s %s", "pin" if pinned else "unpin", entry.key)
+        pool = self.pool_of(entry)
+        if pool is not None and pool.waiting:
+            self._grant(pool)
         return entry
 
     # -- reporting -------------------------------------------------------------------
@@ -502,8 +659,8 @@ class ModelCache:
         now = self.clock()
         rate = utility = None
         if pool is not None:
-            rate = pool.policy.request_rate(entry.key, now)
-            utility = pool.policy.priority(entry.key, now) if entry.key in pool.policy else None
+            rate = pool.policy.request_rate(entry.id, now)
+            utility = pool.policy.priority(entry.id, now) if entry.id in pool.policy else None
         size = entry.size_bytes if entry.state is State.READY else (entry.measured_bytes or 0)
         return {
             "name": entry.name, "version": entry.version,
@@ -517,11 +674,24 @@ class ModelCache:
             "evictions": entry.evictions, "last_used": entry.last_used,
             "request_rate": rate, "utility": utility, "pinned": entry.pinned,
             "in_flight": entry.in_flight, "error": entry.error or entry.spec.error,
+            "waiting_for_room": entry.waiting_for_room,
+            "waiting_requests": entry.in_flight if entry.state is not State.READY else 0,
+            "room_waits": entry.room_waits,
+            "room_wait_seconds": round(entry.room_wait_seconds, 6),
         }
 
-    def memory(self) -> dict[str, dict[str, int]]:
+    def memory(self) -> dict[str, dict[str, Any]]:
         return {p.name: {"used_bytes": p.used, "reserved_bytes": p.reserved,
-                         "budget_bytes": p.budget} for p in self.pools.values()}
+                         "budget_bytes": p.budget, "overhead_bytes": p.memory.overhead,
+                         "waiting_loads": len(p.waiting), "room_waits": p.waits,
+                         "room_wait_seconds": round(p.wait_seconds, 6)}
+                for p in self.pools.values()}
+
+    def set_budget(self, device: str, budget: int) -> None:
+        """Change a pool's budget (SIGHUP); waiting loads get the room it adds."""
+        pool = self.pools[device]
+        pool.budget = budget
+        self._grant(pool)
 
     async def close(self) -> None:
         """Wait for loads/unloads in progress and stop the thread pools (no unloading)."""

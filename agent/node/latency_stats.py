@@ -71,22 +71,23 @@ class BatchProfile:
     predicted. A window of plain samples rather than an exponential average: the line's
     intercept is an extrapolation and amplifies noise in the per-size figures.
 
-    ``spread`` is the exponentially weighted absolute deviation of a batch's time from
-    its size's median, relative to that median (all sizes pooled, each sample's share
-    capped at 1): ``predict_high`` adds ``HIGH_SPREADS`` of it, a pessimistic time for
-    admission decisions, which must hold at a high percentile, not on average."""
+    ``predict_high`` is the time at the SLO's ``percentile``, what admission plans with
+    (the SLO holds at a percentile, not on average): the size's typical time × the
+    ``percentile`` of the measured ratios sample / its size's median, pooled over sizes
+    (one size alone rarely has enough samples for a p99), from the last ``RATIOS``."""
 
     #: A size needs this many samples before its own median is trusted over the line.
     MIN_SAMPLES = 3
     #: The line is refitted after this many new samples (it is a numpy fit).
     REFIT_EVERY = 8
-    #: ``predict_high`` = predict × (1 + HIGH_SPREADS × spread) (~p95 for a normal noise).
-    HIGH_SPREADS = 2.0
+    #: Ratios kept for ``predict_high``, and how many it needs before it trusts them.
+    RATIOS, MIN_RATIOS = 512, 20
 
-    def __init__(self, window: int = 32, spread_alpha: float = 0.05) -> None:
+    def __init__(self, window: int = 32, percentile: float = 99.0) -> None:
         self.window = window
-        self.spread_alpha = spread_alpha
-        self.spread = 0.0
+        self._percentile = percentile
+        self._ratios: deque[float] = deque(maxlen=self.RATIOS)
+        self._high: float | None = None  # the ratio at ``percentile``, recomputed lazily
         self._sizes: dict[int, deque[float]] = {}
         self._typical: dict[int, float] = {}
         self._line: tuple[float, float] | None = None
@@ -99,8 +100,8 @@ class BatchProfile:
         if len(samples) >= self.MIN_SAMPLES:
             typical = self._typical[size]
             if typical > 0:
-                deviation = min(abs(seconds - typical) / typical, 1.0)
-                self.spread += self.spread_alpha * (deviation - self.spread)
+                self._ratios.append(seconds / typical)
+                self._high = None
         samples.append(seconds)
         ordered = sorted(samples)
         n = len(ordered)
@@ -159,7 +160,24 @@ class BatchProfile:
             return None
         return self._typical[min(self._sizes, key=lambda s: abs(s - size))]
 
+    @property
+    def percentile(self) -> float:
+        return self._percentile
+
+    @percentile.setter
+    def percentile(self, value: float) -> None:
+        self._percentile, self._high = value, None
+
+    def high_ratio(self) -> float:
+        """The ``percentile`` of sample / typical (at least 1; 1 until ``MIN_RATIOS``)."""
+        if len(self._ratios) < self.MIN_RATIOS:
+            return 1.0
+        if self._high is None:
+            self._high = max(1.0, float(np.percentile(np.fromiter(self._ratios, float),
+                                                      self.percentile)))
+        return self._high
+
     def predict_high(self, size: int) -> float | None:
-        """A pessimistic time for a batch of ``size`` (see ``spread``)."""
+        """The time of a batch of ``size`` at the ``percentile`` (see the class doc)."""
         t = self.predict(size)
-        return None if t is None else t * (1 + self.HIGH_SPREADS * self.spread)
+        return None if t is None else t * self.high_ratio()

@@ -34,10 +34,23 @@ class _CacheCollector(Collector):
                                    labels=["model", "version", "device"])
         size = GaugeMetricFamily("edgeagent_model_size_bytes", "Accounted model size",
                                  labels=["model", "version", "device"])
+        room_waits = CounterMetricFamily(
+            "edgeagent_room_waits", "Loads of the model that waited for room",
+            labels=["model", "version"])
+        room_seconds = CounterMetricFamily(
+            "edgeagent_room_wait_seconds", "Seconds the model's loads waited for room",
+            labels=["model", "version"])
+        waiting = GaugeMetricFamily(
+            "edgeagent_load_waiting_requests",
+            "Requests waiting for the model's load (and room for it)",
+            labels=["model", "version"])
         for entry in self.cache.entries.values():
             labels = [entry.name, str(entry.version)]
             for k, fam in counters.items():
                 fam.add_metric(labels, getattr(entry, k))
+            room_waits.add_metric(labels, entry.room_waits)
+            room_seconds.add_metric(labels, entry.room_wait_seconds)
+            waiting.add_metric(labels, entry.in_flight if entry.state.value != "ready" else 0)
             ready = entry.state.value == "ready"
             loaded.add_metric(labels + [entry.device], 1.0 if ready else 0.0)
             size.add_metric(labels + [entry.device], entry.size_bytes if ready else 0)
@@ -45,11 +58,14 @@ class _CacheCollector(Collector):
                                  "Bytes held by resident models", labels=["device"])
         budget = GaugeMetricFamily("edgeagent_memory_budget_bytes",
                                    "Byte budget for models", labels=["device"])
+        queued = GaugeMetricFamily("edgeagent_room_queue_length",
+                                   "Loads waiting for room", labels=["device"])
         for name, m in self.cache.memory().items():
             used.add_metric([name], m["used_bytes"])
             budget.add_metric([name], m["budget_bytes"])
+            queued.add_metric([name], m["waiting_loads"])
         yield from counters.values()
-        yield from (loaded, size, used, budget)
+        yield from (loaded, size, used, budget, queued, room_waits, room_seconds, waiting)
 
 
 class _ServingCollector(Collector):

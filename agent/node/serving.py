@@ -1,7 +1,13 @@
 """The inference path of a request, between the HTTP handlers and the backends:
 
-deadline → (cold model: expected load time vs deadline) → cache lease → prediction
-cache → admission (tail drop, bouncer) → the model's batcher → answer.
+deadline → cache lease (a cold model: wait for its load, and for room for it) →
+prediction cache → admission (tail drop, bouncer) → the model's batcher → answer.
+
+Cold start (``cold_start``): ``serve`` (default) waits for the load even past the SLO
+(a late answer counts as an SLO violation) and skips admission once loaded: a request
+admitted to wait for a load was admitted; the queue that built up during the load
+drains. ``reject`` answers 503 at once when the model's expected load outlasts the
+deadline, and loads it in the background so that a retry finds it ready.
 
 One ``ModelRuntime`` per model version holds what outlives a load (tuner and its
 measurements, statistics, worker count, prediction cache); its ``ModelBatcher`` exists
@@ -36,7 +42,7 @@ from agent.node.prediction_cache import PredictionCache, input_digest
 log = logging.getLogger("edgeagent.serving")
 
 #: Share of the SLO a request's predicted finish must leave before its deadline
-#: (predictions are pessimistic already: ``BatchProfile.predict_high``).
+#: (predictions are at the SLO's percentile already: ``BatchProfile.predict_high``).
 ADMISSION_MARGIN = 0.05
 
 
@@ -54,6 +60,7 @@ class ServingSettings:
     workers: int
     prediction_cache: bool
     prediction_cache_bytes: int
+    cold_start: str = "serve"
 
 
 def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
@@ -73,13 +80,14 @@ def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
         budget_fraction=pick(b.budget_fraction, sb.budget_fraction),
         aimd_step=pick(b.aimd_step, sb.aimd_step),
         window_max=pick(b.window_ms_max, sb.window_ms_max) / 1000,
-        adaptive=bool(pick(b.adaptive, sb.adaptive)))
+        adaptive=bool(pick(b.adaptive, sb.adaptive)), percentile=percentile)
     return ServingSettings(
         slo=slo, percentile=percentile, max_batch_size=max_batch, batching=enabled,
         tuner=tuner, max_queue=pick(model.max_queue, agent.max_queue),
         workers=pick(b.workers, sb.workers),
         prediction_cache=bool(pick(pc.enabled, spc.enabled)),
-        prediction_cache_bytes=pick(pc.max_bytes, spc.max_bytes))
+        prediction_cache_bytes=pick(pc.max_bytes, spc.max_bytes),
+        cold_start=pick(model.cold_start, agent.cold_start))
 
 
 def timeout_parameter(parameters: dict[str, Any]) -> float | None:
@@ -244,18 +252,20 @@ class Serving:
         try:
             if not self.accepting:
                 raise Shed("the agent is shutting down", "shutdown")
-            if entry.state is not State.READY:
+            cold = entry.state is not State.READY
+            if cold and rt.settings.cold_start == "reject":
                 self._check_cold(entry, rt, deadline, rows)
-            async with self.cache.lease(name, version) as entry:
+            wait = max(deadline.left(self.clock()), 0.0) if deadline.hard else None
+            async with self.cache.lease(name, version, timeout=wait) as entry:
                 inputs = prepare(entry)
                 params = backend_parameters(parameters)
                 pc = rt.prediction_cache
                 if pc is None:
-                    outputs = await self._queue(rt, inputs, params, deadline)
+                    outputs = await self._queue(rt, inputs, params, deadline, cold)
                 else:
                     outputs, _ = await pc.get_or_compute(
                         input_digest(inputs, params),
-                        lambda: self._queue(rt, inputs, params, deadline))
+                        lambda: self._queue(rt, inputs, params, deadline, cold))
         except Shed as exc:
             rt.drops[exc.reason] += 1
             raise
@@ -266,7 +276,7 @@ class Serving:
                     rows: int) -> None:
         """Reject at once a request that the model's expected load time makes late, and
         start that load so that a retry finds the model ready."""
-        expected = entry.load_seconds
+        expected = entry.load_seconds + entry.first_run_seconds
         if expected <= 0 or entry.state is State.FAILED:
             return  # never loaded: unknown; it is checked again once loaded
         left = expected
@@ -294,7 +304,10 @@ class Serving:
         self.cache.release(acquired)
 
     async def _queue(self, rt: ModelRuntime, inputs: dict[str, np.ndarray],
-                     params: dict[str, Any], deadline: Deadline) -> dict[str, np.ndarray]:
+                     params: dict[str, Any], deadline: Deadline, cold: bool = False
+                     ) -> dict[str, np.ndarray]:
+        """Admit (unless ``cold``: admitted when it arrived to wait for the load, only a
+        hard deadline still applies) and run through the model's batcher."""
         batcher = rt.batcher
         if batcher is None:  # cannot happen under a lease; never hang if it does
             raise Shed(f"model {rt.key} is not loaded", "unloaded")
@@ -304,9 +317,10 @@ class Serving:
         rows = rows_of(inputs)
         idle = batcher.can_run_now()
         margin = ADMISSION_MARGIN * rt.settings.slo
-        if not idle or deadline.hard:  # an idle model admits all but hopeless timeouts
-            admit(now, deadline, max(rows, 1), batcher.state(now), rt.settings.max_queue,
-                  batcher.predict, margin=margin)
+        if deadline.hard or (not idle and not cold):  # an idle model admits all but
+            admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
+                  rt.settings.max_queue if not cold else 10**9, batcher.predict,
+                  margin=margin)
         future = asyncio.get_running_loop().create_future()
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
         pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,

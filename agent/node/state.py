@@ -22,7 +22,7 @@ def snapshot(cache: ModelCache) -> dict[str, Any]:
     for entry in cache.entries.values():
         if entry.state in (State.READY, State.LOADING):
             pool = cache.pool_of(entry)
-            rate = pool.policy.request_rate(entry.key, now) if pool else None
+            rate = pool.policy.request_rate(entry.id, now) if pool else None
             resident.append({"name": entry.name, "version": entry.version,
                              "rate": rate or 0.0, "hits": entry.hits + entry.misses})
     pins = {e.name: e.pinned for e in cache.entries.values()
