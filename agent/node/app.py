@@ -27,12 +27,10 @@ from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_bu
                           gpu_budgets, tune_malloc)
 from agent.node.metrics import Metrics
 from agent.node.repository import scan_repository
+from agent.node.routes import NODE, json_error
 from agent.node.serving import Serving, retry_after_header
 
 log = logging.getLogger("edgeagent.node")
-
-NODE: web.AppKey["Node"] = web.AppKey("node")
-
 
 def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
                     ) -> dict[str, int]:
@@ -54,7 +52,6 @@ class Node:
             raise ValueError("the agent needs a model repository")
         self.config = config
         self.started = time.time()
-        tune_malloc()
         self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
         saved = statefile.read_state(config.resident_state_path) if config.restore else None
         # One TF Serving server for all TF models; it starts when the first one loads.
@@ -173,46 +170,6 @@ class Node:
 
 
 
-def counted(protocol: str) -> Callable:
-    """Wrap an inference handler: count every request (errors too) and time successes."""
-    def wrap(handler: Callable) -> Callable:
-        async def counted_handler(request: web.Request) -> web.StreamResponse:
-            node = request.app[NODE]
-            started = time.perf_counter()
-            code = 500
-            try:
-                response = await handler(request)
-                code = response.status
-                return response
-            except BaseException as exc:
-                code = error_status(exc)
-                raise
-            finally:
-                name = request.match_info.get("name", "")
-                node.metrics.observe(name if name in node.cache.specs else "<unknown>",
-                                     protocol, code,
-                                     time.perf_counter() - started if code == 200 else None)
-        return counted_handler
-    return wrap
-
-
-def error_status(exc: BaseException) -> int:
-    if isinstance(exc, CacheError):
-        return exc.status
-    if isinstance(exc, InvalidInput):
-        return 400
-    if isinstance(exc, BackendError):
-        return exc.status
-    if isinstance(exc, web.HTTPException):
-        return exc.status
-    return 500
-
-
-def json_error(status: int, message: str, headers: dict[str, str] | None = None
-               ) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
@@ -248,6 +205,14 @@ _PROTECTED = ("/v1/cache", "/v2/repository")
 
 auth_middleware = bearer_auth(lambda request: request.app[NODE].admin_token,
                               lambda path: path.startswith(_PROTECTED))
+
+
+def prepare_process() -> None:
+    """Set the agent's process up, once, before a model loads: glibc serves large
+    allocations from mmap (``tune_malloc``), so an unload gives its memory back and a
+    load's footprint is what the model holds. ``serve`` calls it, as do tests that
+    measure footprints; ``Node`` does not."""
+    tune_malloc()
 
 
 def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: Any
