@@ -3,7 +3,8 @@
 True delta: a fresh process (same malloc tuning, ONNX Runtime primed) loads only that
 model (session + first run) and reports its RSS growth. Agent: one ModelCache loads the
 models one after another (as the live agent does), then evicts each, reporting how far
-process RSS went down. Target: |measured - true| / true <= 10 %.
+process RSS went down. Targets: |measured - true| / true <= 10 %; the first estimate
+(from the graph's weights, before the model was ever loaded) within 25 % of true.
 
     .venv/bin/python bench/memory_accounting.py
 """
@@ -70,7 +71,7 @@ async def agent_side(repo: Path) -> list[dict]:
                                         cache.footprints)
         estimate = backend.estimate()
         await cache.ensure_loaded(name)
-        rows.append({"model": name, "file_bytes": backend.file_bytes(), "estimate": estimate,
+        rows.append({"model": name, "file_bytes": backend.weight_bytes(), "estimate": estimate,
                      "measured": entry.size_bytes, "estimated": entry.size_estimated})
     for row in rows:
         before = meter.rss()
@@ -90,7 +91,7 @@ def main() -> None:
             row["true"] = true_delta(repo / row["model"] / "1" / "model.onnx",
                                      MODELS[row["model"]]["inputs"])
     mib = 2**20
-    print(f"{'model':10} {'file':>8} {'true':>8} {'estimate':>9} {'est_err':>8} "
+    print(f"{'model':10} {'weights':>8} {'true':>8} {'estimate':>9} {'est_err':>8} "
           f"{'measured':>9} {'meas_err':>8} {'freed':>8} {'freed/acc':>9}")
     for r in rows:
         est_err = (r["estimate"] - r["true"]) / r["true"]
@@ -100,8 +101,9 @@ def main() -> None:
               f"{r['estimate']/mib:8.1f}M {est_err:+8.1%} {r['measured']/mib:8.1f}M "
               f"{meas_err:+8.1%} {r['rss_freed']/mib:7.1f}M {r['rss_freed']/r['measured']:9.0%}")
     worst = max(abs(r["measured_error"]) for r in rows)
-    print(f"worst |measured - true| / true = {worst:.1%} (target <= 10%); "
-          f"estimates are upper bounds: {all(r['estimate_error'] >= 0 for r in rows)}")
+    worst_estimate = max(abs(r["estimate_error"]) for r in rows)
+    print(f"worst |measured - true| / true = {worst:.1%} (target <= 10%); worst first "
+          f"|estimate - true| / true = {worst_estimate:.1%} (target <= 25%)")
     print(json.dumps(rows))
 
 

@@ -139,3 +139,23 @@ def test_profile_measure_and_the_agent_agree_within_10_percent(zoo, tmp_path):
     print({m: (profile[m] / MiB, agent[m] / MiB) for m in models})
     for name in models:
         assert within(profile[name], agent[name], 0.10), (name, profile[name], agent[name])
+
+
+def test_a_58mb_model_is_served_under_a_budget_of_1_4x_its_file(repo, start_agent):
+    """Issue 11's first case: the estimate used to be 2x the file, so this got 507s."""
+    import numpy as np
+
+    from agent.modelzoo import DEMO_MLPS
+
+    shape = DEMO_MLPS["mlp-large"]
+    path = write_mlp(repo / "large" / "1" / "model.onnx", **shape)
+    assert path.stat().st_size > 55 * MiB
+    agent = start_agent(repo, budget=int(1.4 * path.stat().st_size))
+    x = np.ones((1, shape["inputs"]), np.float32)
+    status, _, body = agent.request("POST", "/v2/models/large/infer", {"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1, shape["inputs"]],
+         "data": x.ravel().tolist()}]})
+    assert status == 200, body
+    _, _, listing = agent.request("GET", "/v1/cache")
+    (info,) = [m for m in listing if m["name"] == "large"]
+    assert info["state"] == "ready" and info["size_bytes"] <= 1.4 * path.stat().st_size
