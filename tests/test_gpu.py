@@ -212,7 +212,7 @@ def test_gpu_budget_config_forms():
 
 
 def test_node_builds_per_device_budgets_from_gpu_budget():
-    from agent.node.app import default_budgets
+    from agent.node.node import default_budgets
 
     reader = GpuMemoryReader(FakeNvml(devices=2, total=10 * GiB))
     config = AgentConfig(cpu_budget=GiB, gpu_budget={"cuda:1": 3 * GiB}, memory_margin=0.5)

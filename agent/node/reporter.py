@@ -50,7 +50,7 @@ from agent.node.state import read_state, write_state
 from agent.wire import DirectiveBook, Directives
 
 if TYPE_CHECKING:
-    from agent.node.app import Node
+    from agent.node.node import Node
 
 log = logging.getLogger("edgeagent.reporter")
 

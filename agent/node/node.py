@@ -1,0 +1,166 @@
+"""The ``Node``: everything one agent process serves (repository, model cache, batching
+layer, metrics, admin token, the TF Serving host, GPU accounting), with its warm start,
+state file and reload. ``agent.node.app`` stores it on the aiohttp app under
+``agent.node.routes.NODE``, where the route modules find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from agent.backends import Backend, BackendError, make_backend
+from agent.backends.tfserving import TfServingHost
+from agent.config import AgentConfig
+from agent.httpauth import read_token
+from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
+                          gpu_budgets)
+from agent.node import state as statefile
+from agent.node.cache import CacheError, ModelCache
+from agent.node.metrics import Metrics
+from agent.node.repository import scan_repository
+from agent.node.serving import Serving
+
+log = logging.getLogger("edgeagent.node")
+
+
+def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
+                    ) -> dict[str, int]:
+    """CPU budget (config, else available memory minus the margin) and one per GPU
+    (``gpu_budget``: one size for all, or per device; else total minus the margin)."""
+    budgets = {"cpu": config.cpu_budget or cpu_budget_default(config.memory_margin)}
+    budgets.update(gpu_budgets(config.gpu_budget, (reader or GpuMemoryReader()).devices(),
+                               config.memory_margin))
+    return budgets
+
+
+class Node:
+    """Everything one agent process serves: repository, cache, metrics, admin token."""
+
+    def __init__(self, config: AgentConfig, *, budgets: dict[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 backend_factory: Callable[..., Backend] = make_backend) -> None:
+        if config.repository is None:
+            raise ValueError("the agent needs a model repository")
+        self.config = config
+        self.started = time.time()
+        self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
+        saved = statefile.read_state(config.resident_state_path) if config.restore else None
+        # One TF Serving server for all TF models; it starts when the first one loads.
+        self.tfserving = TfServingHost(config.tfserving, config.data_dir / "tfserving")
+        gpu_reader = GpuMemoryReader()
+        budgets = budgets or default_budgets(config, gpu_reader)
+        #: GPU budgets, per-process NVML meters and each GPU's context overhead.
+        self.gpu = GpuAccounting(gpu_reader, {d: b for d, b in budgets.items() if d != "cpu"})
+        if backend_factory is make_backend:
+            backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
+                                                gpu=self.gpu)
+        self.cache = ModelCache(
+            scan_repository(config.repository), budgets,
+            policy=config.policy, clock=clock, backend_factory=backend_factory,
+            footprints=FootprintModel.load(config.footprints_path),
+            load_concurrency=config.load_concurrency, infer_executor=self.infer_executor)
+        self._saved = saved
+        for name, pinned in ((saved or {}).get("pins") or {}).items():
+            with contextlib.suppress(CacheError):
+                self.cache.set_pinned(name, bool(pinned))
+        # Queues, batchers, admission and prediction caches per model (agent.node.serving).
+        self.serving = Serving(self.cache, config, self.infer_executor)
+        self.metrics = Metrics(self.cache, self.serving)
+        self.admin_token = read_token(config.admin_token_file)
+        self.ready = False
+        self._persist_task: asyncio.Task | None = None
+        self._startup_task: asyncio.Task | None = None
+        self.cache.on_load.append(lambda e: self.schedule_persist())
+        self.cache.on_unload.append(lambda e, why: self.schedule_persist())
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load pinned models, then the saved resident set, most popular first."""
+        self._startup_task = asyncio.get_running_loop().create_task(self._warm_up())
+
+    async def _warm_up(self) -> None:
+        try:
+            from agent.backends.onnx import prime_runtime
+
+            await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
+                                                             prime_runtime)
+            if any(s.backend == "tfserving" for s in self.cache.specs.values()):
+                try:  # start TF Serving now, not within (and billed to) the first TF load
+                    await asyncio.get_running_loop().run_in_executor(
+                        self.cache.load_executor, self.tfserving.ensure_up)
+                except BackendError as exc:
+                    log.warning("TF Serving did not start (TF models retry on load): %s", exc)
+            wanted = [(e.name, e.version) for e in self.cache.entries.values() if e.pinned]
+            if self._saved:
+                wanted += [k for k in statefile.restore_order(self._saved) if k not in wanted]
+            for name, version in wanted:
+                try:
+                    await self.cache.ensure_loaded(name, version)
+                    log.info("warm start: loaded %s:%s", name, version)
+                except CacheError as exc:
+                    log.warning("warm start: skipped %s:%s: %s", name, version, exc)
+        finally:
+            self.ready = True
+
+    async def wait_ready(self) -> None:
+        if self._startup_task is not None:
+            await asyncio.shield(self._startup_task)
+
+    def schedule_persist(self, delay: float = 0.2) -> None:
+        """Write the state file soon (coalescing bursts of loads and evictions)."""
+        if self._persist_task is None or self._persist_task.done():
+            self._persist_task = asyncio.get_running_loop().create_task(
+                self._persist_later(delay))
+
+    async def _persist_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await asyncio.get_running_loop().run_in_executor(None, self.persist_now)
+
+    def persist_now(self) -> None:
+        try:
+            statefile.write_state(self.config.resident_state_path,
+                                  statefile.snapshot(self.cache))
+        except OSError as exc:
+            log.warning("cannot write state file %s: %s", self.config.resident_state_path, exc)
+
+    def rescan(self) -> None:
+        """Re-read the repository (index API, SIGHUP)."""
+        self.cache.update_specs(scan_repository(self.config.repository))
+        self.serving.refresh(self.config)
+        log.info("repository %s rescanned: %d model(s)", self.config.repository,
+                 len(self.cache.specs))
+
+    def reload(self, config: AgentConfig) -> None:
+        """Apply a re-read config (SIGHUP): budget, admin token, then rescan."""
+        if config.repository != self.config.repository:
+            log.warning("SIGHUP: changing the repository needs a restart; keeping %s",
+                        self.config.repository)
+            config = config.with_overrides(repository=self.config.repository)
+        if config.cpu_budget and config.cpu_budget != self.cache.pools["cpu"].budget:
+            self.cache.pools["cpu"].budget = config.cpu_budget
+            log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
+        try:
+            self.admin_token = read_token(config.admin_token_file)
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: keeping the old admin token: %s", exc)
+        self.config = config
+        self.rescan()
+
+    async def close(self) -> None:
+        if self._startup_task is not None and not self._startup_task.done():
+            self._startup_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._startup_task
+        if self._persist_task is not None and not self._persist_task.done():
+            self._persist_task.cancel()
+        self.persist_now()
+        await self.serving.close()  # queued requests get 503s before the cache stops
+        await self.cache.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
+        self.infer_executor.shutdown(wait=False, cancel_futures=True)
