@@ -3,8 +3,9 @@
 Lifecycle: ``lower_bound``/``estimate`` → ``load`` → ``infer``/``infer_async`` (any
 number of times, concurrently) → ``unload``. ``load``, ``infer`` and ``unload`` block and
 are run by the cache in thread pools, never on the event loop. ``load_measured`` is the
-one way to load and measure a backend, shared by the agent and ``profile measure``. Inference is batch-shaped (the first
-dimension of every tensor is the batch) so an adaptive batcher can sit in front of it.
+one way to load and measure a backend, shared by the agent and ``profile measure``.
+Inference is batch-shaped (the first dimension of every tensor is the batch) so an
+adaptive batcher can sit in front of it.
 The interface knows nothing about a particular runtime: tensors are numpy arrays with
 Open Inference Protocol datatype names.
 """
