@@ -50,6 +50,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -66,6 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MB = 1_000_000
+#: seconds a scenario's requests may still run after it stops sending new ones
+HARD_STOP_GRACE = 30.0
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -315,6 +318,7 @@ class Result:
     status: int           # HTTP status, or 0 for a client-side error
     latency: float        # seconds
     error: str = ""
+    retry_after: str | None = None  # the Retry-After header of a failure
 
 
 def v2_body(model: Model) -> bytes:
@@ -336,16 +340,20 @@ async def drive(target, models: list[Model], sequence: list[int] | None, sc: Sce
     counter = iter(range(10**9))
     start = time.perf_counter()
     stop_at = start + (sc.duration if sc.duration is not None else sc.max_seconds)
+    hard_stop = stop_at + HARD_STOP_GRACE  # no request outlives this
     total = len(sequence) if sequence is not None else None
 
     async def one(session, seq: int, model: Model) -> None:
         t = time.perf_counter()
+        left = max(1.0, min(timeout, hard_stop - t))
         try:
             async with session.post(url_for(model), data=bodies[model.name],
+                                    timeout=aiohttp.ClientTimeout(total=left),
                                     headers={"Content-Type": "application/json",
                                              **headers_for(model)}) as r:
                 raw = await r.read()
                 status = r.status
+                retry_after = r.headers.get("Retry-After")
             err = ""
             if status != 200:
                 try:
@@ -353,7 +361,8 @@ async def drive(target, models: list[Model], sequence: list[int] | None, sc: Sce
                     err = str(doc.get("error", doc) if isinstance(doc, dict) else doc)
                 except ValueError:
                     err = raw[:300].decode(errors="replace")
-            results.append(Result(seq, model.name, status, time.perf_counter() - t, err))
+            results.append(Result(seq, model.name, status, time.perf_counter() - t, err,
+                                  retry_after if status != 200 else None))
         except Exception as exc:  # noqa: BLE001 — every request is counted
             results.append(Result(seq, model.name, 0, time.perf_counter() - t,
                                   f"{type(exc).__name__}: {exc}"[:300]))
@@ -423,6 +432,8 @@ def summarise(results: list[Result], not_sent: int, wall: float, slo_s: float,
         "wall_s": wall,
         "errors": [{"status": s, "count": n, "message": examples[(s, m)]}
                    for (s, m), n in errors.most_common(4)],
+        "failed_with_retry_after": sum(1 for r in results
+                                       if r.status != 200 and r.retry_after is not None),
     }
 
 
@@ -432,19 +443,19 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
     import yaml
 
     seed = args.seed
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{sc.name}-", dir=work))
     if sc.kind == "onnx":
         repo, models = onnx_repository(work, sc, seed)
         total = sum(m.file_bytes for m in models)
         budget = int(total * sc.budget_fraction)
     else:
-        repo, models = synthetic_repository(Path(tempfile.mkdtemp(dir=work)), sc)
+        repo, models = synthetic_repository(run_dir, sc)
         budget = sc.size_bytes * sc.budget_models
     mean_size = sum(m.file_bytes for m in models) / len(models)
     capacity = max(1, int(budget // mean_size))
     sequence = request_sequence(sc, len(models), seed, args.zipf_s)
     slo_s = (sc.slo_ms or 1000.0) / 1000
 
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{sc.name}-", dir=work))
     port = free_port()
     cfg = {"host": "127.0.0.1", "port": port, "repository": str(repo),
            "data_dir": str(run_dir / "data"), "cpu_budget": budget, "restore": False,
@@ -473,15 +484,17 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
             models, sequence, sc, args.request_timeout))
         time.sleep(0.2)
         peak = sampler.stop()
+        info["agent_died"] = proc.poll() is not None
+        cache = None
         try:
             cache = get_json(base + "/v1/cache")
         except Exception as exc:  # noqa: BLE001
-            cache = []
             info["cache_error"] = repr(exc)
     finally:
         stop_process(proc)
     summary = summarise(results, not_sent, wall, slo_s, capacity)
-    loads = sum(e.get("loads", 0) or 0 for e in cache)
+    loads = None if cache is None else sum(e.get("loads", 0) or 0 for e in cache)
+    cache = cache or []
     agent_violations = sum(e.get("slo_violations", 0) or 0 for e in cache)
     drops = collections.Counter()
     for e in cache:
@@ -491,7 +504,8 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
     info.update(summary)
     info.update({
         "loads": loads, "evictions": sum(e.get("evictions", 0) or 0 for e in cache),
-        "loads_vs_lru": loads / summary["lru_loads"] if summary["lru_loads"] else None,
+        "loads_vs_lru": loads / summary["lru_loads"]
+        if loads is not None and summary["lru_loads"] else None,
         "agent_slo_violations": agent_violations, "agent_drops": dict(drops),
         "rss_baseline_bytes": baseline, "rss_peak_bytes": peak,
         "rss_over_baseline_bytes": peak - baseline,
@@ -500,6 +514,9 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
                                 if " ERROR " in line or "Traceback" in line),
         "agent_exit_code": proc.returncode, "agent_log": str(log),
     })
+    if not (args.keep_logs or info["agent_log_errors"] or info["agent_died"]):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        info["agent_log"] = None
     return info
 
 
@@ -570,7 +587,9 @@ def run_peer_scenario(peer: str, python: str, sc: Scenario, args, work: Path) ->
                  if loads is not None and summary["lru_loads"] else None,
                  "rss_baseline_bytes": baseline, "rss_peak_bytes": peak,
                  "rss_over_baseline_bytes": peak - baseline, "peer_stats": stats,
-                 "peer_log": str(log)})
+                 "peer_log": None if not args.keep_logs else str(log)})
+    if not args.keep_logs:
+        shutil.rmtree(run_dir, ignore_errors=True)
     return info
 
 
@@ -606,8 +625,15 @@ def print_result(r: dict) -> None:
           f"+{mb(r['rss_over_baseline_bytes'])} vs budget {mb(r['budget_bytes'])}{within}")
     if r.get("agent_drops"):
         print(f"   drops     {r['agent_drops']} (agent's /v1/cache)")
+    if r["failed"]:
+        print(f"   retry     {r['failed_with_retry_after']} of {r['failed']} failures carried "
+              "Retry-After (the client does not retry)")
     for e in r["errors"]:
         print(f"   error     {e['count']} x {e['status'] or 'client'}: {e['message']}")
+    if r.get("agent_died"):
+        print(f"   AGENT DIED during the run (exit {r['agent_exit_code']}), see {r['agent_log']}")
+    if r.get("cache_error"):
+        print(f"   /v1/cache unavailable: {r['cache_error']}")
     if r.get("agent_log_errors"):
         print(f"   log       {r['agent_log_errors']} ERROR/Traceback lines in {r['agent_log']}")
 
@@ -649,6 +675,9 @@ def main() -> None:
     ap.add_argument("--mlserver-python", default=os.environ.get("EDGEAGENT_MLSERVER_PYTHON",
                                                                 sys.executable))
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep each run's directory (config, data_dir, server log) under "
+                    "--work-dir; by default kept only when the agent logged errors or died")
     ap.add_argument("--system", action="append", choices=["edgeagent", "ray", "mlserver"],
                     help="repeatable; default: edgeagent and every importable peer")
     args = ap.parse_args()
@@ -670,8 +699,9 @@ def main() -> None:
         missing = ({"ray", "mlserver"} & wanted) - {p for p, _ in peers}
         if missing:
             say(f"peers: {' and '.join(sorted(missing))} not importable; to compare, "
-                f".venv/bin/pip install -e '.[peers]' (or point --ray-python / "
-                f"--mlserver-python at a venv that has them)")
+                f".venv/bin/pip install -e '.[peers]' (mlserver wants protobuf < 7: a "
+                f"separate venv with '.[peers]' plus --ray-python/--mlserver-python "
+                f"VENV/bin/python keeps .venv as it is)")
 
     out = []
     start = time.perf_counter()

@@ -76,8 +76,12 @@ def serve_ray(args) -> None:
     from starlette.responses import JSONResponse, PlainTextResponse
 
     models = {k: str(v) for k, v in onnx_models(Path(args.repo)).items()}
+    import tempfile
+
+    # AF_UNIX socket paths must stay under 108 bytes: a short temporary directory
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 * 2**20, _temp_dir=str(Path(args.work) / "ray"))
+             object_store_memory=100 * 2**20, _temp_dir=ray_tmp)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     max_models = args.max_models
 
@@ -119,8 +123,11 @@ def serve_ray(args) -> None:
     try:
         wait_for_stop()
     finally:
+        import shutil
+
         serve.shutdown()
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 # -- MLServer ----------------------------------------------------------------------------
