@@ -49,6 +49,23 @@ def test_completion_estimate():
     assert predict_finish(0, 1, queue(running_left=(0.05,), arrival_rate=100), t) == \
         pytest.approx(0.05 + 0.01 + 0.006)
     assert predict_finish(0, 1, queue(queued_rows=3), lambda b: None) == 0.0
+    # the SLO percentile's excess counts once, on the request's own batch
+    assert predict_finish(0, 1, queue(queued_rows=25, excess=0.005), t) == pytest.approx(
+        2 * 0.02 + 0.016 + 0.005)
+
+
+def test_completion_estimate_follows_the_aimd_limit_ramping_up():
+    t = linear(0.02, 0.002)  # the model: 20 ms + 2 ms/row
+    # 31 queued behind a limit of 3 that AIMD grows by 2 per full batch, up to 32:
+    # batches of 3, 5, 7, 9 (24 rows), then the last 7 + 1 rows together.
+    ramp = queue(queued_rows=31, queued_requests=31, limit=3, limit_step=2, limit_cap=32)
+    expected = sum(t(b) for b in (3, 5, 7, 9)) + t(8)
+    assert predict_finish(0, 1, ramp, t) == pytest.approx(expected)
+    assert expected < 0.2 - 0.01  # served within the SLO: admitted
+    admit(0.0, Deadline(0.2, False), 1, ramp, 50, t, margin=0.01)
+    flat = queue(queued_rows=31, queued_requests=31, limit=3)  # with today's limit only
+    with pytest.raises(Shed):
+        admit(0.0, Deadline(0.2, False), 1, flat, 50, t, margin=0.01)
 
 
 def test_admit_rules():

@@ -124,8 +124,10 @@ def test_predict_high_is_the_measured_time_at_the_slo_percentile():
     times = 0.010 * (1 + rng.exponential(0.1, 400))       # a right-skewed batch time
     for t in times:
         profile.observe(8, float(t))
-    expected = np.percentile(times[-BatchProfile.RATIOS:], 90)
+    expected = np.percentile(times[-BatchProfile.EXCESSES:], 90)
     assert profile.predict_high(8) == pytest.approx(expected, rel=0.1)
+    profile.observe(1, 0.0002)  # a tiny batch: its high time is not blown up tenfold
+    assert profile.predict_high(1) < 0.0002 + 0.005
     assert profile.predict(8) < profile.predict_high(8)
     profile.percentile = 50   # a median SLO plans with about the median
     assert profile.predict_high(8) == pytest.approx(profile.predict(8), rel=0.05)

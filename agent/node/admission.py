@@ -66,15 +66,23 @@ class QueueState:
     workers: int
     running_left: tuple[float, ...]  # seconds left of each batch running now
     arrival_rate: float = 0.0  # rows per second joining the queue
+    excess: float = 0.0  # seconds a batch takes over typical at the SLO's percentile
+    limit_step: int = 0   # the limit grows this much per full batch (AIMD) ...
+    limit_cap: int = 0    # ... up to this many rows
 
 
 def predict_finish(now: float, rows: int, q: QueueState,
                    predict: Callable[[int], float | None]) -> float:
     """When a request of ``rows`` rows joining the queue now is expected to be answered.
 
-    The queue ahead runs as full batches of ``q.limit`` rows, each on the worker free
-    first; the request's own batch holds the remainder, its rows and the rows expected
-    to arrive before it starts (so it costs more under load). The delayed-batching
+    The queue ahead runs as full batches of the limit, each on the worker free first, at
+    their typical times; the limit grows by ``q.limit_step`` per full batch up to
+    ``q.limit_cap``, as AIMD will grow it (planning with today's limit alone sheds a
+    whole burst while the limit is still ramping up); the request's own batch holds the remainder, its rows
+    and the rows expected to arrive before it starts (so it costs more under load), at
+    its time at the SLO's percentile (typical + ``q.excess``). The percentile is applied
+    once: a sum of per-batch p99s is far above the p99 of the sum, and planning with it
+    sheds requests that would have made their SLO. The delayed-batching
     window does not count: the batcher never waits past the latest start that keeps
     the oldest queued request within its deadline (``Pending.dispatch_by``), so a
     request is never refused for a wait that would be cut short for it. Unmeasured
@@ -84,10 +92,17 @@ def predict_finish(now: float, rows: int, q: QueueState,
         return predict(size) or 0.0
 
     limit = max(1, q.limit)
+    cap = max(limit, q.limit_cap)
     free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
     free += [now] * (max(q.workers, 1) - len(free))
     heapq.heapify(free)
-    full, rest = divmod(q.queued_rows, limit)
+    rest = q.queued_rows
+    while rest >= limit and limit < cap and q.limit_step > 0:  # the limit ramping up
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + cost(limit))
+        rest -= limit
+        limit = min(limit + q.limit_step, cap)
+    full, rest = divmod(rest, limit)
     for _ in range(full):
         start = heapq.heappop(free)
         heapq.heappush(free, start + cost(limit))
@@ -97,7 +112,7 @@ def predict_finish(now: float, rows: int, q: QueueState,
     else:
         joining = int(q.arrival_rate * max(start - now, 0.0))
         size = min(limit, rest + rows + joining)
-    return start + cost(size)
+    return start + cost(size) + q.excess
 
 
 def drain_seconds(q: QueueState, predict: Callable[[int], float | None]) -> float:

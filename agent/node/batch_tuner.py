@@ -165,6 +165,18 @@ class BatchTuner:
         """The most rows one batch may hold now."""
         return self.aimd.max_size if not self.settings.adaptive else self.aimd.limit
 
+    def growth(self) -> tuple[int, int]:
+        """(step, cap): how the limit grows per full batch from now on, as admission
+        plans it: AIMD's step up to the remembered ceiling, the model's maximum, and the
+        largest size the profile's line fits in the budget. (0, limit) when static."""
+        if not self.settings.adaptive:
+            return 0, self.limit
+        cap = self.aimd.ceiling or self.aimd.max_size
+        line = self.profile.line()
+        if line is not None and line[1] > 0:
+            cap = min(cap, max(1, math.floor((self.settings.budget - line[0]) / line[1])))
+        return self.aimd.step, max(cap, self.aimd.limit)
+
     def observe_arrival(self, now: float, rows: int = 1) -> None:
         self.arrivals.add(now, rows)
 

@@ -143,19 +143,20 @@ class ModelBatcher:
     def state(self, now: float) -> QueueState:
         """The queue as an arriving request sees it (for admission)."""
         batched = self.batchable
+        step, cap = self.tuner.growth() if batched else (0, 1)
         return QueueState(
             queued_rows=self.queued_rows if batched else len(self.queue),
             queued_requests=len(self.queue), limit=self.limit,
             workers=max(self._wanted, 1),
             running_left=tuple(started + expected - now
                                for started, expected in self.running.values()),
-            arrival_rate=self.tuner.arrivals.rate(now) if batched else 0.0)
+            arrival_rate=self.tuner.arrivals.rate(now) if batched else 0.0,
+            excess=self.tuner.profile.excess(), limit_step=step, limit_cap=cap)
 
     def predict(self, rows: int) -> float | None:
-        """Pessimistic seconds of a batch of ``rows`` (see ``BatchProfile.predict_high``),
-        what admission plans with: a request must make its deadline at a high
-        percentile, not on average."""
-        return self.tuner.profile.predict_high(rows)
+        """Typical seconds of a batch of ``rows`` (admission adds the SLO percentile's
+        excess to the request's own batch: ``QueueState.excess``)."""
+        return self.tuner.profile.predict(rows)
 
     # -- requests --------------------------------------------------------------------
     def submit(self, pending: Pending) -> None:

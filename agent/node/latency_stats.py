@@ -72,22 +72,24 @@ class BatchProfile:
     intercept is an extrapolation and amplifies noise in the per-size figures.
 
     ``predict_high`` is the time at the SLO's ``percentile``, what admission plans with
-    (the SLO holds at a percentile, not on average): the size's typical time × the
-    ``percentile`` of the measured ratios sample / its size's median, pooled over sizes
-    (one size alone rarely has enough samples for a p99), from the last ``RATIOS``."""
+    (the SLO holds at a percentile, not on average): the size's typical time plus the
+    ``percentile`` of the measured excess of a sample over its size's median, in
+    seconds, pooled over sizes (one size alone rarely has enough samples for a p99),
+    from the last ``EXCESSES``. Absolute, not relative: the noise of a short batch is
+    scheduling jitter, which a ratio would blow up tenfold for a batch of a few ms."""
 
     #: A size needs this many samples before its own median is trusted over the line.
     MIN_SAMPLES = 3
     #: The line is refitted after this many new samples (it is a numpy fit).
     REFIT_EVERY = 8
-    #: Ratios kept for ``predict_high``, and how many it needs before it trusts them.
-    RATIOS, MIN_RATIOS = 512, 20
+    #: Excesses kept for ``predict_high``, and how many it needs before it trusts them.
+    EXCESSES, MIN_EXCESSES = 512, 20
 
     def __init__(self, window: int = 32, percentile: float = 99.0) -> None:
         self.window = window
         self._percentile = percentile
-        self._ratios: deque[float] = deque(maxlen=self.RATIOS)
-        self._high: float | None = None  # the ratio at ``percentile``, recomputed lazily
+        self._excess: deque[float] = deque(maxlen=self.EXCESSES)
+        self._high: float | None = None  # the excess at ``percentile``, computed lazily
         self._sizes: dict[int, deque[float]] = {}
         self._typical: dict[int, float] = {}
         self._line: tuple[float, float] | None = None
@@ -99,9 +101,8 @@ class BatchProfile:
             samples = self._sizes[size] = deque(maxlen=self.window)
         if len(samples) >= self.MIN_SAMPLES:
             typical = self._typical[size]
-            if typical > 0:
-                self._ratios.append(seconds / typical)
-                self._high = None
+            self._excess.append(seconds - typical)
+            self._high = None
         samples.append(seconds)
         ordered = sorted(samples)
         n = len(ordered)
@@ -168,16 +169,17 @@ class BatchProfile:
     def percentile(self, value: float) -> None:
         self._percentile, self._high = value, None
 
-    def high_ratio(self) -> float:
-        """The ``percentile`` of sample / typical (at least 1; 1 until ``MIN_RATIOS``)."""
-        if len(self._ratios) < self.MIN_RATIOS:
-            return 1.0
+    def excess(self) -> float:
+        """Seconds a batch takes over its typical time at the ``percentile`` (>= 0; 0
+        until ``MIN_EXCESSES`` samples)."""
+        if len(self._excess) < self.MIN_EXCESSES:
+            return 0.0
         if self._high is None:
-            self._high = max(1.0, float(np.percentile(np.fromiter(self._ratios, float),
+            self._high = max(0.0, float(np.percentile(np.fromiter(self._excess, float),
                                                       self.percentile)))
         return self._high
 
     def predict_high(self, size: int) -> float | None:
         """The time of a batch of ``size`` at the ``percentile`` (see the class doc)."""
         t = self.predict(size)
-        return None if t is None else t * self.high_ratio()
+        return None if t is None else t + self.excess()
