@@ -61,11 +61,12 @@ class FootprintModel:
     learned from clean measurements and optionally persisted to ``path`` (JSON).
 
     Before any measurement a backend's ``Prior`` applies. From the recent measurements
-    (weights w, measured m): overhead = the median excess max(m − w, 0) of models under
-    ``MIN_LEARN_BYTES`` (they are mostly overhead), else the smallest excess seen;
-    factor = the 0.9 quantile of (m − overhead) / w over the larger models (at least 1:
-    weights are held); the estimate gets ``MARGIN`` on top: tight, yet above nearly
-    every measurement."""
+    (weights w, measured m): overhead = the lower median of the excesses max(m − w, 0)
+    of models under ``MIN_LEARN_BYTES`` (mostly overhead) together with the prior's
+    overhead, which counts as one more observation (one odd window cannot set it) and is
+    capped by the smallest excess of the larger models; factor = the 0.9 quantile of
+    (m − overhead) / w over the larger models (at least 1: weights are held); the
+    estimate gets ``MARGIN`` on top: tight, yet above nearly every measurement."""
 
     QUANTILE = 0.9
     MARGIN = 1.03
@@ -73,12 +74,9 @@ class FootprintModel:
     #: Smaller models say more about per-session overhead than about the factor.
     MIN_LEARN_BYTES = 4 * MiB
 
-    def __init__(self, factors: dict[str, float] | None = None, *,
-                 path: Path | None = None) -> None:
+    def __init__(self, *, path: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._seen: dict[str, deque[tuple[int, int]]] = {}
-        self._learned: dict[str, tuple[float, int]] = {
-            key: (float(f), 0) for key, f in (factors or {}).items()}
         self._weights: dict[tuple[str, int, int], int] = {}
         self.path = path
 
@@ -115,24 +113,41 @@ class FootprintModel:
     def key(kind: str, device: str = "cpu") -> str:
         return f"{kind}/{device_class(device)}"
 
+    def learned(self, kind: str, device: str = "cpu", prior: Prior = PLAIN
+                ) -> tuple[float, int] | None:
+        """(factor, overhead) fitted to the measurements of ``kind`` on ``device``; None
+        before the first one."""
+        with self._lock:
+            seen = list(self._seen.get(self.key(kind, device), ()))
+        if not seen:
+            return None
+        large = [(w, m) for w, m in seen if w >= self.MIN_LEARN_BYTES]
+        small = sorted([max(m - w, 0) for w, m in seen if w < self.MIN_LEARN_BYTES]
+                       + [prior.overhead])
+        overhead = small[(len(small) - 1) // 2]
+        if large:
+            overhead = min(overhead, min(max(m - w, 0) for w, m in large))
+        ratios = sorted((m - overhead) / w for w, m in large)
+        factor = max(1.0, ratios[min(len(ratios) - 1, int(self.QUANTILE * len(ratios)))]) \
+            if ratios else prior.factor
+        return factor, overhead
+
     def factor(self, kind: str, device: str = "cpu", prior: Prior = PLAIN) -> float:
         """The learned factor for ``kind`` on ``device``, else the prior's."""
-        with self._lock:
-            learned = self._learned.get(self.key(kind, device))
+        learned = self.learned(kind, device, prior)
         return learned[0] if learned else prior.factor
 
     def estimate(self, kind: str, weight_bytes: int, *, device: str = "cpu",
                  prior: Prior = PLAIN) -> int:
         """Bytes a model with ``weight_bytes`` of weights will take once loaded."""
-        with self._lock:
-            learned = self._learned.get(self.key(kind, device))
+        learned = self.learned(kind, device, prior)
         if learned is None:
             return int(prior.overhead + prior.factor * weight_bytes)
         factor, overhead = learned
         return int(self.MARGIN * (overhead + factor * weight_bytes))
 
-    def observe(self, kind: str, weight_bytes: int, measured: int, *, device: str = "cpu",
-                prior: Prior = PLAIN) -> None:
+    def observe(self, kind: str, weight_bytes: int, measured: int, *,
+                device: str = "cpu") -> None:
         """Learn from one clean measurement (bytes) of a model of ``weight_bytes``."""
         if measured <= 0 or weight_bytes < 0:
             return
@@ -141,22 +156,17 @@ class FootprintModel:
 
     def _add(self, key: str, weights: int, measured: int) -> None:
         with self._lock:
-            seen = self._seen.setdefault(key, deque(maxlen=self.KEEP))
-            seen.append((weights, measured))
-            small = sorted(max(m - w, 0) for w, m in seen if w < self.MIN_LEARN_BYTES)
-            overhead = small[len(small) // 2] if small else \
-                min(max(m - w, 0) for w, m in seen)
-            ratios = sorted((m - overhead) / w for w, m in seen if w >= self.MIN_LEARN_BYTES)
-            if ratios:
-                factor = max(1.0, ratios[min(len(ratios) - 1, int(self.QUANTILE * len(ratios)))])
-            else:
-                factor = self._learned.get(key, (1.0, 0))[0]
-            self._learned[key] = (factor, overhead)
+            self._seen.setdefault(key, deque(maxlen=self.KEEP)).append((weights, measured))
 
     def to_json(self) -> dict[str, float]:
-        """The learned factors by ``kind/device class``."""
+        """The learned factors by ``kind/device class`` (with no prior overhead)."""
         with self._lock:
-            return {key: factor for key, (factor, _) in self._learned.items()}
+            keys = list(self._seen)
+        out = {}
+        for key in keys:
+            kind, _, device = key.partition("/")
+            out[key] = self.factor(kind, device)
+        return out
 
     def save(self) -> None:
         """Write the recent measurements to ``path`` atomically (nothing without one)."""
@@ -164,8 +174,6 @@ class FootprintModel:
             return
         with self._lock:
             doc = {"format": 1,
-                   "learned": {k: {"factor": f, "overhead": o}
-                               for k, (f, o) in self._learned.items()},
                    "measurements": {k: [list(p) for p in v] for k, v in self._seen.items()}}
         path = Path(self.path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

@@ -228,5 +228,5 @@ def load_measured(backend: Backend, meter: MemoryMeter, *,
     if size is None and backend.pool == "cpu" and clean and delta > 0:
         size = max(delta, backend.lower_bound())
         backend.footprints.observe(backend.kind, backend.weight_bytes(), size,
-                                   device=backend.pool, prior=backend.prior())
+                                   device=backend.pool)
     return LoadResult(size, seconds, backend.first_run_seconds, delta, clean)

@@ -266,7 +266,7 @@ class OnnxBackend(Backend):
         if window is not None and clean:
             self._gpu_bytes = max(delta, self.lower_bound())
             self.footprints.observe(self.kind, self.weight_bytes(), self._gpu_bytes,
-                                    device=self.device, prior=self.prior())
+                                    device=self.device)
 
     def _load_session(self) -> None:
         import onnxruntime as ort

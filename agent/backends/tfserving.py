@@ -536,7 +536,7 @@ class TfServingBackend(Backend):
             return self.estimate()
         delta = after - before
         if self.device == "cpu" and delta > 0:
-            self.footprints.observe(self.kind, size, delta, prior=self.prior())
+            self.footprints.observe(self.kind, size, delta)
         return max(delta, size)
 
     def _warm_up(self) -> None:
