@@ -64,7 +64,8 @@ class Node:
             scan_repository(config.repository), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path),
-            load_concurrency=config.load_concurrency, infer_executor=self.infer_executor)
+            load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
+            load_wait_max_s=config.load_wait_max_s)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
@@ -143,8 +144,9 @@ class Node:
                         self.config.repository)
             config = config.with_overrides(repository=self.config.repository)
         if config.cpu_budget and config.cpu_budget != self.cache.pools["cpu"].budget:
-            self.cache.pools["cpu"].budget = config.cpu_budget
+            self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
+        self.cache.load_wait_max_s = config.load_wait_max_s
         try:
             self.admin_token = read_token(config.admin_token_file)
         except (OSError, ValueError) as exc:
