@@ -198,3 +198,34 @@ async def test_removed_model_is_unloaded_on_rescan(repo):
     with pytest.raises(UnknownModel):
         await cache.acquire("a")
     await cache.close()
+
+
+async def test_a_device_context_is_the_pools_overhead_never_a_models_size(repo):
+    """A stand-in GPU backend (no GPU here): a synthetic model in pool cuda:0 whose
+    one-time device set-up (the CUDA context, 300 MB) must be billed to the pool."""
+    from agent.backends.synthetic import SyntheticBackend
+
+    set_ups = []
+
+    class FakeGpuBackend(SyntheticBackend):
+        def set_up_device(self) -> int:
+            set_ups.append(self.name)
+            return 300 * MB
+
+        def load(self) -> None:  # the synthetic backend runs on cpu only
+            self.inputs, self.outputs = [], []
+
+    for name in "abc":
+        add_synthetic(repo, name, size_bytes=200 * MB, device="cuda:0")
+    cache = ModelCache(scan_repository(repo), {"cuda:0": 800 * MB},
+                       backend_factory=lambda kind, *args: FakeGpuBackend(*args))
+    for name in "ab":
+        await cache.ensure_loaded(name)
+    pool = cache.pools["cuda:0"]
+    assert pool.memory.overhead == 300 * MB and pool.used == 400 * MB
+    assert cache.entry("a").size_bytes == 200 * MB  # the context is not the model's
+    assert cache.memory()["cuda:0"]["overhead_bytes"] == 300 * MB
+    await cache.ensure_loaded("c")  # 300 + 3 x 200 > 800: one of a, b makes room
+    assert sum(cache.entry(n).state is State.READY for n in "abc") == 2
+    assert pool.used + pool.memory.overhead <= pool.budget
+    await cache.close()

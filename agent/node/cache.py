@@ -47,7 +47,7 @@ from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, miss_penalty
 from cachepolicies.registry import make_policy, prime_policy
 
-from agent.backends import make_backend
+from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendError, TensorSpec
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.repository import ModelSpec
@@ -161,6 +161,7 @@ class Entry:
     load_started: float | None = None  # cache clock at the start of the last load
     first_run_seconds: float = 0.0
     waiting_for_room: bool = False
+    idle_since: float | None = None  # cache clock when its last request ended
     room_waits: int = 0          # loads of this model that waited for room
     room_wait_seconds: float = 0.0
     loads: int = 0
@@ -211,12 +212,14 @@ class ModelCache:
         load_concurrency: int = 2,
         infer_executor: Executor | None = None,
         load_wait_max_s: float = 30.0,
+        idle_unload_s: float | None = None,
     ) -> None:
         self.policy_spec = policy
         prime_policy(policy)  # the first request must not pay for loading the kernels
         self.pools = {name: Pool(name, MemoryPool(budget, make_policy(policy)))
                       for name, budget in budgets.items()}
         self.load_wait_max_s = load_wait_max_s
+        self.idle_unload_s = idle_unload_s
         #: Warm seconds of one run of a model, where known (the serving layer's
         #: measurements): the cold first run's surplus over it is part of the penalty.
         self.warm_exec: Callable[[Entry], float | None] = lambda entry: None
@@ -226,6 +229,7 @@ class ModelCache:
         self.footprints = footprints or FootprintModel()
         self.meter = meter or MemoryMeter()
         self.load_executor = ThreadPoolExecutor(load_concurrency, "edgeagent-load")
+        self._load_slots = asyncio.Semaphore(load_concurrency)
         self.unload_executor = ThreadPoolExecutor(1, "edgeagent-unload")
         self.infer_executor = infer_executor
         self.entries: dict[tuple[str, int], Entry] = {}
@@ -347,6 +351,7 @@ class ModelCache:
             entry.last_used = self.wall_clock()
         if entry.in_flight:
             return
+        entry.idle_since = self.clock()
         if entry.name not in self.specs and entry.state is State.READY:
             self._start_unload(entry, "removed from the repository")
         elif entry.waiting_for_room and entry.task is not None:
@@ -415,10 +420,16 @@ class ModelCache:
         kind = entry.spec.backend or "onnx"
         backend = self.backend_factory(kind, entry.name, entry.version, entry.spec.path,
                                        entry.spec.config, self.footprints)
-        estimate = backend.estimate()
+        loop = asyncio.get_running_loop()
+        if backend.pool != "cpu":  # the CUDA context: the pool's overhead, set up once
+            pool.memory.overhead = await loop.run_in_executor(self.load_executor,
+                                                              backend.set_up_device)
+        # The first estimate of a model parses its file: never on the event loop.
+        estimate, lower = await loop.run_in_executor(
+            None, lambda: (backend.estimate(), backend.lower_bound()))
         # A clean measurement from an earlier load beats the estimate.
         reserve = entry.measured_bytes or estimate
-        lower = entry.measured_bytes or getattr(backend, "lower_bound", lambda: reserve)()
+        lower = entry.measured_bytes or lower
         room = pool.memory.capacity - self._pinned_bytes(pool, entry)
         if lower > room:
             raise ModelTooLarge(
@@ -428,34 +439,38 @@ class ModelCache:
                 "pinned models)")
         # An estimate above what could be freed: evict what is idle, load and measure.
         reserve = min(reserve, room)
-        await self._wait_for_room(pool, entry, reserve)
+        # Room is reserved only by loads about to run (``load_concurrency`` at once): a
+        # load queued behind others must not hold room, or evict for it, meanwhile.
+        give_up = self.clock() + self.wait_bound(entry)
+        await self._take_load_slot(entry, give_up)
         try:
-            while pool.unloading:  # never load into memory that is still being freed
-                await asyncio.wait(set(pool.unloading))
-            loop = asyncio.get_running_loop()
-            delta, clean, seconds = await loop.run_in_executor(
-                self.load_executor, self._load_blocking, backend)
-        except BaseException:
-            pool.memory.cancel(reserve)
-            self._grant(pool)
-            raise
-        measured = backend.measured_bytes()
-        if measured is None and clean and delta > 0:
-            measured = delta
-            if hasattr(backend, "file_bytes"):
-                self.footprints.observe(kind, backend.file_bytes(), delta)
+            await self._wait_for_room(pool, entry, reserve, give_up)
+            try:
+                while pool.unloading:  # never load into memory that is still being freed
+                    await asyncio.wait(set(pool.unloading))
+                result = await loop.run_in_executor(self.load_executor, load_measured,
+                                                    backend, self.meter)
+            except BaseException:
+                pool.memory.cancel(reserve)
+                self._grant(pool)
+                raise
+        finally:
+            self._load_slots.release()
+        measured = result.size_bytes
         entry.size_estimated = measured is None
         entry.size_bytes = measured if measured is not None else estimate
         if measured is not None:  # the largest clean measurement: reservations stay safe
             entry.measured_bytes = max(measured, entry.measured_bytes or 0)
         entry.backend, entry.state = backend, State.READY
-        first_run = backend.first_run_seconds
-        entry.load_seconds, entry.first_run_seconds = max(seconds - first_run, 0.0), first_run
+        first_run = result.first_run_seconds
+        entry.load_seconds = max(result.seconds - first_run, 0.0)
+        entry.first_run_seconds = first_run
         entry.metadata, entry.signature = backend.metadata(), list(backend.inputs)
         entry.loads += 1
         warm = self.warm_exec(entry)
         penalty = miss_penalty(entry.load_seconds, first_run, 0.0 if warm is None else warm)
         pool.memory.commit(entry.id, reserve, entry.size_bytes, float(penalty), self.clock())
+        entry.idle_since = self.clock()
         log.info("loaded %s on %s in %.3fs (+ first run %.4fs): size %s (%s; estimate %s), "
                  "pool %s/%s", entry.key, pool.name, entry.load_seconds, first_run,
                  format_size(entry.size_bytes), "estimated" if entry.size_estimated
@@ -476,12 +491,28 @@ class ModelCache:
             hook(entry)
 
     # -- waiting for room --------------------------------------------------------------
-    async def _wait_for_room(self, pool: Pool, entry: Entry, need: int) -> list:
+    async def _take_load_slot(self, entry: Entry, give_up: float) -> None:
+        """One of the ``load_concurrency`` load slots, or ``CacheBusy`` at ``give_up``."""
+        if not self._load_slots.locked():
+            await self._load_slots.acquire()
+            return
+        entry.waiting_for_room = True
+        try:
+            await asyncio.wait_for(self._load_slots.acquire(),
+                                   max(give_up - self.clock(), 0.0))
+        except asyncio.TimeoutError:
+            raise CacheBusy(f"model {entry.key} waited {self.wait_bound(entry):.1f}s "
+                            "(load_wait_max_s) behind other loads") from None
+        finally:
+            entry.waiting_for_room = False
+
+    async def _wait_for_room(self, pool: Pool, entry: Entry, need: int,
+                             give_up: float) -> list:
         """Reserve ``need`` bytes in ``pool`` for ``entry``'s load, waiting in the room
-        queue as long as ``wait_bound`` allows; returns the victims (already unloading)."""
-        bound = self.wait_bound(entry)
+        queue until ``give_up`` at most; returns the victims (already unloading)."""
         started = self.clock()
-        request = RoomRequest(started + bound, next(self._seq), entry.id, need,
+        bound = max(give_up - started, 0.0)
+        request = RoomRequest(give_up, next(self._seq), entry.id, need,
                               asyncio.get_running_loop().create_future())
         heapq.heappush(pool.waiting, request)
         self._grant(pool)
@@ -510,8 +541,9 @@ class ModelCache:
                     if self.pool_of(e) is pool and e.state is not State.UNLOADED
                     and (e.in_flight or e.pinned)]
             raise CacheBusy(
-                f"no room for model {entry.key} on {pool.name}: waited {bound:.1f}s "
-                f"(load_wait_max_s) for {format_size(need)}; in use or pinned: "
+                f"no room for model {entry.key} on {pool.name}: waited "
+                f"{self.wait_bound(entry):.1f}s (load_wait_max_s) for {format_size(need)}; "
+                "in use or pinned: "
                 f"{', '.join(busy) or 'none'}")
         return request.future.result()
 
@@ -556,21 +588,6 @@ class ModelCache:
             return False
         return not any(e.in_flight and e.state is State.READY and not e.pinned
                        for e in self.entries.values() if self.pool_of(e) is pool)
-
-    def _load_blocking(self, backend: Backend) -> tuple[int, bool, float]:
-        """Load in a worker thread: (RSS delta, delta is clean, seconds incl. first run)."""
-        window = self.meter.begin()
-        started = time.perf_counter()
-        try:
-            backend.load()
-        except BaseException:
-            self.meter.end(window)
-            with contextlib.suppress(Exception):
-                backend.unload()
-            malloc_trim()
-            raise
-        seconds = time.perf_counter() - started
-        return (*self.meter.end(window), seconds)
 
     def _evictable(self, key: tuple[str, int]) -> bool:
         entry = self.entries.get(key)
@@ -622,6 +639,27 @@ class ModelCache:
         finally:
             result = self.meter.end(window)
         return result
+
+    def idle_unload_after(self, entry: Entry) -> float | None:
+        """Seconds unused after which ``entry`` is unloaded (its config, else the
+        agent's); None: never."""
+        own = entry.spec.config.idle_unload_s
+        return self.idle_unload_s if own is None else own
+
+    def unload_idle(self) -> list[Entry]:
+        """Unload the ready, unpinned models unused for their ``idle_unload_after``
+        (the node calls this periodically); returns them."""
+        now, unloaded = self.clock(), []
+        for entry in list(self.entries.values()):
+            after = self.idle_unload_after(entry)
+            if (after is not None and entry.state is State.READY and not entry.in_flight
+                    and not entry.pinned and entry.idle_since is not None
+                    and now - entry.idle_since >= after):
+                log.info("unload %s: unused for %.0fs (idle_unload_s %g)", entry.key,
+                         now - entry.idle_since, after)
+                self._start_unload(entry, "idle")
+                unloaded.append(entry)
+        return unloaded
 
     # -- admin -----------------------------------------------------------------------
     async def evict(self, name: str, version: int | None = None) -> Entry:

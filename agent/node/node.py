@@ -65,7 +65,7 @@ class Node:
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
-            load_wait_max_s=config.load_wait_max_s)
+            load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
@@ -77,13 +77,25 @@ class Node:
         self.ready = False
         self._persist_task: asyncio.Task | None = None
         self._startup_task: asyncio.Task | None = None
+        self._idle_task: asyncio.Task | None = None
         self.cache.on_load.append(lambda e: self.schedule_persist())
         self.cache.on_unload.append(lambda e, why: self.schedule_persist())
 
     # -- lifecycle -------------------------------------------------------------------
+    #: Seconds between two checks for models idle past their ``idle_unload_s``.
+    IDLE_CHECK_EVERY = 1.0
+
     async def start(self) -> None:
-        """Load pinned models, then the saved resident set, most popular first."""
-        self._startup_task = asyncio.get_running_loop().create_task(self._warm_up())
+        """Load pinned models, then the saved resident set, most popular first; then
+        unload models left unused past their ``idle_unload_s``, periodically."""
+        loop = asyncio.get_running_loop()
+        self._startup_task = loop.create_task(self._warm_up())
+        self._idle_task = loop.create_task(self._unload_idle_forever())
+
+    async def _unload_idle_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.IDLE_CHECK_EVERY)
+            self.cache.unload_idle()
 
     async def _warm_up(self) -> None:
         try:
@@ -147,6 +159,7 @@ class Node:
             self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
         self.cache.load_wait_max_s = config.load_wait_max_s
+        self.cache.idle_unload_s = config.idle_unload_s
         try:
             self.admin_token = read_token(config.admin_token_file)
         except (OSError, ValueError) as exc:
@@ -155,6 +168,8 @@ class Node:
         self.rescan()
 
     async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
         if self._startup_task is not None and not self._startup_task.done():
             self._startup_task.cancel()
             with contextlib.suppress(BaseException):
