@@ -2,8 +2,8 @@
 Runtime session creation + first run, same models, same process, same options.
 
 For each model, alternately: raw (create session, run once, drop it) and agent (cache
-load via ``ensure_loaded`` then evict). Medians of the repetitions; target agent/raw
-<= 1.1. ``agent`` is the wall time of ``ensure_loaded``: reservation, policy, RSS
+load via ``ensure_loaded`` then evict). Medians of the repetitions; target (issue 10):
+agent/raw <= 1.1 for models of 10 MB and more, agent - raw <= 2 ms for smaller ones. ``agent`` is the wall time of ``ensure_loaded``: reservation, policy, RSS
 windows and malloc_trim included.
 
     .venv/bin/python bench/cold_start.py [--reps 7]
@@ -58,7 +58,7 @@ async def run(repo: Path, reps: int) -> None:
     cache = ModelCache(scan_repository(repo), {"cpu": 2**31})
     print(f"{'model':8} {'file MB':>8} {'raw ms':>8} {'agent ms':>9} {'(load_s ms)':>11} "
           f"{'ratio':>6}")
-    ratios = []
+    verdicts = []
     for name, shape in MODELS.items():
         path = repo / name / "1" / "model.onnx"
         raw, agent, inner = [], [], []
@@ -70,10 +70,12 @@ async def run(repo: Path, reps: int) -> None:
             inner.append(entry.load_seconds)
             await cache.evict(name)
         r, a = statistics.median(raw), statistics.median(agent)
-        ratios.append(a / r)
+        big = path.stat().st_size >= 10e6
+        verdicts.append(a / r <= 1.1 if big else a - r <= 0.002)
         print(f"{name:8} {path.stat().st_size / 1e6:8.1f} {r * 1000:8.2f} {a * 1000:9.2f} "
               f"{statistics.median(inner) * 1000:11.2f} {a / r:6.3f}")
-    print(f"worst agent/raw = {max(ratios):.3f} (target <= 1.1)")
+    print(f"{sum(verdicts)} of {len(verdicts)} models within target (<= 1.1x from 10 MB, "
+          "else <= +2 ms)")
     await cache.close()
 
 

@@ -81,6 +81,8 @@ def test_64_clients_over_40_models_with_room_for_3_all_served_no_deadlock(repo, 
     assert agent.request("GET", "/v1/cache/m00")[2]["memory"]["room_waits"] >= 1
     metrics = agent.request("GET", "/metrics")[2].decode()
     assert "edgeagent_room_waits_total" in metrics
+    assert 'edgeagent_room_queue_length{device="cpu"} 0.0' in metrics
+    assert 'edgeagent_memory_overhead_bytes{device="cpu"} 0.0' in metrics
 
 
 def test_sequential_loads_longer_than_the_slo_are_served_late(repo, start_agent):

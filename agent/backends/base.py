@@ -26,7 +26,6 @@ import numpy as np
 from agent.memory import PLAIN, FootprintModel, MemoryMeter, Prior, device_class, malloc_trim
 
 if TYPE_CHECKING:
-    from agent.backends.tfserving import TfServingHost
     from agent.config import ModelConfig
     from agent.memory import GpuAccounting
 
@@ -123,7 +122,7 @@ class Backend(ABC):
 
     @classmethod
     def create(cls, name: str, version: int, path: Path, config: "ModelConfig",
-               footprints: FootprintModel, *, tfserving: "TfServingHost | None" = None,
+               footprints: FootprintModel, *, tfserving: Any = None,
                gpu: "GpuAccounting | None" = None) -> "Backend":
         """A backend given the node's shared services; each class takes what it needs."""
         return cls(name, version, path, config, footprints)

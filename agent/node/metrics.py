@@ -60,12 +60,18 @@ class _CacheCollector(Collector):
                                    "Byte budget for models", labels=["device"])
         queued = GaugeMetricFamily("edgeagent_room_queue_length",
                                    "Loads waiting for room", labels=["device"])
+        overhead = GaugeMetricFamily(
+            "edgeagent_memory_overhead_bytes",
+            "Bytes of the budget taken by the runtime itself (a GPU's CUDA context)",
+            labels=["device"])
         for name, m in self.cache.memory().items():
             used.add_metric([name], m["used_bytes"])
             budget.add_metric([name], m["budget_bytes"])
             queued.add_metric([name], m["waiting_loads"])
+            overhead.add_metric([name], m["overhead_bytes"])
         yield from counters.values()
-        yield from (loaded, size, used, budget, queued, room_waits, room_seconds, waiting)
+        yield from (loaded, size, used, budget, queued, overhead, room_waits, room_seconds,
+                    waiting)
 
 
 class _ServingCollector(Collector):
