@@ -1,30 +1,75 @@
-"""The ``edgeagent`` command line. Each command group lives in ``agent.commands``."""
+"""The ``edgeagent`` command line. Each command group lives in ``agent.commands``.
+
+Commands are imported lazily (click's lazy group): ``edgeagent --help`` imports no
+command module, and ``edgeagent CMD ...`` imports only CMD's, whose heavy imports
+(scipy, pandas, numba kernels, onnxruntime, aiohttp) in turn wait for the code that
+runs. ``bench/cli_startup.py`` measures it; ``tests/test_cli_lazy.py`` keeps it so.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from agent import __version__
 
+# name -> ("module:attribute", the short help that ``edgeagent --help`` shows without
+# importing the module; tests/test_cli_lazy.py checks it against the command's own).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "cache": ("agent.commands.cache:cache",
+              "Inspect and steer a running agent's model cache."),
+    "coordinator": ("agent.commands.coordinator:coordinator",
+                    "Run the fleet coordinator (Faro planning) or talk to one."),
+    "plan": ("agent.commands.plan:plan",
+             "Plan replicas per model under latency SLOs and cluster limits (Faro)."),
+    "profile": ("agent.commands.profile:profile",
+                "Measure model profiles (memory, load and execution time)."),
+    "serve": ("agent.commands.serve:serve",
+              "Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."),
+    "simulate": ("agent.commands.simulate:simulate_command",
+                 "Simulate model-level caching: load delay per policy and capacity."),
+    "workload": ("agent.commands.workload:workload",
+                 "Make request traces and model profiles (the Azure Functions trace method)."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported the first time they are looked up."""
+
+    def __init__(self, *args, lazy_commands: dict[str, tuple[str, str]], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = lazy_commands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            module, _, attribute = self.lazy_commands[cmd_name][0].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{module}:{attribute} is not a click command")
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands table from the registered short help: no command is imported."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(map(len, names))  # as click.Group does
+        rows = [(name, self.commands[name].get_short_help_str(limit) if name in self.commands
+                 else click.Command(name, help=self.lazy_commands[name][1])
+                 .get_short_help_str(limit))
+                for name in names]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, lazy_commands=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgeagent")
 def main() -> None:
     """Serve many ML models on a shared edge machine under a memory budget."""
-
-
-# Command registration: one line per command module.
-from agent.commands.workload import workload  # noqa: E402
-main.add_command(workload)
-from agent.commands.profile import profile  # noqa: E402
-main.add_command(profile)
-from agent.commands.serve import serve  # noqa: E402
-main.add_command(serve)
-from agent.commands.cache import cache  # noqa: E402
-main.add_command(cache)
-from agent.commands.plan import plan  # noqa: E402
-main.add_command(plan)
-from agent.commands.simulate import simulate_command  # noqa: E402
-main.add_command(simulate_command)
-from agent.commands.coordinator import coordinator  # noqa: E402
-main.add_command(coordinator)

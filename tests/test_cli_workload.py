@@ -75,8 +75,6 @@ def test_generate_in_one_step(tmp_path):
 
 
 def test_simulate_reads_the_files(tmp_path):
-    if "simulate" not in main.commands:
-        pytest.skip("edgeagent simulate is not registered yet")
     trace, profiles = tmp_path / "trace.csv", tmp_path / "profiles.csv"
     assert _run("workload", "generate", "--functions", "1000", "--out-trace", str(trace),
                 "--out-profiles", str(profiles)).exit_code == 0

@@ -38,3 +38,28 @@ def test_cache_cli(repo, start_agent, tmp_path):
     assert result.exit_code == 1 and "401" in result.output
     result = run(main, ["cache", "ls", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1 and "cannot reach" in result.output
+
+
+def test_cache_options_follow_the_subcommand(repo, start_agent, tmp_path, monkeypatch):
+    """``--token-file``, ``--url`` and ``--json`` work after the subcommand, as users
+    type them, and override the group's."""
+    monkeypatch.delenv("EDGEAGENT_TOKEN", raising=False)
+    add_synthetic(repo, "alpha")
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope")
+    agent = start_agent(repo, admin_token_file=token)
+    run = CliRunner().invoke
+    result = run(main, ["cache", "ls", "--token-file", str(token), "--url", agent.url,
+                        "--json"])
+    assert result.exit_code == 0, result.output
+    assert [m["name"] for m in json.loads(result.output)] == ["alpha"]
+    result = run(main, ["cache", "--token-file", str(wrong), "ls", "--url", agent.url])
+    assert result.exit_code == 1 and "40" in result.output
+    result = run(main, ["cache", "--token-file", str(wrong), "pin", "alpha", "--url",
+                        agent.url, "--token-file", str(token)])
+    assert result.exit_code == 0, result.output
+    result = run(main, ["cache", "--url", "http://127.0.0.1:9", "unpin", "alpha",
+                        "--token-file", str(token), "--url", agent.url])
+    assert result.exit_code == 0, result.output

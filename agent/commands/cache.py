@@ -9,11 +9,12 @@ from typing import Any
 
 import click
 
-from agent.commands.http import call_json
 from agent.units import format_size
 
 
 def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
+    from agent.commands.http import call_json  # urllib: only when a command calls
+
     return call_json(ctx.obj["url"], method, path, body, token=ctx.obj["token"], server="agent")
 
 
@@ -64,14 +65,26 @@ def _show(ctx: click.Context, doc: Any) -> None:
 @click.pass_context
 def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
     """Inspect and steer a running agent's model cache."""
-    token = open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
-    ctx.obj = {"url": url, "json": as_json, "token": token}
+    ctx.obj = {"url": url, "json": as_json, "token": _read_token(token_file)}
+
+
+def _read_token(token_file: str | None) -> str | None:
+    return open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
 
 
 def _common(f):
-    """Let --url/--json also follow the subcommand (``cache ls --json``)."""
+    """Let --url/--json/--token-file also follow the subcommand (``cache ls --json``)."""
     f = click.option("--url", "sub_url", default=None, help="The agent's URL.")(f)
+    f = click.option("--token-file", "sub_token_file",
+                     type=click.Path(exists=True, dir_okay=False), default=None,
+                     expose_value=False, callback=_sub_token,
+                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
     return click.option("--json", "sub_json", is_flag=True, help="Print JSON.")(f)
+
+
+def _sub_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.ensure_object(dict)["token"] = _read_token(value)
 
 
 def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:

@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agent.commands.http import call_json
-from agent.config import ConfigError
-from agent.eventloop import listen, run_event_loop
+# asyncio, urllib, the config (yaml) and the coordinator (aiohttp, scipy) are imported
+# by the code that runs: ``--help`` and the client commands pay only for what they use.
 
 log = logging.getLogger("edgeagent.coordinator")
 DEFAULT_URL = "http://127.0.0.1:8100"
@@ -32,8 +29,11 @@ def coordinator() -> None:
 
 async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT."""
+    import asyncio
+    import signal
 
     from agent.coordinator.app import create_app
+    from agent.eventloop import listen
     from agent.node.sdnotify import notify
 
     app = create_app(config)
@@ -74,7 +74,9 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
 def serve(config_file: str | None, host: str | None, port: int | None,
           state_dir: Path | None, log_level: str | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
+    from agent.config import ConfigError
     from agent.coordinator.config import load_coordinator_config
+    from agent.eventloop import run_event_loop
 
     try:
         config = load_coordinator_config(config_file).with_overrides(
@@ -105,6 +107,8 @@ def _client_options(f: Any) -> Any:
 
 def _call(url: str, token_file: str | None, method: str, path: str,
           body: Any = None) -> Any:
+    from agent.commands.http import call_json
+
     token = open(token_file).read().strip() if token_file \
         else os.environ.get("EDGEAGENT_COORDINATOR_TOKEN")
     return call_json(url, method, path, body, token=token, server="coordinator", timeout=120)

@@ -7,10 +7,14 @@ import math
 
 import click
 
-from agent.coordinator.faro.latency import ESTIMATORS, RHO_MAX, estimate_latency
-from agent.coordinator.faro.objectives import OBJECTIVES
-from agent.coordinator.faro.problem import DEFAULT_RATE_QUANTILE, ProblemError, problem_from_dict
-from agent.coordinator.faro.solver import METHODS, solve
+# Faro's choices and defaults, spelled out so that ``--help`` imports no scipy; each is
+# checked against its source (faro.latency, .objectives, .problem, .solver) by
+# tests/test_cli_lazy.py.
+ESTIMATORS = ("mdc", "upper")
+RHO_MAX = 0.95
+OBJECTIVES = ("sum", "fair", "fairsum", "penaltysum", "penaltyfairsum")
+DEFAULT_RATE_QUANTILE = 0.9
+METHODS = ("auto", "fast", "cobyla", "cobyla-hierarchical", "exhaustive")
 
 
 @click.group("plan")
@@ -29,6 +33,8 @@ def plan() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def latency_cmd(proc_ms, rate, replicas, percentile, estimator, rho_max, as_json) -> None:
     """Estimated PERCENTILE-th latency of REPLICAS replicas (relaxed if unstable)."""
+    from agent.coordinator.faro.latency import estimate_latency
+
     try:
         seconds = estimate_latency(percentile, proc_ms / 1000.0, rate, replicas, estimator,
                                    rho_max)
@@ -56,6 +62,9 @@ def latency_cmd(proc_ms, rate, replicas, percentile, estimator, rho_max, as_json
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def allocate_cmd(problem_file, objective, estimator, method, rate_quantile, as_json) -> None:
     """Replicas per model that maximise the cluster objective within capacity."""
+    from agent.coordinator.faro.problem import ProblemError, problem_from_dict
+    from agent.coordinator.faro.solver import solve
+
     try:
         data = json.load(problem_file)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

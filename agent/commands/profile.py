@@ -6,9 +6,7 @@ from pathlib import Path
 
 import click
 
-from agent.profiling import ProfilingError, measure_models, to_profiles
 from agent.units import format_size
-from cachepolicies.workloads import write_profiles
 
 
 @click.group("profile")
@@ -28,6 +26,9 @@ def measure_command(paths: tuple[Path, ...], runs: int, out: str) -> None:
     Writes model,size_bytes,load_seconds,exec_seconds,first_exec_seconds; a table of
     the measurements goes to stderr.
     """
+    from agent.profiling import ProfilingError, measure_models, to_profiles
+    from cachepolicies.workloads import write_profiles
+
     try:
         measured = measure_models(paths, runs=runs)
         write_profiles(out, to_profiles(measured))

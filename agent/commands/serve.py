@@ -7,19 +7,21 @@ than the zoo so that eviction happens. Flags override the config file.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agent.eventloop import listen, run_event_loop
-from agent.config import AgentConfig, ConfigError, load_agent_config
 from agent.units import format_size, parse_size
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+
+# asyncio, the config (yaml) and the node (aiohttp, numba, onnxruntime) are imported by
+# the code that runs: ``edgeagent serve --help`` and the other commands pay for none.
 
 log = logging.getLogger("edgeagent.serve")
 
@@ -48,6 +50,8 @@ def _gpu_size(ctx: click.Context, param: click.Parameter, value: str | None
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[AgentConfig, bool]:
     """(config, is_demo): the file (or defaults) with flags applied; demo when no
     repository is configured anywhere."""
+    from agent.config import AgentConfig, load_agent_config
+
     config = load_agent_config(config_file) if config_file else AgentConfig()
     config = config.with_overrides(**overrides)
     demo = config.repository is None
@@ -63,7 +67,11 @@ def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[Ag
 async def run_agent(config: AgentConfig, *, config_file: str | None = None,
                     overrides: dict[str, Any] | None = None, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP re-reads the config and rescans."""
+    import asyncio
+    import signal
 
+    from agent.config import ConfigError
+    from agent.eventloop import listen
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
 
@@ -146,6 +154,9 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."""
+    from agent.config import ConfigError
+    from agent.eventloop import run_event_loop
+
     overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}
     if overrides.get("policy"):
         from cachepolicies.registry import parse_policy_spec

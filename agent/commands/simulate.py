@@ -11,19 +11,20 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from agent.units import parse_size
-from cachepolicies.registry import POLICY_NAMES
-from cachepolicies.simulator import SimulationResult, sweep
-from cachepolicies.traces import (
-    Profiles,
-    Trace,
-    cremebrulee_profiles_path,
-    read_profiles,
-    read_trace,
-)
+
+if TYPE_CHECKING:
+    from cachepolicies.simulator import SimulationResult
+    from cachepolicies.traces import Profiles, Trace
+
+# cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
+# (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
+POLICY_NAMES = ("lru", "random", "popularity", "gdsf", "beladymin", "cremebrulee",
+                "cremebrulee-oracle")
 
 DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee", "beladymin",
                  "cremebrulee-oracle")
@@ -69,6 +70,9 @@ def simulate_command(
     demo: bool,
 ) -> None:
     """Simulate model-level caching: load delay per policy and capacity."""
+    from cachepolicies.simulator import sweep
+    from cachepolicies.traces import read_profiles, read_trace
+
     if progress is None:
         progress = sys.stderr.isatty()
     try:
@@ -181,6 +185,7 @@ def _plot(results: Sequence[SimulationResult], path: Path) -> None:
 
 def _demo_workload(seed: int) -> tuple[Trace, Profiles]:
     """An hour of synthetic Azure-style requests over the shipped profiles (quantiles-r)."""
+    from cachepolicies.traces import cremebrulee_profiles_path, read_profiles
     from cachepolicies.workloads import TraceOptions, build_workload, synthetic_invocations
 
     profiles = read_profiles(cremebrulee_profiles_path())

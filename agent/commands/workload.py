@@ -12,26 +12,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import numpy as np
 
 from agent.units import format_size
-from cachepolicies.traces import SimulationInputError, cremebrulee_profiles_path, read_profiles
-from cachepolicies.workloads import (
-    ASSOCIATIONS,
-    NAMINGS,
-    InvocationCounts,
-    TraceOptions,
-    Workload,
-    WorkloadError,
-    build_workload,
-    read_azure_invocations,
-    synthetic_invocations,
-    write_azure_invocations,
-    write_profiles,
-    write_trace,
-)
+
+if TYPE_CHECKING:
+    from cachepolicies.workloads import InvocationCounts, Workload
+
+# cachepolicies.workloads' choices, spelled out so that ``--help`` imports no numpy or
+# pandas (the commands import the workloads when they run); tests/test_cli_lazy.py
+# checks them against the source.
+ASSOCIATIONS = ("uniform", "round-robin", "quantiles", "quantiles-r")
+NAMINGS = ("distinct", "real")
 
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -51,6 +45,8 @@ def workload() -> None:
               help="Azure-format invocation CSV to write ('-': stdout).")
 def synthetic_command(functions: int, minutes: int, seed: int, out: str) -> None:
     """Write made-up per-minute invocation counts in the Azure Functions 2019 format."""
+    from cachepolicies.workloads import synthetic_invocations, write_azure_invocations
+
     with _clear_errors():
         invocations = synthetic_invocations(functions, minutes, seed=seed)
         write_azure_invocations(out, invocations)
@@ -97,6 +93,8 @@ def _trace_options(command: Callable) -> Callable:
 def trace_command(invocations: Path, start_minute: int, minutes: int | None,
                   **options) -> None:
     """Turn invocation counts into a request trace (and profiles) for simulation."""
+    from cachepolicies.workloads import read_azure_invocations
+
     with _clear_errors():
         counts = read_azure_invocations(invocations, start_minute=start_minute, minutes=minutes)
         _build_and_write(counts, **options)
@@ -110,6 +108,8 @@ def trace_command(invocations: Path, start_minute: int, minutes: int | None,
 @_trace_options
 def generate_command(functions: int, minutes: int, **options) -> None:
     """Synthetic invocations, then a trace, in one step (no invocation CSV written)."""
+    from cachepolicies.workloads import synthetic_invocations
+
     with _clear_errors():
         counts = synthetic_invocations(functions, minutes, seed=options["seed"])
         _build_and_write(counts.with_trigger("http"), **options)
@@ -118,6 +118,10 @@ def generate_command(functions: int, minutes: int, **options) -> None:
 def _build_and_write(counts: InvocationCounts, *, profiles: Path | None, association: str,
                      quantile: float, keep_one_hit: bool, downsample: float, names: str,
                      seed: int, out_trace: Path, out_profiles: Path | None) -> None:
+    from cachepolicies.traces import cremebrulee_profiles_path, read_profiles
+    from cachepolicies.workloads import (TraceOptions, WorkloadError, build_workload,
+                                         write_profiles, write_trace)
+
     if names == "distinct" and out_profiles is None:
         raise click.UsageError("--names distinct needs --out-profiles: each function becomes "
                                "its own model, described only there")
@@ -140,6 +144,8 @@ def _build_and_write(counts: InvocationCounts, *, profiles: Path | None, associa
 
 def _summary(counts: InvocationCounts, built: Workload, out_trace: Path,
              out_profiles: Path | None, seconds: float) -> None:
+    import numpy as np
+
     pop = built.popularity
     times = built.trace.timestamps
     used = np.unique(built.trace.model_ids)
@@ -160,6 +166,9 @@ def _summary(counts: InvocationCounts, built: Workload, out_trace: Path,
 @contextmanager
 def _clear_errors() -> Iterator[None]:
     """Turn bad-input errors into ``Error: ...`` and exit status 1 (no traceback)."""
+    from cachepolicies.traces import SimulationInputError
+    from cachepolicies.workloads import WorkloadError
+
     try:
         yield
     except (WorkloadError, SimulationInputError) as exc:
