@@ -288,7 +288,7 @@ class AgentConfig:
     policy: str = "cremebrulee"
     admin_token_file: Path | None = None
     max_request_size: int = 64 * 2**20
-    load_concurrency: int = 2
+    load_concurrency: int = 1  # loads at once: each holds its peak; windows measure cleanly
     infer_threads: int = max(2, os.cpu_count() or 2)
     restore: bool = True
     drain_seconds: float = 30.0

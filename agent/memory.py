@@ -41,10 +41,12 @@ MiB = 2**20
 @dataclass(frozen=True)
 class Prior:
     """What a backend expects before any measurement: resident bytes per weight byte,
-    and bytes per loaded model besides its weights (session, arena, handles)."""
+    bytes per loaded model besides its weights (session, arena, handles), and the peak
+    a load reaches over the model's steady size (scratch while the runtime builds it)."""
 
     factor: float
     overhead: int
+    load_peak: float = 1.0
 
 
 #: For callers that name no prior: weights as they are, nothing besides.
@@ -77,6 +79,7 @@ class FootprintModel:
     def __init__(self, *, path: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._seen: dict[str, deque[tuple[int, int]]] = {}
+        self._peaks: dict[str, deque[float]] = {}  # peak during load / steady size
         self._weights: dict[tuple[str, int, int], int] = {}
         self.path = path
 
@@ -90,6 +93,9 @@ class FootprintModel:
             for key, pairs in (doc.get("measurements") or {}).items():
                 for weights, measured in pairs:
                     model._add(key, int(weights), int(measured))
+            for key, ratios in (doc.get("load_peaks") or {}).items():
+                for ratio in ratios:
+                    model._peaks.setdefault(key, deque(maxlen=cls.KEEP)).append(float(ratio))
         except FileNotFoundError:
             pass
         except (OSError, ValueError, AttributeError, TypeError) as exc:
@@ -154,6 +160,26 @@ class FootprintModel:
         self._add(self.key(kind, device), weight_bytes, measured)
         self.save()
 
+    def load_peak(self, kind: str, device: str = "cpu", prior: Prior = PLAIN) -> float:
+        """Peak memory during a load of ``kind`` on ``device`` per byte of the model's
+        steady size: the ``QUANTILE`` of the observed ratios (at least 1), else the
+        prior's. What a load reserves while it runs."""
+        with self._lock:
+            ratios = sorted(self._peaks.get(self.key(kind, device), ()))
+        if not ratios:
+            return prior.load_peak
+        return max(1.0, ratios[min(len(ratios) - 1, int(self.QUANTILE * len(ratios)))])
+
+    def observe_peak(self, kind: str, size: int, peak: int, *, device: str = "cpu") -> None:
+        """Learn from one clean load of a model of ``size`` bytes that peaked at ``peak``
+        bytes over the memory before it."""
+        if size < self.MIN_LEARN_BYTES or peak <= 0:
+            return  # small loads: the ratio is noise of the allocator
+        with self._lock:
+            self._peaks.setdefault(self.key(kind, device),
+                                   deque(maxlen=self.KEEP)).append(peak / size)
+        self.save()
+
     def _add(self, key: str, weights: int, measured: int) -> None:
         with self._lock:
             self._seen.setdefault(key, deque(maxlen=self.KEEP)).append((weights, measured))
@@ -174,7 +200,8 @@ class FootprintModel:
             return
         with self._lock:
             doc = {"format": 1,
-                   "measurements": {k: [list(p) for p in v] for k, v in self._seen.items()}}
+                   "measurements": {k: [list(p) for p in v] for k, v in self._seen.items()},
+                   "load_peaks": {k: list(v) for k, v in self._peaks.items()}}
         path = Path(self.path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -197,19 +224,48 @@ def _process_rss() -> int:
         return psutil.Process().memory_info().rss
 
 
+def _process_peak() -> int | None:
+    """This process's peak RSS since the last ``_reset_process_peak`` (VmHWM), or None."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_process_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux ``clear_refs`` 5); False where it can't."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 @dataclass
 class Window:
-    """One measurement window; ``clean`` turns false when another window overlaps it."""
+    """One measurement window; ``clean`` turns false when another window overlaps it.
+    ``peak``: the reading's highest point over ``start_rss`` during a clean window,
+    where the meter can tell (RSS on Linux), else None."""
 
     start_rss: int
     clean: bool = True
+    peak_tracked: bool = False
+    peak: int | None = None
 
 
 class MemoryMeter:
-    """RSS deltas around blocking operations, with overlap detection."""
+    """Deltas of a reading (default: process RSS) around blocking operations, with
+    overlap detection; for RSS also the peak within a window that ran alone."""
 
     def __init__(self, rss: Callable[[], int] | None = None) -> None:
         self._rss = rss or _process_rss
+        # The process-wide peak only says something about an RSS window.
+        self._peak = (_process_peak, _reset_process_peak) if rss is None else None
         self._lock = threading.Lock()
         self._open: list[Window] = []
 
@@ -218,7 +274,8 @@ class MemoryMeter:
 
     def begin(self) -> Window:
         with self._lock:
-            window = Window(self._rss())
+            tracked = not self._open and self._peak is not None and self._peak[1]()
+            window = Window(self._rss(), peak_tracked=tracked)
             if self._open:
                 window.clean = False
                 for other in self._open:
@@ -227,9 +284,13 @@ class MemoryMeter:
             return window
 
     def end(self, window: Window) -> tuple[int, bool]:
-        """(RSS delta since ``begin``, whether no other window overlapped)."""
+        """(RSS delta since ``begin``, whether no other window overlapped); sets
+        ``window.peak`` when the window was clean and the peak is known."""
         with self._lock:
             self._open.remove(window)
+            if window.clean and window.peak_tracked:
+                high = self._peak[0]()
+                window.peak = None if high is None else max(high - window.start_rss, 0)
             return self._rss() - window.start_rss, window.clean
 
 

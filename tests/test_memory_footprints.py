@@ -103,3 +103,41 @@ def test_overlapping_windows_are_not_clean():
     a, b = meter.begin(), meter.begin()
     value[0] = 170
     assert meter.end(a) == (20, False) and meter.end(b) == (20, False)
+
+
+def test_a_clean_window_knows_its_peak_while_rss_came_back():
+    import numpy as np
+
+    from agent.memory import MemoryMeter, malloc_trim, tune_malloc
+
+    tune_malloc()
+    meter = MemoryMeter()
+    window = meter.begin()
+    scratch = np.ones(64 * MiB // 8)  # touched: resident
+    del scratch
+    malloc_trim()
+    delta, clean = meter.end(window)
+    if window.peak_tracked is False:
+        pytest.skip("this kernel does not let a process reset its VmHWM (clear_refs)")
+    assert clean and delta < 16 * MiB  # given back ...
+    assert window.peak is not None and window.peak >= 48 * MiB  # ... but it was there
+    other = meter.begin()
+    overlapped = meter.begin()  # overlapping windows: no peak is claimed
+    meter.end(overlapped)
+    meter.end(other)
+    assert other.peak is None and overlapped.peak is None
+
+
+def test_load_peaks_are_learned_and_kept(tmp_path):
+    from agent.memory import FootprintModel, Prior
+
+    prior = Prior(1.0, 0, load_peak=2.0)
+    model = FootprintModel(path=tmp_path / "footprints.json")
+    assert model.load_peak("onnx", "cpu", prior) == 2.0  # the prior before any load
+    for ratio in (1.3, 1.4, 1.5, 1.45, 1.35):
+        model.observe_peak("onnx", 20 * MiB, int(ratio * 20 * MiB))
+    model.observe_peak("onnx", MiB, 10 * MiB)  # a tiny load says nothing
+    assert model.load_peak("onnx", "cpu", prior) == pytest.approx(1.5, rel=0.01)
+    again = FootprintModel.load(tmp_path / "footprints.json")
+    assert again.load_peak("onnx", "cpu", prior) == model.load_peak("onnx", "cpu", prior)
+    assert again.load_peak("onnx", "cuda", prior) == 2.0  # per device class

@@ -229,3 +229,30 @@ async def test_a_device_context_is_the_pools_overhead_never_a_models_size(repo):
     assert sum(cache.entry(n).state is State.READY for n in "abc") == 2
     assert pool.used + pool.memory.overhead <= pool.budget
     await cache.close()
+
+
+async def test_a_load_holds_its_peak_while_it_runs_and_its_size_after(repo):
+    """Loads peak above the model's steady size (the runtime's scratch): the room a
+    load holds while it runs is ``load_room``, and the measured size after."""
+    from agent.backends.synthetic import SyntheticBackend
+
+    seen = []
+
+    class PeakyBackend(SyntheticBackend):
+        def load_room(self, size: int) -> int:
+            return 2 * size
+
+        def load(self) -> None:
+            seen.append(cache.pools["cpu"].reserved)
+            super().load()
+
+    add_synthetic(repo, "a", size_bytes=30 * MB)
+    add_synthetic(repo, "b", size_bytes=30 * MB)
+    cache = ModelCache(scan_repository(repo), {"cpu": 100 * MB},
+                       backend_factory=lambda kind, *args: PeakyBackend(*args))
+    await cache.ensure_loaded("a")
+    assert seen == [60 * MB] and cache.pools["cpu"].used == 30 * MB
+    await cache.ensure_loaded("b")  # 30 resident + 60 while loading: fits, no eviction
+    assert cache.entry("a").state is State.READY and cache.pools["cpu"].used == 60 * MB
+    assert seen[-1] == 60 * MB and cache.pools["cpu"].reserved == 0
+    await cache.close()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
+from agent.errors import AgentError
 from agent.memory import PLAIN, FootprintModel, MemoryMeter, Prior, device_class, malloc_trim
 
 if TYPE_CHECKING:
@@ -30,11 +31,8 @@ if TYPE_CHECKING:
     from agent.memory import GpuAccounting
 
 
-class BackendError(RuntimeError):
+class BackendError(AgentError, RuntimeError):
     """A backend could not load, run or unload a model (the model's fault or the host's)."""
-
-    status = 500
-    retry_after: float | None = None
 
 
 class BackendUnavailable(BackendError):
@@ -44,8 +42,10 @@ class BackendUnavailable(BackendError):
     retry_after = 1.0
 
 
-class InvalidInput(ValueError):
+class InvalidInput(AgentError, ValueError):
     """The request's tensors do not fit the model (name, datatype, shape): a 400."""
+
+    status = 400
 
 
 # Open Inference Protocol datatypes <-> numpy dtypes.
@@ -146,6 +146,12 @@ class Backend(ABC):
         no eviction can make a model fit whose lower bound exceeds the room."""
         return self.weight_bytes()
 
+    def load_room(self, size: int) -> int:
+        """Bytes a load of a model of ``size`` steady bytes takes at its peak (the
+        runtime's scratch while it builds the model): what the cache holds while the
+        load runs, before the measured size replaces it."""
+        return int(size * self.footprints.load_peak(self.kind, self.device, self.prior()))
+
     def estimate(self) -> int:
         """Bytes the model will take in ``pool`` once loaded: tight (overhead + learned
         factor × weight bytes), cheap, without loading anything. The cache reserves this
@@ -196,13 +202,15 @@ class Backend(ABC):
 class LoadResult:
     """One measured load: ``size_bytes`` in ``pool`` (None when nothing clean was
     measured: keep the estimate), seconds of load including the first run, seconds of
-    the first run, and the raw RSS window (delta, clean)."""
+    the first run, the raw RSS window (delta, clean) and its peak over the start (None
+    when not known)."""
 
     size_bytes: int | None
     seconds: float
     first_run_seconds: float
     rss_delta: int
     clean: bool
+    peak_bytes: int | None = None
 
 
 def load_measured(backend: Backend, meter: MemoryMeter, *,
@@ -228,4 +236,7 @@ def load_measured(backend: Backend, meter: MemoryMeter, *,
         size = max(delta, backend.lower_bound())
         backend.footprints.observe(backend.kind, backend.weight_bytes(), size,
                                    device=backend.pool)
-    return LoadResult(size, seconds, backend.first_run_seconds, delta, clean)
+        if window.peak is not None:
+            backend.footprints.observe_peak(backend.kind, size, window.peak,
+                                            device=backend.pool)
+    return LoadResult(size, seconds, backend.first_run_seconds, delta, clean, window.peak)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from concurrent.futures import Executor
 from pathlib import Path
@@ -94,56 +95,149 @@ _ELEMENT_BYTES = {  # onnx.TensorProto.DataType → bytes per element (STRING: b
 }
 
 
-def _tensor_bytes(tensor: Any, model_dir: Path) -> int:
+# The weights' bytes are read off the protobuf's wire format through a memory map:
+# only field keys and lengths are decoded, the tensors' data is skipped, so a file of
+# any size costs neither a copy nor a parse (onnx.load would hold the file twice over
+# while a burst of first requests estimates many models at once).
+_MODEL_GRAPH = 7
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE = 1, 5, 15
+_NODE_ATTRIBUTE = 5
+_ATTR_T, _ATTR_G, _ATTR_TENSORS, _ATTR_GRAPHS = 5, 6, 10, 11
+_SPARSE_VALUES, _SPARSE_INDICES = 1, 2
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_STRINGS = 1, 2, 6
+_TENSOR_EXTERNAL, _TENSOR_LOCATION = 13, 14
+_STRING_STRING_KEY, _STRING_STRING_VALUE = 1, 2
+
+
+def _varint(buf: Any, i: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, i
+        shift += 7
+
+
+def _fields(buf: Any, start: int, end: int):
+    """(field number, wire type, value) of the message in ``buf[start:end]``: an int for
+    varints, a (start, end) span for length-delimited fields, None for fixed ones."""
+    i = start
+    while i < end:
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+            yield field, wire, value
+        elif wire == 2:
+            length, i = _varint(buf, i)
+            if i + length > end:
+                raise ValueError("truncated message")
+            yield field, wire, (i, i + length)
+            i += length
+        elif wire in (1, 5):
+            yield field, wire, None
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+    if i != end:
+        raise ValueError("truncated message")
+
+
+def _packed_varints(buf: Any, start: int, end: int) -> list[int]:
+    out, i = [], start
+    while i < end:
+        value, i = _varint(buf, i)
+        out.append(value)
+    return out
+
+
+def _tensor_bytes(buf: Any, span: tuple[int, int], model_dir: Path) -> int:
     """Bytes of one TensorProto's data: its external data's length (or the rest of its
     file), else the elements' bytes (inline ``raw_data`` or typed fields alike)."""
-    if tensor.data_location == 1:  # EXTERNAL
-        info = {e.key: e.value for e in tensor.external_data}
+    dims: list[int] = []
+    data_type, external, strings = 0, False, 0
+    info: dict[str, str] = {}
+    for field, wire, value in _fields(buf, *span):
+        if field == _TENSOR_DIMS:
+            dims += [value] if wire == 0 else _packed_varints(buf, *value)
+        elif field == _TENSOR_TYPE and wire == 0:
+            data_type = value
+        elif field == _TENSOR_STRINGS and wire == 2:
+            strings += value[1] - value[0]
+        elif field == _TENSOR_LOCATION and wire == 0:
+            external = value == 1
+        elif field == _TENSOR_EXTERNAL and wire == 2:
+            entry = {f: bytes(buf[v[0]:v[1]]).decode() for f, w, v in _fields(buf, *value)
+                     if w == 2}
+            info[entry.get(_STRING_STRING_KEY, "")] = entry.get(_STRING_STRING_VALUE, "")
+    if external:
         if "length" in info:
             return int(info["length"])
         try:
             return max((model_dir / info["location"]).stat().st_size
                        - int(info.get("offset", 0)), 0)
-        except (KeyError, OSError):
+        except (KeyError, OSError, ValueError):
             pass
-    if tensor.data_type == 8:  # STRING
-        return sum(len(s) for s in tensor.string_data)
-    count = math.prod(tensor.dims)
-    if tensor.data_type in (21, 22, 23):  # 4-bit types: two per byte
+    if data_type == 8:  # STRING
+        return strings
+    count = math.prod(dims)
+    if data_type in (21, 22, 23):  # 4-bit types: two per byte
         return (count + 1) // 2
-    return count * _ELEMENT_BYTES.get(tensor.data_type, 4)
+    return count * _ELEMENT_BYTES.get(data_type, 4)
 
 
-def _graph_bytes(graph: Any, model_dir: Path) -> int:
-    total = sum(_tensor_bytes(t, model_dir) for t in graph.initializer)
-    for sparse in graph.sparse_initializer:
-        total += _tensor_bytes(sparse.values, model_dir) + _tensor_bytes(sparse.indices,
-                                                                          model_dir)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                total += _tensor_bytes(attr.t, model_dir)
-            total += sum(_tensor_bytes(t, model_dir) for t in attr.tensors)
-            if attr.HasField("g"):
-                total += _graph_bytes(attr.g, model_dir)
-            total += sum(_graph_bytes(g, model_dir) for g in attr.graphs)
+def _graph_bytes(buf: Any, span: tuple[int, int], model_dir: Path) -> int:
+    total = 0
+    for field, wire, value in _fields(buf, *span):
+        if wire != 2:
+            continue
+        if field == _GRAPH_INITIALIZER:
+            total += _tensor_bytes(buf, value, model_dir)
+        elif field == _GRAPH_SPARSE:
+            total += sum(_tensor_bytes(buf, v, model_dir) for f, w, v in _fields(buf, *value)
+                         if w == 2 and f in (_SPARSE_VALUES, _SPARSE_INDICES))
+        elif field == _GRAPH_NODE:
+            for f, w, attr in _fields(buf, *value):
+                if f == _NODE_ATTRIBUTE and w == 2:
+                    total += _attribute_bytes(buf, attr, model_dir)
+    return total
+
+
+def _attribute_bytes(buf: Any, span: tuple[int, int], model_dir: Path) -> int:
+    total = 0
+    for field, wire, value in _fields(buf, *span):
+        if wire != 2:
+            continue
+        if field in (_ATTR_T, _ATTR_TENSORS):
+            total += _tensor_bytes(buf, value, model_dir)
+        elif field in (_ATTR_G, _ATTR_GRAPHS):
+            total += _graph_bytes(buf, value, model_dir)
     return total
 
 
 def onnx_weight_bytes(model_file: Path) -> int:
     """Bytes of an ONNX model's constant tensors (initializers, sparse initializers,
-    Constant and other tensor attributes, subgraphs included) as the runtime holds them:
-    parsed from the protobuf with ``load_external_data=False``, external data counted by
-    its length. No session is created. Raises ``OSError`` / ``ValueError`` on a bad file."""
-    import onnx
+    Constant and other tensor attributes, subgraphs included) as the runtime holds them,
+    read off the file's protobuf encoding without loading it (see above), external data
+    counted by its length. No session is created. Raises ``OSError`` / ``ValueError`` on
+    a bad file."""
+    import mmap
 
-    try:
-        model = onnx.load(str(model_file), load_external_data=False)
-    except OSError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise ValueError(f"{model_file}: not an ONNX model: {exc}") from None
-    return _graph_bytes(model.graph, Path(model_file).parent)
+    with open(model_file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ValueError(f"{model_file}: not an ONNX model: the file is empty")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            try:
+                graphs = [v for field, wire, v in _fields(buf, 0, size)
+                          if field == _MODEL_GRAPH and wire == 2]
+                if not graphs:
+                    raise ValueError("no graph")
+                return sum(_graph_bytes(buf, g, Path(model_file).parent) for g in graphs)
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"{model_file}: not an ONNX model: {exc}") from None
 
 
 def _answer(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
@@ -164,7 +258,10 @@ class OnnxBackend(Backend):
     # arena's first chunk, session state) on the demo MLPs, 1.01-1.03 × weights in all
     # (bench/memory_accounting.py). CUDA: weights + cuBLAS/cuDNN handles and workspace
     # per session (a guess until the first measurement teaches the factor).
-    PRIORS = {"cpu": Prior(1.03, MiB // 2), "cuda": Prior(1.05, 48 * MiB)}
+    #: cpu load_peak: session creation peaks at 1.6-2.0 x the steady size on the
+    #: bench's MLPs (VmHWM around 1, 2 and 4 concurrent loads); learned from then on.
+    PRIORS = {"cpu": Prior(1.03, MiB // 2, load_peak=2.0),
+              "cuda": Prior(1.05, 48 * MiB)}
 
     def __init__(self, *args: Any, gpu: GpuAccounting | None = None,
                  model_file: Path | None = None, **kwargs: Any) -> None:

@@ -49,6 +49,7 @@ from cachepolicies.registry import make_policy, prime_policy
 
 from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendError, TensorSpec
+from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.repository import ModelSpec
 from agent.units import format_size
@@ -64,11 +65,8 @@ class State(str, enum.Enum):
     FAILED = "failed"
 
 
-class CacheError(Exception):
+class CacheError(AgentError):
     """A request the cache cannot serve; ``status`` is the HTTP status to answer with."""
-
-    status = 500
-    retry_after: float | None = None
 
 
 class UnknownModel(CacheError):
@@ -209,7 +207,7 @@ class ModelCache:
         backend_factory: Callable[..., Backend] = make_backend,
         footprints: FootprintModel | None = None,
         meter: MemoryMeter | None = None,
-        load_concurrency: int = 2,
+        load_concurrency: int = 1,
         infer_executor: Executor | None = None,
         load_wait_max_s: float = 30.0,
         idle_unload_s: float | None = None,
@@ -437,8 +435,10 @@ class ModelCache:
                 f"whole {pool.name} budget is {format_size(pool.budget)} ({pool.budget} bytes), "
                 f"of which {format_size(room)} can ever be freed for it (less overhead and "
                 "pinned models)")
-        # An estimate above what could be freed: evict what is idle, load and measure.
-        reserve = min(reserve, room)
+        # While it runs a load takes its peak (the runtime's scratch), not only the
+        # model's steady size; an estimate above what could be freed is capped: evict
+        # what is idle, load and measure.
+        reserve = min(backend.load_room(reserve), room)
         # Room is reserved only by loads about to run (``load_concurrency`` at once): a
         # load queued behind others must not hold room, or evict for it, meanwhile.
         give_up = self.clock() + self.wait_bound(entry)
