@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from agent.errors import json_error
+
 
 def read_token(path: str | Path | None) -> str | None:
     """The token in ``path`` (stripped), None without a path; an empty file is an error."""
@@ -39,9 +41,8 @@ def bearer_auth(token_of: Callable[[web.Request], str | None],
         token = token_of(request)
         if token is not None and protected(request.path) and not token_matches(
                 request.headers.get("Authorization", ""), token):
-            return web.json_response(
-                {"error": "admin endpoints need 'Authorization: Bearer <token>'"},
-                status=401, headers={"WWW-Authenticate": "Bearer"})
+            return json_error(401, "admin endpoints need 'Authorization: Bearer <token>'",
+                              {"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
     return auth_middleware

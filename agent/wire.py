@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.errors import AgentError
 from agent.validation import (SchemaError, boolean, check, json_object, number, only)
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
@@ -53,8 +54,10 @@ _PERCENTILE_KEY = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # -- reports -----------------------------------------------------------------------------
 
 
-class ReportError(SchemaError):
+class ReportError(SchemaError, AgentError):
     """A report with a missing or malformed field; the message names the field."""
+
+    status = 400
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from aiohttp import web
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.plan import directives_for
-from agent.coordinator.planner import PlanError, Planner, PlannerLoops
+from agent.coordinator.planner import Planner, PlannerLoops
 from agent.coordinator.store import StoredPlan, Store
+from agent.errors import AgentError, error_response, json_error
 from agent.httpauth import bearer_auth, read_token
 from agent.wire import DirectiveBook, ReportError, parse_report
 
@@ -73,10 +74,6 @@ class Coordinator:
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
@@ -84,16 +81,14 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise
-        return _error(exc.status, f"{exc.reason}: {request.method} {request.path}")
-    except (CatalogError, ReportError) as exc:
-        return _error(400, str(exc))
-    except PlanError as exc:
-        return _error(409, str(exc))
+        return json_error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+    except AgentError as exc:  # CatalogError, ReportError: 400; PlanError: 409
+        return error_response(exc)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(500, "internal error (logged)")
+        return json_error(500, "internal error (logged)")
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -141,7 +136,7 @@ async def node_get(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     row = co.store.node(request.match_info["name"])
     if row is None:
-        return _error(404, f"unknown node {request.match_info['name']!r}")
+        return json_error(404, f"unknown node {request.match_info['name']!r}")
     return web.json_response(co.node_summary(row, co.clock()))
 
 
@@ -149,7 +144,7 @@ async def node_delete(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
     if not co.store.delete_node(name):
-        return _error(404, f"unknown node {name!r}")
+        return json_error(404, f"unknown node {name!r}")
     co.book.expire(name)
     return web.json_response({"deleted": name})
 
@@ -175,7 +170,7 @@ async def model_get(request: web.Request) -> web.Response:
     name = check_name(request.match_info["name"])
     slo = co.store.model(name)
     if slo is None:
-        return _error(404, f"model {name!r} is not in the catalog")
+        return json_error(404, f"model {name!r} is not in the catalog")
     return web.json_response(_model_json(co, slo, co.store.current_plan(), co.clock()))
 
 
@@ -191,7 +186,7 @@ async def model_delete(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = check_name(request.match_info["name"])
     if not co.store.delete_model(name):
-        return _error(404, f"model {name!r} is not in the catalog")
+        return json_error(404, f"model {name!r} is not in the catalog")
     return web.json_response({"deleted": name})
 
 
@@ -200,7 +195,7 @@ async def plan_get(request: web.Request) -> web.Response:
     current = co.store.current_plan()
     if current is None:
         hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
-        return _error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
+        return json_error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
     return web.json_response(co.plan_json(current))
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agent.errors import AgentError
 from agent.validation import number
 from agent.wire import NAME
 
 
-class CatalogError(ValueError):
+class CatalogError(AgentError, ValueError):
     """A catalog entry with a missing, unknown or out-of-range field."""
+
+    status = 400
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Prob
 from agent.coordinator.faro.tables import model_value
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
+from agent.errors import AgentError
 from agent.wire import NodeReport, latency_at, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
@@ -54,8 +55,10 @@ log = logging.getLogger("edgeagent.coordinator.planner")
 DEFAULT_PROC_MS = 10.0
 
 
-class PlanError(ValueError):
+class PlanError(AgentError, ValueError):
     """Nothing to plan (no live node or catalogued model) or the problem is infeasible."""
+
+    status = 409
 
 
 def rate_series(points: list[tuple[float, float, float]], end: float, step: float,

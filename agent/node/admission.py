@@ -21,10 +21,10 @@ are rejected whenever they cannot make it, and dropped if it passes while queued
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 from typing import Callable
 
+from agent.errors import retry_after_seconds
 from agent.node.cache import CacheError
 
 
@@ -37,7 +37,7 @@ class Shed(CacheError):
     def __init__(self, message: str, reason: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.reason = reason
-        self.retry_after = max(1.0, float(math.ceil(retry_after)))
+        self.retry_after = float(retry_after_seconds(retry_after))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 module); ``prepare_process`` sets the process up before serving.
 
 Errors: every failure is JSON ``{"error": "..."}`` with a fitting status (the
-``errors`` middleware maps cache, input and HTTP errors); 503s carry ``Retry-After``.
+``errors`` middleware answers through ``agent.errors``); 503s carry ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.backends import BackendError, InvalidInput
 from agent.config import AgentConfig
+from agent.errors import AgentError, error_response, json_error
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
 from agent.node import api_admin, api_tfserving, api_v2, reporter
-from agent.node.cache import CacheBusy, CacheError
 from agent.node.node import Node
-from agent.node.routes import NODE, json_error
-from agent.node.serving import retry_after_header
+from agent.node.routes import NODE
 
 log = logging.getLogger("edgeagent.node")
 
@@ -42,15 +40,8 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
             else f"{exc.reason}: {request.method} {request.path}"
         return json_error(exc.status, message, {k: v for k, v in exc.headers.items()
                                                 if k in ("Allow",)})
-    except CacheBusy as exc:
-        return json_error(exc.status, str(exc), {"Retry-After": str(int(exc.retry_after or 1))})
-    except CacheError as exc:
-        return json_error(exc.status, str(exc), retry_after_header(exc))
-    except InvalidInput as exc:
-        return json_error(400, str(exc))
-    except BackendError as exc:  # 500, or 503 + Retry-After while a runtime restarts
-        return json_error(exc.status, str(exc), {"Retry-After": str(int(exc.retry_after))}
-                          if exc.retry_after else None)
+    except AgentError as exc:  # cache, input and backend errors; 503s with Retry-After
+        return error_response(exc)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection

@@ -1,7 +1,7 @@
 """What every route module of the node agent shares (``api_v2``, ``api_tfserving``,
 ``api_admin``, ``reporter``): the app key under which ``create_app`` stores the
-``Node``, the request-counting wrapper of inference handlers, the status an exception
-answers with, the JSON error body and the model named in a URL.
+``Node``, the request-counting wrapper of inference handlers and the model named in a
+URL. Statuses and JSON error bodies come from ``agent.errors``.
 
 A leaf: route modules import it, ``agent.node.app`` assembles them; none imports the app.
 """
@@ -13,31 +13,13 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
-from agent.backends import BackendError, InvalidInput
-from agent.node.cache import CacheError, UnknownModel
+from agent.errors import http_status
+from agent.node.cache import UnknownModel
 
 if TYPE_CHECKING:
     from agent.node.node import Node
 
 NODE: web.AppKey["Node"] = web.AppKey("node")
-
-
-def error_status(exc: BaseException) -> int:
-    """The HTTP status a handler's exception answers with."""
-    if isinstance(exc, CacheError):
-        return exc.status
-    if isinstance(exc, InvalidInput):
-        return 400
-    if isinstance(exc, BackendError):
-        return exc.status
-    if isinstance(exc, web.HTTPException):
-        return exc.status
-    return 500
-
-
-def json_error(status: int, message: str, headers: dict[str, str] | None = None
-               ) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 def counted(protocol: str) -> Callable:
@@ -52,7 +34,7 @@ def counted(protocol: str) -> Callable:
                 code = response.status
                 return response
             except BaseException as exc:
-                code = error_status(exc)
+                code = http_status(exc)
                 raise
             finally:
                 name = request.match_info.get("name", "")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
 from concurrent.futures import Executor
@@ -372,10 +371,3 @@ class Serving:
             await asyncio.gather(*closing)
         if self._background:
             await asyncio.wait(set(self._background), timeout=timeout)
-
-
-def retry_after_header(exc: CacheError) -> dict[str, str]:
-    """``Retry-After`` (whole seconds, >= 1) for a 503 that carries one."""
-    if exc.retry_after is None:
-        return {}
-    return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}

@@ -1,0 +1,95 @@
+"""One way to say what went wrong, for the node agent and the coordinator alike.
+
+- ``AgentError``: the base of every error that knows its answer: ``status`` (the HTTP
+  status) and ``retry_after`` (seconds, or None). The cache's errors (``CacheError``,
+  ``Shed``), the backends' (``BackendError``, ``InvalidInput``) and the coordinator's
+  (``CatalogError``, ``PlanError``, ``ReportError``) derive from it.
+- ``http_status(exc)``: the one map from any exception to an HTTP status;
+  ``grpc_code(exc)`` the same error as a gRPC status code name (for a gRPC endpoint).
+- ``retry_after_seconds`` / ``retry_after_header``: the one ``Retry-After`` rounding
+  (whole seconds, at least 1, rounded up).
+- ``json_error`` / ``error_response``: the JSON ``{"error": "..."}`` answer.
+
+A shared leaf: imports no other ``agent`` module, and aiohttp only where it builds a
+response (a backend that imports this module does not load aiohttp).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+
+class AgentError(Exception):
+    """An error that knows its answer: ``status`` (HTTP) and ``retry_after`` (seconds
+    the client should wait before retrying, or None). Subclasses set both as class
+    attributes; an instance may carry its own ``retry_after``."""
+
+    status: int = 500
+    retry_after: float | None = None
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status ``exc`` answers with: an ``AgentError``'s own, an aiohttp
+    ``HTTPException``'s own, else 500."""
+    if isinstance(exc, AgentError):
+        return exc.status
+    web = sys.modules.get("aiohttp.web")  # not loaded: exc cannot be one of its errors
+    if web is not None and isinstance(exc, web.HTTPException):
+        return exc.status
+    return 500
+
+
+#: HTTP status -> gRPC status code name (google.rpc.Code), after the mapping in
+#: googleapis' ``google/rpc/code.proto``.
+GRPC_CODES: dict[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
+    409: "FAILED_PRECONDITION",  # model in use, plan not possible in this state
+    413: "RESOURCE_EXHAUSTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+    507: "RESOURCE_EXHAUSTED",  # the model can never fit in its budget
+}
+
+
+def grpc_code(exc: BaseException) -> str:
+    """The gRPC status code name for ``exc`` (through ``http_status``); UNKNOWN for a
+    status without one."""
+    return GRPC_CODES.get(http_status(exc), "UNKNOWN")
+
+
+def retry_after_seconds(seconds: float) -> int:
+    """``seconds`` as a ``Retry-After`` value: whole seconds, rounded up, at least 1."""
+    return max(1, math.ceil(seconds))
+
+
+def retry_after_header(seconds: float | None) -> dict[str, str]:
+    """``{"Retry-After": ...}`` for ``seconds`` (see ``retry_after_seconds``); empty
+    for None."""
+    if seconds is None:
+        return {}
+    return {"Retry-After": str(retry_after_seconds(seconds))}
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None
+               ) -> web.Response:
+    """The JSON error answer: ``{"error": message}`` with ``status``."""
+    from aiohttp import web
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def error_response(exc: AgentError) -> web.Response:
+    """``exc``'s answer: its status, its message, ``Retry-After`` when it carries one."""
+    return json_error(http_status(exc), str(exc), retry_after_header(exc.retry_after) or None)
