@@ -1,24 +1,37 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
+# `make run` installs the default dependencies only (no TensorFlow); `make test` adds the
+# test, bench and tfserving extras. `make run PORT=8010 HOST=0.0.0.0` picks the address.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+HOST ?= 127.0.0.1
+PORT ?= 8000
+URL := http://$(HOST):$(PORT)
 
 .PHONY: run test bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+# The extras are a superset of the default install: the run stamp is good after this too.
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,bench,tfserving]'
-	touch $(STAMP)
+	touch $(TEST_STAMP) $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	@echo "Starting the node agent on the embedded demo. Query it from another shell:"
-	@echo "  curl -s http://127.0.0.1:8000/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
-	@echo "  $(BIN)/edgeagent cache ls"
-	$(BIN)/edgeagent serve
+	@echo "  curl -s $(URL)/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
+	@echo "  $(BIN)/edgeagent cache ls --url $(URL)"
+	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:

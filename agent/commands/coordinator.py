@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from agent.commands import self_command
+
 # asyncio, urllib, the config (yaml) and the coordinator (aiohttp, scipy) are imported
 # by the code that runs: ``--help`` and the client commands pay only for what they use.
 
@@ -48,7 +50,7 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     if announce:
         click.echo(f"edgeagent coordinator listening on {url}  (state: {config.database})")
         click.echo(f"  curl -s {url}/v1/nodes")
-        click.echo(f"  edgeagent coordinator models set MODEL --slo-ms 100 --url {url}")
+        click.echo(f"  {self_command()} coordinator models set MODEL --slo-ms 100 --url {url}")
         sys.stdout.flush()
     notify(f"READY=1\nSTATUS=coordinating on {url}")
     try:

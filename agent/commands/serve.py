@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from agent.commands import self_command
 from agent.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -45,6 +46,19 @@ def _gpu_size(ctx: click.Context, param: click.Parameter, value: str | None
         return gpu_budget(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _write_demo(repository: Path) -> None:
+    """Generate the demo repository in a child process: scikit-learn and skl2onnx (tens of
+    MB) then never enter the agent's own memory."""
+    import subprocess
+
+    code = ("import sys; from agent.modelzoo import write_demo_repository; "
+            "write_demo_repository(sys.argv[1])")
+    done = subprocess.run([sys.executable, "-c", code, str(repository)])
+    if done.returncode != 0:
+        raise click.ClickException(f"could not generate the demo repository in {repository}")
+    (repository / ".complete").touch()
 
 
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[AgentConfig, bool]:
@@ -108,7 +122,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
                    f"budget: {budgets}, policy: {config.policy})")
         click.echo(f"  curl -s {url}/v1/cache")
         click.echo(f"  curl -s {url}/v1/models/{first}")
-        click.echo(f"  edgeagent cache ls --url {url}")
+        click.echo(f"  {self_command()} cache ls --url {url}")
         sys.stdout.flush()
     notify(f"READY=1\nSTATUS=serving on {url}\nMAINPID={__import__('os').getpid()}")
 
@@ -171,13 +185,9 @@ def serve(config_file: str | None, **flags: Any) -> None:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if demo:
-        from agent.modelzoo import write_demo_repository
-
-        if not (config.repository / ".complete").exists():
-            click.echo(f"generating the demo model repository in {config.repository} ...")
-            write_demo_repository(config.repository)
-            (config.repository / ".complete").touch()
+    if demo and not (config.repository / ".complete").exists():
+        click.echo(f"generating the demo model repository in {config.repository} ...")
+        _write_demo(config.repository)
     from agent.node.app import prepare_process
 
     prepare_process()
