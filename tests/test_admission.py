@@ -49,9 +49,11 @@ def test_completion_estimate():
     assert predict_finish(0, 1, queue(running_left=(0.05,), arrival_rate=100), t) == \
         pytest.approx(0.05 + 0.01 + 0.006)
     assert predict_finish(0, 1, queue(queued_rows=3), lambda b: None) == 0.0
-    # the SLO percentile's excess counts once, on the request's own batch
+    # the SLO percentile's excess counts once for the path, as excess x sqrt(batches):
+    # two full batches ahead and its own (independent noise adds up in variance)
     assert predict_finish(0, 1, queue(queued_rows=25, excess=0.005), t) == pytest.approx(
-        2 * 0.02 + 0.016 + 0.005)
+        2 * 0.02 + 0.016 + 0.005 * 3 ** 0.5)
+    assert predict_finish(0, 1, queue(excess=0.005), t) == pytest.approx(0.011 + 0.005)
 
 
 def test_completion_estimate_follows_the_aimd_limit_ramping_up():

@@ -21,6 +21,7 @@ are rejected whenever they cannot make it, and dropped if it passes while queued
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -78,11 +79,14 @@ def predict_finish(now: float, rows: int, q: QueueState,
     The queue ahead runs as full batches of the limit, each on the worker free first, at
     their typical times; the limit grows by ``q.limit_step`` per full batch up to
     ``q.limit_cap``, as AIMD will grow it (planning with today's limit alone sheds a
-    whole burst while the limit is still ramping up); the request's own batch holds the remainder, its rows
-    and the rows expected to arrive before it starts (so it costs more under load), at
-    its time at the SLO's percentile (typical + ``q.excess``). The percentile is applied
-    once: a sum of per-batch p99s is far above the p99 of the sum, and planning with it
-    sheds requests that would have made their SLO. The delayed-batching
+    whole burst while the limit is still ramping up); the request's own batch holds the
+    remainder, its rows and the rows expected to arrive before it starts (so it costs
+    more under load). The SLO percentile's excess over the typical times is added once
+    for the whole path, as ``q.excess × √k`` for the k batches it waits for on its
+    worker (its own, the one running, those queued ahead): independent noise adds up in
+    variance, so a sum of per-batch p99s would be far above the p99 of the sum and shed
+    requests that make their SLO, and one batch's excess alone too little under a long
+    queue. The delayed-batching
     window does not count: the batcher never waits past the latest start that keeps
     the oldest queued request within its deadline (``Pending.dispatch_by``), so a
     request is never refused for a wait that would be cut short for it. Unmeasured
@@ -96,11 +100,11 @@ def predict_finish(now: float, rows: int, q: QueueState,
     free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
     free += [now] * (max(q.workers, 1) - len(free))
     heapq.heapify(free)
-    rest = q.queued_rows
+    rest, ahead = q.queued_rows, 0
     while rest >= limit and limit < cap and q.limit_step > 0:  # the limit ramping up
         start = heapq.heappop(free)
         heapq.heappush(free, start + cost(limit))
-        rest -= limit
+        rest, ahead = rest - limit, ahead + 1
         limit = min(limit + q.limit_step, cap)
     full, rest = divmod(rest, limit)
     for _ in range(full):
@@ -112,7 +116,9 @@ def predict_finish(now: float, rows: int, q: QueueState,
     else:
         joining = int(q.arrival_rate * max(start - now, 0.0))
         size = min(limit, rest + rows + joining)
-    return start + cost(size) + q.excess
+    running = any(left > 0 for left in q.running_left[:q.workers])
+    batches = 1 + int(running) + math.ceil((ahead + full) / max(q.workers, 1))
+    return start + cost(size) + q.excess * math.sqrt(batches)
 
 
 def drain_seconds(q: QueueState, predict: Callable[[int], float | None]) -> float:
