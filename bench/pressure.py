@@ -22,7 +22,8 @@ Per scenario: requests served / failed by status, loads the agent performed (sum
 ``loads`` in ``/v1/cache``) vs the loads an LRU cache holding as many models as fit in the
 budget by size would do over the same request order (the order in which the clients sent
 them), p50/p99 latency of served requests, SLO violations, peak RSS of the agent (psutil,
-every 50 ms, process and children) vs its idle RSS before the first request + budget, and
+every 50 ms, process and children) vs its idle RSS + budget (idle: after one warm-up
+request for the first model and its eviction, so the agent's own base is in it), and
 the most frequent error messages.
 
 Peers (``.venv/bin/pip install -e '.[peers]'``): where ``ray[serve]`` is importable (by
@@ -439,6 +440,19 @@ def summarise(results: list[Result], not_sent: int, wall: float, slo_s: float,
 
 # -- one run against the agent -----------------------------------------------------------
 
+def warm_up(base: str, model: Model) -> None:
+    """One request for ``model``, then evict it: the agent's own base (its thread pools,
+    the runtime's first run) is then in the idle RSS the budget is compared with, and no
+    model is resident."""
+    import urllib.request
+
+    for path, data in ((f"/v2/models/{model.name}/infer", v2_body(model)),
+                       (f"/v1/cache/{model.name}/evict", b"")):
+        with urllib.request.urlopen(urllib.request.Request(
+                base + path, data=data, method="POST"), timeout=60) as resp:
+            resp.read()
+
+
 def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
     import yaml
 
@@ -475,6 +489,7 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
             "budget_bytes": budget}
     try:
         wait_http(base + "/v2/health/ready", proc, 180, log)
+        warm_up(base, models[0])
         time.sleep(0.5)
         sampler = RssSampler(proc.pid)
         baseline = sampler.rss()
