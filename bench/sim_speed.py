@@ -15,8 +15,11 @@ a process compiles them (the first run after an install or an edit) or loads the
 numba's cache; that first call is timed and printed apart, before the timed rounds.
 
 Ratios printed: ours (parse + LRU) / libCacheSim (read + LRU), target <= 1.5; and
-cremebrulee / our LRU (simulation only), target <= 2. Wall times; the machine is shared,
-so expect noise.
+cremebrulee / our LRU (simulation only), target <= 2. Then the same as whole processes,
+the way a user runs them (issue 14): ``edgeagent simulate ... --policy lru --json`` vs a
+Python process that imports libCacheSim, reads the CSV and runs its LRU, target <= 1.5;
+and the cremebrulee process / the LRU process, target <= 2. Wall times; the machine is
+shared, so expect noise.
 
     .venv/bin/python bench/sim_speed.py [--functions 100000] [--reps 3] [--policies lru,...]
 """
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -142,6 +147,66 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             cb = sim["cremebrulee", capacity]
             print(f"  cremebrulee / our LRU (simulation): "
                   f"{med([a / b for a, b in zip(cb, lru)]):.2f}x (target <= 2x)")
+    _whole_processes(args, trace_csv, profiles_csv, lcs_csv, capacities, total,
+                     [s for s in ("lru", "cremebrulee") if s in specs])
+
+
+# libCacheSim as a process of its own: its Python bindings, the CSV read and LRU.
+_LCS_PROCESS = """
+import sys
+import libcachesim as lcs
+params = lcs.ReaderInitParam(has_header=True, delimiter=",", obj_id_is_num=False)
+params.time_field, params.obj_id_field, params.obj_size_field = 1, 2, 3
+reader = lcs.TraceReader(sys.argv[1], lcs.TraceType.CSV_TRACE, params)
+print(lcs.LRU(int(sys.argv[2])).process_trace(reader)[0])
+"""
+
+
+def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Path,
+                     lcs_csv: Path, capacities: list[int], total: int,
+                     specs: list[str]) -> None:
+    """Wall times of whole processes, start-up included, interleaved; medians."""
+    edgeagent = Path(sys.executable).with_name("edgeagent")
+    if not edgeagent.exists() or not specs:
+        print("\nwhole processes: skipped (no edgeagent script or neither lru nor cremebrulee)")
+        return
+
+    def wall(command: list[str]) -> float:
+        t = time.perf_counter()
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+        if done.returncode:
+            sys.exit(f"{command[:2]} failed: {done.stderr[-2000:]}")
+        return time.perf_counter() - t
+
+    runs: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.reps):
+        for capacity in capacities:
+            runs.setdefault(("libCacheSim", capacity), []).append(
+                wall([sys.executable, "-c", _LCS_PROCESS, str(lcs_csv), str(capacity)]))
+            for spec in specs:
+                runs.setdefault((spec, capacity), []).append(wall(
+                    [str(edgeagent), "simulate", "--trace", str(trace_csv), "--profiles",
+                     str(profiles_csv), "--capacity", str(capacity), "--policy", spec,
+                     "--json"]))
+    med = statistics.median
+    print("\nwhole processes (start-up, parse and simulation; `edgeagent simulate --json` "
+          "vs python + libCacheSim)")
+    for capacity in capacities:
+        lcs = runs["libCacheSim", capacity]
+        print(f"  capacity {capacity / 1e9:,.0f} GB ({capacity / total:.0%}): "
+              f"libCacheSim LRU {med(lcs):.2f} s (" + _runs(lcs) + ")")
+        for spec in specs:
+            print(f"    edgeagent simulate --policy {spec}: {med(runs[spec, capacity]):.2f} s ("
+                  + _runs(runs[spec, capacity]) + ")")
+        if "lru" in specs:
+            lru = runs["lru", capacity]
+            print(f"    edgeagent LRU / libCacheSim LRU: "
+                  f"{med([a / b for a, b in zip(lru, lcs)]):.2f}x (target <= 1.5x)")
+            if "cremebrulee" in specs:
+                cb = runs["cremebrulee", capacity]
+                print(f"    edgeagent cremebrulee / edgeagent LRU: "
+                      f"{med([a / b for a, b in zip(cb, lru)]):.2f}x (target <= 2x)")
 
 
 def _runs(times: list[float]) -> str:

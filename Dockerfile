@@ -1,0 +1,35 @@
+# The node agent in a container: the default install (ONNX; no TensorFlow), a non-root
+# user, the model repository and the agent's state on volumes. Serves the generated demo
+# when started without --repository (see README, "Docker").
+#   docker build -t edgeagent .
+#   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" edgeagent --repository /models
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    EDGEAGENT_DATA_DIR=/var/lib/edgeagent \
+    NUMBA_CACHE_DIR=/opt/edgeagent/numba-cache
+
+WORKDIR /opt/edgeagent/src
+COPY pyproject.toml README.md ./
+COPY agent ./agent
+COPY cachepolicies ./cachepolicies
+RUN pip install . \
+    && useradd --system --uid 10001 --user-group --home-dir /var/lib/edgeagent \
+               --create-home edgeagent \
+    && mkdir -p /models "$NUMBA_CACHE_DIR" \
+    && python -c "from cachepolicies.registry import make_policy; \
+p = make_policy('cremebrulee'); p.admit('m', 1, 1.0, 0.0); p.record_access('m', 1.0); \
+p.choose_victims(1, 2.0); p.remove('m')" \
+    && chown -R edgeagent:edgeagent /var/lib/edgeagent "$NUMBA_CACHE_DIR" \
+    && cd / && rm -rf /opt/edgeagent/src
+
+WORKDIR /var/lib/edgeagent
+USER edgeagent
+VOLUME ["/models", "/var/lib/edgeagent"]
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
+ENTRYPOINT ["edgeagent", "serve", "--host", "0.0.0.0", "--port", "8000"]
