@@ -15,6 +15,10 @@ RHO_MAX = 0.95
 OBJECTIVES = ("sum", "fair", "fairsum", "penaltysum", "penaltyfairsum")
 DEFAULT_RATE_QUANTILE = 0.9
 METHODS = ("auto", "fast", "cobyla", "cobyla-hierarchical", "exhaustive")
+# Ribbon's search methods and default budget (agent.coordinator.ribbon.search), spelled
+# out for the same reason; tests/test_ribbon.py checks them against the source.
+SIZE_METHODS = ("bo", "random", "exhaustive")
+SIZE_MAX_SAMPLES = 100
 
 
 @click.group("plan")
@@ -97,3 +101,65 @@ def allocate_cmd(problem_file, objective, estimator, method, rate_quantile, as_j
     click.echo(f"objective {objective} = {result.objective:.6g}; cpu {used:g}/"
                f"{problem.capacity.cpu:g}; solver {result.solver}, "
                f"{result.solve_seconds * 1000:.1f} ms")
+
+
+@plan.command("size")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="Ribbon config JSON (ins_types, max_num; optional prices, "
+                   "qos_target_percent).")
+@click.option("--lookup", "lookup_path", type=click.Path(dir_okay=False), required=True,
+              help='Lookup JSON: "a, b, c" -> [price_per_hour, qos_percent].')
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-samples", type=click.IntRange(min=1), default=None,
+              help=f"Most configurations to evaluate [default: {SIZE_MAX_SAMPLES}; "
+                   "exhaustive: all].")
+@click.option("--method", type=click.Choice(SIZE_METHODS), default="bo", show_default=True,
+              help="bo: Ribbon's Bayesian optimisation; random: pruned random search; "
+                   "exhaustive: every configuration.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def size_cmd(config_path, lookup_path, seed, max_samples, method, as_json) -> None:
+    """Cheapest pool of instance types that meets the QoS target (Ribbon)."""
+    from agent.coordinator.ribbon.evaluators import LookupGridEvaluator, SizingError
+    from agent.coordinator.ribbon.search import search
+
+    try:
+        evaluator = LookupGridEvaluator.from_files(config_path, lookup_path)
+    except SizingError as exc:
+        raise click.ClickException(str(exc)) from None
+    space = evaluator.space
+
+    def progress(i, sample, best):
+        mark = "*" if best is sample else " "
+        best_text = "-" if best is None else f"${best.price:.2f} [{_counts(best.counts)}]"
+        click.echo(f"{mark}{i:4d}  [{_counts(sample.counts)}]  ${sample.price:7.2f}  "
+                   f"{sample.qos_percent:6.2f}%  best {best_text}", err=True)
+
+    try:
+        result = search(evaluator, method, seed=seed, max_samples=max_samples,
+                        on_sample=None if as_json else progress)
+    except SizingError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+        return
+    ended = ("nothing left to sample" if result.exhausted
+             else f"sample budget ({result.samples}) spent")
+    extra = f", {result.unmeasured} unmeasured skipped" if result.unmeasured else ""
+    click.echo(f"{method}: {result.samples} of {space.size} configurations evaluated "
+               f"({ended}{extra})")
+    best = result.best
+    if best is None:
+        click.echo(f"no configuration evaluated met the QoS target "
+                   f"({space.target_percent:g}%)")
+        return
+    width = max(8, *(len(t) for t in space.types))
+    click.echo(f"{'type':<{width}}  count")
+    for name, n in zip(space.types, best.counts):
+        click.echo(f"{name:<{width}}  {n:5d}")
+    click.echo(f"price ${best.price:.2f}/h, QoS {best.qos_percent:.2f}% "
+               f"(target {space.target_percent:g}%), first evaluated at sample "
+               f"{result.samples_to_best}")
+
+
+def _counts(counts) -> str:
+    return ", ".join(str(c) for c in counts)
