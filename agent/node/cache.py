@@ -120,7 +120,7 @@ class Pool:
     memory: MemoryPool
     unloading: set[asyncio.Task] = field(default_factory=set)
     waiting: list[RoomRequest] = field(default_factory=list)  # a heap
-    waits: int = 0               # loads that had to wait for room
+    waits: int = 0               # loads that had to wait (for a load slot or room)
     wait_seconds: float = 0.0    # their total wait
 
     @property
@@ -158,9 +158,10 @@ class Entry:
     load_seconds: float = 0.0
     load_started: float | None = None  # cache clock at the start of the last load
     first_run_seconds: float = 0.0
-    waiting_for_room: bool = False
+    waiting_for_room: bool = False  # for a load slot or for room, now
+    had_to_wait: bool = False       # the load under way waited (counted once, after)
     idle_since: float | None = None  # cache clock when its last request ended
-    room_waits: int = 0          # loads of this model that waited for room
+    room_waits: int = 0          # loads of this model that waited (slot or room)
     room_wait_seconds: float = 0.0
     loads: int = 0
     hits: int = 0
@@ -441,10 +442,18 @@ class ModelCache:
         reserve = min(backend.load_room(reserve), room)
         # Room is reserved only by loads about to run (``load_concurrency`` at once): a
         # load queued behind others must not hold room, or evict for it, meanwhile.
-        give_up = self.clock() + self.wait_bound(entry)
-        await self._take_load_slot(entry, give_up)
+        asked = self.clock()
+        give_up = asked + self.wait_bound(entry)
         try:
-            await self._wait_for_room(pool, entry, reserve, give_up)
+            await self._take_load_slot(entry, give_up)
+        except BaseException:
+            self._count_wait(pool, entry, asked)
+            raise
+        try:
+            try:
+                await self._wait_for_room(pool, entry, reserve, give_up)
+            finally:
+                self._count_wait(pool, entry, asked)
             try:
                 while pool.unloading:  # never load into memory that is still being freed
                     await asyncio.wait(set(pool.unloading))
@@ -496,7 +505,7 @@ class ModelCache:
         if not self._load_slots.locked():
             await self._load_slots.acquire()
             return
-        entry.waiting_for_room = True
+        entry.waiting_for_room = entry.had_to_wait = True
         try:
             await asyncio.wait_for(self._load_slots.acquire(),
                                    max(give_up - self.clock(), 0.0))
@@ -506,12 +515,22 @@ class ModelCache:
         finally:
             entry.waiting_for_room = False
 
+    def _count_wait(self, pool: Pool, entry: Entry, asked: float) -> None:
+        """Count a load that had to wait (for a load slot or for room) once, with the
+        time from asking to now."""
+        if entry.had_to_wait:
+            entry.had_to_wait = False
+            waited = self.clock() - asked
+            entry.room_waits += 1
+            entry.room_wait_seconds += waited
+            pool.waits += 1
+            pool.wait_seconds += waited
+
     async def _wait_for_room(self, pool: Pool, entry: Entry, need: int,
                              give_up: float) -> list:
         """Reserve ``need`` bytes in ``pool`` for ``entry``'s load, waiting in the room
         queue until ``give_up`` at most; returns the victims (already unloading)."""
-        started = self.clock()
-        bound = max(give_up - started, 0.0)
+        bound = max(give_up - self.clock(), 0.0)
         request = RoomRequest(give_up, next(self._seq), entry.id, need,
                               asyncio.get_running_loop().create_future())
         heapq.heappush(pool.waiting, request)
@@ -530,11 +549,7 @@ class ModelCache:
             raise
         finally:
             entry.waiting_for_room = False
-            waited = self.clock() - started
-            entry.room_waits += 1
-            entry.room_wait_seconds += waited
-            pool.waits += 1
-            pool.wait_seconds += waited
+            entry.had_to_wait = True
         if not request.future.done():
             self._withdraw(pool, request)
             busy = [e.key for e in self.entries.values()
