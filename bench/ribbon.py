@@ -79,7 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    ap.add_argument("--synthetic", type=int, default=4,
+    ap.add_argument("--synthetic", type=int, default=6,
                     help="number of synthetic grids (seeds 100, 101, ...)")
     args = ap.parse_args()
     homogeneous = json.loads((args.data / "homogeneous.json").read_text())
