@@ -163,3 +163,37 @@ def size_cmd(config_path, lookup_path, seed, max_samples, method, as_json) -> No
 
 def _counts(counts) -> str:
     return ", ".join(str(c) for c in counts)
+
+
+@plan.command("provision")
+@click.option("--problem", "problem_file", type=click.File("r"), required=True,
+              help="Provisioning JSON: types (name, price_per_hour, capacity_rps or "
+                   "batch_size + batch_ms, launch_s), forecast (req/s per step), step_s, "
+                   "tau, slo_ms, running, recent_targets.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def provision_cmd(problem_file, as_json) -> None:
+    """What to launch and stop now to serve the forecast cheaply (MArk)."""
+    from agent.coordinator.provisioning import ProvisioningError, problem_from_dict
+
+    try:
+        data = json.load(problem_file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"{problem_file.name}: not valid JSON ({exc})") from None
+    try:
+        provisioner, forecast = problem_from_dict(data)
+        decision = provisioner.step(forecast)
+    except ProvisioningError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(decision.to_json()))
+        return
+    width = max(4, *(len(n) for n in decision.plan))
+    click.echo(f"{'type':<{width}}  running  plan  launch  stop")
+    before = {n: decision.plan[n] - decision.launch.get(n, 0) + decision.stop.get(n, 0)
+              for n in decision.plan}
+    for name, n in decision.plan.items():
+        click.echo(f"{name:<{width}}  {before[name]:7d}  {n:4d}  {decision.launch.get(name, 0):6d}"
+                   f"  {decision.stop.get(name, 0):4d}")
+    click.echo(f"target {decision.target_rps:g} req/s (capacity kept for "
+               f"{decision.held_rps:g}); ${decision.cost_per_hour_before:.3f}/h -> "
+               f"${decision.cost_per_hour_after:.3f}/h")

@@ -1,0 +1,288 @@
+"""Cost-aware provisioning over a forecast (MArk, ATC'19, §4.2 Algorithm 1).
+
+At each planning step MArk serves the forecast demand with the instances of the lowest
+cost per request, counting each candidate's launch overhead; instances already running
+are candidates with no overhead. Decisions written down here (the paper is terse):
+
+- Demand ``F_t`` is a request rate (req/s) per step of ``step_s`` seconds; step ``tau``
+  (default 0: the current one; MArk uses the load 5 minutes ahead) is the provisioning
+  target. An instance type's capacity ``C_i`` is its measured batch throughput
+  ``b / T_b`` (req/s, as the batching layer measures it) or a given ``capacity_rps``.
+  A type whose batch time exceeds the SLO cannot meet it and is left out.
+- FILL: while the planned capacity is short at ``tau``, find the longest run
+  ``tau..e`` of steps that are short, and add the candidate with the lowest
+  ``(O_i + steps * step_h * P_i) / N_i``, where ``N_i`` is the short demand one such
+  instance serves over ``tau..e`` (``min(C_i, shortfall_t)`` per step). ``steps`` is
+  ``e - tau + 1`` (the paper writes ``e - tau``, zero for a single step). The launch
+  overhead ``O_i`` is the price paid while it starts: ``P_i * launch_s / 3600``.
+- Scale-in: running instances the plan does not use are stopped only while the plan
+  still covers the largest target demand of the last ``scale_in_plans`` plans (6, as in
+  the artifact); otherwise the cheapest per unit of capacity are kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+SCALE_IN_PLANS = 6
+
+
+class ProvisioningError(ValueError):
+    """A provisioning problem that cannot be read or solved."""
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    price_per_hour: float
+    capacity_rps: float
+    launch_s: float = 0.0
+    batch_ms: float | None = None     # time of one batch (T_b), for the SLO check
+
+    @property
+    def overhead(self) -> float:
+        """Dollars paid while an instance launches."""
+        return self.price_per_hour * self.launch_s / 3600.0
+
+    def meets(self, slo_ms: float | None) -> bool:
+        return slo_ms is None or self.batch_ms is None or self.batch_ms <= slo_ms
+
+
+@dataclass
+class Decision:
+    plan: dict[str, int]
+    launch: dict[str, int]
+    stop: dict[str, int]
+    cost_per_hour_before: float
+    cost_per_hour_after: float
+    target_rps: float
+    held_rps: float           # the demand scale-in keeps capacity for
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan, "launch": self.launch, "stop": self.stop,
+                "cost_per_hour_before": self.cost_per_hour_before,
+                "cost_per_hour_after": self.cost_per_hour_after,
+                "target_rps": self.target_rps, "held_rps": self.held_rps}
+
+
+def _hourly(types: list[InstanceType], counts: dict[str, int]) -> float:
+    return sum(t.price_per_hour * counts.get(t.name, 0) for t in types)
+
+
+def fill(types: list[InstanceType], forecast: list[float], running: dict[str, int],
+         step_s: float, tau: int = 0) -> dict[str, int]:
+    """Algorithm 1's FILL: instance counts per type covering ``forecast[tau]``."""
+    if not 0 <= tau < len(forecast):
+        raise ProvisioningError(f"tau {tau} is outside the forecast ({len(forecast)} steps)")
+    if not types:
+        raise ProvisioningError("no instance type can meet the SLO")
+    free = {t.name: int(running.get(t.name, 0)) for t in types}
+    plan = {t.name: 0 for t in types}
+    planned = 0.0
+    step_h = step_s / 3600.0
+    for _ in range(100_000):
+        short = [f - planned for f in forecast]
+        if short[tau] <= 1e-9:
+            return _drop_redundant(types, plan, running, forecast[tau])
+        e = tau
+        while e + 1 < len(short) and short[e + 1] > 1e-9:
+            e += 1
+        best = None
+        for t in types:
+            served = sum(min(t.capacity_rps, short[k]) for k in range(tau, e + 1)) * step_s
+            for is_running in (True, False):
+                if is_running and free[t.name] == 0:
+                    continue
+                overhead = 0.0 if is_running else t.overhead
+                cost = (overhead + (e - tau + 1) * step_h * t.price_per_hour) / served
+                if best is None or cost < best[0] - 1e-15:
+                    best = (cost, t, is_running)
+        _, t, is_running = best
+        plan[t.name] += 1
+        planned += t.capacity_rps
+        if is_running:
+            free[t.name] -= 1
+    raise ProvisioningError("demand too large for the instance capacities")
+
+
+def _drop_redundant(types: list[InstanceType], plan: dict[str, int],
+                    running: dict[str, int], need: float) -> dict[str, int]:
+    """Remove instances the plan covers ``need`` without (a large one added last can make
+    earlier small ones redundant): the priciest per hour first, new before running."""
+    plan = dict(plan)
+    total = sum(t.capacity_rps * plan[t.name] for t in types)
+    for t in sorted(types, key=lambda t: -t.price_per_hour):
+        while plan[t.name] > 0 and total - t.capacity_rps >= need - 1e-9:
+            plan[t.name] -= 1
+            total -= t.capacity_rps
+    return plan
+
+
+class Provisioner:
+    """Rolling MArk provisioning: one :meth:`step` per planning interval."""
+
+    def __init__(self, types: list[InstanceType], *, step_s: float = 60.0, tau: int = 0,
+                 slo_ms: float | None = None, scale_in_plans: int = SCALE_IN_PLANS,
+                 running: dict[str, int] | None = None, recent_targets=()):
+        self.all_types = list(types)
+        self.types = [t for t in types if t.meets(slo_ms)]
+        self.step_s, self.tau = step_s, tau
+        self.running = {t.name: int((running or {}).get(t.name, 0)) for t in types}
+        # the targets of the last scale_in_plans - 1 plans (this one makes scale_in_plans)
+        self.recent: deque[float] = deque(recent_targets, maxlen=max(0, scale_in_plans - 1))
+
+    def step(self, forecast: list[float]) -> Decision:
+        plan = fill(self.types, list(forecast), self.running, self.step_s, self.tau)
+        target = float(forecast[self.tau])
+        held = max([target, *self.recent])
+        capacity = {t.name: t.capacity_rps for t in self.all_types}
+        planned = sum(capacity[n] * c for n, c in plan.items())
+        spare = {n: self.running.get(n, 0) - plan.get(n, 0) for n in self.running}
+        # Keep running instances (cheapest per capacity first) while the plan is short of
+        # the largest recent target.
+        for t in sorted(self.all_types, key=lambda t: t.price_per_hour / t.capacity_rps):
+            while planned < held - 1e-9 and spare.get(t.name, 0) > 0:
+                plan[t.name] = plan.get(t.name, 0) + 1
+                spare[t.name] -= 1
+                planned += t.capacity_rps
+        before = _hourly(self.all_types, self.running)
+        launch = {n: c - self.running.get(n, 0) for n, c in plan.items()
+                  if c > self.running.get(n, 0)}
+        stop = {n: r - plan.get(n, 0) for n, r in self.running.items() if r > plan.get(n, 0)}
+        self.running = {t.name: plan.get(t.name, 0) for t in self.all_types}
+        self.recent.append(target)
+        return Decision({t.name: plan.get(t.name, 0) for t in self.all_types}, launch, stop,
+                        before, _hourly(self.all_types, self.running), target, held)
+
+
+def step_cost(types: list[InstanceType], prev: dict[str, int], now: dict[str, int],
+              step_s: float) -> float:
+    """Dollars for one step: running price plus launch overhead of what was added."""
+    return sum(t.price_per_hour * now.get(t.name, 0) * step_s / 3600.0
+               + max(0, now.get(t.name, 0) - prev.get(t.name, 0)) * t.overhead
+               for t in types)
+
+
+def simulate(types: list[InstanceType], demand: list[float], *, horizon: int = 6,
+             step_s: float = 60.0, slo_ms: float | None = None,
+             scale_in_plans: int = SCALE_IN_PLANS) -> tuple[float, int]:
+    """Roll the provisioner over ``demand`` with a perfect forecast of ``horizon`` steps:
+    (total dollars, steps whose demand the capacity did not cover)."""
+    p = Provisioner(types, step_s=step_s, slo_ms=slo_ms, scale_in_plans=scale_in_plans)
+    cap = {t.name: t.capacity_rps for t in types}
+    total, unmet, prev = 0.0, 0, {t.name: 0 for t in types}
+    for k in range(len(demand)):
+        d = p.step(demand[k:k + horizon])
+        total += step_cost(types, prev, d.plan, step_s)
+        unmet += sum(cap[n] * c for n, c in d.plan.items()) < demand[k] - 1e-9
+        prev = d.plan
+    return total, unmet
+
+
+def peak_cost(types: list[InstanceType], demand: list[float], step_s: float = 60.0,
+              slo_ms: float | None = None) -> float:
+    """"Always the peak": the cheapest pool that covers the whole trace's peak, held."""
+    ok = [t for t in types if t.meets(slo_ms)]
+    peak = max(demand)
+    best = min(_pools(ok, peak), key=lambda c: _hourly(ok, c))
+    return step_cost(ok, {}, best, step_s) + _hourly(ok, best) * step_s / 3600.0 * (
+        len(demand) - 1)
+
+
+def _pools(types: list[InstanceType], need: float):
+    ranges = [range(int(math.ceil(need / t.capacity_rps)) + 1) for t in types]
+    for counts in itertools.product(*ranges):
+        if sum(c * t.capacity_rps for c, t in zip(counts, types)) >= need - 1e-9:
+            yield {t.name: c for t, c in zip(types, counts)}
+
+
+def optimal_cost(types: list[InstanceType], demand: list[float], step_s: float = 60.0,
+                 slo_ms: float | None = None) -> float:
+    """Exhaustive dynamic programme over per-step counts (small cases only): the least
+    total of running prices and launch overheads that covers the demand at every step."""
+    ok = [t for t in types if t.meets(slo_ms)]
+    peak = max(demand)
+    states = list(itertools.product(*(range(int(math.ceil(peak / t.capacity_rps)) + 1)
+                                      for t in ok)))
+    if len(states) ** 2 * len(demand) > 5_000_000:
+        raise ProvisioningError("too large for the exhaustive search")
+
+    def as_dict(s):
+        return {t.name: n for t, n in zip(ok, s)}
+
+    best = {(0,) * len(ok): 0.0}
+    for d in demand:
+        nxt = {}
+        for s in states:
+            if sum(n * t.capacity_rps for n, t in zip(s, ok)) < d - 1e-9:
+                continue
+            nxt[s] = min(c + step_cost(ok, as_dict(p), as_dict(s), step_s)
+                         for p, c in best.items())
+        best = nxt
+    return min(best.values())
+
+
+def problem_from_dict(data: Any) -> tuple[Provisioner, list[float]]:
+    """A provisioner and forecast from the ``plan provision --problem`` JSON."""
+    if not isinstance(data, dict):
+        raise ProvisioningError("problem must be a JSON object")
+    raw = data.get("types")
+    if not isinstance(raw, list) or not raw:
+        raise ProvisioningError("types: a non-empty list is needed")
+    types = []
+    for k, t in enumerate(raw):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ProvisioningError(f"types[{k}]: an object with a name is needed")
+        price = _num(t.get("price_per_hour"), f"types[{k}].price_per_hour", lo=0.0)
+        batch_ms = None
+        if "capacity_rps" in t:
+            cap = _num(t["capacity_rps"], f"types[{k}].capacity_rps", lo=0.0, strict=True)
+            if "batch_ms" in t:
+                batch_ms = _num(t["batch_ms"], f"types[{k}].batch_ms", lo=0.0, strict=True)
+        elif "batch_size" in t and "batch_ms" in t:
+            b = _num(t["batch_size"], f"types[{k}].batch_size", lo=0.0, strict=True)
+            batch_ms = _num(t["batch_ms"], f"types[{k}].batch_ms", lo=0.0, strict=True)
+            cap = b / (batch_ms / 1000.0)
+        else:
+            raise ProvisioningError(f"types[{k}]: capacity_rps, or batch_size and "
+                                    f"batch_ms, are needed")
+        launch = _num(t.get("launch_s", 0.0), f"types[{k}].launch_s", lo=0.0)
+        types.append(InstanceType(t["name"], price, cap, launch, batch_ms))
+    if len({t.name for t in types}) != len(types):
+        raise ProvisioningError("types: names repeat")
+    forecast = data.get("forecast")
+    if not isinstance(forecast, list) or not forecast:
+        raise ProvisioningError("forecast: a non-empty list of rates (req/s) is needed")
+    forecast = [_num(f, "forecast[]", lo=0.0) for f in forecast]
+    step_s = _num(data.get("step_s", 60.0), "step_s", lo=0.0, strict=True)
+    tau = data.get("tau", 0)
+    if not isinstance(tau, int) or isinstance(tau, bool) or not 0 <= tau < len(forecast):
+        raise ProvisioningError("tau: an index into the forecast is needed")
+    slo = data.get("slo_ms")
+    slo = None if slo is None else _num(slo, "slo_ms", lo=0.0, strict=True)
+    running = data.get("running", {})
+    if not isinstance(running, dict) or any(
+            n not in {t.name for t in types} or not isinstance(c, int) or c < 0
+            for n, c in running.items()):
+        raise ProvisioningError("running: counts (integers >= 0) of known types")
+    recent = data.get("recent_targets", [])
+    if not isinstance(recent, list):
+        raise ProvisioningError("recent_targets: a list of rates")
+    recent = [_num(r, "recent_targets[]", lo=0.0) for r in recent]
+    p = Provisioner(types, step_s=step_s, tau=tau, slo_ms=slo, running=running,
+                    recent_targets=recent[-(SCALE_IN_PLANS - 1):])
+    if not p.types:
+        raise ProvisioningError("no instance type can meet the SLO")
+    return p, forecast
+
+
+def _num(v: Any, where: str, lo: float | None = None, strict: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+            lo is not None and (v <= lo if strict else v < lo)):
+        raise ProvisioningError(f"{where}: must be a number {'>' if strict else '>='} "
+                                f"{lo:g}, got {v!r}")
+    return float(v)
