@@ -7,10 +7,13 @@ load *commits* the measured size with ``miss_penalty`` (load + cold-run surplus)
 unload removes the model. So a decision the simulator shows is the one the agent makes.
 Models are keyed ``(name, version)`` in the pools and policies.
 
-Waiting for room: a load that finds no room now (everything resident in use, or room
-held by other loads) joins its pool's *room queue*, ordered by deadline then arrival,
-and is granted as soon as leases end, loads finish or pins change, strictly in that
-order (a later load never overtakes the head, so none starves). A waiting load holds no
+Waiting for room: a load first takes one of ``load_concurrency`` load slots (so only
+loads that run hold room), then reserves its peak (``Backend.load_room``: the runtime's
+scratch while it builds the model) and commits the measured size after. A load that
+finds no room now (everything resident in use, or room held by other loads) joins its
+pool's *room queue*, ordered by deadline then arrival, and is granted as soon as leases
+end, loads finish or pins change, strictly in that order (a later load never overtakes
+the head, so none starves). A waiting load holds no
 reservation and no lease on another model, so waiting cannot deadlock. It gives up
 with ``CacheBusy`` (503 + Retry-After) after the model's ``load_wait_max_s`` or, for a
 request, its client's hard timeout.
