@@ -56,6 +56,16 @@ def test_completion_estimate():
     assert predict_finish(0, 1, queue(excess=0.005), t) == pytest.approx(0.011 + 0.005)
 
 
+def test_nothing_ahead_is_never_shed_whatever_the_excess():
+    t = linear(0.01, 0.001)
+    idle = queue(excess=0.5)  # a stall made the percentile's excess huge
+    assert admit(0.0, Deadline(0.1, False), 1, idle, 50, t, margin=0.005) == \
+        pytest.approx(0.011 + 0.5)  # served (late), not refused: it has no one ahead
+    with pytest.raises(Shed):  # with a queue ahead the excess does count
+        admit(0.0, Deadline(0.1, False), 1, queue(queued_rows=30, queued_requests=30,
+                                                  excess=0.5), 50, t, margin=0.005)
+
+
 def test_completion_estimate_follows_the_aimd_limit_ramping_up():
     t = linear(0.02, 0.002)  # the model: 20 ms + 2 ms/row
     # 31 queued behind a limit of 3 that AIMD grows by 2 per full batch, up to 32:

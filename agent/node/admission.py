@@ -140,7 +140,10 @@ def admit(now: float, deadline: Deadline, rows: int, q: QueueState, max_queue: i
     finish = predict_finish(now + load_left, rows, q, predict)
     if finish <= deadline.at - margin:
         return finish
-    alone = predict(rows) or 0.0  # its own batch on an idle, loaded model
+    # Its own batch on an idle, loaded model, at the same percentile: a request with
+    # nothing ahead of it is never refused (else a high excess would refuse every
+    # request, and with none served the profile could never learn it is lower).
+    alone = (predict(rows) or 0.0) + q.excess
     if deadline.hard or finish - now > alone + 1e-9:
         late_ms = (finish - deadline.at + margin) * 1000
         if load_left > 0 and q.queued_rows == 0:
