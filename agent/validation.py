@@ -10,6 +10,7 @@ for a configuration file (it names the file first).
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -51,10 +52,16 @@ def number(lo: float | None = None, hi: float | None = None, *, strict_lo: bool 
 
     def check(v: Any) -> Any:
         ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok_type or finite and not math.isfinite(v) \
+        try:  # an int too large for a float is not finite either
+            bad = isinstance(v, bool) or not ok_type or finite and not math.isfinite(v) \
                 or lo is not None and (v <= lo if strict_lo else v < lo) \
-                or hi is not None and (v >= hi if strict_hi else v > hi):
-            raise ValueError(f"must be {what}, got {v!r}")
+                or hi is not None and (v >= hi if strict_hi else v > hi)
+        except OverflowError:
+            bad = True
+        if bad:
+            shown = (f"an integer of {v.bit_length()} bits" if isinstance(v, int)
+                     and v.bit_length() > 128 else repr(v))
+            raise ValueError(f"must be {what}, got {shown}")
         return v
     return check
 
@@ -163,3 +170,65 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(path, None, f"invalid YAML: {exc}") from None
+
+
+# -- numbers from paths and headers, JSON bodies -----------------------------------------
+
+#: The deepest nesting a JSON body may have (a v2 tensor's ``data`` nests once per
+#: dimension; nothing legitimate comes close).
+MAX_JSON_DEPTH = 64
+
+
+def ascii_int(text: Any, what: str, max_digits: int = 18) -> int:
+    """``text`` as a non-negative integer: ASCII decimal digits only (``"²".isdigit()``
+    is true but ``int("²")`` fails; ``"٣"`` would parse as 3), at most ``max_digits``.
+    Every number read from a URL path or a header goes through here."""
+    if not (isinstance(text, str) and 0 < len(text) <= max_digits and text.isascii()
+            and text.isdigit()):
+        raise ValueError(f"{what} must be a decimal integer of at most {max_digits} "
+                         f"ASCII digits, got {text!r}")
+    return int(text)
+
+
+def _depth_at_most(doc: Any, limit: int) -> bool:
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
+    return True
+
+
+def load_json(body: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse a JSON body from outside; ``ValueError`` naming the problem for anything
+    that is not JSON, nests deeper than ``max_depth`` (a parser's or a later walk's
+    RecursionError), or holds an integer past Python's digit limit. orjson first (it
+    is several times faster; it refuses huge integers, NaN and BOMs), json for what it
+    refuses."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    doc: Any = None
+    try:
+        import orjson
+        doc = orjson.loads(body)
+        parsed = True
+    except ImportError:  # pragma: no cover - a declared dependency
+        parsed = False
+    except ValueError:  # orjson.JSONDecodeError
+        parsed = False
+    if not parsed:
+        try:
+            doc = json.loads(body)
+        except RecursionError:
+            raise ValueError(f"malformed JSON: nested deeper than {max_depth}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"malformed JSON: not UTF-8 ({exc.reason})") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer over the digit limit
+            raise ValueError(f"malformed JSON: {exc}") from None
+    # a body with fewer brackets than the limit cannot nest deeper; else walk it
+    if isinstance(doc, (list, dict)) and body.count(b"[") + body.count(b"{") > max_depth \
+            and not _depth_at_most(doc, max_depth):
+        raise ValueError(f"malformed JSON: nested deeper than {max_depth}")
+    return doc

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import AgentError
-from agent.validation import (SchemaError, boolean, check, json_object, number, only)
+from agent.validation import (SchemaError, ascii_int, boolean, check, json_object, number,
+                              only)
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -106,12 +107,26 @@ class NodeReport:
     models: dict[str, ModelReport]
 
 
-_COUNT = number(0.0, finite=True)
-_INTEGER = number(0, integer=True, finite=True)
+# Physical bounds on every number in a report: a value past them is a broken or hostile
+# node, refused at ingestion (400) so that it never reaches the planner (1e308 arrivals
+# would overflow every plan of the fleet).
+MAX_COUNT = 1e15            # requests, drops, batches, arrivals in one window
+MAX_BYTES = float(2 ** 60)  # 1 EiB: memory of a node, a GPU, a model
+MAX_SECONDS = 1e9           # ages, windows, load and busy times (about 31 years)
+MAX_MS = 1e9                # latencies
+MAX_CORES = 1e6
+MAX_RATE = 1e9              # requests per second in one arrivals window
+
+_COUNT = number(0.0, MAX_COUNT, finite=True)
+_BYTES = number(0.0, MAX_BYTES, finite=True)
+_SECONDS = number(0.0, MAX_SECONDS, finite=True)
+_MS = number(0.0, MAX_MS, finite=True)
+_CORES = number(0.0, MAX_CORES, finite=True)
+_INTEGER = number(0, MAX_CORES, integer=True, finite=True)
 
 
-def _count(value: Any, where: str) -> float:
-    return float(check(_COUNT, value, where))
+def _count(value: Any, where: str, checker=_COUNT) -> float:
+    return float(check(checker, value, where))
 
 
 def _obj(value: Any, where: str) -> dict:
@@ -123,7 +138,7 @@ def _capacity(data: Any) -> NodeCapacity:
     only(d, ("cores", "cpu_memory_bytes", "gpus"), "capacity.", noun="field")
     if "cores" not in d:
         raise ReportError("capacity.cores", "missing")
-    cores = check(_COUNT, d["cores"], "capacity.cores")
+    cores = check(_CORES, d["cores"], "capacity.cores")
     if cores <= 0:
         raise ReportError("capacity.cores", f"must be > 0, got {cores!r}")
     gpus = d.get("gpus", [])
@@ -136,9 +151,9 @@ def _capacity(data: Any) -> NodeCapacity:
         if not isinstance(device, str) or not device:
             raise ReportError(f"capacity.gpus[{i}].device",
                               "must be a device name such as cuda:0")
-        parsed.append(GpuCapacity(device, check(_COUNT, g.get("memory_bytes"),
+        parsed.append(GpuCapacity(device, check(_BYTES, g.get("memory_bytes"),
                                                 f"capacity.gpus[{i}].memory_bytes")))
-    return NodeCapacity(cores, check(_COUNT, d.get("cpu_memory_bytes", 0),
+    return NodeCapacity(cores, check(_BYTES, d.get("cpu_memory_bytes", 0),
                                      "capacity.cpu_memory_bytes"), tuple(parsed))
 
 
@@ -148,9 +163,13 @@ _MODEL_FIELDS = ("device", "resident", "pinned", "size_bytes", "load_seconds", "
 
 
 def _batch_size(key: Any, where: str) -> int:
-    if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+    try:
+        size = ascii_int(key, "a batch size", max_digits=9)
+    except ValueError:
+        size = 0
+    if size < 1:
         raise ReportError(where, f"keys must be batch sizes >= 1, got {key!r}")
-    return int(key)
+    return size
 
 
 def _model(name: str, data: Any) -> ModelReport:
@@ -167,9 +186,13 @@ def _model(name: str, data: Any) -> ModelReport:
     for i, p in enumerate(arrivals):
         if not isinstance(p, list) or len(p) != 3:
             raise ReportError(f"{where}.arrivals[{i}]", "must be [age_s, seconds, count]")
-        age, secs, count = (_count(v, f"{where}.arrivals[{i}]") for v in p)
+        age, secs, count = (_count(v, f"{where}.arrivals[{i}]", c)
+                            for v, c in zip(p, (_SECONDS, _SECONDS, _COUNT)))
         if secs <= 0:
             raise ReportError(f"{where}.arrivals[{i}]", "seconds must be > 0")
+        if count / secs > MAX_RATE:
+            raise ReportError(f"{where}.arrivals[{i}]", f"{count:g} requests in {secs:g} s "
+                              f"is over {MAX_RATE:g} per second")
         points.append((age, secs, count))
     batches = {}
     for key, value in _obj(d.get("batches", {}), f"{where}.batches").items():
@@ -177,10 +200,10 @@ def _model(name: str, data: Any) -> ModelReport:
         v = _obj(value, f"{where}.batches.{key}")
         only(v, ("count", "seconds"), f"{where}.batches.{key}.", noun="field")
         batches[size] = (_count(v.get("count"), f"{where}.batches.{key}.count"),
-                         _count(v.get("seconds"), f"{where}.batches.{key}.seconds"))
+                         _count(v.get("seconds"), f"{where}.batches.{key}.seconds", _SECONDS))
     for key, value in _obj(d.get("batch_ms", {}), f"{where}.batch_ms").items():
         _batch_size(key, f"{where}.batch_ms")
-        _count(value, f"{where}.batch_ms.{key}")
+        _count(value, f"{where}.batch_ms.{key}", _MS)
     latency = {}
     for key, value in _obj(d.get("latency_ms", {}), f"{where}.latency_ms").items():
         m = _PERCENTILE_KEY.match(key) if isinstance(key, str) else None
@@ -188,7 +211,7 @@ def _model(name: str, data: Any) -> ModelReport:
             raise ReportError(f"{where}.latency_ms",
                               f"keys must look like p50 or p99.9, got {key!r}")
         if value is not None:
-            latency[float(m.group(1))] = _count(value, f"{where}.latency_ms.{key}")
+            latency[float(m.group(1))] = _count(value, f"{where}.latency_ms.{key}", _MS)
     workers = d.get("workers")
     device = d.get("device", "cpu")
     if not isinstance(device, str) or not device:
@@ -197,8 +220,8 @@ def _model(name: str, data: Any) -> ModelReport:
         name=name, device=device,
         resident=check(boolean, d.get("resident", False), f"{where}.resident"),
         pinned=check(boolean, d.get("pinned", False), f"{where}.pinned"),
-        size_bytes=_count(d.get("size_bytes", 0), f"{where}.size_bytes"),
-        load_seconds=_count(d.get("load_seconds", 0), f"{where}.load_seconds"),
+        size_bytes=_count(d.get("size_bytes", 0), f"{where}.size_bytes", _BYTES),
+        load_seconds=_count(d.get("load_seconds", 0), f"{where}.load_seconds", _SECONDS),
         workers=None if workers is None else int(check(_INTEGER, workers, f"{where}.workers")),
         arrivals=tuple(points), batches=batches, latency_ms=latency,
         requests=_count(d.get("requests", 0), f"{where}.requests"),
@@ -217,7 +240,7 @@ def parse_report(node: str, data: Any) -> NodeReport:
         if "capacity" not in d:
             raise ReportError("capacity", "missing (cores, cpu_memory_bytes, gpus)")
         if "interval_s" in d:
-            _count(d["interval_s"], "interval_s")
+            _count(d["interval_s"], "interval_s", _SECONDS)
         models = {name: _model(name, m)
                   for name, m in _obj(d.get("models", {}), "models").items()}
         return NodeReport(node, _capacity(d["capacity"]), models)

@@ -20,7 +20,6 @@ With ``admin_token_file`` every path but ``/v1/health`` needs
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, Callable
@@ -34,6 +33,7 @@ from agent.coordinator.planner import Planner, PlannerLoops
 from agent.coordinator.store import StoredPlan, Store
 from agent.errors import AgentError, error_response, json_error
 from agent.httpauth import bearer_auth, read_token
+from agent.validation import load_json
 from agent.wire import DirectiveBook, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -94,8 +94,8 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        return load_json(raw)
+    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
         raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 

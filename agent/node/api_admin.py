@@ -6,6 +6,7 @@ from aiohttp import web
 
 from agent.node.cache import UnknownModel
 from agent.node.routes import NODE
+from agent.validation import ascii_int
 from agent.node.tensors import BadRequest, parse_json
 
 
@@ -13,9 +14,10 @@ def _version(request: web.Request) -> int | None:
     raw = request.query.get("version")
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise UnknownModel(f"version must be an integer, got {raw!r}")
-    return int(raw)
+    try:
+        return ascii_int(raw, "version")
+    except ValueError as exc:
+        raise UnknownModel(str(exc)) from None
 
 
 def _describe(node, entry) -> dict:

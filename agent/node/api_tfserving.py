@@ -8,7 +8,7 @@ from agent.backends.base import check_inputs
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref
-from agent.node.tensors import decode_tf_request, encode_tf_response
+from agent.node.tensors import decode_tf_request, encode_tf_response, json_object
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
               State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
@@ -19,7 +19,7 @@ async def predict(request: web.Request) -> web.Response:
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
-    body = await request.read()
+    body = json_object(await request.read())  # malformed JSON never causes a load
     known = node.cache.entry(name, version).signature
     inputs, style = None, "row"
     if known is not None:  # reject bad input before it can cause a load

@@ -10,6 +10,7 @@ from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref
 from agent.node.serving import timeout_parameter
+from agent.validation import ascii_int
 from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
 
 _PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
@@ -58,10 +59,13 @@ async def infer(request: web.Request) -> web.Response:
     arrived = node.serving.clock()
     name, version = model_ref(request)
     header = request.headers.get("Inference-Header-Content-Length")
-    if header is not None and not header.isdigit():
-        raise BadRequest("Inference-Header-Content-Length must be an integer")
+    try:
+        header_length = None if header is None else ascii_int(
+            header, "Inference-Header-Content-Length")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     body = await request.read()
-    inputs, meta = decode_v2_request(body, int(header) if header is not None else None)
+    inputs, meta = decode_v2_request(body, header_length)
     known = node.cache.entry(name, version).signature
     if known is not None:  # reject bad input before it can cause a load
         check_inputs(known, inputs)

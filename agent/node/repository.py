@@ -51,7 +51,7 @@ def _infer_backend(model_dir: Path, versions: tuple[int, ...]) -> str | None:
 def scan_model(model_dir: Path) -> ModelSpec:
     """Describe one model directory; problems go to ``error``, never raise."""
     versions = tuple(sorted(int(p.name) for p in model_dir.iterdir()
-                            if p.is_dir() and p.name.isdigit()))
+                            if p.is_dir() and p.name.isascii() and p.name.isdigit()))
     try:
         config = load_model_config(model_dir / "config.yaml")
     except ConfigError as exc:

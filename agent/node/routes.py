@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
+from agent.backends.base import InvalidInput
 from agent.errors import http_status
 from agent.node.cache import UnknownModel
+from agent.validation import ascii_int
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -50,7 +52,8 @@ def model_ref(request: web.Request) -> tuple[str, int | None]:
     raw = request.match_info.get("version")
     if raw is None or raw == "":
         return request.match_info["name"], None
-    if not raw.isdigit():
-        raise UnknownModel(f"model {request.match_info['name']!r} has no version {raw!r}: "
-                           "versions are integers")
-    return request.match_info["name"], int(raw)
+    try:
+        return request.match_info["name"], ascii_int(raw, "version")
+    except ValueError:  # malformed, not unknown: a 400
+        raise InvalidInput(f"model {request.match_info['name']!r} has no version {raw!r}: "
+                           "versions are integers (ASCII digits)") from None

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-try:  # several times faster than json for the small bodies of an infer request
+try:  # several times faster than json at writing an infer response
     import orjson
 except ImportError:  # pragma: no cover - a declared dependency; json is the fallback
     orjson = None
 
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, datatype_of
+from agent.validation import load_json
 
 
 class BadRequest(InvalidInput):
@@ -27,17 +28,17 @@ class BadRequest(InvalidInput):
 
 
 def parse_json(body: bytes) -> Any:
-    if orjson is not None:
-        # orjson accepts a subset of what json accepts and then gives the same values;
-        # anything else (NaN, huge integers, UTF-16, BOMs, errors) goes to json.
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            pass
+    """A JSON body (``agent.validation.load_json``: depth and number limits); BadRequest
+    naming the problem."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
+        return load_json(body)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object (``parse_json``); BadRequest for anything else."""
+    return _json_object(body)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -160,7 +161,7 @@ def decode_v2_request(body: bytes, header_length: int | None
         if name in inputs:
             raise BadRequest(f"input {name!r} given twice")
         datatype = tensor.get("datatype")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise BadRequest(f"input {name!r}: unknown datatype {datatype!r} (expected one "
                              f"of {', '.join(DATATYPES)})")
         shape = _shape(tensor, name)
@@ -195,6 +196,9 @@ def decode_v2_request(body: bytes, header_length: int | None
     if outputs is not None and (not isinstance(outputs, list) or not all(
             isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):
         raise BadRequest("'outputs' must be a list of objects with a string 'name'")
+    for o in outputs or ():  # checked before the model runs, not after
+        if not isinstance(o.get("parameters", {}), (dict, type(None))):
+            raise BadRequest(f"output {o['name']!r}: 'parameters' must be an object")
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest("'id' must be a string")
@@ -292,10 +296,11 @@ def _tf_value(value: Any, spec: TensorSpec, what: str) -> np.ndarray:
     return array.astype(DATATYPES[spec.datatype])
 
 
-def decode_tf_request(body: bytes, specs: list[TensorSpec]
+def decode_tf_request(body: bytes | dict[str, Any], specs: list[TensorSpec]
                       ) -> tuple[dict[str, np.ndarray], str]:
-    """(inputs, "row" or "columnar") from a TF Serving ``:predict`` body."""
-    doc = _json_object(body)
+    """(inputs, "row" or "columnar") from a TF Serving ``:predict`` body (its bytes, or
+    the JSON object already parsed by ``json_object``)."""
+    doc = body if isinstance(body, dict) else _json_object(body)
     by_name = {s.name: s for s in specs}
     has_rows, has_cols = "instances" in doc, "inputs" in doc
     if has_rows == has_cols:

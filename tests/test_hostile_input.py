@@ -1,0 +1,172 @@
+"""Hostile input over HTTP (issue 13): every malformed request named there answers a 4xx
+naming the problem, never a 500, changes nothing, and the server still serves after it.
+Real agent (ONNX MLP) and real coordinator on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from agent.validation import ascii_int, load_json
+from tests.conftest import add_mlp
+from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
+from tests.test_node_api import _v2
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+BIG_INT = b"1" * 5000
+
+
+# -- the helpers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, words", [
+    (DEEP, "nested deeper than"), (DEEP_OBJECT, "nested deeper than"),
+    (b"[" + BIG_INT + b"]", "4300 digits"), (b"{nope", "malformed JSON"),
+    (b"\xff\xfe{", "malformed JSON"),
+])
+def test_load_json_refuses_with_a_value_error(body, words):
+    with pytest.raises(ValueError, match=words):
+        load_json(body)
+
+
+def test_load_json_keeps_what_is_fine():
+    assert load_json(b'{"a": [[1, 2], [3, 4]], "b": NaN}')["a"] == [[1, 2], [3, 4]]
+    assert load_json(b"[" * 64 + b"]" * 64) is not None
+    assert load_json(b'{"data": [' + b",".join([b"[1]"] * 1000) + b"]}")["data"][999] == [1]
+    with pytest.raises(ValueError):
+        load_json(b"[" * 65 + b"]" * 65)
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "1²", "", "-1", "+1", " 1", "1.0", "1" * 19, None])
+def test_ascii_int_refuses_everything_but_ascii_digits(text):
+    with pytest.raises(ValueError, match="ASCII digits"):
+        ascii_int(text, "version")
+
+
+def test_ascii_int():
+    assert ascii_int("0", "v") == 0 and ascii_int("123", "v") == 123
+
+
+# -- the agent ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def agent(repo, start_agent):
+    add_mlp(repo, "mlp")
+    return start_agent(repo)
+
+
+def _v2_with(**changes):
+    body = _v2([1, 2, 3, 4])
+    for key, value in changes.items():
+        if key.startswith("input_"):
+            body["inputs"][0][key[6:]] = value
+        else:
+            body[key] = value
+    return body
+
+
+HOSTILE_AGENT = [
+    ("/v2/models/mlp/infer", DEEP, None, "nested deeper than"),
+    ("/v2/models/mlp/infer", DEEP_OBJECT, None, "nested deeper than"),
+    ("/v2/models/mlp/infer",
+     b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, '
+     + BIG_INT + b"]}]}", None, "4300 digits"),
+    ("/v2/models/mlp/versions/%C2%B2/infer", _v2([1, 2, 3, 4]), None, "versions are integers"),
+    ("/v2/models/mlp/versions/%D9%A3/infer", _v2([1, 2, 3, 4]), None, "versions are integers"),
+    ("/v1/models/mlp/versions/%C2%B2:predict", {"instances": [[1, 2, 3, 4]]}, None,
+     "versions are integers"),
+    ("/v1/models/mlp:predict", DEEP, None, "nested deeper than"),
+    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4]), {"Inference-Header-Content-Length": "²"},
+     "Inference-Header-Content-Length"),
+    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4]),
+     {"Inference-Header-Content-Length": "9" * 40}, "Inference-Header-Content-Length"),
+    ("/v2/models/mlp/infer", _v2_with(outputs=[{"name": "Y", "parameters": [1]}]), None,
+     "'parameters' must be an object"),
+    ("/v2/models/mlp/infer", _v2_with(outputs=[{"name": "Y", "parameters": "x"}]), None,
+     "'parameters' must be an object"),
+    ("/v2/models/mlp/infer", _v2_with(input_datatype=["FP32"]), None, "unknown datatype"),
+    ("/v2/models/mlp/infer", _v2_with(input_datatype={"a": 1}), None, "unknown datatype"),
+    ("/v2/models/mlp/infer", _v2_with(parameters={"timeout": 1e300}), None,
+     "parameter 'timeout'"),
+    ("/v2/models/mlp/infer", _v2_with(parameters={"timeout": 10 ** 400}), None,
+     "parameter 'timeout'"),
+    ("/v2/repository/index", DEEP, None, "nested deeper than"),
+]
+
+
+@pytest.mark.parametrize("path, body, headers, words", HOSTILE_AGENT)
+@pytest.mark.parametrize("warm", [False, True])
+def test_hostile_agent_request_is_a_4xx_naming_the_problem(agent, path, body, headers, words,
+                                                          warm):
+    if warm:
+        assert agent.request("POST", "/v2/repository/models/mlp/load")[0] == 200
+    before = agent.request("GET", "/v1/cache")[2]
+    status, _, reply = agent.request("POST", path, body, headers=headers)
+    assert 400 <= status < 500 and words in reply["error"], (status, reply)
+    if not warm:  # nothing loaded by a refused request
+        assert agent.request("GET", "/v1/cache")[2] == before
+    ok, _, _ = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+    assert ok == 200  # the agent still serves
+
+
+def test_output_parameters_refused_before_the_model_runs(agent):
+    agent.request("POST", "/v2/repository/models/mlp/load")
+    stats = agent.request("GET", "/v2/models/mlp/stats")[2]
+    body = _v2_with(outputs=[{"name": "Y", "parameters": 5}])
+    assert agent.request("POST", "/v2/models/mlp/infer", body)[0] == 400
+    assert agent.request("GET", "/v2/models/mlp/stats")[2] == stats
+
+
+# -- the coordinator ---------------------------------------------------------------------
+
+
+def _report(**model_a):
+    report = copy.deepcopy(REPORT)
+    report["models"]["a"].update(model_a)
+    return report
+
+
+@pytest.mark.parametrize("path, method", [("/v1/nodes/n1/report", "POST"),
+                                          ("/v1/models/a", "PUT")])
+@pytest.mark.parametrize("raw", [DEEP, DEEP_OBJECT, b"[" + BIG_INT + b"]"])
+def test_coordinator_refuses_hostile_json(start_coordinator, path, method, raw):
+    co = start_coordinator()
+    status, doc = co.request(method, path, raw=raw)
+    assert status == 400 and "not valid JSON" in doc["error"], doc
+    assert co.request("GET", "/v1/nodes") == (200, [])
+    assert co.request("GET", "/v1/models") == (200, [])
+
+
+@pytest.mark.parametrize("report, words", [
+    ({**REPORT, "capacity": {"cores": 4, "cpu_memory_bytes": 10 ** 400}},
+     "capacity.cpu_memory_bytes: must be a number >= 0 and <= "),
+    ({**REPORT, "capacity": {"cores": 1e308}}, "capacity.cores"),
+    (_report(arrivals=[[1.0, 5.0, 1e308]]), "models.a.arrivals[0]"),
+    (_report(arrivals=[[1e308, 5.0, 10]]), "models.a.arrivals[0]"),
+    (_report(arrivals=[[1.0, 1e-300, 1e9]]), "per second"),
+    (_report(size_bytes=1e300), "models.a.size_bytes"),
+    (_report(latency_ms={"p99": 1e300}), "models.a.latency_ms.p99"),
+    (_report(batches={"²": {"count": 1, "seconds": 1}}), "keys must be batch sizes"),
+    (_report(batches={"1": {"count": 1, "seconds": 1e300}}), "models.a.batches.1.seconds"),
+])
+def test_report_numbers_are_range_checked_and_planning_keeps_working(start_coordinator,
+                                                                     report, words):
+    co = start_coordinator()
+    co.request("PUT", "/v1/models/a", {"slo_ms": 100})
+    status, doc = co.request("POST", "/v1/nodes/n1/report", report)
+    assert status == 400 and words in doc["error"], doc
+    assert co.request("GET", "/v1/nodes") == (200, [])
+    assert co.request("POST", "/v1/nodes/n2/report", REPORT)[0] == 200
+    status, plan = co.request("POST", "/v1/plan")
+    assert status == 200 and "a" in plan["models"], plan
+
+
+@pytest.mark.parametrize("raw", [b'{"capacity": {"cores": 4}, "interval_s": Infinity}',
+                                 b'{"capacity": {"cores": NaN}}'])
+def test_report_refuses_inf_and_nan(start_coordinator, raw):
+    co = start_coordinator()
+    status, doc = co.request("POST", "/v1/nodes/n1/report", raw=raw)
+    assert status == 400, doc
