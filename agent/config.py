@@ -75,6 +75,7 @@ _MODEL_SCHEMA = {
     "pin": _bool,
     "cold_start": _choice(*COLD_START),
     "load_wait_max_s": _num(0),
+    "load_retry_s": _num(0),
     "idle_unload_s": _num(0, strict_lo=True),
     "onnxruntime": _ORT_SCHEMA,
     "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
@@ -154,6 +155,7 @@ class ModelConfig:
     pin: bool = False
     cold_start: str | None = None         # serve | reject; None: the server's
     load_wait_max_s: float | None = None  # longest wait for room; None: the server's
+    load_retry_s: float | None = None  # a failed load is retried after; None: the server's
     idle_unload_s: float | None = None  # unload after this long unused; None: the server's
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     synthetic: SyntheticOptions | None = None
@@ -179,6 +181,7 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         pin=d.get("pin", False),
         cold_start=d.get("cold_start"),
         load_wait_max_s=d.get("load_wait_max_s"),
+        load_retry_s=d.get("load_retry_s"),
         idle_unload_s=d.get("idle_unload_s"),
         onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
         synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
@@ -216,6 +219,7 @@ _AGENT_SCHEMA = {
     "max_queue": _num(1, integer=True),
     "cold_start": _choice(*COLD_START),
     "load_wait_max_s": _num(0),
+    "load_retry_s": _num(0),
     "idle_unload_s": _num(0, strict_lo=True),
     "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "tfserving": {
@@ -300,6 +304,7 @@ class AgentConfig:
     max_queue: int = 50  # tail drop bound per model queue (Faro)
     cold_start: str = "serve"     # see COLD_START
     load_wait_max_s: float = 30.0  # a load waits this long for room, then 503
+    load_retry_s: float = 30.0  # a failed load answers 503 this long before a new try
     idle_unload_s: float | None = None  # unload a model unused this long; None: never
     prediction_cache: PredictionCacheOptions = SERVER_PREDICTION_CACHE
     tfserving: TfServingSettings = field(default_factory=TfServingSettings)

@@ -481,7 +481,7 @@ def test_mixed_repository_over_http(agent, savedmodels):
 
 def test_failed_tf_load_is_reported_in_the_cache(agent):
     status, _, body = v2_infer(agent, "broken", np.zeros((1, 4), np.float32))
-    assert status == 500 and "could not load broken:1" in body["error"]
+    assert status == 503 and "could not load broken:1" in body["error"]
     entry = cache_entry(agent, "broken")
     assert entry["state"] == "failed" and "could not load broken:1" in entry["error"]
     assert v2_infer(agent, "tfmlp", np.zeros((1, 4), np.float32))[0] == 200

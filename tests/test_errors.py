@@ -24,7 +24,7 @@ from agent.wire import ReportError
     (ModelTooLarge("m"), 507, "RESOURCE_EXHAUSTED"),
     (CacheBusy("m"), 503, "UNAVAILABLE"),
     (ModelInUse("m"), 409, "FAILED_PRECONDITION"),
-    (LoadFailed("m"), 500, "INTERNAL"),
+    (LoadFailed("m"), 503, "UNAVAILABLE"),
     (CacheError("m"), 500, "INTERNAL"),
     (Shed("m", "queue_full", 2.5), 503, "UNAVAILABLE"),
     (BackendError("m"), 500, "INTERNAL"),

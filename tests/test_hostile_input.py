@@ -170,3 +170,65 @@ def test_report_refuses_inf_and_nan(start_coordinator, raw):
     co = start_coordinator()
     status, doc = co.request("POST", "/v1/nodes/n1/report", raw=raw)
     assert status == 400, doc
+
+
+# -- a model that fails to load ----------------------------------------------------------
+
+
+def _cache_entry(agent, name):
+    return next(e for e in agent.request("GET", "/v1/cache")[2] if e["name"] == name)
+
+
+def test_corrupt_model_is_remembered_as_failed_for_load_retry_s(repo, start_agent, tmp_path):
+    import time
+
+    add_mlp(repo, "mlp")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model at all")
+    agent = start_agent(repo, load_retry_s=2.0)
+    started = time.monotonic()
+    status, headers, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+    assert status == 503 and int(headers["Retry-After"]) >= 1, reply
+    assert "model broken:1 failed to load" in reply["error"], reply
+    assert "broken/1/model.onnx" in reply["error"]
+    assert str(tmp_path) not in reply["error"] and str(repo) not in reply["error"]
+    entry = _cache_entry(agent, "broken")
+    assert entry["state"] == "failed" and entry["load_attempts"] == 1
+    assert str(tmp_path) not in entry["error"]
+    for path, body in [("/v2/models/broken/infer", _v2([1, 2, 3, 4])),
+                       ("/v1/models/broken:predict", {"instances": [[1, 2, 3, 4]]})]:
+        status, headers, reply = agent.request("POST", path, body)
+        assert status == 503 and "Retry-After" in headers and "next try" in reply["error"]
+    assert _cache_entry(agent, "broken")["load_attempts"] == 1  # not re-loaded
+    assert agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))[0] == 200
+    # the file is mended; after the window a request tries again, and is served
+    add_mlp(repo, "broken")
+    time.sleep(max(0.0, started + 2.2 - time.monotonic()))
+    status, _, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+    assert status == 200, reply
+    entry = _cache_entry(agent, "broken")
+    assert entry["state"] == "ready" and entry["load_attempts"] == 2 and entry["error"] is None
+
+
+def test_failed_load_window_per_model_and_explicit_load(repo, start_agent):
+    import yaml
+
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"")
+    (repo / "broken" / "config.yaml").write_text(yaml.safe_dump({"load_retry_s": 0}))
+    (repo / "held" / "1").mkdir(parents=True)
+    (repo / "held" / "1" / "model.onnx").write_bytes(b"\x08\x07garbage")
+    agent = start_agent(repo, load_retry_s=600)
+    for attempt in (1, 2):  # a window of 0: every request tries again
+        status, _, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+        assert status == 503 and "model broken:1 failed to load" in reply["error"]
+        assert _cache_entry(agent, "broken")["load_attempts"] == attempt
+    status, headers, _ = agent.request("POST", "/v2/models/held/infer", _v2([1, 2, 3, 4]))
+    assert status == 503
+    status, headers, reply = agent.request("POST", "/v2/models/held/infer", _v2([1, 2, 3, 4]))
+    assert status == 503 and 590 <= int(headers["Retry-After"]) <= 600, reply
+    assert _cache_entry(agent, "held")["load_attempts"] == 1
+    # an explicit load (the operator's) tries again at once
+    status, _, reply = agent.request("POST", "/v2/repository/models/held/load")
+    assert status == 503 and "failed to load" in reply["error"]
+    assert _cache_entry(agent, "held")["load_attempts"] == 2

@@ -100,7 +100,14 @@ class ModelInUse(CacheError):
 
 
 class LoadFailed(CacheError):
-    status = 500
+    """A load failed (a corrupt model file, a runtime that refuses it): 503, with
+    ``Retry-After`` while the failure is remembered (``load_retry_s``)."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(order=True)
@@ -174,6 +181,8 @@ class Entry:
     pinned: bool = False
     in_flight: int = 0
     error: str | None = None
+    failed_at: float | None = None  # cache clock of the last failed load (None: none)
+    load_attempts: int = 0          # loads started, failed ones included
     task: asyncio.Task | None = None
     metadata: dict[str, Any] | None = None  # inputs/outputs, kept after unload
     signature: list[TensorSpec] | None = None  # input specs, kept after unload
@@ -215,12 +224,14 @@ class ModelCache:
         infer_executor: Executor | None = None,
         load_wait_max_s: float = 30.0,
         idle_unload_s: float | None = None,
+        load_retry_s: float = 30.0,
     ) -> None:
         self.policy_spec = policy
         prime_policy(policy)  # the first request must not pay for loading the kernels
         self.pools = {name: Pool(name, MemoryPool(budget, make_policy(policy)))
                       for name, budget in budgets.items()}
         self.load_wait_max_s = load_wait_max_s
+        self.load_retry_s = load_retry_s
         self.idle_unload_s = idle_unload_s
         #: Warm seconds of one run of a model, where known (the serving layer's
         #: measurements): the cold first run's surplus over it is part of the penalty.
@@ -319,6 +330,8 @@ class ModelCache:
                 entry.misses += 1
             give_up = None if timeout is None else self.clock() + timeout
             while entry.state is not State.READY:
+                if entry.task is None and record:
+                    self._check_failure(entry)  # a request never re-loads a failed model
                 if entry.task is None:
                     entry.task = asyncio.get_running_loop().create_task(self._load(entry))
                     # Waiters may all be cancelled; never leave the outcome unretrieved.
@@ -378,9 +391,35 @@ class ModelCache:
         return entry
 
     # -- loading ---------------------------------------------------------------------
+    def retry_bound(self, entry: Entry) -> float:
+        """Seconds a failed load of ``entry`` is remembered: its config, else the agent's."""
+        own = entry.spec.config.load_retry_s
+        return self.load_retry_s if own is None else own
+
+    def _check_failure(self, entry: Entry) -> None:
+        """``LoadFailed`` (503 + Retry-After, the reason) while ``entry``'s last load
+        failed less than ``load_retry_s`` ago (ModelMesh's failure expiry): a broken model
+        file is not re-loaded by every request. An explicit load (the repository API,
+        ``record=False``) tries again at once."""
+        if entry.state is not State.FAILED or entry.failed_at is None:
+            return
+        left = entry.failed_at + self.retry_bound(entry) - self.clock()
+        if left > 0:
+            raise LoadFailed(f"{entry.error}; the next try is in {left:.0f}s", left)
+
+    def _failure_message(self, entry: Entry, exc: BaseException) -> str:
+        """The reason a load failed, naming the model and version, with the repository's
+        host path cut from it (a file is named relative to the repository)."""
+        text = str(exc)
+        root = entry.spec.path.parent
+        for where in {str(root.resolve()), str(root)}:
+            text = text.replace(where + "/", "").replace(where, "<repository>")
+        return f"model {entry.key} failed to load: {text}"
+
     async def _load(self, entry: Entry) -> None:
         entry.state, entry.error = State.LOADING, None
         entry.load_started = self.clock()
+        entry.load_attempts += 1
         try:
             await self._do_load(entry)
         except CacheBusy as exc:
@@ -391,9 +430,10 @@ class ModelCache:
             log.warning("load %s failed: %s", entry.key, exc)
             raise
         except BackendError as exc:
-            entry.state, entry.error = State.FAILED, str(exc)
-            log.warning("load %s failed: %s", entry.key, exc)
-            raise LoadFailed(str(exc)) from None
+            message = self._failure_message(entry, exc)
+            entry.state, entry.error, entry.failed_at = State.FAILED, message, self.clock()
+            log.warning("%s (retried after %.0fs)", message, self.retry_bound(entry))
+            raise LoadFailed(message, self.retry_bound(entry)) from None
         except asyncio.CancelledError:
             entry.state, entry.error = State.UNLOADED, None  # given up while waiting
             raise
@@ -726,7 +766,8 @@ class ModelCache:
             else entry.measured_bytes is None,
             "load_seconds": round(entry.load_seconds, 6),
             "first_run_seconds": round(entry.first_run_seconds, 6),
-            "loads": entry.loads, "hits": entry.hits, "misses": entry.misses,
+            "loads": entry.loads, "load_attempts": entry.load_attempts,
+            "hits": entry.hits, "misses": entry.misses,
             "evictions": entry.evictions, "last_used": entry.last_used,
             "request_rate": rate, "utility": utility, "pinned": entry.pinned,
             "in_flight": entry.in_flight, "error": entry.error or entry.spec.error,

@@ -65,7 +65,8 @@ class Node:
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
-            load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s)
+            load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
+            load_retry_s=config.load_retry_s)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
@@ -159,6 +160,7 @@ class Node:
             self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
         self.cache.load_wait_max_s = config.load_wait_max_s
+        self.cache.load_retry_s = config.load_retry_s
         self.cache.idle_unload_s = config.idle_unload_s
         try:
             self.admin_token = read_token(config.admin_token_file)
