@@ -9,6 +9,7 @@
 - ``retry_after_seconds`` / ``retry_after_header``: the one ``Retry-After`` rounding
   (whole seconds, at least 1, rounded up).
 - ``json_error`` / ``error_response``: the JSON ``{"error": "..."}`` answer.
+- ``client_disconnected``: a client that went away mid-request (INFO, no trace, 499).
 
 A shared leaf: imports no other ``agent`` module, and aiohttp only where it builds a
 response (a backend that imports this module does not load aiohttp).
@@ -81,6 +82,15 @@ def retry_after_header(seconds: float | None) -> dict[str, str]:
     if seconds is None:
         return {}
     return {"Retry-After": str(retry_after_seconds(seconds))}
+
+
+def client_disconnected(exc: BaseException, transport: object | None) -> bool:
+    """Whether ``exc`` is the client going away mid-request (reading its body or writing
+    the answer, with the connection lost or closing) and no fault of ours: logged at
+    INFO without a trace and answered 499 (nginx's "client closed request"), which
+    nobody reads."""
+    return isinstance(exc, ConnectionResetError) and (
+        transport is None or getattr(transport, "is_closing", lambda: True)())
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None

@@ -232,3 +232,59 @@ def test_failed_load_window_per_model_and_explicit_load(repo, start_agent):
     status, _, reply = agent.request("POST", "/v2/repository/models/held/load")
     assert status == 503 and "failed to load" in reply["error"]
     assert _cache_entry(agent, "held")["load_attempts"] == 2
+
+
+# -- clients that go away ----------------------------------------------------------------
+
+
+def _raw(agent, data: bytes, wait: float = 0.3) -> None:
+    import socket
+    import time
+
+    host, port = agent.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        time.sleep(wait)
+
+
+def test_client_disconnects_are_logged_at_info_without_a_trace(repo, start_agent, caplog):
+    import json
+    import logging
+    import time
+
+    from tests.conftest import add_synthetic
+
+    add_mlp(repo, "mlp")
+    add_synthetic(repo, "slow", base_ms=400, size_bytes=1000)
+    agent = start_agent(repo)
+    body = json.dumps(_v2([1, 2, 3, 4])).encode()
+    slow = json.dumps(_v2([1], shape=(1, 1))).encode()
+    head = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
+    with caplog.at_level(logging.DEBUG):
+        _raw(agent, head % (b"mlp", 1000) + body[:20])        # half a body
+        _raw(agent, b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConte")  # half headers
+        _raw(agent, head % (b"slow", len(slow)) + slow, wait=0.05)  # gone before the answer
+        _raw(agent, b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\n"
+             b"Content-Length: 500\r\n\r\n{\"instances\": [[1, 2")
+        time.sleep(0.8)  # the slow answer is written to a closed connection
+        status, _, _ = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+        assert status == 200  # the agent still serves
+        assert agent.request("POST", "/v2/models/slow/infer",
+                             _v2([1], shape=(1, 1)))[0] == 200
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.levelname, r.getMessage()) for r in loud]
+    gone = [r for r in caplog.records if "client went away" in r.getMessage()]
+    assert gone and all(r.levelno == logging.INFO for r in gone)
+
+
+def test_coordinator_client_disconnect_is_quiet(start_coordinator, caplog):  # noqa: F811
+    import logging
+
+    co = start_coordinator()
+    with caplog.at_level(logging.DEBUG):
+        _raw(co, b"POST /v1/nodes/n1/report HTTP/1.1\r\nHost: x\r\n"
+             b"Content-Length: 800\r\n\r\n{\"capacity\": ")
+        assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.levelname, r.getMessage()) for r in loud]

@@ -31,7 +31,7 @@ from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.plan import directives_for
 from agent.coordinator.planner import Planner, PlannerLoops
 from agent.coordinator.store import StoredPlan, Store
-from agent.errors import AgentError, error_response, json_error
+from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.httpauth import bearer_auth, read_token
 from agent.validation import load_json
 from agent.wire import DirectiveBook, ReportError, parse_report
@@ -86,7 +86,10 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return error_response(exc)
     except asyncio.CancelledError:
         raise
-    except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection
+    except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not kill the connection
+        if client_disconnected(exc, request.transport):
+            log.info("client went away during %s %s: %s", request.method, request.path, exc)
+            return json_error(499, "client closed the request")
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_error(500, "internal error (logged)")
 

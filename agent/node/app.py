@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.errors import AgentError, error_response, json_error
+from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
 from agent.node import api_admin, api_tfserving, api_v2, reporter
@@ -44,7 +44,10 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return error_response(exc)
     except asyncio.CancelledError:
         raise
-    except Exception:  # noqa: BLE001 - a bug must answer 500, not kill the connection
+    except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not kill the connection
+        if client_disconnected(exc, request.transport):
+            log.info("client went away during %s %s: %s", request.method, request.path, exc)
+            return json_error(499, "client closed the request")
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_error(500, "internal error (logged)")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from aiohttp import web
 
 from agent.backends.base import InvalidInput
-from agent.errors import http_status
+from agent.errors import client_disconnected, http_status
 from agent.node.cache import UnknownModel
 from agent.validation import ascii_int
 
@@ -36,7 +36,7 @@ def counted(protocol: str) -> Callable:
                 code = response.status
                 return response
             except BaseException as exc:
-                code = http_status(exc)
+                code = 499 if client_disconnected(exc, request.transport) else http_status(exc)
                 raise
             finally:
                 name = request.match_info.get("name", "")
