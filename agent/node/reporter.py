@@ -47,6 +47,7 @@ from agent.config import CoordinatorLink
 from agent.httpauth import read_token
 from agent.node.cache import CacheError, State
 from agent.node.state import read_state, write_state
+from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class Reporter:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with self._session.post(self.url, json=body, headers=headers) as resp:
             try:
-                answer = await resp.json(content_type=None)
+                answer = await resp.json(content_type=None, loads=load_json)
             except ValueError:
                 answer = None
             if resp.status != 200:
