@@ -570,16 +570,17 @@ class ModelCache:
             pool.wait_seconds += waited
 
     async def _wait_for_room(self, pool: Pool, entry: Entry, need: int,
-                             give_up: float) -> list:
+                             give_up: float) -> None:
         """Reserve ``need`` bytes in ``pool`` for ``entry``'s load, waiting in the room
-        queue until ``give_up`` at most; returns the victims (already unloading)."""
+        queue until ``give_up`` at most (``_grant`` starts the victims' unloads)."""
         bound = max(give_up - self.clock(), 0.0)
         request = RoomRequest(give_up, next(self._seq), entry.id, need,
                               asyncio.get_running_loop().create_future())
         heapq.heappush(pool.waiting, request)
         self._grant(pool)
         if request.future.done():
-            return request.future.result()
+            request.future.result()  # raises what ``_grant`` refused it with
+            return
         entry.waiting_for_room = True
         log.info("load of %s waits for room on %s: needs %s, %s free, %s reserved by "
                  "loads, %d load(s) waiting", entry.key, pool.name, format_size(need),
@@ -603,7 +604,7 @@ class ModelCache:
                 f"{self.wait_bound(entry):.1f}s (load_wait_max_s) for {format_size(need)}; "
                 "in use or pinned: "
                 f"{', '.join(busy) or 'none'}")
-        return request.future.result()
+        request.future.result()
 
     def _withdraw(self, pool: Pool, request: RoomRequest) -> None:
         """Take a waiting load out of the room queue (it gave up or was cancelled)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import Executor
@@ -324,7 +325,7 @@ class Serving:
         margin = ADMISSION_MARGIN * rt.settings.slo
         if deadline.hard or (not idle and not cold):  # an idle model admits all but
             admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
-                  rt.settings.max_queue if not cold else 10**9, batcher.predict,
+                  rt.settings.max_queue if not cold else math.inf, batcher.predict,
                   margin=margin)
         future = asyncio.get_running_loop().create_future()
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
