@@ -15,22 +15,8 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
-from agent.coordinator.provisioning import (InstanceType, optimal_cost, peak_cost,
+from agent.coordinator.provisioning import (optimal_cost, peak_cost, random_cases,
                                             simulate)
-
-
-def cases(n: int):
-    for seed in range(n):
-        rng = np.random.default_rng(seed)
-        types = [InstanceType(f"t{i}", float(rng.uniform(0.1, 1.0)),
-                              float(rng.uniform(20, 100)), float(rng.uniform(30, 300)))
-                 for i in range(int(rng.integers(2, 4)))]
-        base = rng.uniform(50, 200)
-        demand = [float(max(0.0, base * (1 + 0.5 * np.sin(k / 2 + rng.uniform(0, 6)))
-                            + rng.normal(0, 10))) for k in range(8)]
-        yield types, demand
 
 
 def main() -> None:
@@ -42,7 +28,7 @@ def main() -> None:
     gaps: dict[str, list[float]] = {"greedy, scale-in after 6 plans": [],
                                     "greedy, scale-in at once": [], "always the peak": []}
     unmet = 0
-    for types, demand in cases(args.cases):
+    for types, demand in random_cases(args.cases):
         best = optimal_cost(types, demand)
         for key, plans in (("greedy, scale-in after 6 plans", 6),
                            ("greedy, scale-in at once", 1)):

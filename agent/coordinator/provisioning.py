@@ -26,7 +26,9 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
+
+from agent.validation import number
 
 SCALE_IN_PLANS = 6
 
@@ -281,8 +283,25 @@ def problem_from_dict(data: Any) -> tuple[Provisioner, list[float]]:
 
 
 def _num(v: Any, where: str, lo: float | None = None, strict: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
-            lo is not None and (v <= lo if strict else v < lo)):
-        raise ProvisioningError(f"{where}: must be a number {'>' if strict else '>='} "
-                                f"{lo:g}, got {v!r}")
-    return float(v)
+    """``agent.validation.number``'s check (finite, within ``lo``), as a
+    ``ProvisioningError`` naming ``where``."""
+    try:
+        return float(number(lo, strict_lo=strict, finite=True)(v))
+    except ValueError as exc:
+        raise ProvisioningError(f"{where}: {exc}") from None
+
+
+def random_cases(n: int, steps: int = 8) -> Iterator[tuple[list[InstanceType], list[float]]]:
+    """``n`` seeded small problems (2-3 instance types, a noisy periodic demand of
+    ``steps`` steps) for comparing the greedy with the exhaustive search."""
+    import numpy as np
+
+    for seed in range(n):
+        rng = np.random.default_rng(seed)
+        types = [InstanceType(f"t{i}", float(rng.uniform(0.1, 1.0)),
+                              float(rng.uniform(20, 100)), float(rng.uniform(30, 300)))
+                 for i in range(int(rng.integers(2, 4)))]
+        base = rng.uniform(50, 200)
+        demand = [float(max(0.0, base * (1 + 0.5 * np.sin(k / 2 + rng.uniform(0, 6)))
+                            + rng.normal(0, 10))) for k in range(steps)]
+        yield types, demand
