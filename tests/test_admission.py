@@ -209,15 +209,20 @@ async def test_http_overload_gets_503_with_retry_after_and_nothing_hangs(repo, s
     assert info["drops_total"] >= len(shed) and 1 <= info["batch_limit"] <= 32
     assert info["latency_ms"]["p99"] is not None and info["arrival_rate"] > 0
     text = agent.request("GET", "/metrics")[2].decode()
-    for metric in ('edgeagent_batch_limit{model="m",version="1"}',
-                   'edgeagent_batch_window_ms{model="m",version="1"}',
-                   'edgeagent_mean_batch_size{model="m",version="1"}',
-                   'edgeagent_queue_length{model="m",version="1"}',
-                   'edgeagent_arrival_rate{model="m",version="1"}',
-                   'edgeagent_latency_ms{model="m",quantile="0.99",version="1"}',
-                   'edgeagent_slo_violations_total{model="m",version="1"}',
-                   'edgeagent_drops_total{model="m",reason="deadline",version="1"}',
-                   'edgeagent_batch_processing_ms{batch_size="1",model="m",version="1"}'):
+    m = 'device="cpu",model="m",version="1"'
+    for metric in (f'edgeagent_batch_limit{{{m}}}',
+                   f'edgeagent_batch_window_seconds{{{m}}}',
+                   f'edgeagent_mean_batch_size{{{m}}}',
+                   f'edgeagent_queue_length{{{m}}}',
+                   f'edgeagent_arrival_rate{{{m}}}',
+                   'edgeagent_request_duration_seconds_bucket{device="cpu",endpoint="v2",'
+                   'le="0.2",model="m",version="1"}',
+                   'edgeagent_slo_latency_seconds{device="cpu",model="m",percentile="99",'
+                   'version="1"} 0.2',
+                   f'edgeagent_slo_violations_total{{{m}}}',
+                   'edgeagent_drops_total{device="cpu",model="m",reason="deadline",'
+                   'version="1"}',
+                   f'edgeagent_batch_processing_seconds{{batch_size="1",{m}}}'):
         assert metric in text, metric
 
 

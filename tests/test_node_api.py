@@ -180,12 +180,14 @@ def test_metrics(agent):
     status, _, text = agent.request("GET", "/metrics")
     text = text.decode()
     assert status == 200
-    assert 'edgeagent_requests_total{code="200",model="mlp",protocol="v2"} 2.0' in text
-    assert 'edgeagent_requests_total{code="400",model="mlp",protocol="v2"} 1.0' in text
-    assert 'edgeagent_request_seconds_count{model="mlp"} 2.0' in text
-    assert 'edgeagent_cache_misses_total{model="mlp",version="2"} 1.0' in text
-    assert 'edgeagent_cache_hits_total{model="mlp",version="2"} 1.0' in text
-    assert 'edgeagent_model_load_seconds_count{model="mlp"} 1.0' in text
+    v2 = 'device="cpu",endpoint="v2",model="mlp",version="2"'
+    assert f'edgeagent_requests_total{{code="200",{v2}}} 2.0' in text
+    assert f'edgeagent_requests_total{{code="400",{v2}}} 1.0' in text
+    assert f'edgeagent_request_duration_seconds_count{{{v2}}} 2.0' in text
+    assert 'edgeagent_cache_misses_total{device="cpu",model="mlp",version="2"} 1.0' in text
+    assert 'edgeagent_cache_hits_total{device="cpu",model="mlp",version="2"} 1.0' in text
+    assert ('edgeagent_model_load_duration_seconds_count{device="cpu",model="mlp",'
+            'version="2"} 1.0') in text
     assert 'edgeagent_memory_budget_bytes{device="cpu"} 2e+08' in text
     assert 'edgeagent_memory_used_bytes{device="cpu"}' in text
 

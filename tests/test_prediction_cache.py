@@ -151,7 +151,7 @@ def test_prediction_cache_counters_in_metrics(repo, start_agent):
         status, _, body = agent.request("POST", "/v2/models/m/infer", doc)
         assert status == 200 and body["outputs"][0]["data"] == [3.0]
     text = agent.request("GET", "/metrics")[2].decode()
-    assert 'edgeagent_prediction_cache_hits_total{model="m",version="1"} 2.0' in text
-    assert 'edgeagent_prediction_cache_misses_total{model="m",version="1"} 1.0' in text
+    assert 'edgeagent_prediction_cache_hits_total{device="cpu",model="m",version="1"} 2.0' in text
+    assert 'edgeagent_prediction_cache_misses_total{device="cpu",model="m",version="1"} 1.0' in text
     info = agent.request("GET", "/v1/cache/m")[2]
     assert info["prediction_cache"]["hits"] == 2

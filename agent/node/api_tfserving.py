@@ -14,7 +14,7 @@ _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
               State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
 
 
-@counted("tfserving")
+@counted("tfserving-rest")
 async def predict(request: web.Request) -> web.Response:
     node = request.app[NODE]
     arrived = node.serving.clock()

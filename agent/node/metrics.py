@@ -1,25 +1,47 @@
 """Prometheus metrics, in a registry of the app's own (no process globals).
 
-Request counters and latency histograms are updated by handlers; cache counters and
-memory gauges are read from the cache at scrape time by a collector, and batching, SLO
-and prediction-cache figures from ``Serving`` the same way, so they can never drift from
-what ``/v1/cache`` shows.
+Naming follows Prometheus' conventions: base units (``_seconds``, ``_bytes``), counters
+end in ``_total``, latencies are histograms (``histogram_quantile`` gives any quantile),
+and the default ``process_*`` / ``python_*`` collectors are registered on the same
+registry. Labels: ``model``, ``version``, ``device`` on everything per model, and
+``endpoint`` (``v2``, ``v2-grpc``, ``tfserving-rest``: the API a request came in
+through, never the backend that ran it) and ``code`` on requests.
+
+Request counters and latency histograms are updated by handlers (``observe``); cache
+counters and memory gauges are read from the cache at scrape time by a collector, and
+batching, SLO and prediction-cache figures from ``Serving`` the same way, so they can
+never drift from what ``/v1/cache`` shows.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector,
+    ProcessCollector, generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from agent.errors import AgentError
 
 if TYPE_CHECKING:
     from agent.node.cache import Entry, ModelCache
     from agent.node.serving import Serving
 
-_LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+#: The values of the ``endpoint`` label: the APIs a request can arrive through.
+ENDPOINTS = ("v2", "v2-grpc", "tfserving-rest")
+
+_LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .075, .1, .15, .2, .25, .5,
+                    1, 2.5, 5, 10, 30)
 _LOAD_BUCKETS = (.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120)
+_MODEL = ["model", "version", "device"]
+
+
+def _seconds(ms: float | None) -> float | None:
+    """Milliseconds as ``Serving.describe`` gives them -> seconds."""
+    return None if ms is None else ms / 1000.0
 
 
 class _CacheCollector(Collector):
@@ -27,33 +49,36 @@ class _CacheCollector(Collector):
         self.cache = cache
 
     def collect(self) -> Iterator:
-        counters = {k: CounterMetricFamily(f"edgeagent_cache_{k}", f"Cache {k} per model",
-                                           labels=["model", "version"])
-                    for k in ("hits", "misses", "evictions", "loads")}
+        counters = {k: CounterMetricFamily(f"edgeagent_cache_{k}", help_, labels=_MODEL)
+                    for k, help_ in (("hits", "Requests that found the model resident"),
+                                     ("misses", "Requests that had to wait for a load"),
+                                     ("evictions", "Times the model was evicted"),
+                                     ("loads", "Successful loads of the model"))}
         loaded = GaugeMetricFamily("edgeagent_model_loaded", "1 when the model is ready",
-                                   labels=["model", "version", "device"])
-        size = GaugeMetricFamily("edgeagent_model_size_bytes", "Accounted model size",
-                                 labels=["model", "version", "device"])
+                                   labels=_MODEL)
+        pinned = GaugeMetricFamily("edgeagent_model_pinned", "1 when the model is pinned",
+                                   labels=_MODEL)
+        size = GaugeMetricFamily("edgeagent_model_size_bytes",
+                                 "Accounted size of the resident model", labels=_MODEL)
         room_waits = CounterMetricFamily(
-            "edgeagent_room_waits", "Loads of the model that waited for room",
-            labels=["model", "version"])
+            "edgeagent_room_waits", "Loads of the model that waited for room", labels=_MODEL)
         room_seconds = CounterMetricFamily(
             "edgeagent_room_wait_seconds", "Seconds the model's loads waited for room",
-            labels=["model", "version"])
+            labels=_MODEL)
         waiting = GaugeMetricFamily(
             "edgeagent_load_waiting_requests",
-            "Requests waiting for the model's load (and room for it)",
-            labels=["model", "version"])
+            "Requests waiting for the model's load (and room for it)", labels=_MODEL)
         for entry in self.cache.entries.values():
-            labels = [entry.name, str(entry.version)]
+            labels = [entry.name, str(entry.version), entry.device]
             for k, fam in counters.items():
                 fam.add_metric(labels, getattr(entry, k))
             room_waits.add_metric(labels, entry.room_waits)
             room_seconds.add_metric(labels, entry.room_wait_seconds)
-            waiting.add_metric(labels, entry.in_flight if entry.state.value != "ready" else 0)
             ready = entry.state.value == "ready"
-            loaded.add_metric(labels + [entry.device], 1.0 if ready else 0.0)
-            size.add_metric(labels + [entry.device], entry.size_bytes if ready else 0)
+            waiting.add_metric(labels, 0 if ready else entry.in_flight)
+            loaded.add_metric(labels, 1.0 if ready else 0.0)
+            pinned.add_metric(labels, 1.0 if entry.pinned else 0.0)
+            size.add_metric(labels, entry.size_bytes if ready else 0)
         used = GaugeMetricFamily("edgeagent_memory_used_bytes",
                                  "Bytes held by resident models", labels=["device"])
         budget = GaugeMetricFamily("edgeagent_memory_budget_bytes",
@@ -70,17 +95,16 @@ class _CacheCollector(Collector):
             queued.add_metric([name], m["waiting_loads"])
             overhead.add_metric([name], m["overhead_bytes"])
         yield from counters.values()
-        yield from (loaded, size, used, budget, queued, overhead, room_waits, room_seconds,
-                    waiting)
+        yield from (loaded, pinned, size, used, budget, queued, overhead, room_waits,
+                    room_seconds, waiting)
 
 
 class _ServingCollector(Collector):
     """Per model version: batch limit/window, queue, arrival rate, batch sizes and
-    times, latency quantiles, SLO violations, drops, prediction cache hits/misses."""
+    times, SLO target and violations, drops, prediction cache hits/misses."""
 
     _GAUGES = {
         "batch_limit": "Current adaptive batch limit (rows)",
-        "batch_window_ms": "Current delayed-batching window (ms)",
         "batch_target": "Rows a batch waits for within the window",
         "mean_batch_size": "Mean rows per batch",
         "queue_length": "Requests waiting in the model's queue",
@@ -97,40 +121,41 @@ class _ServingCollector(Collector):
         self.serving = serving
 
     def collect(self) -> Iterator:
-        labels = ["model", "version"]
-        gauges = {k: GaugeMetricFamily(f"edgeagent_{k}", h, labels=labels)
+        gauges = {k: GaugeMetricFamily(f"edgeagent_{k}", h, labels=_MODEL)
                   for k, h in self._GAUGES.items()}
-        counters = {k: CounterMetricFamily(f"edgeagent_{k}", h, labels=labels)
+        counters = {k: CounterMetricFamily(f"edgeagent_{k}", h, labels=_MODEL)
                     for k, h in self._COUNTERS.items()}
-        batch_ms = GaugeMetricFamily("edgeagent_batch_processing_ms",
-                                     "Mean processing time of a batch by its size (ms)",
-                                     labels=labels + ["batch_size"])
-        latency = GaugeMetricFamily("edgeagent_latency_ms",
-                                    "Recent request latency quantiles (ms)",
-                                    labels=labels + ["quantile"])
-        slo = GaugeMetricFamily("edgeagent_slo_latency_ms", "SLO latency target (ms)",
-                                labels=labels + ["percentile"])
+        window = GaugeMetricFamily("edgeagent_batch_window_seconds",
+                                   "Current delayed-batching window", labels=_MODEL)
+        batch_s = GaugeMetricFamily(
+            "edgeagent_batch_processing_seconds",
+            "Mean processing time of a batch of this size (the batch tuner's profile)",
+            labels=_MODEL + ["batch_size"])
+        slo = GaugeMetricFamily("edgeagent_slo_latency_seconds",
+                                "SLO latency target at the SLO percentile",
+                                labels=_MODEL + ["percentile"])
         drops = CounterMetricFamily("edgeagent_drops", "Requests rejected with 503",
-                                    labels=labels + ["reason"])
+                                    labels=_MODEL + ["reason"])
         pc = {k: CounterMetricFamily(f"edgeagent_prediction_cache_{k}",
-                                     f"Prediction cache {k}", labels=labels)
+                                     f"Prediction cache {k}", labels=_MODEL)
               for k in ("hits", "misses")}
         pc_bytes = GaugeMetricFamily("edgeagent_prediction_cache_bytes",
-                                     "Bytes held by the prediction cache", labels=labels)
+                                     "Bytes held by the prediction cache", labels=_MODEL)
+        entries = self.serving.cache.entries
         for (name, version), rt in list(self.serving.runtimes.items()):
-            lv = [name, str(version)]
+            entry = entries.get((name, version))
+            lv = [name, str(version), entry.device if entry is not None else ""]
             d = rt.describe(self.serving.clock())
             for k, fam in gauges.items():
                 if d[k] is not None:
                     fam.add_metric(lv, d[k])
             for k, fam in counters.items():
                 fam.add_metric(lv, d[k])
-            for size, ms in d["batch_ms_by_size"].items():
-                batch_ms.add_metric(lv + [size], ms)
-            for q, ms in d["latency_ms"].items():
-                if ms is not None:
-                    latency.add_metric(lv + [f"0.{q[1:]}"], ms)
-            slo.add_metric(lv + [f"{d['slo_percentile']:g}"], d["slo_latency_ms"])
+            window.add_metric(lv, _seconds(d["batch_window_ms"]))
+            for batch_size, ms in d["batch_ms_by_size"].items():
+                batch_s.add_metric(lv + [batch_size], _seconds(ms))
+            if d["slo_latency_ms"] is not None:
+                slo.add_metric(lv + [f"{d['slo_percentile']:g}"], _seconds(d["slo_latency_ms"]))
             for reason, n in d["drops"].items():
                 drops.add_metric(lv + [reason], n)
             if d["prediction_cache"] is not None:
@@ -139,20 +164,27 @@ class _ServingCollector(Collector):
                 pc_bytes.add_metric(lv, d["prediction_cache"]["bytes"])
         yield from gauges.values()
         yield from counters.values()
-        yield from (batch_ms, latency, slo, drops, *pc.values(), pc_bytes)
+        yield from (window, batch_s, slo, drops, *pc.values(), pc_bytes)
 
 
 class Metrics:
-    """The agent's metrics and their registry."""
+    """The agent's metrics and their registry (process and Python collectors included)."""
 
     def __init__(self, cache: "ModelCache", serving: "Serving | None" = None) -> None:
+        self.cache = cache
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("edgeagent_requests", "Inference requests",
-                                ["model", "protocol", "code"], registry=self.registry)
-        self.latency = Histogram("edgeagent_request_seconds", "Inference request latency",
-                                 ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.load_time = Histogram("edgeagent_model_load_seconds",
-                                   "Model load time incl. first run", ["model"],
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.requests = Counter("edgeagent_requests", "Inference requests by answer code",
+                                ["model", "version", "device", "endpoint", "code"],
+                                registry=self.registry)
+        self.latency = Histogram("edgeagent_request_duration_seconds",
+                                 "Latency of inference requests answered with a result",
+                                 ["model", "version", "device", "endpoint"],
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.load_time = Histogram("edgeagent_model_load_duration_seconds",
+                                   "Model load time incl. the first run", _MODEL,
                                    buckets=_LOAD_BUCKETS, registry=self.registry)
         self.registry.register(_CacheCollector(cache))
         if serving is not None:
@@ -160,12 +192,24 @@ class Metrics:
         cache.on_load.append(self._loaded)
 
     def _loaded(self, entry: "Entry") -> None:
-        self.load_time.labels(entry.name).observe(entry.load_seconds)
+        self.load_time.labels(entry.name, str(entry.version), entry.device).observe(
+            entry.load_seconds)
 
-    def observe(self, model: str, protocol: str, code: int, seconds: float | None) -> None:
-        self.requests.labels(model, protocol, str(code)).inc()
+    def observe(self, model: str, endpoint: str, code: int, seconds: float | None,
+                version: int | None = None) -> None:
+        """Count one inference request that came in through ``endpoint`` (one of
+        ``ENDPOINTS``) and was answered with ``code``; ``seconds`` (None: not timed)
+        goes into the latency histogram. ``model`` is a repository name or
+        ``"<unknown>"``; ``version`` the one asked for (None: the default), labelled
+        with its device; a version the model lacks is labelled ``""``."""
+        try:
+            entry = self.cache.entry(model, version)
+            ver, device = str(entry.version), entry.device
+        except AgentError:  # unknown model or version, a model without versions
+            ver = device = ""
+        self.requests.labels(model, ver, device, endpoint, str(code)).inc()
         if seconds is not None:
-            self.latency.labels(model).observe(seconds)
+            self.latency.labels(model, ver, device, endpoint).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

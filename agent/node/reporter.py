@@ -100,7 +100,7 @@ class MetricsSampler:
                         r["requests"] += s.value
                         if s.labels.get("code") == "503":
                             r["drops"] += s.value
-            elif family.name == "edgeagent_request_seconds":
+            elif family.name == "edgeagent_request_duration_seconds":
                 for s in family.samples:
                     r = row(s.labels["model"])
                     if s.name.endswith("_bucket"):

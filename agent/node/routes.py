@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 NODE: web.AppKey["Node"] = web.AppKey("node")
 
 
-def counted(protocol: str) -> Callable:
-    """Wrap an inference handler: count every request (errors too) and time successes."""
+def counted(endpoint: str) -> Callable:
+    """Wrap an inference handler: count every request (errors too) and time successes,
+    labelled with ``endpoint`` (one of ``agent.node.metrics.ENDPOINTS``)."""
     def wrap(handler: Callable) -> Callable:
         async def counted_handler(request: web.Request) -> web.StreamResponse:
             node = request.app[NODE]
@@ -41,10 +42,23 @@ def counted(protocol: str) -> Callable:
             finally:
                 name = request.match_info.get("name", "")
                 node.metrics.observe(name if name in node.cache.specs else "<unknown>",
-                                     protocol, code,
-                                     time.perf_counter() - started if code == 200 else None)
+                                     endpoint, code,
+                                     time.perf_counter() - started if code == 200 else None,
+                                     _asked_version(request))
         return counted_handler
     return wrap
+
+
+def _asked_version(request: web.Request) -> int | None:
+    """The version in the URL for metrics: None when none (the default), -1 (no such
+    version) when it is not an integer."""
+    raw = request.match_info.get("version")
+    if not raw:
+        return None
+    try:
+        return ascii_int(raw, "version")
+    except ValueError:
+        return -1
 
 
 def model_ref(request: web.Request) -> tuple[str, int | None]:
