@@ -33,7 +33,7 @@ def setup(tmp_path):
     clock = Clock()
     config = CoordinatorConfig(state_dir=tmp_path, rate_step_s=5, history_s=120,
                                plan_window_s=30, node_timeout_s=30, reactive_patience=3)
-    store = Store(config.database)
+    store = Store(config.database, rate_step_s=config.rate_step_s)
     yield store, Planner(store, config, clock=clock), clock
     store.close()
 

@@ -7,6 +7,8 @@ import json
 import math
 import time
 
+import pytest
+
 from agent.config import AgentConfig, CoordinatorLink
 from agent.node.reporter import histogram_quantile
 from tests.conftest import AgentServer, add_synthetic
@@ -81,8 +83,9 @@ def test_token_and_stats(tmp_path, repo, start_coordinator):  # noqa: F811
         assert node["capacity"]["cores"] == 3 and m["resident"] and m["device"] == "cpu"
         assert m["batches"]["1"]["seconds"] >= 0.1  # 20 requests of >= 5 ms
         assert m["batch_ms"]["1"] >= 5  # the batching layer's profile
-        seen = sum(c for _, _, _, _, c in co.co.store.arrivals(since=0, model="m"))
-        assert seen == 20  # every request counted once, across reports
+        co.co.writer.flush()
+        seen = sum(c for _, c in co.co.store.rate_bins("m"))
+        assert seen == pytest.approx(20)  # every request counted once, across reports
     finally:
         agent.close()
 

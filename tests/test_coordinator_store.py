@@ -13,7 +13,7 @@ from agent.coordinator.store import Store
 
 def test_round_trips_and_restart(tmp_path):
     path = tmp_path / "state" / "co.sqlite3"
-    s = Store(path)
+    s = Store(path, rate_step_s=5)
     assert s.version == len(store_module.MIGRATIONS)
     assert s._query("PRAGMA journal_mode")[0][0] == "wal"
     slo = ModelSLO("a", slo_ms=100, percentile=99.9, priority=2, proc_ms=12.5)
@@ -26,28 +26,47 @@ def test_round_trips_and_restart(tmp_path):
     plan_id = s.save_plan({"models": {"a": {"replicas": 3}}}, "manual", now=17.0)
     s.close()
 
-    s = Store(path)  # a restart sees everything
+    s = Store(path, rate_step_s=5)  # a restart sees everything
     assert s.models() == [slo, ModelSLO("b", slo_ms=50)]
     assert s.model("a") == slo and s.model("zz") is None
     [node] = s.nodes()
     assert (node.name, node.first_seen, node.last_seen, node.report) == ("n1", 11.0, 16.0, report)
-    assert list(s.arrivals(since=0)) == [("n1", "a", 10.0, 5.0, 50.0), ("n1", "a", 15.0, 5.0, 60.0)]
-    assert list(s.arrivals(since=12, model="a")) == [("n1", "a", 15.0, 5.0, 60.0)]
-    assert list(s.arrivals(since=0, model="b")) == []
+    assert s.rate_bins("a") == [(5.0, 50.0), (10.0, 60.0)]  # [t, t + 5) bins
+    assert s.rate_bins("a", since=6) == [(10.0, 60.0)]
+    assert s.rate_bins("b") == []
     current = s.current_plan()
     assert (current.id, current.kind, current.created, current.plan) == \
         (plan_id, "manual", 17.0, {"models": {"a": {"replicas": 3}}})
     assert s.delete_model("b") and not s.delete_model("b")
-    assert s.delete_node("n1") and s.nodes() == [] and list(s.arrivals(0)) == []
+    assert s.delete_node("n1") and s.nodes() == [] and not s.delete_node("n1")
     s.close()
 
 
 def test_rate_history_is_bounded_by_time(tmp_path):
-    s = Store(tmp_path / "co.sqlite3")
-    for t in range(0, 100, 5):
+    s = Store(tmp_path / "co.sqlite3", rate_step_s=5)
+    for t in range(5, 100, 5):
         s.record_report("n", {}, {"a": [(float(t), 5.0, 1.0)]}, now=float(t), keep_s=30)
-    times = [p[2] for p in s.arrivals(since=-1)]
-    assert times == [65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0]  # t_end >= now - keep_s
+    # bins that end at or after now - keep_s stay: [60, 65) ... [90, 95)
+    assert [t for t, _ in s.rate_bins("a")] == [60.0, 65.0, 70.0, 75.0, 80.0, 85.0, 90.0]
+
+
+def test_reports_from_many_nodes_add_up_in_one_batch(tmp_path):
+    s = Store(tmp_path / "co.sqlite3", rate_step_s=10)
+    records = [store_module.ReportRecord(f"n{i}", {"i": i, "r": r},
+                                         {"a": [(100.0 + r, 5.0, 10.0)]}, 100.0 + r)
+               for r in range(2) for i in range(50)]
+    assert s.write_reports(records) == 100
+    rows = s.nodes()
+    assert len(rows) == 50 and all(row.report["r"] == 1 for row in rows)  # the latest
+    assert all((row.first_seen, row.last_seen) == (100.0, 101.0) for row in rows)
+    # 10 in (95, 100]: all in [90, 100); 10 in (96, 101]: 4/5 there, 1/5 in [100, 110)
+    assert s.rate_bins("a") == [(90.0, pytest.approx(50 * 10 + 50 * 8)),
+                                (100.0, pytest.approx(50 * 2))]
+
+
+def test_spread_matches_the_planners_series():
+    points = [(10.0, 10.0, 10.0), (30.0, 5.0, 20.0), (12.5, 5.0, 10.0)]
+    assert store_module.spread(points, 5.0) == {0.0: 5.0, 5.0: 10.0, 10.0: 5.0, 25.0: 20.0}
 
 
 def test_plans_are_bounded(tmp_path, monkeypatch):
@@ -64,10 +83,10 @@ def test_migrations_upgrade_in_place_and_refuse_newer(tmp_path, monkeypatch):
     extra = "ALTER TABLE models ADD COLUMN note TEXT;"
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS + (extra,))
     s = Store(path)
-    assert s.version == 2
+    assert s.version == len(store_module.MIGRATIONS)
     assert "note" in [row[1] for row in s._query("PRAGMA table_info(models)")]
     s.close()
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:1])
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:-1])
     with pytest.raises(RuntimeError, match="newer than"):
         Store(path)
 
@@ -80,5 +99,5 @@ def test_failed_migration_changes_nothing(tmp_path, monkeypatch):
     with pytest.raises(sqlite3.OperationalError):
         Store(path)
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(store_module.MIGRATIONS) - 1
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 't1'").fetchone() is None

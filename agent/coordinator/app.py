@@ -28,10 +28,11 @@ from aiohttp import web
 
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.plan import directives_for
+from agent.coordinator.ingest import Fleet, ReportWriter
 from agent.coordinator.planner import Planner, PlannerLoops
-from agent.coordinator.store import StoredPlan, Store
+from agent.coordinator.store import ReportRecord, StoredPlan, Store, StoreUnavailable
 from agent.errors import AgentError, client_disconnected, error_response, json_error
+from agent.eventloop import body_timeout_middleware, header_timeout_args
 from agent.httpauth import bearer_auth, read_token
 from agent.validation import load_json
 from agent.wire import DirectiveBook, ReportError, parse_report
@@ -40,18 +41,34 @@ log = logging.getLogger("edgeagent.coordinator")
 
 
 class Coordinator:
-    """Everything one coordinator process holds: config, store, planner, directives."""
+    """Everything one coordinator process holds: config, store, planner, directives.
+    Reports are answered from memory (``fleet``) and written in batches (``writer``)."""
 
     def __init__(self, config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,
                  start_loops: bool = True) -> None:
         self.config = config
         self.clock = clock
         self.admin_token = read_token(config.admin_token_file)
-        self.store = Store(config.database)
-        self.planner = Planner(self.store, config, clock=clock)
-        self.loops = PlannerLoops(self.planner)
+        self.store = Store(config.database, rate_step_s=config.rate_step_s)
+        self.fleet = Fleet(config.directive_ttl_s)
+        self.fleet.load(self.store.nodes(), self.store.current_plan())
+        self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
+        self.planner = Planner(self.store, config, clock=clock, reports=self.live_reports)
+        self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
+                                  adopt=self.fleet.adopt)
         self.book = DirectiveBook()
         self.start_loops = start_loops
+
+    def live_reports(self, now: float) -> dict[str, tuple[float, Any]]:
+        """node -> (last_seen, parsed report) of the nodes heard from within the timeout
+        (from memory; any thread)."""
+        out = {}
+        for state in list(self.fleet.nodes.values()):
+            row = state.row
+            if now - row.last_seen <= self.config.node_timeout_s:
+                out[row.name] = (row.last_seen, state.parsed
+                                 or parse_report(row.name, row.report))
+        return out
 
     def node_summary(self, row: Any, now: float) -> dict[str, Any]:
         report = row.report
@@ -117,14 +134,15 @@ async def node_report(request: web.Request) -> web.Response:
         report = parse_report(name, body)
     except ReportError as exc:
         raise ReportError(None, f"report from {name!r}: {exc}") from None
+    if not co.writer.healthy:
+        raise StoreUnavailable(f"the store is failing ({co.writer.last_error}); "
+                               "keep serving and report again later")
     now = co.clock()
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
-    co.store.record_report(name, body, arrivals, now, co.config.history_s)
-    current = co.store.current_plan()
-    directives = directives_for(current.parsed if current else None, name,
-                                {m for m, r in report.models.items() if r.resident},
-                                co.config.directive_ttl_s, current.id if current else None)
+    co.writer.submit(ReportRecord(name, body, arrivals, now))
+    co.fleet.record(name, body, report, now)
+    directives = co.fleet.directives(name, {m for m, r in report.models.items() if r.resident})
     co.book.issue(directives, now)
     return web.json_response(directives.to_json())
 
@@ -132,12 +150,13 @@ async def node_report(request: web.Request) -> web.Response:
 async def nodes_list(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     now = co.clock()
-    return web.json_response([co.node_summary(row, now) for row in co.store.nodes()])
+    return web.json_response([co.node_summary(row, now) for row in co.fleet.rows()])
 
 
 async def node_get(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    row = co.store.node(request.match_info["name"])
+    state = co.fleet.nodes.get(request.match_info["name"])
+    row = state.row if state is not None else None
     if row is None:
         return json_error(404, f"unknown node {request.match_info['name']!r}")
     return web.json_response(co.node_summary(row, co.clock()))
@@ -146,7 +165,9 @@ async def node_get(request: web.Request) -> web.Response:
 async def node_delete(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
-    if not co.store.delete_node(name):
+    co.writer.forget(name)
+    stored = co.store.delete_node(name)
+    if not co.fleet.forget(name) and not stored:
         return json_error(404, f"unknown node {name!r}")
     co.book.expire(name)
     return web.json_response({"deleted": name})
@@ -154,7 +175,7 @@ async def node_delete(request: web.Request) -> web.Response:
 
 def _model_json(co: Coordinator, slo: Any, plan: StoredPlan | None, now: float) -> dict:
     planned = plan.parsed.models.get(slo.name) if plan else None
-    on = [row.name for row in co.store.nodes()
+    on = [row.name for row in co.fleet.rows()
           if slo.name in (row.report.get("models") or {})
           and now - row.last_seen <= co.config.node_timeout_s]
     return {**slo.to_json(), "nodes": on,
@@ -164,7 +185,7 @@ def _model_json(co: Coordinator, slo: Any, plan: StoredPlan | None, now: float) 
 
 async def models_list(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    plan, now = co.store.current_plan(), co.clock()
+    plan, now = co.fleet.plan, co.clock()
     return web.json_response([_model_json(co, m, plan, now) for m in co.store.models()])
 
 
@@ -174,7 +195,7 @@ async def model_get(request: web.Request) -> web.Response:
     slo = co.store.model(name)
     if slo is None:
         return json_error(404, f"model {name!r} is not in the catalog")
-    return web.json_response(_model_json(co, slo, co.store.current_plan(), co.clock()))
+    return web.json_response(_model_json(co, slo, co.fleet.plan, co.clock()))
 
 
 async def model_put(request: web.Request) -> web.Response:
@@ -195,7 +216,7 @@ async def model_delete(request: web.Request) -> web.Response:
 
 async def plan_get(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    current = co.store.current_plan()
+    current = co.fleet.plan
     if current is None:
         hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
         return json_error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
@@ -211,9 +232,12 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                start_loops: bool = True) -> web.Application:
     """The coordinator's app; ``start_loops=False`` leaves planning to ``POST /v1/plan``
     and direct calls (tests)."""
-    app = web.Application(client_max_size=8 * 2**20, middlewares=[
+    app = web.Application(client_max_size=8 * 2**20,
+                          handler_args=header_timeout_args(config.read_timeout_s),
+                          middlewares=[
         errors_middleware,
         bearer_auth(lambda r: r.app[COORDINATOR].admin_token, lambda p: p != "/v1/health"),
+        body_timeout_middleware(config.read_timeout_s),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
     r = app.router
@@ -230,11 +254,13 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_post("/v1/plan", plan_post)
 
     async def on_startup(app: web.Application) -> None:
+        app[COORDINATOR].writer.start()
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].loops.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await app[COORDINATOR].loops.stop()
+        app[COORDINATOR].writer.close()  # an answered report is written before the end
         app[COORDINATOR].store.close()
 
     app.on_startup.append(on_startup)

@@ -89,8 +89,13 @@ class Planner:
     """Plans from the store's catalog and reports; keeps the reactive counters."""
 
     def __init__(self, store: Store, config: CoordinatorConfig, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 reports: Callable[[float], dict[str, tuple[float, NodeReport]]] | None = None
+                 ) -> None:
+        """``reports(now)``: the live nodes' ``(last_seen, report)`` from memory (the
+        coordinator's); without it they are read and parsed from the store."""
         self.store, self.config, self.clock = store, config, clock
+        self.reports = reports
         self.reactive: dict[str, ReactiveState] = {}
         self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
         self.last_error: str | None = None
@@ -98,26 +103,33 @@ class Planner:
     # -- inputs ----------------------------------------------------------------------
     def live_reports(self, now: float) -> dict[str, tuple[float, NodeReport]]:
         """node -> (last_seen, parsed report) for nodes heard from within the timeout."""
+        if self.reports is not None:
+            return self.reports(now)
         out = {}
         for row in self.store.nodes():
             if now - row.last_seen <= self.config.node_timeout_s:
                 out[row.name] = (row.last_seen, parse_report(row.name, row.report))
         return out
 
-    def planning_rate(self, model: str, now: float) -> tuple[float, int]:
-        """(rate to plan for, history points used) for ``model``."""
+    def planning_rate(self, model: str, end: float) -> tuple[float, int]:
+        """(rate to plan for, history points used) for ``model`` from the store's bins
+        that end by ``end`` (when every node running it last reported: complete bins)."""
         cfg = self.config
-        by_node: dict[str, list[tuple[float, float, float]]] = {}
-        for node, _, t_end, seconds, count in self.store.arrivals(now - cfg.history_s, model):
-            by_node.setdefault(node, []).append((t_end, seconds, count))
-        if not by_node:
+        step = self.store.rate_step_s
+        n = max(1, int(cfg.history_s // step))
+        stop = math.floor(end / step + 1e-9) * step
+        start = stop - n * step
+        counts = np.zeros(n)
+        covered = np.zeros(n, dtype=bool)
+        for t, count in self.store.rate_bins(model, since=start - step / 2):
+            i = int(round((t - start) / step))
+            if 0 <= i < n:
+                counts[i] += count
+                covered[i] = True
+        if not covered.any():
             return 0.0, 0
-        end = min(points[-1][0] for points in by_node.values())  # every node covers it
-        series = rate_series([p for ps in by_node.values() for p in ps], end,
-                             cfg.rate_step_s, cfg.history_s)
-        if series.size == 0:
-            return 0.0, 0
-        horizon = max(1, round(cfg.plan_window_s / cfg.rate_step_s))
+        series = counts[int(np.argmax(covered)):] / step
+        horizon = max(1, round(cfg.plan_window_s / step))
         predicted = forecast(series, horizon, n_samples=200, seed=0)
         return predicted.window_quantile(cfg.rate_quantile), int(series.size)
 
@@ -139,7 +151,8 @@ class Planner:
     def build(self, now: float) -> tuple[Problem, dict[str, dict[str, Any]],
                                          dict[str, NodeReport]]:
         """The Faro problem for now, per-model plan details, and the live reports."""
-        live = {n: r for n, (_, r) in self.live_reports(now).items()}
+        seen = self.live_reports(now)
+        live = {n: r for n, (_, r) in seen.items()}
         if not live:
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
@@ -148,9 +161,13 @@ class Planner:
         if not catalog:
             raise PlanError("no catalogued model is in a live node's repository; add one "
                             "with PUT /v1/models/{name} or 'edgeagent coordinator models set'")
+        ends: dict[str, float] = {}  # model -> the earliest last report of its nodes
+        for last_seen, r in seen.values():
+            for m in r.models:
+                ends[m] = min(ends.get(m, last_seen), last_seen)
         specs, details = [], {}
         for slo in catalog:
-            rate, points = self.planning_rate(slo.name, now)
+            rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
             proc_ms, source = self.processing_ms(slo, list(live.values()))
             specs.append(ModelSpec(
                 name=slo.name, rate=rate, proc_s=proc_ms / 1000.0, slo_s=slo.slo_ms / 1000.0,
@@ -305,26 +322,36 @@ class PlannerLoops:
     """Runs the long-term and reactive loops on the event loop; planning itself runs in
     a worker thread, one plan at a time (``replan`` shares the lock)."""
 
-    def __init__(self, planner: Planner) -> None:
+    def __init__(self, planner: Planner, *, prepare: Callable[[], Any] = lambda: None,
+                 adopt: Callable[[StoredPlan], Any] = lambda plan: None) -> None:
+        """``prepare`` runs in the worker before each plan (write queued reports);
+        ``adopt`` gets each new plan on the event loop."""
         self.planner = planner
+        self.prepare, self.adopt = prepare, adopt
         self.lock = asyncio.Lock()
         self.tasks: list[asyncio.Task] = []
 
+    async def _in_worker(self, step: Callable[..., Any], *args: Any) -> Any:
+        def work() -> Any:
+            self.prepare()
+            return step(*args)
+        plan = await asyncio.get_running_loop().run_in_executor(None, work)
+        if plan is not None:
+            self.adopt(plan)
+        return plan
+
     async def replan(self, kind: str = "manual") -> StoredPlan:
         async with self.lock:
-            return await asyncio.get_running_loop().run_in_executor(
-                None, self.planner.plan_now, kind)
+            return await self._in_worker(self.planner.plan_now, kind)
 
     async def react(self) -> StoredPlan | None:
         async with self.lock:
-            if self.planner.store.current_plan() is None:  # first plan as soon as possible
+            if self.planner.store.current_plan_id() is None:  # first plan as soon as possible
                 try:
-                    return await asyncio.get_running_loop().run_in_executor(
-                        None, self.planner.plan_now, "long-term")
+                    return await self._in_worker(self.planner.plan_now, "long-term")
                 except PlanError:
                     return None
-            return await asyncio.get_running_loop().run_in_executor(
-                None, self.planner.reactive_tick)
+            return await self._in_worker(self.planner.reactive_tick)
 
     async def _every(self, interval: float, step: Callable[[], Any], name: str) -> None:
         while True:

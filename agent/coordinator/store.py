@@ -1,6 +1,13 @@
 """The coordinator's state in SQLite (WAL): nodes and their last report, a bounded
 arrival-rate history, the model catalog and the plans made.
 
+The arrival history is kept per model in bins of ``rate_step_s`` seconds aligned to
+multiples of the step (``rate_bins``): a node's ``(t_end, seconds, count)`` point is
+spread over the bins it overlaps in proportion to the overlap and added to the fleet's
+sum, so planning reads one row per model and bin whatever the fleet's size. Reports are
+written in batches (``write_reports``: one transaction for many reports); old bins are
+pruned by ``prune`` (an indexed range), which the caller runs periodically.
+
 Schema changes are migrations by version (``PRAGMA user_version``): ``MIGRATIONS[i]``
 takes a database from version i to i + 1, each in one transaction, so an old state
 directory is upgraded in place on start. Times are the coordinator's wall clock,
@@ -10,15 +17,24 @@ passed in by the caller (``now``), never read here.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan
+from agent.errors import AgentError
+
+
+class StoreUnavailable(AgentError):
+    """The database does not answer (PostgreSQL down): 503, try again shortly."""
+
+    status = 503
+    retry_after = 5.0
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -54,9 +70,50 @@ MIGRATIONS: tuple[str, ...] = (
         plan TEXT NOT NULL              -- JSON, see plan.Plan
     );
     """,
+    # 2: the raw per-node points become per-model bins (the history restarts).
+    """
+    DROP TABLE rates;
+    CREATE TABLE rate_bins (            -- arrivals summed over nodes: count in [t, t + step)
+        model TEXT NOT NULL,
+        step REAL NOT NULL,
+        t REAL NOT NULL,
+        count REAL NOT NULL,
+        PRIMARY KEY (model, step, t)
+    );
+    CREATE INDEX rate_bins_by_time ON rate_bins (t);
+    """,
 )
 
 PLANS_KEPT = 100
+
+
+@dataclass(frozen=True)
+class ReportRecord:
+    """One report to write: the node, its body (JSON-able), its arrival points
+    ``(t_end, seconds, count)`` in coordinator time, and when it arrived."""
+
+    node: str
+    report: dict[str, Any]
+    arrivals: dict[str, list[tuple[float, float, float]]]
+    now: float
+
+
+def spread(points: Iterable[tuple[float, float, float]], step: float,
+           into: dict[float, float] | None = None) -> dict[float, float]:
+    """Add each ``(t_end, seconds > 0, count)`` point to the ``step`` bins it overlaps
+    (bin start -> count), in proportion to the overlap; a zero count still marks its
+    bins (the history covers them)."""
+    bins = {} if into is None else into
+    for t_end, seconds, count in points:
+        lo = t_end - seconds
+        k = math.floor(lo / step)
+        while k * step < t_end:
+            start = k * step
+            overlap = min(t_end, start + step) - max(lo, start)
+            if overlap > 0:
+                bins[start] = bins.get(start, 0.0) + count * overlap / seconds
+            k += 1
+    return bins
 
 
 @dataclass(frozen=True)
@@ -83,10 +140,13 @@ class StoredPlan:
 
 
 class Store:
-    """One SQLite database; safe to share between threads (one connection, a lock)."""
+    """One SQLite database; safe to share between threads (one connection, a lock).
+    ``rate_step_s``: the width of the arrival-history bins (the planner's step; a new
+    step starts a new series)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, rate_step_s: float = 10.0) -> None:
         self.path = Path(path)
+        self.rate_step_s = float(rate_step_s)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -129,21 +189,47 @@ class Store:
             self._db.close()
 
     # -- nodes and reports ----------------------------------------------------------
+    def write_reports(self, records: Iterable[ReportRecord]) -> int:
+        """Write many reports in one transaction: each node's latest report, and every
+        arrival point added to the model's bins. The number of reports written."""
+        records = list(records)
+        if not records:
+            return 0
+        latest: dict[str, ReportRecord] = {}
+        bins: dict[str, dict[float, float]] = {}
+        for rec in records:
+            latest[rec.node] = rec
+            for model, points in rec.arrivals.items():
+                spread(points, self.rate_step_s, bins.setdefault(model, {}))
+        first = {}
+        for rec in records:
+            first.setdefault(rec.node, rec.now)
+        with self._tx() as db:
+            db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report) "
+                           "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                           "last_seen = excluded.last_seen, report = excluded.report",
+                           [(r.node, first[r.node], r.now, json.dumps(r.report))
+                            for r in latest.values()])
+            db.executemany("INSERT INTO rate_bins (model, step, t, count) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT(model, step, t) DO UPDATE SET "
+                           "count = count + excluded.count",
+                           [(model, self.rate_step_s, t, c) for model, row in bins.items()
+                            for t, c in row.items()])
+        return len(records)
+
     def record_report(self, node: str, report: dict[str, Any],
                       arrivals: dict[str, list[tuple[float, float, float]]], now: float,
                       keep_s: float) -> None:
-        """Store ``node``'s report and its arrival points (absolute ``t_end``); forget
-        points older than ``keep_s`` seconds (the bounded history)."""
+        """Write one report now and prune the history to ``keep_s`` seconds (tests and
+        tools; the coordinator batches with ``write_reports`` and prunes periodically)."""
+        self.write_reports([ReportRecord(node, report, arrivals, now)])
+        self.prune(now - keep_s)
+
+    def prune(self, before: float) -> int:
+        """Forget history bins that end before ``before``; how many."""
         with self._tx() as db:
-            db.execute("INSERT INTO nodes (name, first_seen, last_seen, report) "
-                       "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                       "last_seen = excluded.last_seen, report = excluded.report",
-                       (node, now, now, json.dumps(report)))
-            db.executemany("INSERT INTO rates (node, model, t_end, seconds, count) "
-                           "VALUES (?, ?, ?, ?, ?)",
-                           [(node, model, t, s, c) for model, points in arrivals.items()
-                            for t, s, c in points])
-            db.execute("DELETE FROM rates WHERE t_end < ?", (now - keep_s,))
+            return db.execute("DELETE FROM rate_bins WHERE t < ?",
+                              (before - self.rate_step_s,)).rowcount
 
     def nodes(self) -> list[NodeRow]:
         return [NodeRow(n, f, s, json.loads(r)) for n, f, s, r in self._query(
@@ -155,19 +241,16 @@ class Store:
         return NodeRow(*rows[0][:3], json.loads(rows[0][3])) if rows else None
 
     def delete_node(self, name: str) -> bool:
+        """Forget ``name`` (its arrivals stay in the fleet's history)."""
         with self._tx() as db:
-            db.execute("DELETE FROM rates WHERE node = ?", (name,))
             return db.execute("DELETE FROM nodes WHERE name = ?", (name,)).rowcount > 0
 
-    def arrivals(self, since: float, model: str | None = None
-                 ) -> Iterator[tuple[str, str, float, float, float]]:
-        """(node, model, t_end, seconds, count) of points ending after ``since``."""
-        sql = "SELECT node, model, t_end, seconds, count FROM rates WHERE t_end > ?"
-        args: tuple = (since,)
-        if model is not None:
-            sql += " AND model = ?"
-            args += (model,)
-        return iter(self._query(sql + " ORDER BY t_end", args))
+    def rate_bins(self, model: str, since: float = -math.inf) -> list[tuple[float, float]]:
+        """``(bin start, count)`` of ``model``'s history bins starting at or after
+        ``since``, oldest first (bins are ``rate_step_s`` wide)."""
+        return [(t, c) for t, c in self._query(
+            "SELECT t, count FROM rate_bins WHERE model = ? AND step = ? AND t >= ? "
+            "ORDER BY t", (model, self.rate_step_s, since))]
 
     # -- catalog ---------------------------------------------------------------------
     def put_model(self, slo: ModelSLO, now: float) -> bool:
@@ -207,6 +290,11 @@ class Store:
     def current_plan(self) -> StoredPlan | None:
         rows = self._query("SELECT id, created, kind, plan FROM plans ORDER BY id DESC LIMIT 1")
         return StoredPlan(*rows[0][:3], json.loads(rows[0][3])) if rows else None
+
+    def current_plan_id(self) -> int | None:
+        """The newest plan's id (cheap: to notice a plan another process made)."""
+        rows = self._query("SELECT MAX(id) FROM plans")
+        return rows[0][0] if rows else None
 
 
 class _Transaction:
