@@ -48,8 +48,8 @@ def test_slo_removes_slow_types_and_none_left_is_an_error():
         fill([], [10.0], {}, 60.0)
 
 
-def test_scale_in_waits_for_six_plans():
-    p = Provisioner([SMALL], step_s=60)
+def test_cool_down_waits_for_six_plans():
+    p = Provisioner([SMALL], step_s=60, scale_in_plans=6)
     assert p.step([200.0]).plan == {"small": 5}
     stops = []
     for _ in range(7):
@@ -58,9 +58,24 @@ def test_scale_in_waits_for_six_plans():
     # the 200 req/s target is among the last six plans for five more steps
     assert stops == [0, 0, 0, 0, 0, 4, 0]
     assert p.running == {"small": 1}
-    quick = Provisioner([SMALL], step_s=60, scale_in_plans=1)
+    quick = Provisioner([SMALL], step_s=60)   # no cool-down by default
     quick.step([200.0])
     assert quick.step([40.0]).stop == {"small": 4}
+
+
+def test_break_even_scale_in_keeps_what_the_forecast_needs_soon():
+    # SMALL's overhead is 120 s of its price: an instance idle for one or two 60 s steps
+    # before it is needed again is kept, one idle for three is stopped.
+    for gap, kept in ((1, 4), (2, 4), (3, 0)):
+        p = Provisioner([SMALL], step_s=60)
+        p.step([200.0])
+        d = p.step([40.0] * gap + [200.0])
+        assert d.stop == ({} if kept else {"small": 4}), gap
+        assert d.plan == {"small": 1 + kept}
+    # the paper's rule (break_even=False) stops it whatever comes next
+    p = Provisioner([SMALL], step_s=60, break_even=False)
+    p.step([200.0])
+    assert p.step([40.0, 200.0]).stop == {"small": 4}
 
 
 def test_exhaustive_on_a_hand_case():
@@ -70,19 +85,24 @@ def test_exhaustive_on_a_hand_case():
 
 
 def test_greedy_vs_exhaustive_and_peak_on_small_cases():
-    """Recorded, not the issue's 5 % target: over these 28 cases MArk's greedy (6-plan
-    scale-in, 6-step perfect forecast) costs 11.7 % above the exhaustive optimum on
-    average (10 cases within 5 %, worst 33 %), "always the peak" 17.3 %; demand is
-    always met."""
-    gaps, peaks = [], []
+    """Issue 12's target: within 5 % of the exhaustive optimum while meeting demand. Over
+    these 28 cases the greedy with break-even scale-in (6-step perfect forecast) is 0.4 %
+    above on average, 27 within 5 %, worst 5.9 % (case 2: a cheap-per-request type with a
+    long launch is chosen over a running one that a later peak needs back); the paper's
+    scale-in alone 5.6 %, with the 6-plan cool-down 11.7 %, "always the peak" 17.3 %."""
+    gaps, paper, peaks = [], [], []
     for types, demand in random_cases(28):
-        cost, unmet = simulate(types, demand, horizon=6)
         best = optimal_cost(types, demand)
+        cost, unmet = simulate(types, demand, horizon=6)
         assert unmet == 0 and cost >= best - 1e-12
         gaps.append(cost / best - 1)
+        cost, unmet = simulate(types, demand, horizon=6, break_even=False)
+        assert unmet == 0
+        paper.append(cost / best - 1)
         peaks.append(peak_cost(types, demand) / best - 1)
-    assert np.mean(gaps) < 0.13 and np.mean(gaps) < np.mean(peaks)
-    assert sum(g <= 0.05 for g in gaps) >= 10
+    assert np.mean(gaps) < 0.01 and max(gaps) < 0.06
+    assert sum(g <= 0.05 for g in gaps) >= 27
+    assert np.mean(gaps) < np.mean(paper) < np.mean(peaks)
 
 
 PROBLEM = {"types": [{"name": "c5.large", "price_per_hour": 0.085, "capacity_rps": 40,
@@ -116,7 +136,8 @@ def test_cli_provision(tmp_path):
 
 @pytest.mark.parametrize("change", [{"types": []}, {"tau": 9}, {"running": {"x": 1}},
                                     {"slo_ms": 10, "types": PROBLEM["types"][2:]},
-                                    {"step_s": 0}])
+                                    {"step_s": 0}, {"scale_in_plans": 0},
+                                    {"running": {"c5.large": True}}])
 def test_bad_problems(change):
     with pytest.raises(ProvisioningError):
         problem_from_dict({**PROBLEM, **change})
