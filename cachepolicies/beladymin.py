@@ -10,13 +10,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Key
 from cachepolicies.future import Oracle, advance
 from cachepolicies.heap import (
     grow_heap, heap_first_candidate, heap_next_candidate, heap_remove, heap_set, new_heap)
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, implements, kernel
 
 

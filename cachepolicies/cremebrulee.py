@@ -16,13 +16,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies import rates
 from cachepolicies.base import Key, Policy
 from cachepolicies.heap import (
     grow_heap, heap_first_candidate, heap_next_candidate, heap_remove, heap_set, new_heap)
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, implements, kernel
 
 

@@ -15,11 +15,10 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Key
 from cachepolicies.future import Oracle, advance
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, implements, kernel
 
 

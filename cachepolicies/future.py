@@ -10,10 +10,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Ids, Key, Policy
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import kernel
 
 NEVER = math.inf

@@ -9,13 +9,12 @@ admitted (it restarts at 1 after an eviction), as in FaaSCache's keep-alive poli
 from __future__ import annotations
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Key, Policy
 from cachepolicies.heap import (
     grow_heap, heap_first_candidate, heap_next_candidate, heap_priority, heap_remove, heap_set,
     new_heap)
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, implements, kernel
 
 

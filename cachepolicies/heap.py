@@ -10,9 +10,8 @@ it as ``s.heap``, holding its resident ids.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, kernel
 
 

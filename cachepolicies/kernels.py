@@ -1,4 +1,5 @@
-"""Compiled building blocks shared by every policy (numba).
+"""Compiled building blocks shared by every policy (numba; interpreted in the node agent,
+see ``cachepolicies.jit``).
 
 A policy keeps its state in a numba structref whose arrays are indexed by dense integer
 ids (``Policy`` maps keys to ids). Its decisions are ``@kernel`` functions over that
@@ -29,9 +30,8 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-from numba import njit, types
-from numba.experimental import structref
-from numba.extending import overload
+
+from cachepolicies.jit import COMPILED, njit, overload, structref, types
 
 
 # -- the kernel decorator ---------------------------------------------------------------
@@ -43,7 +43,7 @@ def _package_stamp(root: Path = Path(__file__).parent) -> tuple[str, str]:
     return ("cachepolicies", digest.hexdigest())
 
 
-_STAMP = _package_stamp()
+_STAMP = _package_stamp() if COMPILED else None
 
 
 def kernel(fn=None, **options):
@@ -65,28 +65,36 @@ def kernel(fn=None, **options):
 
 
 # -- verbs: declared here, implemented by each policy --------------------------------------
+# Compiled, ``implements`` overloads these per state type and their bodies never run;
+# interpreted, the bodies dispatch to the implementation on the state's class.
 def on_access(s, i, now):
     """A request for id ``i`` at ``now``; False when the policy refuses it."""
+    return s.on_access(s, i, now)
 
 
 def on_admit(s, i, now):
     """Id ``i`` just became resident."""
+    s.on_admit(s, i, now)
 
 
 def on_remove(s, i):
     """Id ``i`` is leaving the resident set."""
+    s.on_remove(s, i)
 
 
 def first_candidate(s, now):
     """The resident id to evict first, starting a walk (-1: none is resident)."""
+    return s.first_candidate(s, now)
 
 
 def next_candidate(s, now, previous):
     """The resident id to evict after ``previous`` in the current walk (-1: no more)."""
+    return s.next_candidate(s, now, previous)
 
 
 def grow(s, capacity):
     """Make the policy's own per-id arrays hold ``capacity`` ids."""
+    s.grow(s, capacity)
 
 
 _VERBS = {verb.__name__: verb for verb in (on_access, on_admit, on_remove, first_candidate,
@@ -100,7 +108,10 @@ def implements(state_type: type[types.StructRef], *, first_candidate, next_candi
                "on_access": on_access or _accept, "on_admit": on_admit or _ignore_admit,
                "on_remove": on_remove or _ignore_remove, "grow": grow or _ignore_growth}
     for name, impl in kernels.items():
-        _register(_VERBS[name], state_type, impl)
+        if COMPILED:
+            _register(_VERBS[name], state_type, impl)
+        else:
+            setattr(state_type.proxy, name, staticmethod(impl))
 
 
 def _register(verb, state_type, impl) -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Key, Policy
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, implements, kernel
 
 

@@ -5,13 +5,11 @@ The CremeBrulee paper's non-penalty-aware baseline: it ignores load penalty and 
 
 from __future__ import annotations
 
-from numba import types
-from numba.experimental import structref
-
 from cachepolicies import rates
 from cachepolicies.base import Key, Policy
 from cachepolicies.heap import (
     grow_heap, heap_first_candidate, heap_next_candidate, heap_remove, heap_set, new_heap)
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import implements, kernel
 
 

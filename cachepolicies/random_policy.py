@@ -11,10 +11,9 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import Policy
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import implements, kernel
 
 

@@ -22,10 +22,9 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from numba import types
-from numba.experimental import structref
 
 from cachepolicies.base import INITIAL_CAPACITY, Ids, Key
+from cachepolicies.jit import structref, types
 from cachepolicies.kernels import grown, kernel
 
 

@@ -106,3 +106,20 @@ def test_cuda_backend_runs_and_measures_gpu_memory(repo):  # pragma: no cover - 
                                rtol=1e-3, atol=1e-4)
     assert b.measured_bytes() is not None
     b.unload()
+
+
+def test_trivial_model_is_what_onnx_helper_builds():
+    """The priming model is spelled out as bytes (the agent never imports onnx): it must be
+    the Identity model onnx.helper makes, and run."""
+    from onnx import TensorProto, helper
+
+    from agent.backends.onnx import TRIVIAL_MODEL
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "prime",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert model.SerializeToString() == TRIVIAL_MODEL
+    session = ort.InferenceSession(TRIVIAL_MODEL, providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.array([2.5], np.float32)})[0].tolist() == [2.5]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,13 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, dtype, shape)
 
 
-def _trivial_model() -> bytes:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "prime",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
+# y = Identity(x), x and y float[1], opset 17, IR version 8: what
+# ``onnx.helper.make_model(make_graph([make_node("Identity", ["x"], ["y"])], "prime", ...))``
+# serialises to (tests/test_backend_onnx.py builds it so and compares). Spelled out so that
+# priming the runtime does not import the onnx package (~8 MiB) into the agent.
+TRIVIAL_MODEL = (b'\x08\x08:;\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x05primeZ\x0f\n\x01x'
+                 b'\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08'
+                 b'\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11')
 
 
 def prime_runtime() -> None:
@@ -61,7 +58,7 @@ def prime_runtime() -> None:
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
-    session = ort.InferenceSession(_trivial_model(), so, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(TRIVIAL_MODEL, so, providers=["CPUExecutionProvider"])
     session.run(None, {"x": np.zeros(1, np.float32)})
 
 
@@ -73,8 +70,8 @@ def prime_cuda(device: str) -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     session = ort.InferenceSession(
-        _trivial_model(), so, providers=[("CUDAExecutionProvider", cuda_options(device)),
-                                         "CPUExecutionProvider"])
+        TRIVIAL_MODEL, so, providers=[("CUDAExecutionProvider", cuda_options(device)),
+                                      "CPUExecutionProvider"])
     session.run(None, {"x": np.zeros(1, np.float32)})
     del session
 
@@ -376,23 +373,8 @@ class OnnxBackend(Backend):
             raise BackendError(f"onnxruntime cannot load {self.model_file}: {exc}") from None
         inputs = [_spec(a) for a in session.get_inputs()]
         outputs = [_spec(a) for a in session.get_outputs()]
-        warm = {s.name: self._zeros(s) for s in inputs}
-        start = time.perf_counter()
-        try:
-            session.run(None, warm)
-        except Exception as exc:  # noqa: BLE001
-            raise BackendError(f"warm-up run of {self.model_file} failed: {exc}") from None
-        self.first_run_seconds = time.perf_counter() - start
         self.session, self.inputs, self.outputs = session, inputs, outputs
-
-    @staticmethod
-    def _zeros(spec: TensorSpec) -> np.ndarray:
-        shape = [d if d >= 0 else 1 for d in spec.shape]
-        if spec.datatype == "BYTES":
-            return np.full(shape, "", dtype=object)
-        from agent.backends.base import DATATYPES
-
-        return np.zeros(shape, DATATYPES[spec.datatype])
+        self.warm_up()
 
     def measured_bytes(self) -> int | None:
         return self._gpu_bytes if self.device != "cpu" else None

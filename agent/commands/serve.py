@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from agent.units import format_size, parse_size
 if TYPE_CHECKING:
     from agent.config import AgentConfig
 
-# asyncio, the config (yaml) and the node (aiohttp, numba, onnxruntime) are imported by
+# asyncio, the config (yaml) and the node (aiohttp, onnxruntime) are imported by
 # the code that runs: ``edgeagent serve --help`` and the other commands pay for none.
 
 log = logging.getLogger("edgeagent.serve")
@@ -168,6 +169,9 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."""
+    # One policy decision per request needs no compiler: the kernels run interpreted,
+    # and numba/llvmlite (~100 MiB resident) stay out of the agent (cachepolicies.jit).
+    os.environ.setdefault("EDGEAGENT_JIT", "0")
     from agent.config import ConfigError
     from agent.eventloop import run_event_loop
 

@@ -1,0 +1,63 @@
+"""numba for the policy kernels, or a pure-Python stand-in that runs the same source.
+
+The kernels (``cachepolicies.kernels`` and every policy's) are written against the few
+numba names this module exports: ``njit``, ``types.StructRef``, ``structref.register`` /
+``StructRefProxy`` / ``define_proxy`` and ``overload``. With numba they are compiled (the
+simulator: millions of decisions per second). Without it they run as plain Python over
+the same numpy arrays, decision for decision the same, at a few microseconds a call: what
+the node agent needs (one decision per request), without numba and llvmlite's ~100 MiB
+of resident memory.
+
+The choice is made once per process, when the kernels are first imported, by the
+environment variable ``EDGEAGENT_JIT``: ``1`` compiles, ``0`` interprets; unset, compile
+(``edgeagent serve`` sets ``0`` unless it is set). ``COMPILED`` says which was taken.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+COMPILED = os.environ.get("EDGEAGENT_JIT", "1").strip() != "0"
+
+if COMPILED:
+    from numba import njit, types
+    from numba.experimental import structref
+    from numba.extending import overload
+else:
+    import types as _pytypes
+
+    def njit(fn=None, **options: Any):
+        """The function itself (``njit``'s options mean nothing to the interpreter)."""
+        return fn if fn is not None else (lambda f: f)
+
+    class StructRef:
+        """Stands for ``numba.types.StructRef``: a state type, subclassed per policy."""
+
+    class StructRefProxy:
+        """Stands for ``numba.experimental.structref.StructRefProxy``: instances are
+        plain objects whose fields (``define_proxy``) are set positionally."""
+
+        _fields: tuple[str, ...] = ()
+
+        def __init__(self, *values: Any) -> None:
+            for name, value in zip(self._fields, values, strict=True):
+                setattr(self, name, value)
+
+    def _register(state_type: type) -> type:
+        return state_type
+
+    def _define_proxy(proxy: type, state_type: type, fields: list[str]) -> None:
+        """Give ``proxy`` its fields; ``state_type.proxy`` names it (for verbs)."""
+        proxy._fields = tuple(fields)
+        state_type.proxy = proxy
+
+    def overload(verb):
+        """Verbs are dispatched by ``kernels.implements`` on the state's class instead."""
+        raise NotImplementedError("overload is numba's; kernels.implements dispatches verbs")
+
+    types = _pytypes.SimpleNamespace(StructRef=StructRef)
+    structref = _pytypes.SimpleNamespace(register=_register, StructRefProxy=StructRefProxy,
+                                         define_proxy=_define_proxy)
+
+__all__ = ["COMPILED", "njit", "overload", "structref", "types"]

@@ -1,0 +1,126 @@
+"""The serving agent stays lean (issue 14): ``edgeagent serve`` answers requests and
+evicts models without importing numba/llvmlite (the policy kernels run interpreted,
+``cachepolicies.jit``), pandas, scipy, scikit-learn, matplotlib, pyarrow or the onnx
+package — those belong to the simulator, the planner and the model zoo.
+
+The child gets a ``sitecustomize`` that blocks those imports and reports each attempt on
+stderr; the test then drives real inference and eviction through it. A second check runs
+the same policy decisions interpreted and compiled and compares them one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import TINY_MLP, add_mlp, add_synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("numba", "llvmlite", "pandas", "scipy", "sklearn", "matplotlib", "pyarrow", "onnx",
+         "tensorflow")
+BLOCKER = f'''
+import sys, importlib.abc
+class _Heavy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {HEAVY!r}:
+            print(f"BLOCKED import {{name}}", file=sys.stderr, flush=True)
+            raise ImportError(f"No module named {{name!r}} (blocked)", name=name)
+        return None
+sys.meta_path.insert(0, _Heavy())
+'''
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def test_serving_and_evicting_imports_no_heavy_package(repo, tmp_path):
+    add_mlp(repo, "mlp")
+    for name in ("a", "b", "c"):
+        add_synthetic(repo, name, size_bytes=10_000_000)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("EDGEAGENT_JIT", None)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
+         "--port", "0", "--data-dir", str(tmp_path / "data"), "--cpu-budget", "25MB",
+         "--policy", "cremebrulee"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert "listening on" in line, line + proc.stderr.read()
+        url = line.split()[3]
+        mlp = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, TINY_MLP["inputs"]],
+                           "data": [0.5] * TINY_MLP["inputs"]}]}
+        assert _post(f"{url}/v2/models/mlp/infer", mlp)["outputs"][0]["shape"] == [
+            1, TINY_MLP["outputs"]]
+        synthetic = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2],
+                                 "data": [1, 2]}]}
+        for name in ["a", "b", "c", "a", "c", "b", "a"]:  # two of three fit: evictions
+            _post(f"{url}/v2/models/{name}/infer", synthetic)
+        with urllib.request.urlopen(f"{url}/v1/cache", timeout=30) as resp:
+            listing = json.loads(resp.read())
+        models = listing["models"] if isinstance(listing, dict) else listing
+        assert sum(m["evictions"] for m in models) >= 2, models  # a or b goes, comes back
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    assert "BLOCKED" not in err, err[-3000:]
+
+
+DECISIONS = '''
+import json, random, sys
+from cachepolicies import jit
+from cachepolicies.registry import make_policy
+rng = random.Random(7)
+requests = [(rng.randrange(40), i * 0.3 + rng.random()) for i in range(2000)]
+sizes = {k: rng.randrange(1, 100) for k in range(40)}
+out = {"compiled": jit.COMPILED, "numba": "numba" in sys.modules}
+for spec in sys.argv[1:]:
+    future = [key for key, _ in requests]
+    policy, resident, used, victims = make_policy(spec, future=future), set(), 0, []
+    for key, now in requests:
+        policy.record_access(key, now)
+        if key in resident:
+            continue
+        if used + sizes[key] > 500:
+            chosen = policy.choose_victims(used + sizes[key] - 500, now, lambda k: k % 7 != 0)
+            for v in chosen:
+                policy.remove(v)
+                resident.discard(v)
+                used -= sizes[v]
+            victims.append([str(v) for v in chosen] + [policy.priority(key, now)])
+        policy.admit(key, sizes[key], sizes[key] / 100, now)
+        resident.add(key)
+        used += sizes[key]
+    out[spec] = victims
+print(json.dumps(out))
+'''
+
+
+def test_interpreted_kernels_decide_as_compiled():
+    specs = ["lru", "cremebrulee", "cremebrulee:rate=cumulative", "gdsf", "random:seed=3",
+             "popularity", "beladymin", "cremebrulee-oracle"]
+    runs = {}
+    for jit in ("0", "1"):
+        env = {**os.environ, "EDGEAGENT_JIT": jit, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run([sys.executable, "-c", DECISIONS, *specs], env=env,
+                              capture_output=True, text=True, timeout=600, check=True)
+        runs[jit] = json.loads(done.stdout)
+    assert (runs["0"]["compiled"], runs["0"]["numba"]) == (False, False)
+    assert (runs["1"]["compiled"], runs["1"]["numba"]) == (True, True)
+    for spec in specs:
+        assert len(runs["0"][spec]) > 100, spec  # the budget forces many evictions
+        assert runs["0"][spec] == runs["1"][spec], spec
