@@ -233,7 +233,8 @@ _AGENT_SCHEMA = {
         "restart_backoff_max_seconds": _num(0, strict_lo=True),
     },
     "coordinator": {"url": _str, "report_interval_s": _num(0, strict_lo=True),
-                    "token_file": _str, "node_name": _str, "cores": _num(0, strict_lo=True)},
+                    "token_file": _str, "node_name": _str, "cores": _num(0, strict_lo=True),
+                    "node_type": _str},
 }
 
 
@@ -256,6 +257,7 @@ class CoordinatorLink:
     token_file: Path | None = None
     node_name: str | None = None
     cores: float | None = None
+    node_type: str | None = None  # a key of the coordinator's node_types price table
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ validation. Both sides import this module; neither imports the other.
 
 **Report** (JSON; only ``capacity`` is required; ``models`` maps names to per-model stats)::
 
-    {"capacity": {"cores": 8, "cpu_memory_bytes": 2147483648,
+    {"node_type": "c5.2xlarge",
+     "capacity": {"cores": 8, "cpu_memory_bytes": 2147483648,
                   "gpus": [{"device": "cuda:0", "memory_bytes": 12884901888}]},
      "models": {"resnet": {
         "device": "cpu", "resident": true, "pinned": false, "size_bytes": 102760448,
@@ -21,6 +22,9 @@ agent started: batches run per batch size and their total processing seconds.
 ``batch_ms`` is the node's current processing-time profile (ms per batch size; shown,
 not planned with).
 ``latency_ms``, ``requests`` and ``drops`` cover the last report interval only.
+``node_type`` (optional, the agent config's ``coordinator.node_type``) names the kind of
+machine, a key of the coordinator's ``node_types`` price table (fleet sizing and
+provisioning); nodes without one are not counted there.
 
 **Directives**, the answer to every report, valid for ``ttl_s`` seconds::
 
@@ -105,6 +109,7 @@ class NodeReport:
     node: str
     capacity: NodeCapacity
     models: dict[str, ModelReport]
+    node_type: str | None = None
 
 
 # Physical bounds on every number in a report: a value past them is a broken or hostile
@@ -236,14 +241,19 @@ def parse_report(node: str, data: Any) -> NodeReport:
                           f"got {node!r}")
     try:
         d = _obj(data, "report")
-        only(d, ("capacity", "models", "interval_s"), noun="field")
+        only(d, ("capacity", "models", "interval_s", "node_type"), noun="field")
         if "capacity" not in d:
             raise ReportError("capacity", "missing (cores, cpu_memory_bytes, gpus)")
         if "interval_s" in d:
             _count(d["interval_s"], "interval_s", _SECONDS)
         models = {name: _model(name, m)
                   for name, m in _obj(d.get("models", {}), "models").items()}
-        return NodeReport(node, _capacity(d["capacity"]), models)
+        node_type = d.get("node_type")
+        if node_type is not None and (not isinstance(node_type, str)
+                                      or not NAME.match(node_type)):
+            raise ReportError("node_type", "must be 1-128 letters, digits, '_', '.' or "
+                              f"'-', got {node_type!r}")
+        return NodeReport(node, _capacity(d["capacity"]), models, node_type)
     except ReportError:
         raise
     except SchemaError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent.coordinator.faro.latency import ESTIMATORS
 from agent.coordinator.faro.objectives import OBJECTIVES
+from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.validation import ConfigError, check_config, choice, load_yaml, number, string
 
 
@@ -43,6 +44,7 @@ _SCHEMA = {
     "directive_ttl_s": number(0, strict_lo=True),
     "node_timeout_s": number(0, strict_lo=True),
     "log_level": choice("debug", "info", "warning", "error"),
+    "node_types": node_types_option,
 }
 
 
@@ -67,6 +69,8 @@ class CoordinatorConfig:
     directive_ttl_s: float = 60.0  # agents revert directives not renewed within this
     node_timeout_s: float = 60.0  # a node silent this long is left out of plans
     log_level: str = "info"
+    # the instance catalogue for sizing and provisioning: kind -> price, max count, ...
+    node_types: dict[str, NodeType] = field(default_factory=dict)
 
     @property
     def database(self) -> Path:

@@ -42,8 +42,8 @@ import numpy as np
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Problem,
-                                    ProblemError, ReactiveState, forecast, place,
-                                    reactive_step, solve)
+                                    ProblemError, RateForecast, ReactiveState, forecast,
+                                    place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
@@ -114,6 +114,14 @@ class Planner:
     def planning_rate(self, model: str, end: float) -> tuple[float, int]:
         """(rate to plan for, history points used) for ``model`` from the store's bins
         that end by ``end`` (when every node running it last reported: complete bins)."""
+        predicted, points = self.rate_forecast(model, end)
+        if predicted is None:
+            return 0.0, 0
+        return predicted.window_quantile(self.config.rate_quantile), points
+
+    def rate_forecast(self, model: str, end: float) -> tuple[RateForecast | None, int]:
+        """(forecast of ``model``'s rate per ``rate_step_s`` over the next
+        ``plan_window_s``, history points used); None without history."""
         cfg = self.config
         step = self.store.rate_step_s
         n = max(1, int(cfg.history_s // step))
@@ -127,11 +135,10 @@ class Planner:
                 counts[i] += count
                 covered[i] = True
         if not covered.any():
-            return 0.0, 0
+            return None, 0
         series = counts[int(np.argmax(covered)):] / step
         horizon = max(1, round(cfg.plan_window_s / step))
-        predicted = forecast(series, horizon, n_samples=200, seed=0)
-        return predicted.window_quantile(cfg.rate_quantile), int(series.size)
+        return forecast(series, horizon, n_samples=200, seed=0), int(series.size)
 
     @staticmethod
     def processing_ms(slo: ModelSLO, reports: list[NodeReport]) -> tuple[float, str]:

@@ -264,7 +264,10 @@ class Reporter:
                                    for v in [histogram_quantile(p / 100.0, d["buckets"])]
                                    if v is not None}
             models[name] = m
-        return {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
+        report = {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
+        if self.link.node_type:
+            report["node_type"] = self.link.node_type
+        return report
 
     def _runtime(self, entry: Any) -> Any:
         """The batching layer's runtime for ``entry`` (None without a batching layer)."""

@@ -97,6 +97,22 @@ def stable_fraction(proc, rate, servers, rho_max):
     return rho_max * servers / load
 
 
+def mdc_within_slo(proc, rate, servers, slo, rho_max=RHO_MAX):
+    """The share of requests answered within ``slo`` by ``servers`` replicas (M/D/c as
+    ``mdc_latency``: ``P(W > t) = C(N, a) · exp(-2 (N/p - λ) t)``). Beyond ``rho_max``
+    only the ``stable_fraction`` of the load is served, at the stable rate; the rest
+    misses. 0 when ``slo < proc`` or there are no replicas."""
+    if servers < 1 or slo < proc:
+        return 0.0
+    if rate <= 0.0:
+        return 1.0
+    share = stable_fraction(proc, rate, servers, rho_max)
+    rate = min(rate, rho_max * servers / proc)
+    drain = servers / proc - rate
+    waits = erlang_c(servers, rate * proc)
+    return share * max(0.0, 1.0 - waits * math.exp(-2.0 * drain * (slo - proc)))
+
+
 @njit(cache=True)
 def upper_bound_latency(proc, rate, servers, window):
     """Pessimistic bound ``p × κ / N`` with κ = λ × window requests, floored at p."""
