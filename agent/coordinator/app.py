@@ -12,8 +12,9 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     DELETE /v1/models/{name}              remove it from the catalog
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
+    GET    /                              the dashboard page (agent.dashboard)
 
-With ``admin_token_file`` every path but ``/v1/health`` needs
+With ``admin_token_file`` every path but ``/v1/health`` and the dashboard's needs
 ``Authorization: Bearer <token>`` (agents send it from their ``coordinator.token_file``).
 """
 
@@ -31,6 +32,7 @@ from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import Fleet, ReportWriter
 from agent.coordinator.planner import Planner, PlannerLoops
 from agent.coordinator.store import ReportRecord, StoredPlan, Store, StoreUnavailable
+from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import body_timeout_middleware, header_timeout_args
 from agent.httpauth import bearer_auth, read_token
@@ -236,7 +238,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
-        bearer_auth(lambda r: r.app[COORDINATOR].admin_token, lambda p: p != "/v1/health"),
+        bearer_auth(lambda r: r.app[COORDINATOR].admin_token,
+                    lambda p: p != "/v1/health" and not is_dashboard_path(p)),
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
@@ -252,6 +255,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
     r.add_post("/v1/plan", plan_post)
+    add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()

@@ -1,4 +1,4 @@
-"""Cache admin (``/v1/cache``) and ``/metrics``."""
+"""Cache admin (``/v1/cache``), ``/v1/memory`` and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ async def cache_action(request: web.Request) -> web.Response:
     return web.json_response(_describe(node, entry))
 
 
+async def memory(request: web.Request) -> web.Response:
+    """``GET /v1/memory``: per device, the budget and what holds it (read-only, public
+    like ``/metrics``; the dashboard's bars)."""
+    return web.json_response(request.app[NODE].cache.memory())
+
+
 async def metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -76,4 +82,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/cache/{name}", cache_get)
     r.add_post("/v1/cache/{name}/{action:pin|unpin|evict}", cache_action)
     r.add_post("/v1/cache/{name}/workers", cache_workers)
+    r.add_get("/v1/memory", memory)
     r.add_get("/metrics", metrics)

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.config import AgentConfig
+from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
@@ -77,6 +78,7 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
+    add_dashboard(app, "node.html")
     # Before the node's hooks: the reporter stops before the cache closes.
     reporter.setup(app, app[NODE])
 

@@ -1,0 +1,114 @@
+// Shared by the agent's and the coordinator's dashboard: polling the server's own JSON
+// API (with the admin token where the server asks for one), formatting, DOM building.
+"use strict";
+
+const Dash = (() => {
+  const TOKEN_KEY = "edgeagent-token";
+  const params = new URLSearchParams(location.search);
+  const refreshMs = Math.max(250, Number(params.get("refresh")) || 2000);
+
+  class NeedsToken extends Error {}
+
+  async function api(path) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = "Bearer " + token;
+    const response = await fetch(path, { headers, cache: "no-store" });
+    if (response.status === 401) throw new NeedsToken(path + " needs the admin token");
+    const body = await response.json().catch(() => null);
+    if (!response.ok) {
+      const error = new Error((body && body.error) || `${path}: HTTP ${response.status}`);
+      error.status = response.status;
+      throw error;
+    }
+    return body;
+  }
+
+  // el("td", {class: "num"}, "text", child, ...): text is always text, never markup.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "style") node.style.cssText = value;
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === undefined || child === null) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i === 0 ? n.toFixed(0) : n.toFixed(n < 10 ? 2 : 1)) + " " + units[i];
+  }
+
+  function ms(x) {
+    if (x === null || x === undefined) return "–";
+    return x < 10 ? x.toFixed(2) + " ms" : x < 1000 ? x.toFixed(1) + " ms"
+      : (x / 1000).toFixed(2) + " s";
+  }
+
+  function pct(x) {
+    return x === null || x === undefined || !isFinite(x) ? "–" : (100 * x).toFixed(1) + " %";
+  }
+
+  // A bar of value/total; parts: [[value, className], ...] stacked from the left.
+  function bar(total, parts, title) {
+    const node = el("div", { class: "bar", title, role: "img", "aria-label": title });
+    let left = 0;
+    for (const [value, cls] of parts) {
+      const width = total > 0 ? Math.min(100 - left, 100 * value / total) : 0;
+      if (width <= 0) continue;
+      node.append(el("span", { class: cls || "", style: `left:${left}%;width:${width}%` }));
+      left += width;
+    }
+    return node;
+  }
+
+  function replaceRows(tbody, rows, columns, emptyText) {
+    tbody.replaceChildren(...(rows.length ? rows : [
+      el("tr", {}, el("td", { colspan: columns, class: "empty" }, emptyText))]));
+  }
+
+  // Run update() now and every refreshMs; show its state in #status; ask for the token
+  // (form#token-form) when the server answers 401.
+  function poll(update) {
+    const status = document.getElementById("status");
+    const form = document.getElementById("token-form");
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, form.elements.token.value.trim());
+      form.elements.token.value = "";
+      form.hidden = true;
+      tick();
+    });
+    let timer = null;
+    async function tick() {
+      clearTimeout(timer);
+      try {
+        await update();
+        form.hidden = true;
+        status.textContent = "updated " + new Date().toLocaleTimeString();
+        status.className = "status";
+        document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+      } catch (error) {
+        if (error instanceof NeedsToken) {
+          form.hidden = false;
+          status.textContent = "this server needs its admin token";
+        } else {
+          status.textContent = "error: " + error.message;
+        }
+        status.className = "status error";
+      }
+      timer = setTimeout(tick, refreshMs);
+    }
+    tick();
+  }
+
+  return { api, el, bytes, ms, pct, bar, replaceRows, poll, NeedsToken };
+})();

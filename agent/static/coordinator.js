@@ -1,0 +1,102 @@
+// The coordinator's dashboard: GET /v1/nodes, /v1/plan (404 until a first plan) and
+// /v1/models, refreshed every ?refresh= ms. Measured latency: the worst node's latency
+// at the model's SLO percentile in its last report.
+"use strict";
+
+(() => {
+  const { api, el, bytes, ms, pct, bar, replaceRows, poll } = Dash;
+
+  // The reported latency at `percentile` (ms): the nearest reported percentile at or
+  // above it, else the highest reported.
+  function latencyAt(latencies, percentile) {
+    const points = Object.entries(latencies || {})
+      .map(([key, value]) => [Number(key.replace(/^p/, "")), value])
+      .filter(([p, v]) => isFinite(p) && typeof v === "number")
+      .sort((a, b) => a[0] - b[0]);
+    if (!points.length) return null;
+    const above = points.find(([p]) => p >= percentile - 1e-9);
+    return (above || points[points.length - 1])[1];
+  }
+
+  function measured(nodes, model, percentile) {
+    let worst = null;
+    for (const node of nodes) {
+      const m = node.alive && node.models ? node.models[model] : null;
+      const value = m ? latencyAt(m.latency_ms, percentile) : null;
+      if (value !== null && (worst === null || value > worst)) worst = value;
+    }
+    return worst;
+  }
+
+  function nodeRow(n) {
+    const cap = n.capacity || {};
+    const resident = Object.entries(n.models || {}).filter(([, m]) => m.resident).map(([name]) => name);
+    const d = n.directives;
+    const directives = d ? [
+      d.pin && d.pin.length ? "pin " + d.pin.join(", ") : null,
+      d.prefetch && d.prefetch.length ? "prefetch " + d.prefetch.join(", ") : null,
+      Object.keys(d.workers || {}).length
+        ? "workers " + Object.entries(d.workers).map(([m, w]) => `${m}×${w}`).join(", ") : null,
+    ].filter(Boolean).join("; ") || "none" : "–";
+    return el("tr", { "data-node": n.name },
+      el("td", { class: "name" }, n.name),
+      el("td", {}, el("span", { class: "badge " + (n.alive ? "alive" : "down") }, n.alive ? "alive" : "silent")),
+      el("td", { class: "num" }, `${n.age_s.toFixed(1)} s ago`),
+      el("td", { class: "num" }, cap.cores ?? "–"),
+      el("td", { class: "num" }, bytes(cap.cpu_memory_bytes)),
+      el("td", {}, (cap.gpus || []).map((g) => `${g.device} ${bytes(g.memory_bytes)}`).join(", ") || "–"),
+      el("td", { class: "resident" }, resident.join(", ") || "–"),
+      el("td", {}, directives));
+  }
+
+  function planTiles(plan) {
+    if (!plan) return [el("div", { class: "empty", id: "no-plan" }, "no plan yet")];
+    const tiles = [
+      ["plan", "#" + plan.id], ["kind", plan.kind],
+      ["made", new Date(plan.created * 1000).toLocaleTimeString()],
+      ["objective", `${plan.objective ?? "–"} = ${plan.objective_value === undefined || plan.objective_value === null ? "–" : Number(plan.objective_value).toFixed(3)}`],
+      ["models", Object.keys(plan.models || {}).length],
+      ["replicas", Object.values(plan.models || {}).reduce((n, m) => n + (m.replicas || 0), 0)],
+    ];
+    return tiles.map(([label, value]) => el("div", { class: "tile", "data-tile": label },
+      el("div", { class: "value" }, value), el("div", { class: "label" }, label)));
+  }
+
+  function modelRow(name, planned, catalog, nodes) {
+    const slo = planned ? planned.slo_ms : catalog ? catalog.slo_ms : null;
+    const percentile = planned ? planned.percentile : catalog ? catalog.percentile : 99;
+    const seen = measured(nodes, name, percentile ?? 99);
+    const late = seen !== null && slo && seen > slo;
+    const placement = planned ? Object.entries(planned.placement || {})
+      .map(([node, n]) => `${node}×${n}`).join(", ") + (planned.unplaced ? ` (+${planned.unplaced} unplaced)` : "") : "";
+    return el("tr", { "data-model": name },
+      el("td", { class: "name" }, name),
+      el("td", { class: "num replicas" }, planned ? planned.replicas : "–"),
+      el("td", { class: "placement" }, placement || "–"),
+      el("td", { class: "num" }, planned ? `${Number(planned.rate).toFixed(2)}/s` : "–"),
+      el("td", { class: "num" }, slo ? `${ms(slo)} (p${percentile})` : "–"),
+      el("td", { class: "num predicted" }, ms(planned ? planned.predicted_latency_ms : null)),
+      el("td", { class: "num measured" + (late ? " late" : "") }, ms(seen)),
+      el("td", {}, slo ? bar(slo, [[seen || 0, late ? "over" : ""]], `measured ${ms(seen)} of SLO ${ms(slo)}`) : "–"),
+      el("td", { class: "num" }, planned ? pct(planned.drop_rate) : "–"),
+      el("td", { class: "num" }, planned && planned.utility !== undefined ? Number(planned.utility).toFixed(3) : "–"));
+  }
+
+  async function update() {
+    const [nodes, catalog, plan] = await Promise.all([
+      api("/v1/nodes"), api("/v1/models"),
+      api("/v1/plan").catch((error) => { if (error.status === 404) return null; throw error; }),
+    ]);
+    document.getElementById("server").textContent = location.host;
+    replaceRows(document.querySelector("#nodes tbody"), nodes.map(nodeRow), 8,
+                "no node has reported yet");
+    document.getElementById("plan-summary").replaceChildren(...planTiles(plan));
+    const byName = Object.fromEntries(catalog.map((m) => [m.name, m]));
+    const names = [...new Set([...Object.keys((plan && plan.models) || {}), ...Object.keys(byName)])].sort();
+    replaceRows(document.querySelector("#models tbody"),
+                names.map((name) => modelRow(name, plan && plan.models ? plan.models[name] : null, byName[name], nodes)),
+                10, "no models in the catalog or the plan");
+  }
+
+  poll(update);
+})();

@@ -1,0 +1,82 @@
+// The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/cache
+// (models; needs the admin token where one is set), refreshed every ?refresh= ms.
+"use strict";
+
+(() => {
+  const { api, el, bytes, ms, pct, bar, replaceRows, poll } = Dash;
+
+  function memoryRows(memory) {
+    return Object.entries(memory).map(([device, m]) => {
+      const free = m.budget_bytes - m.used_bytes;
+      return el("div", { class: "device", "data-device": device },
+        el("strong", {}, device),
+        bar(m.budget_bytes, [[m.overhead_bytes, "reserved"], [m.used_bytes, m.used_bytes > m.budget_bytes ? "over" : ""],
+                             [Math.max(0, m.reserved_bytes - m.used_bytes), "reserved"]],
+            `${bytes(m.used_bytes)} used of ${bytes(m.budget_bytes)}`),
+        el("span", { class: "figures" },
+          `${bytes(m.used_bytes)} used of ${bytes(m.budget_bytes)}`,
+          ` (${bytes(Math.max(0, free))} free`,
+          m.overhead_bytes ? `, ${bytes(m.overhead_bytes)} runtime` : "",
+          `), ${m.waiting_loads} load${m.waiting_loads === 1 ? "" : "s"} waiting for room`));
+    });
+  }
+
+  function summary(models) {
+    const sum = (key) => models.reduce((n, m) => n + (m[key] || 0), 0);
+    const hits = sum("hits"), misses = sum("misses");
+    const tiles = [
+      ["resident", `${models.filter((m) => m.state === "ready").length} / ${models.length}`],
+      ["pinned", models.filter((m) => m.pinned).length],
+      ["loads", sum("loads")], ["evictions", sum("evictions")],
+      ["hit ratio", pct(hits + misses ? hits / (hits + misses) : null)],
+      ["requests served", sum("requests_served")], ["SLO violations", sum("slo_violations")],
+      ["dropped", sum("drops_total")],
+    ];
+    return tiles.map(([label, value]) => el("div", { class: "tile", "data-tile": label },
+      el("div", { class: "value" }, value), el("div", { class: "label" }, label)));
+  }
+
+  function modelRow(m, budgets) {
+    const budget = budgets[m.device];
+    const lookups = m.hits + m.misses;
+    const latency = m.latency_at_slo_percentile_ms;
+    const late = latency !== null && m.slo_latency_ms && latency > m.slo_latency_ms;
+    const pctLabel = m.slo_percentile === undefined ? "" : ` (p${m.slo_percentile})`;
+    return el("tr", { "data-model": m.name, "data-version": m.version },
+      el("td", { class: "name" }, m.name),
+      el("td", { class: "num" }, m.version),
+      el("td", {}, m.device),
+      el("td", { class: "state" },
+        el("span", { class: "badge " + m.state, title: m.error || "" }, m.state)),
+      el("td", { class: "num size" }, m.size_bytes ? bytes(m.size_bytes) + (m.size_estimated ? " (est.)" : "") : "–"),
+      el("td", {}, budget ? bar(budget, [[m.state === "ready" ? m.size_bytes : 0, ""]],
+                               `${pct(m.size_bytes / budget)} of the ${m.device} budget`) : "–"),
+      el("td", { class: "pinned" }, m.pinned ? "pinned" : ""),
+      el("td", { class: "num loads" }, m.loads),
+      el("td", { class: "num evictions" }, m.evictions),
+      el("td", { class: "num" }, pct(lookups ? m.hits / lookups : null)),
+      el("td", { class: "num latency" + (late ? " late" : "") }, ms(latency)),
+      el("td", { class: "num" }, ms(m.slo_latency_ms) + pctLabel),
+      el("td", {}, m.slo_latency_ms ? bar(m.slo_latency_ms, [[latency || 0, late ? "over" : ""]],
+                                          `latency ${ms(latency)} of SLO ${ms(m.slo_latency_ms)}`) : "–"),
+      el("td", { class: "num queue" }, m.queue_length ?? 0),
+      el("td", { class: "num" }, m.in_flight));
+  }
+
+  let server = null;
+
+  async function update() {
+    if (server === null) {
+      server = await api("/v2");
+      document.getElementById("server").textContent = `${server.name} ${server.version} · ${location.host}`;
+    }
+    const [memory, models] = await Promise.all([api("/v1/memory"), api("/v1/cache")]);
+    document.getElementById("memory").replaceChildren(...memoryRows(memory));
+    document.getElementById("summary").replaceChildren(...summary(models));
+    const budgets = Object.fromEntries(Object.entries(memory).map(([d, m]) => [d, m.budget_bytes]));
+    replaceRows(document.querySelector("#models tbody"), models.map((m) => modelRow(m, budgets)),
+                15, "no models in the repository");
+  }
+
+  poll(update);
+})();

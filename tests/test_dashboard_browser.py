@@ -1,0 +1,179 @@
+"""The dashboard pages in a real headless Chromium (Debian's ``chromium``, over the
+DevTools protocol): the agent's page lists the models and shows a load done through
+the API after its refresh; with an admin token the page asks for it; the coordinator's
+page lists nodes, the plan and predicted vs measured latency. Screenshots are taken
+(``EDGEAGENT_DASHBOARD_PNG=docs/dashboard.png`` also saves the agent's there)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.browser import Browser
+from tests.conftest import TINY_MLP, add_mlp, add_synthetic
+from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 (fixture)
+
+BINARY = Browser.find()
+pytestmark = pytest.mark.skipif(
+    BINARY is None, reason="no chromium binary on PATH (Debian: apt-get install chromium; "
+                           ".ci/run installs it where apt is available)")
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", png[16:24])
+
+
+def page_errors(browser: Browser) -> list[str]:
+    """Script errors, exceptions and CSP violations (not HTTP statuses the page handles)."""
+    return [e for e in browser.errors if not e.startswith("network:")]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def infer(agent, model, n=1):
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, TINY_MLP["inputs"]],
+                       "data": [0.5] * TINY_MLP["inputs"]}]}
+    for _ in range(n):
+        assert agent.request("POST", f"/v2/models/{model}/infer", doc)[0] == 200
+
+
+ROW = "document.querySelector('#models tr[data-model=\"{}\"] td.{}')?.textContent"
+
+
+def test_agent_page_shows_the_cache_and_a_load_after_its_refresh(repo, start_agent, tmp_path):
+    add_mlp(repo, "classifier", config={"slo": {"latency_ms": 50}})
+    add_mlp(repo, "ranker", seed=3, config={"pin": True})
+    add_mlp(repo, "embedder", seed=4)
+    add_synthetic(repo, "detector", size_bytes=40_000_000, load_ms=50,
+                  slo={"latency_ms": 20}, base_ms=5)
+    agent = start_agent(repo)
+    infer(agent, "classifier", 20)
+    infer(agent, "ranker", 5)
+    synthetic = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2],
+                             "data": [1, 2]}]}
+    assert agent.request("POST", "/v2/models/detector/infer", synthetic)[0] == 200
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(agent.url + "/?refresh=300")
+            names = await browser.wait_for(
+                "[...document.querySelectorAll('#models tbody tr[data-model]')]"
+                ".map(r => r.dataset.model).join(',')")
+            assert names.split(",") == ["classifier", "detector", "embedder", "ranker"]
+            assert await browser.evaluate(ROW.format("classifier", "state")) == "ready"
+            assert await browser.evaluate(ROW.format("embedder", "state")) == "unloaded"
+            assert await browser.evaluate(ROW.format("ranker", "pinned")) == "pinned"
+            assert await browser.evaluate(ROW.format("embedder", "loads")) == "0"
+            latency = await browser.evaluate(ROW.format("classifier", "latency"))
+            assert latency.endswith("ms"), latency
+            memory = await browser.evaluate(
+                "document.querySelector('#memory [data-device=cpu]').textContent")
+            assert "used of 190.7 MiB" in memory and "0 loads waiting" in memory
+            updates = int(await browser.evaluate("document.body.dataset.updates"))
+
+            # A load through the API shows up after the page's next refresh(es).
+            status, _, _ = agent.request("POST", "/v2/repository/models/embedder/load")
+            assert status == 200
+            await browser.wait_for(ROW.format("embedder", "state") + " === 'ready'")
+            assert await browser.evaluate(ROW.format("embedder", "loads")) == "1"
+            assert int(await browser.evaluate("document.body.dataset.updates")) > updates
+            tile = await browser.evaluate(
+                "document.querySelector('[data-tile=resident] .value').textContent")
+            assert tile == "4 / 4"
+            # ... and an eviction too.
+            assert agent.request("POST", "/v1/cache/classifier/evict")[0] == 200
+            await browser.wait_for(ROW.format("classifier", "state") + " === 'unloaded'")
+            await browser.wait_for(ROW.format("classifier", "evictions") + " === '1'")
+
+            shot = tmp_path / "agent.png"
+            png = await browser.screenshot(shot)
+            assert shot.stat().st_size == len(png) > 10_000
+            width, height = png_size(png)
+            assert width >= 1000 and height >= 400
+            assert page_errors(browser) == []
+            return shot
+
+    shot = run(scenario())
+    target = os.environ.get("EDGEAGENT_DASHBOARD_PNG")
+    if target:
+        shutil.copyfile(shot, target)
+
+
+def test_agent_page_asks_for_the_admin_token(repo, start_agent, tmp_path):
+    add_mlp(repo, "classifier")
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    agent = start_agent(repo, admin_token_file=token_file)
+    assert agent.request("GET", "/")[0] == 200  # the page itself needs no token
+    assert agent.request("GET", "/v1/cache")[0] == 401
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(agent.url + "/?refresh=300")
+            await browser.wait_for("!document.getElementById('token-form').hidden")
+            assert await browser.evaluate(
+                "document.querySelectorAll('#models tbody tr[data-model]').length") == 0
+            await browser.evaluate(  # as a user would: type it, press the button
+                "(() => { const f = document.getElementById('token-form');"
+                " f.elements.token.value = 'wrong'; f.requestSubmit(); })()")
+            await asyncio.sleep(0.5)
+            await browser.wait_for("!document.getElementById('token-form').hidden")
+            await browser.evaluate(
+                "(() => { const f = document.getElementById('token-form');"
+                " f.elements.token.value = 's3cret-token'; f.requestSubmit(); })()")
+            await browser.wait_for(ROW.format("classifier", "state") + " === 'unloaded'")
+            assert await browser.evaluate("document.getElementById('token-form').hidden")
+            assert page_errors(browser) == []
+
+    run(scenario())
+
+
+def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_path):  # noqa: F811
+    co = start_coordinator()
+    assert co.request("PUT", "/v1/models/a", {"slo_ms": 100})[0] == 201
+    assert co.request("PUT", "/v1/models/b", {"slo_ms": 250, "percentile": 95})[0] == 201
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(co.url + "/?refresh=300")
+            await browser.wait_for("!!document.querySelector('#no-plan')")
+            assert await browser.evaluate(
+                "document.querySelector('#nodes tbody').textContent.trim()") \
+                == "no node has reported yet"
+            assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+            assert co.request("POST", "/v1/nodes/n2/report", {
+                "capacity": {"cores": 2, "cpu_memory_bytes": 500_000_000},
+                "models": {"b": {"resident": True, "latency_ms": {"p95": 80, "p99": 120}}}
+            })[0] == 200
+            status, plan = co.request("POST", "/v1/plan")
+            assert status == 200
+            await browser.wait_for(
+                "document.querySelectorAll('#nodes tbody tr[data-node]').length === 2")
+            resident = await browser.evaluate(
+                "document.querySelector('#nodes tr[data-node=n1] td.resident').textContent")
+            assert resident == "a"
+            await browser.wait_for(
+                "document.querySelector('[data-tile=plan] .value')?.textContent === "
+                f"'#{plan['id']}'")
+            row = "document.querySelector('#models tr[data-model={}] td.{}').textContent"
+            a = plan["models"]["a"]
+            assert await browser.evaluate(row.format("a", "replicas")) == str(a["replicas"])
+            assert await browser.evaluate(row.format("a", "measured")) == "40.0 ms"  # p99
+            assert await browser.evaluate(row.format("b", "measured")) == "80.0 ms"  # p95
+            predicted = await browser.evaluate(row.format("a", "predicted"))
+            assert predicted != "–" and predicted.endswith(("ms", " s")), predicted
+            assert "n1×" in await browser.evaluate(row.format("a", "placement"))
+            png = await browser.screenshot(tmp_path / "coordinator.png")
+            assert (tmp_path / "coordinator.png").stat().st_size > 10_000
+            assert png_size(png)[0] >= 1000
+            assert page_errors(browser) == []
+
+    run(scenario())
