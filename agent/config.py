@@ -64,6 +64,27 @@ _BATCHING_SCHEMA = {
     "workers": _num(1, 256, integer=True),
 }
 _PREDICTION_CACHE_SCHEMA = {"enabled": _bool, "max_bytes": _size}
+
+
+def warmup_option(v: Any) -> "WarmupOptions":
+    """``warmup``: ``default`` (one run on zeros shaped by the signature; a failure is
+    logged and the model still loads), ``none``, ``{file: sample.json}`` (a v2 request
+    body ``{"inputs": [...]}`` relative to the model directory) or ``{inputs: [...]}``
+    (v2 inputs inline); a failing explicit sample fails the load."""
+    if v in ("default", "none"):
+        return WarmupOptions(v)
+    if isinstance(v, dict) and len(v) == 1 and "file" in v:
+        path = string(v["file"])
+        if Path(path).is_absolute() or ".." in Path(path).parts:
+            raise ValueError(f"file must be a path inside the model directory, got {path!r}")
+        return WarmupOptions("file", file=path)
+    if isinstance(v, dict) and len(v) == 1 and isinstance(v.get("inputs"), list) \
+            and v["inputs"]:
+        return WarmupOptions("inputs", inputs=tuple(v["inputs"]))
+    raise ValueError("must be default, none, {file: PATH} or {inputs: [v2 inputs]}, "
+                     f"got {v!r}")
+
+
 _MODEL_SCHEMA = {
     "backend": _choice(*BACKENDS),
     "device": _device,
@@ -78,6 +99,7 @@ _MODEL_SCHEMA = {
     "load_retry_s": _num(0),
     "idle_unload_s": _num(0, strict_lo=True),
     "onnxruntime": _ORT_SCHEMA,
+    "warmup": warmup_option,
     "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
                   "load_ms": _num(0)},
 }
@@ -140,6 +162,30 @@ SERVER_PREDICTION_CACHE = PredictionCacheOptions(enabled=False, max_bytes=64 * 2
 
 
 @dataclass(frozen=True)
+class WarmupOptions:
+    """How a model is warmed up before it is reported ready (``warmup:``)."""
+
+    mode: str = "default"  # default | none | file | inputs
+    file: str | None = None
+    inputs: tuple[Any, ...] | None = None
+
+    @property
+    def explicit(self) -> bool:
+        """A sample the user gave: its failure fails the load."""
+        return self.mode in ("file", "inputs")
+
+
+@dataclass(frozen=True)
+class DeclaredTensor:
+    """An input or output as a Triton ``config.pbtxt`` declares it: OIP datatype, full
+    shape (the batch dimension included as -1 where the model batches)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One model's settings; ``backend`` None means "infer it from the files"; None
     SLO, batch size and queue bound mean "the server's"."""
@@ -159,6 +205,12 @@ class ModelConfig:
     idle_unload_s: float | None = None  # unload after this long unused; None: the server's
     onnxruntime: OrtOptions = field(default_factory=OrtOptions)
     synthetic: SyntheticOptions | None = None
+    warmup: WarmupOptions | None = None  # None: the backend's default
+    #: From a Triton config.pbtxt or a load's config override: the inputs/outputs it
+    #: declares (checked against the model at load) and where they were said.
+    declared_inputs: tuple[DeclaredTensor, ...] | None = None
+    declared_outputs: tuple[DeclaredTensor, ...] | None = None
+    declared_in: str | None = None
 
 
 def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig:
@@ -185,6 +237,7 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         idle_unload_s=d.get("idle_unload_s"),
         onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
         synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
+        warmup=d.get("warmup"),
     )
 
 

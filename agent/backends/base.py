@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Executor
@@ -29,6 +30,8 @@ from agent.memory import PLAIN, FootprintModel, MemoryMeter, Prior, device_class
 if TYPE_CHECKING:
     from agent.config import ModelConfig
     from agent.memory import GpuAccounting
+
+log = logging.getLogger("edgeagent.backends")
 
 
 class BackendError(AgentError, RuntimeError):
@@ -80,6 +83,48 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+def zeros_for(spec: TensorSpec) -> np.ndarray:
+    """A tensor of zeros (empty strings for BYTES) shaped by ``spec``, -1 dims as 1."""
+    shape = [d if d >= 0 else 1 for d in spec.shape]
+    if spec.datatype == "BYTES":
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, DATATYPES[spec.datatype])
+
+
+def _compatible(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(declared) == len(actual) and all(
+        a == b or a == -1 or b == -1 for a, b in zip(declared, actual))
+
+
+def check_declared(config: "ModelConfig", inputs: list[TensorSpec],
+                   outputs: list[TensorSpec]) -> None:
+    """``BackendError`` naming the file and tensor unless the inputs/outputs a Triton
+    config declares (``config.declared_*``) fit the model's: every input declared, each
+    declared tensor present with the same datatype and a compatible shape (-1 = any)."""
+    where = config.declared_in or "config"
+    for what, declared, actual in (("input", config.declared_inputs, inputs),
+                                   ("output", config.declared_outputs, outputs)):
+        if declared is None:
+            continue
+        have = {s.name: s for s in actual}
+        for d in declared:
+            spec = have.get(d.name)
+            if spec is None:
+                raise BackendError(f"{where}: {what} {d.name!r} is not one of the model's "
+                                   f"{what}s ({', '.join(have) or 'none'})")
+            if spec.datatype != d.datatype:
+                raise BackendError(f"{where}: {what} {d.name!r}: data_type {d.datatype}, "
+                                   f"the model's is {spec.datatype}")
+            if not _compatible(d.shape, spec.shape):
+                raise BackendError(f"{where}: {what} {d.name!r}: shape {list(d.shape)} "
+                                   f"(batch dimension included), the model's is "
+                                   f"{list(spec.shape)}")
+        missing = set(have) - {d.name for d in declared}
+        if what == "input" and missing:
+            raise BackendError(f"{where}: the model's input(s) {', '.join(sorted(missing))} "
+                               "are not declared")
+
+
 def check_inputs(specs: list[TensorSpec], tensors: dict[str, np.ndarray]) -> None:
     """Raise ``InvalidInput`` unless ``tensors`` are exactly the inputs ``specs`` describe."""
     by_name = {s.name: s for s in specs}
@@ -109,6 +154,8 @@ class Backend(ABC):
     MODEL_FILE: ClassVar[str | None] = None
     #: Estimate priors by device class (``cpu``, ``cuda``) before any measurement.
     PRIORS: ClassVar[dict[str, Prior]] = {"cpu": PLAIN}
+    #: Warm up on zeros when the model's config says nothing (``warmup:``).
+    DEFAULT_WARMUP: ClassVar[bool] = True
 
     def __init__(self, name: str, version: int, path: Path, config: "ModelConfig",
                  footprints: FootprintModel) -> None:
@@ -119,6 +166,12 @@ class Backend(ABC):
         self.outputs: list[TensorSpec] = []
         #: Seconds of the first inference after load (part of the reload penalty).
         self.first_run_seconds = 0.0
+        #: The warm-up inputs the config gives (decoded by the agent before ``load``)
+        #: and where they come from, for messages; None: the default warm-up.
+        self.warmup_sample: dict[str, np.ndarray] | None = None
+        self.warmup_source = "warmup"
+        #: Whether the last load's warm-up ran (False: the first request is the cold run).
+        self.warmed = False
 
     @classmethod
     def create(cls, name: str, version: int, path: Path, config: "ModelConfig",
@@ -168,8 +221,40 @@ class Backend(ABC):
     @abstractmethod
     def load(self) -> None:
         """Make the model servable: create the session, fill ``inputs``/``outputs`` and
-        run one warm-up inference (timed into ``first_run_seconds``). Blocking; raises
-        ``BackendError`` on failure, leaving nothing allocated."""
+        ``warm_up``. Blocking; raises ``BackendError`` on failure, leaving nothing
+        allocated."""
+
+    def warm_up(self) -> None:
+        """Run the model once before it is reported ready (``load`` calls it last), timed
+        into ``first_run_seconds``: on ``warmup_sample`` when the config gives one (its
+        failure is a ``BackendError``: the load fails), else, unless ``warmup: none``, on
+        zeros shaped by the signature (-1 dims as 1), whose failure is logged: the model
+        still loads and its first request is the cold run (``warmed`` stays False)."""
+        self.warmed, self.first_run_seconds = False, 0.0
+        option = self.config.warmup
+        mode = option.mode if option is not None else (
+            "default" if self.DEFAULT_WARMUP else "none")
+        if mode == "none":
+            return
+        explicit = mode != "default"
+        if explicit and self.warmup_sample is None:
+            raise BackendError(f"{self.warmup_source}: the warm-up sample was not read")
+        feed = self.warmup_sample if explicit else {s.name: zeros_for(s) for s in self.inputs}
+        started = time.perf_counter()
+        try:
+            if explicit:
+                check_inputs(self.inputs, feed)
+            self.infer(feed, {})
+        except BackendUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any refusal of made-up inputs
+            if explicit:
+                raise BackendError(f"{self.warmup_source}: warm-up failed: {exc}") from None
+            log.warning("%s:%s: the default warm-up (zeros) failed, serving anyway (the first "
+                        "request is the cold run): %s", self.name, self.version, exc)
+            return
+        self.first_run_seconds = time.perf_counter() - started
+        self.warmed = True
 
     def measured_bytes(self) -> int | None:
         """The footprint the backend itself knows after ``load`` (exact or device-
@@ -223,6 +308,7 @@ def load_measured(backend: Backend, meter: MemoryMeter, *,
     started = time.perf_counter()
     try:
         backend.load()
+        check_declared(backend.config, backend.inputs, backend.outputs)
     except BaseException:
         meter.end(window)
         with contextlib.suppress(Exception):

@@ -21,6 +21,7 @@ from agent.config import SyntheticOptions
 
 class SyntheticBackend(Backend):
     kind = "synthetic"
+    DEFAULT_WARMUP = False  # its load time is what the config says; warmup: default adds one
 
     @property
     def options(self) -> SyntheticOptions:
@@ -39,6 +40,7 @@ class SyntheticBackend(Backend):
         time.sleep(self.options.load_ms / 1000)
         self.inputs = [TensorSpec("X", "FP32", (-1, -1))]
         self.outputs = [TensorSpec("Y", "FP32", (-1, 1))]
+        self.warm_up()
 
     def measured_bytes(self) -> int:
         return self.options.size_bytes

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from agent.backends.base import (DATATYPES, Backend, BackendError, BackendUnavailable,
+from agent.backends.base import (Backend, BackendError, BackendUnavailable,
                                  InvalidInput, TensorSpec)
 from agent.memory import GpuMemoryReader, MiB, Prior
 from agent.backends.tfserving_protos import (Protos, from_tensor_proto, oip_datatype,
@@ -515,9 +515,11 @@ class TfServingBackend(Backend):
             try:
                 self.signature_name, self.inputs, self.outputs = host.signature(
                     self.name, self.version)
-                self._warm_up()
+                self._loaded = True  # for the warm-up's Predict
+                self.warm_up()
                 after = host.memory(self.device)
             except BaseException:
+                self._loaded = False
                 with contextlib.suppress(Exception):
                     host.remove(self.name, self.version)
                 raise
@@ -538,23 +540,6 @@ class TfServingBackend(Backend):
         if self.device == "cpu" and delta > 0:
             self.footprints.observe(self.kind, size, delta)
         return max(delta, size)
-
-    def _warm_up(self) -> None:
-        """One Predict with zeros (batch 1), timed into ``first_run_seconds``. A model
-        that rejects zeros as input is still served; any other failure fails the load."""
-        feed = {}
-        for spec in self.inputs:
-            shape = [d if d >= 0 else 1 for d in spec.shape]
-            feed[spec.name] = (np.full(shape, b"", dtype=object) if spec.datatype == "BYTES"
-                               else np.zeros(shape, DATATYPES[spec.datatype]))
-        start = time.perf_counter()
-        try:
-            self.host.predict(self.name, self.version, self.signature_name, feed,
-                              self.outputs)
-        except InvalidInput as exc:
-            log.info("%s:%s: warm-up with zeros rejected (%s); serving anyway",
-                     self.name, self.version, exc)
-        self.first_run_seconds = time.perf_counter() - start
 
     def measured_bytes(self) -> int | None:
         return self._measured

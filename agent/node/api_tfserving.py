@@ -52,9 +52,42 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"model_version_status": out})
 
 
+#: OIP datatype -> TensorFlow DataType enum name (TF Serving's metadata JSON).
+_TF_DTYPES = {"BOOL": "DT_BOOL", "UINT8": "DT_UINT8", "UINT16": "DT_UINT16",
+              "UINT32": "DT_UINT32", "UINT64": "DT_UINT64", "INT8": "DT_INT8",
+              "INT16": "DT_INT16", "INT32": "DT_INT32", "INT64": "DT_INT64",
+              "FP16": "DT_HALF", "FP32": "DT_FLOAT", "FP64": "DT_DOUBLE", "BYTES": "DT_STRING"}
+
+
+def _tensor_info(item: dict) -> dict:
+    return {"dtype": _TF_DTYPES.get(item["datatype"], "DT_INVALID"),
+            "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in item["shape"]],
+                             "unknown_rank": False},
+            "name": item["name"]}
+
+
+async def metadata(request: web.Request) -> web.Response:
+    """``GET /v1/models/{name}[/versions/{v}]/metadata``: the model's signature as TF
+    Serving's GetModelMetadata answers over REST (one ``serving_default`` signature);
+    a model never loaded is loaded first, as for v2 metadata."""
+    name, version = model_ref(request)
+    cache = request.app[NODE].cache
+    entry = cache.entry(name, version)
+    if entry.metadata is None:
+        entry = await cache.ensure_loaded(name, version)
+    signature = {"inputs": {i["name"]: _tensor_info(i) for i in entry.metadata["inputs"]},
+                 "outputs": {o["name"]: _tensor_info(o) for o in entry.metadata["outputs"]},
+                 "method_name": "tensorflow/serving/predict"}
+    return web.json_response({
+        "model_spec": {"name": name, "signature_name": "", "version": str(entry.version)},
+        "metadata": {"signature_def": {"signature_def": {"serving_default": signature}}}})
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v1/models/{name:[^/:]+}:predict", predict)
     r.add_post("/v1/models/{name:[^/:]+}/versions/{version:[^/:]+}:predict", predict)
     r.add_get("/v1/models/{name:[^/:]+}", status)
+    r.add_get("/v1/models/{name:[^/:]+}/metadata", metadata)
+    r.add_get("/v1/models/{name:[^/:]+}/versions/{version:[^/:]+}/metadata", metadata)
     r.add_get("/v1/models/{name:[^/:]+}/versions/{version:[^/:]+}", status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from agent import __version__
-from agent.backends.base import check_inputs
+from agent.backends.base import InvalidInput, check_inputs
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref
@@ -28,7 +28,8 @@ async def ready(request: web.Request) -> web.Response:
 
 async def server_metadata(request: web.Request) -> web.Response:
     return web.json_response({"name": "edgeagent", "version": __version__,
-                              "extensions": ["model_repository", "binary_tensor_data"]})
+                              "extensions": ["model_repository", "binary_tensor_data", "statistics",
+                           "model_configuration"]})
 
 
 async def model_metadata(request: web.Request) -> web.Response:
@@ -68,7 +69,11 @@ async def infer(request: web.Request) -> web.Response:
     inputs, meta = decode_v2_request(body, header_length)
     known = node.cache.entry(name, version).signature
     if known is not None:  # reject bad input before it can cause a load
-        check_inputs(known, inputs)
+        try:
+            check_inputs(known, inputs)
+        except InvalidInput:
+            node.serving.count_failure(name, version, arrived)
+            raise
     timeout = timeout_parameter(meta["parameters"])
 
     def prepare(entry: Entry) -> dict:
@@ -105,8 +110,20 @@ async def repository_index(request: web.Request) -> web.Response:
 
 
 async def repository_load(request: web.Request) -> web.Response:
-    await request.read()
-    await request.app[NODE].cache.ensure_loaded(request.match_info["name"])
+    """Load (or reload) a model; ``{"parameters": {"config": "<JSON>"}}`` overrides its
+    configuration (Triton's repository extension, see ``Node.load_model``)."""
+    name = request.match_info["name"]
+    body = await request.read()
+    doc = parse_json(body) if body.strip() else {}
+    parameters = doc.get("parameters", {}) if isinstance(doc, dict) else None
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"failed to load {name!r}: expected a JSON object with an optional "
+                         "'parameters' object")
+    unknown = sorted(set(parameters) - {"config"})
+    if unknown:
+        raise BadRequest(f"failed to load {name!r}: unsupported load parameter(s) "
+                         f"{', '.join(unknown)} (supported: config)")
+    await request.app[NODE].load_model(name, parameters.get("config"))
     return web.json_response({})
 
 

@@ -20,7 +20,7 @@ from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
-from agent.node import api_admin, api_tfserving, api_v2, reporter
+from agent.node import api_admin, api_tfserving, api_triton, api_v2, reporter
 from agent.node.node import Node
 from agent.node.routes import NODE
 
@@ -75,6 +75,7 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     app = web.Application(client_max_size=config.max_request_size,
                           middlewares=[errors_middleware, auth_middleware])
     app[NODE] = node or Node(config, **node_kwargs)
+    api_triton.add_routes(app)  # first: /v2/models/stats before /v2/models/{name}
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)

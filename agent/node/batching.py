@@ -39,6 +39,7 @@ import numpy as np
 from agent.backends.base import Backend, TensorSpec
 from agent.node.admission import Deadline, QueueState, Shed
 from agent.node.batch_tuner import BatchTuner
+from agent.node.stats import ModelStats
 
 log = logging.getLogger("edgeagent.batching")
 
@@ -113,11 +114,13 @@ class ModelBatcher:
     def __init__(self, name: str, backend: Backend, executor: Executor | None,
                  tuner: BatchTuner, *, batchable: bool, workers: int = 1,
                  clock: Callable[[], float],
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
+                 on_batch: Callable[[int, float], None] | None = None,
+                 stats: ModelStats | None = None) -> None:
         self.name, self.backend, self.executor, self.tuner = name, backend, executor, tuner
         self.batchable = batchable
         self.clock = clock
         self.on_batch = on_batch
+        self.stats = stats  # queue and compute times, executions (Triton's statistics)
         self.queue: list[Pending] = []
         self.queued_rows = 0
         # running batches: worker id (or the request run in place) -> (started, expected s)
@@ -332,9 +335,13 @@ class ModelBatcher:
             except Exception as exc:  # noqa: BLE001 - the request's answer
                 p.fail(exc)
                 return
-            self._observe(p.weight, self.clock() - started, full)
+            seconds = self.clock() - started
+            self._observe(p.weight, seconds, full)
+            if self.stats is not None:
+                self.stats.executed(p.weight, [started - p.enqueued], 0.0, seconds, 0.0)
             p.resolve(outputs)
             return
+        gathering = self.clock()
         merged = {name: np.concatenate([p.inputs[name] for p in batch])
                   for name in batch[0].inputs}
         started = self.clock()
@@ -357,7 +364,14 @@ class ModelBatcher:
                 await self._infer([p], False)
             return
         self._observe(sum(p.weight for p in batch), seconds, full)
-        offset = 0
+        splitting = self.clock()
+        offset, parts = 0, []
         for p in batch:
-            p.resolve({k: a[offset:offset + p.rows] for k, a in outputs.items()})
+            parts.append({k: a[offset:offset + p.rows] for k, a in outputs.items()})
             offset += p.rows
+        if self.stats is not None:
+            self.stats.executed(sum(p.weight for p in batch),
+                                [gathering - p.enqueued for p in batch],
+                                started - gathering, seconds, self.clock() - splitting)
+        for p, part in zip(batch, parts):
+            p.resolve(part)

@@ -54,7 +54,7 @@ from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendError, TensorSpec
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
-from agent.node.repository import ModelSpec
+from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")
@@ -282,7 +282,7 @@ class ModelCache:
         """The entry for ``name`` (default: highest version); ``UnknownModel`` if none."""
         spec = self.specs.get(name)
         if spec is None:
-            raise UnknownModel(f"unknown model {name!r}")
+            raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
             version = spec.default_version
             if version is None:
@@ -444,6 +444,12 @@ class ModelCache:
         finally:
             entry.task = None
 
+    def forget_failure(self, entry: Entry) -> None:
+        """Forget ``entry``'s failed load (a config override that was rolled back): the
+        next request loads it at once."""
+        if entry.state is State.FAILED:
+            entry.state, entry.error, entry.failed_at = State.UNLOADED, None, None
+
     def wait_bound(self, entry: Entry) -> float:
         """Seconds a load of ``entry`` may wait for room: its config, else the agent's."""
         own = entry.spec.config.load_wait_max_s
@@ -463,6 +469,9 @@ class ModelCache:
         backend = self.backend_factory(kind, entry.name, entry.version, entry.spec.path,
                                        entry.spec.config, self.footprints)
         loop = asyncio.get_running_loop()
+        if entry.spec.config.warmup is not None and entry.spec.config.warmup.explicit:
+            backend.warmup_sample, backend.warmup_source = await loop.run_in_executor(
+                None, read_warmup_sample, entry.spec)
         if backend.pool != "cpu":  # the CUDA context: the pool's overhead, set up once
             pool.memory.overhead = await loop.run_in_executor(self.load_executor,
                                                               backend.set_up_device)
@@ -516,7 +525,10 @@ class ModelCache:
         entry.backend, entry.state = backend, State.READY
         first_run = result.first_run_seconds
         entry.load_seconds = max(result.seconds - first_run, 0.0)
-        entry.first_run_seconds = first_run
+        if backend.warmed or not entry.first_run_seconds:
+            entry.first_run_seconds = first_run
+        else:  # no warm-up ran: the last cold first request stands for its first run
+            first_run = entry.first_run_seconds
         entry.metadata, entry.signature = backend.metadata(), list(backend.inputs)
         entry.loads += 1
         warm = self.warm_exec(entry)

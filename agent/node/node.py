@@ -21,9 +21,9 @@ from agent.httpauth import read_token
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
 from agent.node import state as statefile
-from agent.node.cache import CacheError, ModelCache
+from agent.node.cache import CacheError, ModelCache, ModelInvalid, State, UnknownModel
 from agent.node.metrics import Metrics
-from agent.node.repository import scan_repository
+from agent.node.repository import apply_override, scan_model, scan_repository
 from agent.node.serving import Serving
 
 log = logging.getLogger("edgeagent.node")
@@ -75,6 +75,9 @@ class Node:
         self.serving = Serving(self.cache, config, self.infer_executor)
         self.metrics = Metrics(self.cache, self.serving)
         self.admin_token = read_token(config.admin_token_file)
+        #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
+        #: applied over the repository's config at every rescan until a plain load.
+        self.overrides: dict[str, dict] = {}
         self.ready = False
         self._persist_task: asyncio.Task | None = None
         self._startup_task: asyncio.Task | None = None
@@ -144,11 +147,71 @@ class Node:
             log.warning("cannot write state file %s: %s", self.config.resident_state_path, exc)
 
     def rescan(self) -> None:
-        """Re-read the repository (index API, SIGHUP)."""
-        self.cache.update_specs(scan_repository(self.config.repository))
+        """Re-read the repository (index API, SIGHUP); loads' overrides stay applied."""
+        specs = scan_repository(self.config.repository)
+        for name, data in list(self.overrides.items()):
+            if name in specs and specs[name].error is None:
+                try:
+                    specs[name] = apply_override(specs[name], data)
+                    continue
+                except ValueError as exc:
+                    log.warning("%s: its load's config override no longer applies, "
+                                "dropped: %s", name, exc)
+            self.overrides.pop(name)
+        self.cache.update_specs(specs)
         self.serving.refresh(self.config)
         log.info("repository %s rescanned: %d model(s)", self.config.repository,
                  len(self.cache.specs))
+
+    async def load_model(self, name: str, override: str | None = None) -> None:
+        """The repository extension's load: (re)load ``name``, with ``override`` (a JSON
+        string in Triton's model config fields, ``parameters.config``) applied over its
+        repository config, or without (back to the repository's). A model whose config
+        changes is unloaded first. A malformed override, or one the model refuses at
+        load, is ``ModelInvalid`` (400) saying the model failed to load and why, with
+        the model's config and state as they were."""
+        from agent.validation import load_json
+
+        if name not in self.cache.specs:
+            raise UnknownModel(f"failed to load {name!r}: no such model in the repository")
+        data = None
+        if override is not None:
+            if not isinstance(override, str):
+                raise ModelInvalid(f"failed to load {name!r}: parameters.config must be a "
+                                   f"JSON string, got {type(override).__name__}")
+            try:
+                data = load_json(override)
+                apply_override(scan_model(self.config.repository / name), data)
+            except ValueError as exc:
+                raise ModelInvalid(f"failed to load {name!r}: parameters.config: "
+                                   f"{str(exc).removeprefix('parameters.config: ')}") from None
+        if self.overrides.get(name) == data:
+            await self.cache.ensure_loaded(name)
+            return
+        entry = self.cache.entry(name)
+        was_ready = entry.state is State.READY
+        old = self.overrides.get(name)
+        await self.cache.evict(name)  # ModelInUse (409) while in use: nothing changed
+        self._set_override(name, data)
+        try:
+            await self.cache.ensure_loaded(name)
+        except CacheError as exc:
+            if data is None:
+                raise
+            self._set_override(name, old)
+            self.cache.forget_failure(self.cache.entry(name))
+            if was_ready:
+                with contextlib.suppress(CacheError):
+                    await self.cache.ensure_loaded(name)
+            raise ModelInvalid(f"failed to load {name!r} with parameters.config: "
+                               f"{exc}") from None
+
+    def _set_override(self, name: str, data: dict | None) -> None:
+        if data is None:
+            self.overrides.pop(name, None)
+        else:
+            self.overrides[name] = data
+        self.rescan()
 
     def reload(self, config: AgentConfig) -> None:
         """Apply a re-read config (SIGHUP): budget, admin token, then rescan."""

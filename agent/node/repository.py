@@ -1,6 +1,8 @@
 """The model repository: ``<repo>/<model>/<version>/model.onnx|saved_model.pb``.
 
-A model directory may hold a ``config.yaml`` (see ``agent.config``). Versions are the
+A model directory may hold a ``config.yaml`` (see ``agent.config``) and a Triton
+``config.pbtxt`` (see ``agent.node.triton_config``: what maps onto the model config is
+applied, what cannot be honoured makes the model an error). Versions are the
 numeric subdirectories; the highest is served by default. A synthetic model is a
 directory with only a ``config.yaml`` (``backend: synthetic``) and gets version 1.
 A model whose config or layout is wrong is still listed, with ``error`` saying why, so
@@ -10,10 +12,12 @@ one bad directory never hides the others.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from agent.config import ConfigError, ModelConfig, load_model_config
+from agent.node import triton_config
 
 MODEL_FILES = {"onnx": "model.onnx", "tfserving": "saved_model.pb"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -57,6 +61,17 @@ def scan_model(model_dir: Path) -> ModelSpec:
     except ConfigError as exc:
         return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), None, str(exc))
     backend = config.backend or _infer_backend(model_dir, versions)
+    pbtxt = model_dir / "config.pbtxt"
+    if pbtxt.is_file():
+        where = f"{model_dir.name}/config.pbtxt"
+        try:
+            text = pbtxt.read_text(encoding="utf-8")
+            config = triton_config.apply(triton_config.parse_pbtxt(text, where), config,
+                                         model=model_dir.name, backend=backend, file=where,
+                                         conflicts=True)
+        except (ConfigError, OSError, UnicodeDecodeError) as exc:
+            return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), backend,
+                             str(exc))
     error = None
     if backend == "synthetic":
         versions = versions or (1,)
@@ -71,6 +86,47 @@ def scan_model(model_dir: Path) -> ModelSpec:
             error = (f"{model_dir}: version(s) {', '.join(map(str, missing))} lack "
                      f"{MODEL_FILES[backend]} (backend {backend})")
     return ModelSpec(model_dir.name, model_dir, versions, config, backend, error)
+
+
+def apply_override(spec: ModelSpec, data: Any) -> ModelSpec:
+    """``spec`` with a load's ``parameters.config`` (a parsed JSON object in Triton's
+    model config fields) applied over its repository config; ``ConfigError`` saying
+    why it cannot be, leaving ``spec`` as it was."""
+    where = "parameters.config"
+    message = triton_config.parse_json_config(data, where)
+    config = triton_config.apply(message, spec.config, model=spec.name, backend=spec.backend,
+                                 file=where, conflicts=False)
+    return replace(spec, config=config)
+
+
+def read_warmup_sample(spec: ModelSpec) -> tuple[dict | None, str]:
+    """(the warm-up inputs ``spec``'s config gives, decoded; where they come from, for
+    messages): a v2 request body in the model directory (``warmup: {file: F}``) or
+    inline v2 inputs (``warmup: {inputs: [...]}``); (None, ...) for the default.
+    ``BackendError`` naming the file and the problem when it cannot be read. Blocking."""
+    import json
+
+    from agent.backends.base import BackendError
+    from agent.node.tensors import decode_v2_request
+
+    option = spec.config.warmup
+    if option is None or not option.explicit:
+        return None, "warmup"
+    if option.file is not None:
+        where = f"{spec.name}/{option.file}"
+        try:
+            body = (spec.path / option.file).read_bytes()
+        except OSError as exc:
+            raise BackendError(f"{where}: cannot read the warm-up sample: "
+                               f"{exc.strerror}") from None
+    else:
+        where = f"{spec.name}/config.yaml: warmup.inputs"
+        body = json.dumps({"inputs": list(option.inputs)}).encode()
+    try:
+        inputs, _ = decode_v2_request(body, None)
+    except ValueError as exc:
+        raise BackendError(f"{where}: not a v2 inputs sample: {exc}") from None
+    return inputs, where
 
 
 def scan_repository(root: str | Path) -> dict[str, ModelSpec]:

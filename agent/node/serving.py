@@ -38,6 +38,7 @@ from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batc
 from agent.node.cache import CacheError, Entry, ModelCache, State
 from agent.node.latency_stats import LatencyWindow, RateMeter
 from agent.node.prediction_cache import PredictionCache, input_digest
+from agent.node.stats import ModelStats
 
 log = logging.getLogger("edgeagent.serving")
 
@@ -124,6 +125,9 @@ class ModelRuntime:
         self.workers_set = False  # changed through the admin API: config no longer rules
         self.batcher: ModelBatcher | None = None
         self.prediction_cache: PredictionCache | None = None
+        self.stats = ModelStats()  # Triton's statistics extension (agent.node.stats)
+        #: Loaded without a warm-up run: its first batch is the cold first run.
+        self.cold_entry: Entry | None = None
 
     def configure(self, settings: ServingSettings) -> None:
         self.settings = settings
@@ -141,6 +145,8 @@ class ModelRuntime:
     def on_batch(self, rows: int, seconds: float) -> None:
         self.batches += 1
         self.batch_rows += rows
+        if self.cold_entry is not None:  # its reload penalty's first run, from now on
+            self.cold_entry.first_run_seconds, self.cold_entry = seconds, None
 
     def record(self, seconds: float) -> None:
         self.served += 1
@@ -219,7 +225,8 @@ class Serving:
                                                                  backend.outputs)
         rt.batcher = ModelBatcher(entry.key, backend, self.executor, rt.tuner,
                                   batchable=batchable, workers=rt.workers, clock=self.clock,
-                                  on_batch=rt.on_batch)
+                                  on_batch=rt.on_batch, stats=rt.stats)
+        rt.cold_entry = None if backend.warmed else entry
         log.info("serving %s: %s, SLO %.0f ms (p%g), %d worker(s), queue bound %d%s",
                  entry.key, f"batched up to {rt.settings.max_batch_size}" if batchable
                  else "not batched", rt.settings.slo * 1000, rt.settings.percentile,
@@ -266,17 +273,41 @@ class Serving:
                 inputs = prepare(entry)
                 params = backend_parameters(parameters)
                 pc = rt.prediction_cache
+                hit = False
                 if pc is None:
                     outputs = await self._queue(rt, inputs, params, deadline, cold)
                 else:
-                    outputs, _ = await pc.get_or_compute(
+                    outputs, hit = await pc.get_or_compute(
                         input_digest(inputs, params),
                         lambda: self._queue(rt, inputs, params, deadline, cold))
+                    if not hit:
+                        rt.stats.cache_miss(self.clock() - arrived)
         except Shed as exc:
             rt.drops[exc.reason] += 1
+            rt.stats.failed(self.clock() - arrived)
+            raise
+        except Exception:
+            rt.stats.failed(self.clock() - arrived)
             raise
         rt.record(self.clock() - arrived)
+        rt.stats.succeeded(rows_of(inputs), self.clock() - arrived, cache_hit=hit)
         return entry, outputs
+
+    def count_failure(self, name: str, version: int | None, arrived: float) -> None:
+        """Count a request for a known model that failed before ``infer`` (its input
+        did not fit the model's signature) in the model's statistics."""
+        try:
+            entry = self.cache.entry(name, version)
+        except CacheError:
+            return
+        self.runtime(entry).stats.failed(self.clock() - arrived)
+
+    def statistics(self, entry: Entry) -> dict[str, Any]:
+        """The model version's ``model_stats`` element (Triton's statistics extension)."""
+        return self.runtime(entry).stats.as_json(entry.name, entry.version)
+
+    def has_runtime(self, entry: Entry) -> bool:
+        return (entry.name, entry.version) in self.runtimes
 
     def _check_cold(self, entry: Entry, rt: ModelRuntime, deadline: Deadline,
                     rows: int) -> None:
