@@ -92,6 +92,7 @@ _MODEL_SCHEMA = {
     "max_batch_size": _num(0, integer=True),
     "batching": _BATCHING_SCHEMA,
     "max_queue": _num(1, integer=True),
+    "max_request_rows": _num(1, integer=True),
     "prediction_cache": _PREDICTION_CACHE_SCHEMA,
     "pin": _bool,
     "cold_start": _choice(*COLD_START),
@@ -197,6 +198,7 @@ class ModelConfig:
     max_batch_size: int | None = None  # 0 or 1: never batched
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     max_queue: int | None = None
+    max_request_rows: int | None = None  # rows per request; None: the server's
     prediction_cache: PredictionCacheOptions = field(default_factory=PredictionCacheOptions)
     pin: bool = False
     cold_start: str | None = None         # serve | reject; None: the server's
@@ -229,6 +231,7 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         max_batch_size=d.get("max_batch_size"),
         batching=BatchingOptions(**d.get("batching", {})),
         max_queue=d.get("max_queue"),
+        max_request_rows=d.get("max_request_rows"),
         prediction_cache=PredictionCacheOptions(**d.get("prediction_cache", {})),
         pin=d.get("pin", False),
         cold_start=d.get("cold_start"),
@@ -263,6 +266,9 @@ _AGENT_SCHEMA = {
     "admin_token_file": _str,
     "max_request_size": _size,
     "load_concurrency": _num(1, integer=True),
+    "max_request_rows": _num(1, integer=True),
+    "max_tensor_bytes": _size,
+    "read_timeout_s": _num(0, strict_lo=True),
     "infer_threads": _num(1, integer=True),
     "restore": _bool,
     "drain_seconds": _num(0),
@@ -349,6 +355,11 @@ class AgentConfig:
     max_request_size: int = 64 * 2**20
     load_concurrency: int = 1  # loads at once: each holds its peak; windows measure cleanly
     infer_threads: int = max(2, os.cpu_count() or 2)
+    # Rows per request; None: REQUEST_ROWS_FACTOR x the model's max_batch_size, at
+    # least MIN_REQUEST_ROWS (agent.node.serving.resolve_settings).
+    max_request_rows: int | None = None
+    max_tensor_bytes: int = 256 * 2**20  # decoded input tensors of one request, in all
+    read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
     restore: bool = True
     drain_seconds: float = 30.0
     log_level: str = "info"

@@ -1,4 +1,7 @@
-"""Running a server: its main coroutine on the fastest event loop, its HTTP listener."""
+"""Running a server: its main coroutine on the fastest event loop, its HTTP listener, and
+its read timeouts (``header_timeout_args``, ``body_timeout_middleware``: a client that
+sends its request slowly, or half of it, does not hold a connection past
+``read_timeout_s``)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import asyncio
 import os
 from collections.abc import Coroutine
 from typing import Any
+
+from agent.errors import json_error
 
 
 def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
@@ -34,3 +39,37 @@ async def listen(app: Any, host: str, port: int, **runner_kwargs: Any) -> tuple[
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
     return runner, f"http://{host}:{bound}"
+
+
+def header_timeout_args(seconds: float) -> dict[str, Any]:
+    """``web.Application(handler_args=...)`` for a header read timeout of ``seconds``:
+    aiohttp closes a connection whose next request's headers have not all arrived
+    ``seconds`` after it opened or after its last answer (its keep-alive timer, which
+    partial headers do not reset; an idle keep-alive connection closes after as long).
+    After an answer to a request whose body was not all read (a 408, a 413), aiohttp
+    drains the rest for at most as long (its lingering time, 10 s by default) before it
+    closes the connection."""
+    return {"keepalive_timeout": seconds, "lingering_time": min(seconds, 10.0)}
+
+
+def body_timeout_middleware(seconds: float) -> Any:
+    """An aiohttp middleware that reads each request's body within ``seconds`` of its
+    headers, else answers 408 and closes the connection. The handler's
+    ``request.read()`` then returns the body already read (aiohttp keeps it); a body
+    over the app's ``client_max_size`` raises aiohttp's 413 here, as it would there."""
+    from aiohttp import web
+
+    @web.middleware
+    async def read_body_in_time(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(seconds):
+                    await request.read()
+            except TimeoutError:
+                response = json_error(408, f"request body not received within {seconds:g} s "
+                                           "of its headers (read_timeout_s)")
+                response.force_close()
+                return response
+        return await handler(request)
+
+    return read_body_in_time

@@ -45,6 +45,7 @@ _SCHEMA = {
     "node_timeout_s": number(0, strict_lo=True),
     "log_level": choice("debug", "info", "warning", "error"),
     "node_types": node_types_option,
+    "read_timeout_s": number(0, strict_lo=True),
 }
 
 
@@ -71,6 +72,7 @@ class CoordinatorConfig:
     log_level: str = "info"
     # the instance catalogue for sizing and provisioning: kind -> price, max count, ...
     node_types: dict[str, NodeType] = field(default_factory=dict)
+    read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
 
     @property
     def database(self) -> Path:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agent.backends.base import check_inputs
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref
-from agent.node.tensors import decode_tf_request, encode_tf_response, json_object
+from agent.node.tensors import check_tf_size, decode_tf_checked, encode_tf_body, json_object
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
               State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
@@ -19,23 +18,30 @@ async def predict(request: web.Request) -> web.Response:
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
-    body = json_object(await request.read())  # malformed JSON never causes a load
+    raw = await request.read()
+    limits = node.serving.request_limits(name, version)
     known = node.cache.entry(name, version).signature
+    body: dict | None = None
     inputs, style = None, "row"
     if known is not None:  # reject bad input before it can cause a load
-        inputs, style = decode_tf_request(body, known)
-        check_inputs(known, inputs)
+        inputs, style = await node.decoder.run(len(raw), decode_tf_checked, raw, known, limits)
+    else:  # malformed JSON, or too many rows, never cause a load
+        body = await node.decoder.run(min(len(raw), node.decoder.process_bytes),
+                                      json_object, raw)
+        check_tf_size(body, None, limits)
 
     def prepare(entry: Entry) -> dict:
         nonlocal inputs, style
         if inputs is None or entry.backend.inputs != known:
-            inputs, style = decode_tf_request(body, entry.backend.inputs)
-            check_inputs(entry.backend.inputs, inputs)
+            inputs, style = decode_tf_checked(raw if body is None else body,
+                                              entry.backend.inputs, limits)
         return inputs
 
     _, results = await node.serving.infer(name, version, prepare, {}, arrived=arrived,
                                           rows=rows_of(inputs) if inputs else 1)
-    return web.json_response(encode_tf_response(results, style))
+    out = await node.decoder.run(sum(a.nbytes for a in results.values()), encode_tf_body,
+                                 results, style)
+    return web.Response(body=out, content_type="application/json")
 
 
 async def status(request: web.Request) -> web.Response:

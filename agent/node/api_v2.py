@@ -66,7 +66,9 @@ async def infer(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     body = await request.read()
-    inputs, meta = decode_v2_request(body, header_length)
+    limits = node.serving.request_limits(name, version)
+    inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
+                                          limits)
     known = node.cache.entry(name, version).signature
     if known is not None:  # reject bad input before it can cause a load
         try:
@@ -83,7 +85,9 @@ async def infer(request: web.Request) -> web.Response:
     entry, results = await node.serving.infer(name, version, prepare, meta["parameters"],
                                               arrived=arrived, timeout=timeout,
                                               rows=rows_of(inputs))
-    out, header_len = encode_v2_response(name, entry.version, results, meta)
+    out, header_len = await node.decoder.run(sum(a.nbytes for a in results.values()),
+                                             encode_v2_response, name, entry.version,
+                                             results, meta)
     if header_len is None:
         return web.Response(body=out, content_type="application/json")
     return web.Response(body=out, content_type="application/octet-stream",

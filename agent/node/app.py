@@ -18,6 +18,7 @@ from aiohttp import web
 from agent.config import AgentConfig
 from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
+from agent.eventloop import body_timeout_middleware, header_timeout_args
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
 from agent.node import api_admin, api_tfserving, api_triton, api_v2, reporter
@@ -73,7 +74,9 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     """The agent's app for ``config``. ``node_kwargs`` (budgets, clock, backend_factory)
     are passed to ``Node`` for tests and benchmarks."""
     app = web.Application(client_max_size=config.max_request_size,
-                          middlewares=[errors_middleware, auth_middleware])
+                          handler_args=header_timeout_args(config.read_timeout_s),
+                          middlewares=[errors_middleware, auth_middleware,
+                                       body_timeout_middleware(config.read_timeout_s)])
     app[NODE] = node or Node(config, **node_kwargs)
     api_triton.add_routes(app)  # first: /v2/models/stats before /v2/models/{name}
     api_v2.add_routes(app)

@@ -25,6 +25,7 @@ from agent.node.cache import CacheError, ModelCache, ModelInvalid, State, Unknow
 from agent.node.metrics import Metrics
 from agent.node.repository import apply_override, scan_model, scan_repository
 from agent.node.serving import Serving
+from agent.node.tensors import Decoder
 
 log = logging.getLogger("edgeagent.node")
 
@@ -74,6 +75,8 @@ class Node:
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
         self.metrics = Metrics(self.cache, self.serving)
+        #: Decodes large request bodies off the event loop (thread or child process).
+        self.decoder = Decoder()
         self.admin_token = read_token(config.admin_token_file)
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.
@@ -246,3 +249,4 @@ class Node:
         await self.cache.close()
         await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
         self.infer_executor.shutdown(wait=False, cancel_futures=True)
+        self.decoder.close()

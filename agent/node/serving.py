@@ -39,6 +39,7 @@ from agent.node.cache import CacheError, Entry, ModelCache, State
 from agent.node.latency_stats import LatencyWindow, RateMeter
 from agent.node.prediction_cache import PredictionCache, input_digest
 from agent.node.stats import ModelStats
+from agent.node.tensors import Limits
 
 log = logging.getLogger("edgeagent.serving")
 
@@ -62,6 +63,14 @@ class ServingSettings:
     prediction_cache: bool
     prediction_cache_bytes: int
     cold_start: str = "serve"
+    max_request_rows: int = 2048
+
+
+#: Rows one request may carry when neither the model nor the agent sets
+#: ``max_request_rows``: this many times the model's ``max_batch_size``, at least
+#: ``MIN_REQUEST_ROWS`` (a request is split into batches, but decoded whole).
+REQUEST_ROWS_FACTOR = 64
+MIN_REQUEST_ROWS = 1024
 
 
 def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
@@ -88,7 +97,9 @@ def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
         workers=pick(b.workers, sb.workers),
         prediction_cache=bool(pick(pc.enabled, spc.enabled)),
         prediction_cache_bytes=pick(pc.max_bytes, spc.max_bytes),
-        cold_start=pick(model.cold_start, agent.cold_start))
+        cold_start=pick(model.cold_start, agent.cold_start),
+        max_request_rows=pick(model.max_request_rows, agent.max_request_rows)
+        or max(REQUEST_ROWS_FACTOR * max_batch, MIN_REQUEST_ROWS))
 
 
 #: The largest ``timeout`` parameter (microseconds, about 11.6 days): beyond it a
@@ -205,6 +216,16 @@ class Serving:
             rt = ModelRuntime(entry.key, resolve_settings(entry.spec.config, self.config))
             self.runtimes[(entry.name, entry.version)] = rt
         return rt
+
+    def request_limits(self, name: str, version: int | None) -> Limits:
+        """What one request for ``name`` may decode to: the model's ``max_request_rows``
+        and the agent's ``max_tensor_bytes`` (the agent's defaults for a model it does
+        not know: that request answers 404 once decoded)."""
+        try:
+            rows = self.runtime(self.cache.entry(name, version)).settings.max_request_rows
+        except CacheError:
+            rows = resolve_settings(ModelConfig(), self.config).max_request_rows
+        return Limits(max_rows=rows, max_bytes=self.config.max_tensor_bytes)
 
     def refresh(self, config: AgentConfig | None = None) -> None:
         """Re-resolve every runtime's settings (SIGHUP, rescan)."""

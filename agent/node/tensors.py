@@ -6,11 +6,15 @@ Decoders raise ``BadRequest`` naming the problem; nothing here touches models.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
 import struct
-from typing import Any
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -19,12 +23,90 @@ try:  # several times faster than json at writing an infer response
 except ImportError:  # pragma: no cover - a declared dependency; json is the fallback
     orjson = None
 
-from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, datatype_of
+from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs, datatype_of
+from agent.errors import AgentError
 from agent.validation import load_json
 
 
 class BadRequest(InvalidInput):
     """The request body is malformed (a 400)."""
+
+
+class TooLarge(BadRequest):
+    """The request would decode to more than its limits allow (a 413)."""
+
+    status = 413
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may decode to, checked from its declared shapes before any
+    tensor is built: ``max_rows`` rows (first dimension) per input and ``max_bytes``
+    of tensor data in all (None: unlimited)."""
+
+    max_rows: int | None = None
+    max_bytes: int | None = None
+
+    def check(self, name: str, rows: int, nbytes: int, total: int) -> None:
+        """TooLarge when input ``name`` (``rows`` rows, ``nbytes``) breaks a limit, or
+        brings the request's tensors to ``total`` bytes past ``max_bytes``."""
+        if self.max_rows is not None and rows > self.max_rows:
+            raise TooLarge(f"input {name!r}: {rows} rows, over the limit of {self.max_rows} "
+                           "rows per request (max_request_rows): split the request")
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise TooLarge(f"input {name!r}: the request's tensors take {total} bytes, over "
+                           f"the limit of {self.max_bytes} bytes (max_tensor_bytes)")
+
+
+NO_LIMITS = Limits()
+
+T = TypeVar("T")
+
+
+class DecoderLost(AgentError):
+    """The decoding child process died mid-request (killed, out of memory): a 503; the
+    next large request starts a new one."""
+
+    status = 503
+    retry_after = 1.0
+
+
+class Decoder:
+    """Runs a decode (or an encode) where it does not stall the event loop, by the size
+    of what it reads: here up to ``thread_bytes`` (a hop costs more than a small
+    decode), on a thread up to ``process_bytes``, above that in a child process. The
+    JSON parse and numpy's reading of nested lists hold the GIL throughout (about a
+    second for 20 MB of numbers), so on a thread they would still stall every other
+    request; in the child they do not, and the parse's millions of Python objects
+    never enter the agent's memory: only the body goes there and the arrays come back.
+    One child, started on first use ("spawn": the agent has threads), decodes one large
+    body at a time. ``fn`` must be a module-level function (it is pickled)."""
+
+    def __init__(self, thread_bytes: int = 256 * 2**10, process_bytes: int = 4 * 2**20
+                 ) -> None:
+        self.thread_bytes, self.process_bytes = thread_bytes, process_bytes
+        self._pool: Any = None
+
+    async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, where ``size`` (bytes read or written) says."""
+        if size <= self.thread_bytes:
+            return fn(*args)
+        if size <= self.process_bytes:
+            return await asyncio.to_thread(fn, *args)
+        if self._pool is None:
+            import multiprocessing
+
+            self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except BrokenProcessPool:
+            self._pool = None
+            raise DecoderLost("the process decoding large requests died; retry") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 def parse_json(body: bytes) -> Any:
@@ -137,9 +219,10 @@ def _flatten(data: Any, name: str) -> list:
     return out
 
 
-def decode_v2_request(body: bytes, header_length: int | None
+def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = NO_LIMITS
                       ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(inputs by name, the request JSON minus input data) from an OIP v2 infer body."""
+    """(inputs by name, the request JSON minus input data) from an OIP v2 infer body;
+    ``limits`` are checked from each input's declared shape before its data is read."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise BadRequest("Inference-Header-Content-Length exceeds the body")
@@ -153,7 +236,7 @@ def decode_v2_request(body: bytes, header_length: int | None
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     inputs: dict[str, np.ndarray] = {}
-    offset = 0
+    offset = total = 0
     for tensor in raw_inputs:
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
             raise BadRequest("each input must be an object with a string 'name'")
@@ -169,13 +252,18 @@ def decode_v2_request(body: bytes, header_length: int | None
         if not isinstance(tparams, dict):
             raise BadRequest(f"input {name!r}: 'parameters' must be an object")
         size = tparams.get("binary_data_size")
+        count = math.prod(shape)
+        # BYTES: the binary data sent, or a pointer per element
+        nbytes = size if datatype == "BYTES" and isinstance(size, int) \
+            else count * DATATYPES[datatype].itemsize
+        total += nbytes
+        limits.check(name, shape[0] if shape else 1, nbytes, total)
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise BadRequest(f"input {name!r}: binary_data_size {size!r} exceeds the "
                                  "binary data sent")
             raw = bytes(binary[offset:offset + size])
             offset += size
-            count = math.prod(shape)
             if datatype == "BYTES":
                 array = _from_bytes_elements(raw, count, name).reshape(shape)
             else:
@@ -240,13 +328,13 @@ def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
     passthrough = {k: v for k, v in params.items() if k != "binary_data_output"}
     if passthrough:
         doc["parameters"] = passthrough
-    header = _dumps(doc)
+    header = dumps(doc)
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
 
 
-def _dumps(doc: dict[str, Any]) -> bytes:
+def dumps(doc: Any) -> bytes:
     """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it. orjson
     where its output means the same: it writes NaN and infinities as null and non-ASCII
     unescaped, so any output holding a null or a non-ASCII byte (and anything orjson
@@ -296,11 +384,72 @@ def _tf_value(value: Any, spec: TensorSpec, what: str) -> np.ndarray:
     return array.astype(DATATYPES[spec.datatype])
 
 
-def decode_tf_request(body: bytes | dict[str, Any], specs: list[TensorSpec]
-                      ) -> tuple[dict[str, np.ndarray], str]:
+def _nested_shape(value: Any) -> tuple[int, ...]:
+    """The shape nested lists declare, read along their first elements (ragged lists
+    are refused later, when numpy reads them)."""
+    shape = []
+    while isinstance(value, list):
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return tuple(shape)
+
+
+def check_tf_size(doc: dict[str, Any], specs: list[TensorSpec] | None,
+                  limits: Limits) -> None:
+    """TooLarge when a TF Serving body's tensors, by the shapes their nested lists
+    declare, break ``limits`` (bytes at each input's datatype; with no ``specs``, the
+    model not loaded yet, only rows are checked)."""
+    by_name = {s.name: s for s in specs or ()}
+    columns: dict[str, Any] = {}
+    rows = doc.get("instances")
+    if isinstance(rows, list):
+        if rows and all(isinstance(r, dict) for r in rows):
+            columns = {n: [r.get(n) for r in rows[:1]] for n in rows[0]}
+            lengths = {n: len(rows) for n in columns}
+        else:
+            columns, lengths = {"instances": rows}, {"instances": len(rows)}
+    elif isinstance(doc.get("inputs"), dict):
+        columns = doc["inputs"]
+        lengths = {n: len(v) if isinstance(v, list) else 1 for n, v in columns.items()}
+    elif "inputs" in doc:
+        columns = {"inputs": doc["inputs"]}
+        lengths = {"inputs": len(doc["inputs"]) if isinstance(doc["inputs"], list) else 1}
+    total = 0
+    for n, value in columns.items():
+        spec = by_name.get(n) or (specs[0] if specs and len(specs) == 1 else None)
+        rows_n = lengths[n]
+        nbytes = 0
+        if spec is not None:
+            shape = _nested_shape(value)
+            per_row = math.prod(shape[1:]) if shape else 1
+            nbytes = rows_n * per_row * DATATYPES[spec.datatype].itemsize
+        total += nbytes
+        limits.check(spec.name if spec is not None else n, rows_n, nbytes, total)
+
+
+def decode_tf_checked(body: bytes | dict[str, Any], specs: list[TensorSpec],
+                      limits: Limits = NO_LIMITS) -> tuple[dict[str, np.ndarray], str]:
+    """``decode_tf_request``, then the inputs checked against ``specs``
+    (``check_inputs``): all a predict needs before the model runs, in one call."""
+    inputs, style = decode_tf_request(body, specs, limits)
+    check_inputs(specs, inputs)
+    return inputs, style
+
+
+def encode_tf_body(results: dict[str, np.ndarray], style: str) -> bytes:
+    """The JSON body of a TF Serving answer (``encode_tf_response``, then ``dumps``)."""
+    return dumps(encode_tf_response(results, style))
+
+
+def decode_tf_request(body: bytes | dict[str, Any], specs: list[TensorSpec],
+                      limits: Limits = NO_LIMITS) -> tuple[dict[str, np.ndarray], str]:
     """(inputs, "row" or "columnar") from a TF Serving ``:predict`` body (its bytes, or
-    the JSON object already parsed by ``json_object``)."""
+    the JSON object already parsed by ``json_object``); ``limits`` are checked from the
+    shapes its lists declare before any tensor is built."""
     doc = body if isinstance(body, dict) else _json_object(body)
+    check_tf_size(doc, specs, limits)
     by_name = {s.name: s for s in specs}
     has_rows, has_cols = "instances" in doc, "inputs" in doc
     if has_rows == has_cols:

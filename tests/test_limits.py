@@ -1,0 +1,227 @@
+"""Bounded requests and read timeouts (issue 13), against a real agent (ONNX MLP) and a
+real coordinator on 127.0.0.1: rows per request and decoded tensor bytes refused with
+413 from the declared shapes (before any tensor is built, before any load), large bodies
+decoded off the event loop (health answers meanwhile), slow clients cut off."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agent.node.tensors import BadRequest, Decoder, DecoderLost, Limits, decode_v2_request
+from tests.conftest import add_mlp
+from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
+from tests.test_node_api import _v2
+
+
+def _rows(n: int) -> dict:
+    return _v2([[1.0, 2.0, 3.0, 4.0]] * n, shape=(n, 4))
+
+
+def _cache(agent) -> list:
+    return [(e["name"], e["state"]) for e in agent.request("GET", "/v1/cache")[2]]
+
+
+@pytest.fixture
+def agent(repo, start_agent):
+    add_mlp(repo, "mlp")
+    return start_agent(repo)
+
+
+# -- rows and bytes per request --------------------------------------------------------
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_40000_rows_are_refused_with_413_naming_the_limit(agent, warm):
+    if warm:
+        assert agent.request("POST", "/v2/repository/models/mlp/load")[0] == 200
+    before = _cache(agent)
+    status, _, reply = agent.request("POST", "/v2/models/mlp/infer", _rows(40_000))
+    # the default: 64 x the model's max_batch_size (the server's 32)
+    assert status == 413, reply
+    assert "40000 rows" in reply["error"] and "2048 rows per request" in reply["error"]
+    assert "max_request_rows" in reply["error"]
+    assert _cache(agent) == before  # nothing loaded by a refused request
+    status, _, reply = agent.request("POST", "/v1/models/mlp:predict",
+                                     {"instances": [[1, 2, 3, 4]] * 40_000})
+    assert status == 413 and "2048 rows per request" in reply["error"], reply
+    status, _, reply = agent.request("POST", "/v1/models/mlp:predict",
+                                     {"inputs": {"X": [[1, 2, 3, 4]] * 40_000}})
+    assert status == 413 and "40000 rows" in reply["error"], reply
+    assert _cache(agent) == before
+    status, _, reply = agent.request("POST", "/v2/models/mlp/infer", _rows(2048))
+    assert status == 200 and reply["outputs"][0]["shape"] == [2048, 2]
+
+
+def test_max_request_rows_per_model_and_per_agent(repo, start_agent):
+    add_mlp(repo, "small", config={"max_request_rows": 10})
+    add_mlp(repo, "other")
+    agent = start_agent(repo, max_request_rows=5)
+    assert agent.request("POST", "/v2/models/small/infer", _rows(10))[0] == 200
+    status, _, reply = agent.request("POST", "/v2/models/small/infer", _rows(11))
+    assert status == 413 and "limit of 10 rows" in reply["error"]
+    status, _, reply = agent.request("POST", "/v2/models/other/infer", _rows(6))
+    assert status == 413 and "limit of 5 rows" in reply["error"]
+    assert agent.request("POST", "/v1/models/other:predict",
+                         {"instances": [[1, 2, 3, 4]] * 5})[0] == 200
+
+
+def test_max_tensor_bytes_from_the_declared_shape(repo, start_agent):
+    add_mlp(repo, "mlp")
+    agent = start_agent(repo, max_tensor_bytes=1000, max_request_rows=10**6)
+    assert agent.request("POST", "/v2/models/mlp/infer", _rows(62))[0] == 200  # 992 bytes
+    status, _, reply = agent.request("POST", "/v2/models/mlp/infer", _rows(63))
+    assert status == 413 and "1008 bytes" in reply["error"] \
+        and "max_tensor_bytes" in reply["error"], reply
+    # a shape declaring 4 GB in one row with 16 bytes of binary data: refused from the shape
+    header = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 10**9],
+                                     "parameters": {"binary_data_size": 16}}]}).encode()
+    status, _, reply = agent.request(
+        "POST", "/v2/models/mlp/infer", header + struct.pack("<4f", 1, 2, 3, 4),
+        headers={"Inference-Header-Content-Length": str(len(header))})
+    assert status == 413 and "max_tensor_bytes" in reply["error"], reply
+    agent.request("POST", "/v2/repository/models/mlp/load")  # TF: bytes need the signature
+    status, _, reply = agent.request("POST", "/v1/models/mlp:predict",
+                                     {"instances": [[1, 2, 3, 4]] * 63})
+    assert status == 413 and "1008 bytes" in reply["error"], reply
+
+
+def test_limits_are_checked_before_the_data_is_read():
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP64", "shape": [3, 2],
+                                   "data": "not even a list"}]}).encode()
+    with pytest.raises(BadRequest) as err:
+        decode_v2_request(body, None, Limits(max_rows=2))
+    assert err.value.status == 413 and "3 rows" in str(err.value)
+    with pytest.raises(BadRequest) as err:
+        decode_v2_request(body, None, Limits(max_bytes=47))
+    assert err.value.status == 413 and "48 bytes" in str(err.value)
+    with pytest.raises(BadRequest) as err:  # within the limits: the data's own error
+        decode_v2_request(body, None, Limits(max_rows=3, max_bytes=48))
+    assert err.value.status == 400
+
+
+# -- decoding off the event loop --------------------------------------------------------
+
+
+def test_decoder_runs_inline_on_a_thread_or_in_a_child_process():
+    body = json.dumps(_rows(3)).encode()
+    inline = decode_v2_request(body, None)[0]["X"]
+
+    async def run_all():
+        decoder = Decoder(thread_bytes=10, process_bytes=len(body) - 1)
+        try:
+            here = await Decoder().run(len(body), decode_v2_request, body, None)
+            thread = await Decoder(thread_bytes=0).run(len(body), decode_v2_request, body, None)
+            child = await decoder.run(len(body), decode_v2_request, body, None)
+            with pytest.raises(BadRequest) as err:  # the child's error, as it raised it
+                await decoder.run(len(body), decode_v2_request, body, None, Limits(max_rows=2))
+            assert err.value.status == 413
+            with pytest.raises(DecoderLost):  # a child that dies: 503, then a new child
+                await decoder.run(len(body), os._exit, 3)
+            again = await decoder.run(len(body), decode_v2_request, body, None)
+            return here, thread, child, again
+        finally:
+            decoder.close()
+
+    import asyncio
+
+    for inputs, _ in asyncio.run(run_all()):
+        np.testing.assert_array_equal(inputs["X"], inline)
+        assert inputs["X"].dtype == np.float32
+
+
+def test_health_answers_while_a_30_mb_body_is_decoded(repo, start_agent):
+    add_mlp(repo, "mlp")
+    agent = start_agent(repo, max_request_rows=10**7)
+    n = 1_400_000
+    body = json.dumps(_rows(n)).encode()
+    assert len(body) > 30e6
+    result = {}
+
+    def big():  # the answer is read, not parsed: the agent shares this process's GIL
+        import urllib.request
+
+        req = urllib.request.Request(agent.url + "/v2/models/mlp/infer", data=body)
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            result["status"], result["size"] = resp.status, len(resp.read())
+
+    agent.request("POST", "/v2/repository/models/mlp/load")
+    worst, polls = 0.0, 0
+    thread = threading.Thread(target=big)
+    thread.start()
+    while thread.is_alive():
+        started = time.perf_counter()
+        assert agent.request("GET", "/v2/health/ready")[0] == 200
+        worst = max(worst, time.perf_counter() - started)
+        polls += 1
+        time.sleep(0.02)
+    thread.join()
+    assert result["status"] == 200
+    # a generous bound for a busy 2-core box; bench/reliability.py prints the real figure
+    assert polls >= 5 and worst < 0.5, (polls, worst)
+
+
+# -- read timeouts ----------------------------------------------------------------------
+
+
+def _connect(server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def _half_header_is_cut_off(server, path: bytes) -> float:
+    with _connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConte")
+        assert _read_all(sock) == b""  # closed, nothing answered
+        return time.monotonic() - started
+
+
+def _slow_body_is_408(server, path: bytes) -> dict:
+    with _connect(server) as sock:
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"in")
+        reply = _read_all(sock)  # the answer, then the connection closes
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply
+    return json.loads(payload)
+
+
+def test_agent_read_timeouts(repo, start_agent):
+    add_mlp(repo, "mlp")
+    agent = start_agent(repo, read_timeout_s=1.0)
+    took = _half_header_is_cut_off(agent, b"/v2/models/mlp/infer")
+    assert 0.9 <= took < 4, took
+    reply = _slow_body_is_408(agent, b"/v2/models/mlp/infer")
+    assert "not received within 1 s" in reply["error"]
+    # a client that sends in time is served, also after a pause shorter than the limit
+    with _connect(agent) as sock:
+        body = json.dumps(_rows(1)).encode()
+        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        time.sleep(0.5)
+        sock.sendall(body[10:])
+        assert _read_all(sock).startswith(b"HTTP/1.1 200")
+    assert agent.request("POST", "/v2/models/mlp/infer", _rows(1))[0] == 200
+
+
+def test_coordinator_read_timeouts(start_coordinator):  # noqa: F811
+    co = start_coordinator(read_timeout_s=1.0)
+    took = _half_header_is_cut_off(co, b"/v1/nodes/n1/report")
+    assert 0.9 <= took < 4, took
+    assert "read_timeout_s" in _slow_body_is_408(co, b"/v1/nodes/n1/report")["error"]
+    assert co.request("GET", "/v1/health")[0] == 200
