@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ run: $(RUN_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
+
+# The gRPC modules in agent/node/protos/ (committed): regenerated from the .proto by the
+# pinned grpcio-tools in a throwaway venv (see agent/node/protos/regenerate.py).
+GRPC_TOOLS ?= grpcio-tools==1.75.1
+protos:
+	rm -rf build/protoc-venv
+	$(PYTHON) -m venv build/protoc-venv
+	build/protoc-venv/bin/python -m pip install -q "$(GRPC_TOOLS)"
+	build/protoc-venv/bin/python -m agent.node.protos.regenerate
+	rm -rf build/protoc-venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info

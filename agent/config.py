@@ -256,6 +256,7 @@ def load_model_config(path: Path) -> ModelConfig:
 _AGENT_SCHEMA = {
     "host": _str,
     "port": _num(0, 65535, integer=True),
+    "grpc_port": _num(0, 65535, integer=True),
     "repository": _str,
     "data_dir": _str,
     "state_file": _str,
@@ -344,6 +345,7 @@ class AgentConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001  # KServe v2 gRPC (Triton's port); 0: no gRPC endpoint
     repository: Path | None = None
     data_dir: Path = field(default_factory=default_data_dir)
     state_file: Path | None = None

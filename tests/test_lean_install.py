@@ -49,7 +49,8 @@ def test_serve_onnx_without_tensorflow(repo, tmp_path):
         [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
-         "--port", "0", "--data-dir", str(tmp_path / "data"), "--cpu-budget", "200MB"],
+         "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "data"),
+         "--cpu-budget", "200MB"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()

@@ -21,8 +21,8 @@ EDGEAGENT = [str(Path(sys.executable).with_name("edgeagent"))]
 class Agent:
     def __init__(self, repo, data_dir, *extra, env=None):
         self.proc = subprocess.Popen(
-            EDGEAGENT + ["serve", "--repository", str(repo), "--port", "0", "--data-dir",
-                         str(data_dir), "--cpu-budget", "500MB", *extra],
+            EDGEAGENT + ["serve", "--repository", str(repo), "--port", "0", "--grpc-port", "0",
+                         "--data-dir", str(data_dir), "--cpu-budget", "500MB", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()

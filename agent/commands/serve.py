@@ -94,6 +94,15 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     node = app[NODE]
     runner, url = await listen(app, config.host, config.port,
                                shutdown_timeout=config.drain_seconds)
+    grpc_server = None
+    if config.grpc_port:  # KServe v2 gRPC on the same event loop, over the same node
+        from agent.node.grpc_v2 import start_grpc
+
+        try:
+            grpc_server = await start_grpc(node, config.host, config.grpc_port)
+        except OSError:
+            await runner.cleanup()
+            raise
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -115,12 +124,15 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     loop.add_signal_handler(signal.SIGHUP, reload)
 
     budgets = ", ".join(f"{d} {format_size(p.budget)}" for d, p in node.cache.pools.items())
-    log.info("serving %d model(s) from %s on %s (budget: %s; policy %s)",
-             len(node.cache.specs), config.repository, url, budgets, config.policy)
+    log.info("serving %d model(s) from %s on %s%s (budget: %s; policy %s)",
+             len(node.cache.specs), config.repository, url,
+             f" and gRPC {grpc_server.address}" if grpc_server else "", budgets, config.policy)
     if announce:
         first = next(iter(sorted(node.cache.specs)), "MODEL")
         click.echo(f"edgeagent listening on {url}  (models: {config.repository}, "
                    f"budget: {budgets}, policy: {config.policy})")
+        if grpc_server is not None:
+            click.echo(f"  gRPC (KServe v2, tritonclient.grpc): {grpc_server.address}")
         click.echo(f"  curl -s {url}/v1/cache")
         click.echo(f"  curl -s {url}/v1/models/{first}")
         click.echo(f"  {self_command()} cache ls --url {url}")
@@ -144,6 +156,8 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
             dog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        if grpc_server is not None:  # no new calls; those in flight finish first
+            await grpc_server.stop(config.drain_seconds)
         await runner.cleanup()  # stops listening, waits for handlers, persists state
         log.info("stopped")
 
@@ -155,6 +169,8 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
               help="Model repository directory (default: the generated demo).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8000).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535),
+              help="KServe v2 gRPC port (default 8001, as Triton; 0: no gRPC endpoint).")
 @click.option("--cpu-budget", callback=_size, help="CPU memory for models: bytes or 2GiB.")
 @click.option("--gpu-budget", callback=_gpu_size,
               help="GPU memory for models: one size for every GPU (6GiB) or per device "
@@ -168,7 +184,8 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
                    "or ~/.local/share/edgeagent).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(config_file: str | None, **flags: Any) -> None:
-    """Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."""
+    """Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin +
+    /metrics)."""
     # One policy decision per request needs no compiler: the kernels run interpreted,
     # and numba/llvmlite (~100 MiB resident) stay out of the agent (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")

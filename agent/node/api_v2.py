@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 
 from agent import __version__
@@ -12,6 +14,9 @@ from agent.node.routes import NODE, counted, model_ref
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
 from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
+
+if TYPE_CHECKING:
+    from agent.node.node import Node
 
 _PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
               "synthetic": "synthetic"}
@@ -26,22 +31,32 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response({"ready": ok}, status=200 if ok else 503)
 
 
+def server_metadata_doc() -> dict:
+    """The server metadata document (HTTP and gRPC)."""
+    return {"name": "edgeagent", "version": __version__,
+            "extensions": ["model_repository", "binary_tensor_data", "statistics",
+                           "model_configuration"]}
+
+
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "edgeagent", "version": __version__,
-                              "extensions": ["model_repository", "binary_tensor_data", "statistics",
-                           "model_configuration"]})
+    return web.json_response(server_metadata_doc())
+
+
+async def model_metadata_doc(node: Node, name: str, version: int | None) -> dict:
+    """A model's metadata document (HTTP and gRPC): name, versions, platform, inputs,
+    outputs. The signature is read from the loaded model: a cold model loads, as for
+    infer."""
+    cache = node.cache
+    entry = cache.entry(name, version)
+    if entry.metadata is None:
+        entry = await cache.ensure_loaded(name, version)
+    return {"name": name, "versions": [str(v) for v in entry.spec.versions],
+            "platform": _PLATFORMS.get(entry.spec.backend or "", "unknown"), **entry.metadata}
 
 
 async def model_metadata(request: web.Request) -> web.Response:
     name, version = model_ref(request)
-    cache = request.app[NODE].cache
-    entry = cache.entry(name, version)
-    if entry.metadata is None:
-        # The signature is read from the loaded model: a cold model loads, as for infer.
-        entry = await cache.ensure_loaded(name, version)
-    return web.json_response({
-        "name": name, "versions": [str(v) for v in entry.spec.versions],
-        "platform": _PLATFORMS.get(entry.spec.backend or "", "unknown"), **entry.metadata})
+    return web.json_response(await model_metadata_doc(request.app[NODE], name, version))
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -94,10 +109,9 @@ async def infer(request: web.Request) -> web.Response:
                         headers={"Inference-Header-Content-Length": str(header_len)})
 
 
-async def repository_index(request: web.Request) -> web.Response:
-    node = request.app[NODE]
-    body = await request.read()
-    only_ready = bool(parse_json(body).get("ready")) if body.strip() else False
+def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
+    """The repository index (HTTP and gRPC), after a rescan: name, version, state
+    (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason a model is not servable."""
     node.rescan()
     out = []
     for entry in node.cache.listing():
@@ -110,7 +124,13 @@ async def repository_index(request: web.Request) -> web.Response:
         if reason:
             item["reason"] = reason
         out.append(item)
-    return web.json_response(out)
+    return out
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    body = await request.read()
+    only_ready = bool(parse_json(body).get("ready")) if body.strip() else False
+    return web.json_response(repository_index_items(request.app[NODE], only_ready))
 
 
 async def repository_load(request: web.Request) -> web.Response:

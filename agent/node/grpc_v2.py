@@ -1,0 +1,391 @@
+"""The Open Inference Protocol (KServe v2) over gRPC: ``inference.GRPCInferenceService``
+(``agent/node/protos/grpc_predict_v2.proto``), as ``tritonclient.grpc`` speaks it.
+
+``start_grpc(node, host, port)`` serves it with ``grpc.aio`` on the running event loop,
+the one the HTTP app runs on (``edgeagent serve`` starts it beside the HTTP listener).
+Every RPC answers from the same ``Node`` as the HTTP routes: ``ModelInfer`` goes through
+``Serving.infer`` (cache lease, wait for room, batching, admission, cold start,
+timeouts) exactly as ``api_v2.infer`` does; metadata, readiness and the repository
+extension use the same cache calls and the same documents as ``api_v2``.
+
+Errors: an ``AgentError`` answers with the status code ``agent.errors.grpc_code`` maps
+its HTTP status to (503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, 400 INVALID_ARGUMENT,
+404 NOT_FOUND, ...), its message as the details, and ``retry-after`` (whole seconds)
+in the trailing metadata when it carries one; anything else is INTERNAL, logged.
+The repository RPCs need the admin token as ``authorization: Bearer <token>`` metadata
+when the agent has one, like ``/v2/repository`` over HTTP. ``ModelStreamInfer`` answers
+UNIMPLEMENTED.
+
+Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
+order: little-endian values, BYTES as 4-byte length + bytes per element, the layout of
+the HTTP binary extension) or in its typed ``contents``; outputs always go back in
+``raw_output_contents``, as Triton answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import grpc
+import numpy as np
+
+from agent import __version__
+from agent.backends.base import DATATYPES, check_inputs, datatype_of
+from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
+from agent.httpauth import token_matches
+from agent.node import api_v2
+from agent.node.batching import rows_of
+from agent.node.cache import Entry, State, UnknownModel
+from agent.node.protos import grpc_predict_v2_pb2 as pb
+from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
+from agent.node.serving import timeout_parameter
+from agent.node.tensors import BadRequest, _from_bytes_elements, _to_bytes_elements
+from agent.validation import ascii_int
+
+if TYPE_CHECKING:
+    from agent.node.node import Node
+
+log = logging.getLogger("edgeagent.grpc")
+
+#: The endpoint label of gRPC requests in the node's metrics.
+ENDPOINT = "v2-grpc"
+
+#: The typed ``InferTensorContents`` field of each datatype (FP16 has none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+# -- codec --------------------------------------------------------------------------------
+
+
+def _parameter(value: Any, what: str) -> Any:
+    """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter``."""
+    choice = value.WhichOneof("parameter_choice")
+    if choice is None:
+        raise BadRequest(f"{what}: the parameter has no value")
+    return getattr(value, choice)
+
+
+def _parameters(params: Any, what: str) -> dict[str, Any]:
+    return {key: _parameter(value, f"{what} {key!r}") for key, value in params.items()}
+
+
+def _shape(tensor: Any) -> tuple[int, ...]:
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} has a negative "
+                         "dimension")
+    return shape
+
+
+def _from_raw(raw: bytes, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _from_bytes_elements(raw, count, name).reshape(shape)
+    dtype = DATATYPES[datatype]
+    if len(raw) != count * dtype.itemsize:
+        raise BadRequest(f"input {name!r}: {len(raw)} bytes of raw_input_contents, shape "
+                         f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...],
+                   name: str) -> np.ndarray:
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise BadRequest(f"input {name!r}: {datatype} has no typed contents field: send it "
+                         "in raw_input_contents")
+    others = [f.name for f, _ in contents.ListFields() if f.name != field]
+    if others:
+        raise BadRequest(f"input {name!r}: a {datatype} input takes contents.{field}, "
+                         f"got {', '.join(others)}")
+    values = getattr(contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise BadRequest(f"input {name!r}: {len(values)} elements in contents.{field}, "
+                         f"shape {list(shape)} needs {count}")
+    if datatype == "BYTES":
+        return np.array(list(values) + [None], dtype=object)[:-1].reshape(shape)
+    dtype = DATATYPES[datatype]
+    if dtype.kind in "iu" and dtype.itemsize < 4 and count:
+        wide = np.array(values, dtype=np.int64)
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise BadRequest(f"input {name!r}: values out of range for {datatype}")
+        return wide.astype(dtype).reshape(shape)
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(inputs by name, ``{"id", "parameters", "outputs"}`` as ``decode_v2_request``
+    gives them) from a ``ModelInferRequest``; ``BadRequest`` naming the problem."""
+    if not request.inputs:
+        raise BadRequest("the request has no inputs")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise BadRequest(f"raw_input_contents holds {len(raw)} entries for "
+                         f"{len(request.inputs)} inputs: one per input, in order")
+    inputs: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        name = tensor.name
+        if name in inputs:
+            raise BadRequest(f"input {name!r} given twice")
+        if tensor.datatype not in DATATYPES:
+            raise BadRequest(f"input {name!r}: unknown datatype {tensor.datatype!r} "
+                             f"(expected one of {', '.join(DATATYPES)})")
+        _parameters(tensor.parameters, f"input {name!r}: parameter")
+        shape = _shape(tensor)
+        if raw:
+            if tensor.HasField("contents"):
+                raise BadRequest(f"input {name!r}: contents given while the request uses "
+                                 "raw_input_contents")
+            inputs[name] = _from_raw(raw[i], tensor.datatype, shape, name)
+        else:
+            inputs[name] = _from_contents(tensor.contents, tensor.datatype, shape, name)
+    outputs = [{"name": o.name, "parameters": _parameters(o.parameters,
+                                                          f"output {o.name!r}: parameter")}
+               for o in request.outputs] or None
+    return inputs, {"id": request.id or None,
+                    "parameters": _parameters(request.parameters, "parameter"),
+                    "outputs": outputs}
+
+
+def encode_infer_response(model: str, version: int, results: dict[str, np.ndarray],
+                          meta: dict[str, Any]) -> Any:
+    """The ``ModelInferResponse``: the requested outputs (all, when none were named) in
+    ``raw_output_contents``, in order."""
+    wanted = [o["name"] for o in meta["outputs"]] if meta["outputs"] else list(results)
+    response = pb.ModelInferResponse(model_name=model, model_version=str(version),
+                                     id=meta["id"] or "")
+    for name in wanted:
+        if name not in results:
+            raise BadRequest(f"unknown output {name!r}: the model's outputs are "
+                             f"{', '.join(results)}")
+        array = results[name]
+        datatype = datatype_of(array)
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(
+            _to_bytes_elements(array) if datatype == "BYTES"
+            else np.ascontiguousarray(array).tobytes())
+    return response
+
+
+def _version(raw: str, name: str) -> int | None:
+    """The version a request names ("" for the default)."""
+    if raw == "":
+        return None
+    try:
+        return ascii_int(raw, "version")
+    except ValueError:
+        raise BadRequest(f"model {name!r} has no version {raw!r}: versions are integers "
+                         "(ASCII digits)") from None
+
+
+# -- the service ---------------------------------------------------------------------------
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    """Answer ``exc`` as its gRPC status (see the module docstring)."""
+    if isinstance(exc, AgentError):
+        trailing: tuple[tuple[str, str], ...] = ()
+        if exc.retry_after is not None:
+            trailing = (("retry-after", str(retry_after_seconds(exc.retry_after))),)
+        await context.abort(grpc.StatusCode[grpc_code(exc)], str(exc),
+                            trailing_metadata=trailing)
+    log.error("unhandled error in a gRPC call", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged)")
+
+
+def _rpc(method: Callable) -> Callable:
+    """Wrap an RPC handler: its errors answer through ``_abort``."""
+    @functools.wraps(method)
+    async def handler(self: InferenceService, request: Any,
+                      context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error answers a status
+            await _abort(context, exc)
+    return handler
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over one ``Node``."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def _check_admin(self, context: grpc.aio.ServicerContext) -> None:
+        token = self.node.admin_token
+        if token is None:
+            return
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
+        if not token_matches(given, token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "repository RPCs need metadata 'authorization: Bearer "
+                                "<token>' (the agent's admin token)")
+
+    @_rpc
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    @_rpc
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.node.ready)
+
+    @_rpc
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        doc = api_v2.server_metadata_doc()
+        return pb.ServerMetadataResponse(name=doc["name"], version=doc["version"],
+                                         extensions=["model_repository"])
+
+    @_rpc
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        doc = await api_v2.model_metadata_doc(self.node, request.name,
+                                              _version(request.version, request.name))
+
+        def tensors(specs: list[dict[str, Any]]) -> list[Any]:
+            return [pb.ModelMetadataResponse.TensorMetadata(**s) for s in specs]
+
+        return pb.ModelMetadataResponse(
+            name=doc["name"], versions=doc["versions"], platform=doc["platform"],
+            inputs=tensors(doc["inputs"]), outputs=tensors(doc["outputs"]))
+
+    @_rpc
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        entry = self.node.cache.entry(request.name, _version(request.version, request.name))
+        return pb.ModelReadyResponse(ready=entry.state is State.READY)
+
+    @_rpc
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        node = self.node
+        started = time.perf_counter()
+        name = request.model_name
+        version = None
+        code = 500
+        try:
+            arrived = node.serving.clock()
+            version = _version(request.model_version, name)
+            known = node.cache.entry(name, version).signature  # unknown model: 404
+            inputs, meta = decode_infer_request(request)
+            if known is not None:  # reject bad input before it can cause a load
+                check_inputs(known, inputs)
+            timeout = timeout_parameter(meta["parameters"])
+            remaining = context.time_remaining()  # the client's deadline, if it set one
+            if remaining is not None and (timeout is None or remaining < timeout):
+                timeout = max(remaining, 1e-6)
+
+            def prepare(entry: Entry) -> dict[str, np.ndarray]:
+                check_inputs(entry.backend.inputs, inputs)
+                return inputs
+
+            entry, results = await node.serving.infer(name, version, prepare,
+                                                      meta["parameters"], arrived=arrived,
+                                                      timeout=timeout, rows=rows_of(inputs))
+            response = encode_infer_response(name, entry.version, results, meta)
+            code = 200
+            return response
+        except asyncio.CancelledError:  # the client cancelled or its deadline passed
+            code = 499
+            raise
+        except BaseException as exc:
+            code = http_status(exc)
+            raise
+        finally:
+            node.metrics.observe(name if name in node.cache.specs else "<unknown>",
+                                 ENDPOINT, code,
+                                 time.perf_counter() - started if code == 200 else None)
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "ModelStreamInfer (streaming inference) is not implemented by "
+                            "edgeagent: send each request with ModelInfer")
+
+    @_rpc
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        await self._check_admin(context)
+        self._check_repository(request.repository_name)
+        items = api_v2.repository_index_items(self.node, request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**item) for item in items])
+
+    @_rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        await self._check_admin(context)
+        self._check_repository(request.repository_name)
+        params = _parameters(request.parameters, "parameter")
+        if params:
+            raise BadRequest(f"model {request.model_name!r} failed to load: load parameters "
+                             f"({', '.join(sorted(params))}) are not supported over gRPC")
+        await self.node.cache.ensure_loaded(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        await self._check_admin(context)
+        self._check_repository(request.repository_name)
+        params = _parameters(request.parameters, "parameter")
+        unknown = set(params) - {"unload_dependents"}  # the agent has no dependents
+        if unknown:
+            raise BadRequest(f"unknown unload parameter(s) {', '.join(sorted(unknown))}")
+        await self.node.cache.evict(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _check_repository(self, name: str) -> None:
+        if name:
+            raise UnknownModel(f"unknown repository {name!r}: the agent serves one, "
+                               "named by an empty repository_name")
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class GrpcServer:
+    """A started gRPC server: its ``port`` (the bound one, for port 0) and ``stop``."""
+
+    def __init__(self, server: grpc.aio.Server, host: str, port: int) -> None:
+        self.server = server
+        self.port = port
+        self.address = f"{_host(host)}:{port}"
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give those in flight ``grace`` seconds, then cancel them."""
+        await self.server.stop(grace)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+async def start_grpc(node: Node, host: str, port: int) -> GrpcServer:
+    """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
+    port) on the running event loop. OSError when the address cannot be bound (never
+    shared: SO_REUSEPORT is off, so a second agent on the same port fails to start)."""
+    server = grpc.aio.server(options=[
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", node.config.max_request_size),
+        ("grpc.max_send_message_length", -1),
+    ])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
+    address = f"{_host(host)}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        bound, why = 0, str(exc)
+    else:
+        why = "address in use or not available"
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {address}: {why} (grpc_port; 0 disables "
+                      "the gRPC endpoint)")
+    await server.start()
+    return GrpcServer(server, host, bound)
