@@ -309,6 +309,19 @@ def test_simple_string_serves_after_its_default_warmup_failed(agent, binary):
     assert cache["first_run_seconds"] > 0  # the first request was the cold run
 
 
+def test_values_a_model_rejects_are_a_400_and_it_serves_on(agent):
+    client = client_of(agent)
+    words = np.array([[b"abc"] * 16], dtype=object)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("simple_string", simple_inputs(words, words, True, "BYTES"))
+    assert caught.value.status() == "400"
+    assert "rejected the input" in caught.value.message() and "Cast" in caught.value.message()
+    assert stats_of(client, "simple_string")["inference_stats"]["fail"]["count"] == 1
+    ones = np.array([[b"1"] * 16], dtype=object)
+    out = client.infer("simple_string", simple_inputs(ones, ones, True, "BYTES"))
+    assert out.as_numpy("OUTPUT0").tolist() == [[b"2"] * 16]
+
+
 def test_explicit_warmup_sample(repo, start_agent):
     write_triton_examples(repo, extra=0)
     sample = {"inputs": [{"name": n, "datatype": "BYTES", "shape": [1, 16],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,11 @@ _ORT_TYPES = {
     "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
     "tensor(string)": "BYTES",
 }
+
+
+#: ONNX Runtime's message when one operator fails on the data it was given.
+_REJECTED_BY_A_NODE = re.compile(r"RUNTIME_EXCEPTION : Non-zero status code returned "
+                                 r"while running \w+ node")
 
 
 def _spec(arg: Any) -> TensorSpec:
@@ -388,9 +394,13 @@ class OnnxBackend(Backend):
         try:
             results = session.run(None, feed)
         except Exception as exc:  # noqa: BLE001
-            name = type(exc).__name__
+            name, text = type(exc).__name__, str(exc)
             if "InvalidArgument" in name or "Fail" in name:
-                raise InvalidInput(str(exc)) from None
+                raise InvalidInput(text) from None
+            if _REJECTED_BY_A_NODE.search(text) and "allocate" not in text:
+                # a kernel refused the values (a string Cast parsing numbers, a range
+                # check): the request's fault, the model serves others
+                raise InvalidInput(f"model {self.name!r} rejected the input: {text}") from None
             raise BackendError(f"onnxruntime failed on {self.name!r}: {exc}") from None
         return {spec.name: (self._to_bytes(value) if value.dtype == object else value)
                 for spec, value in zip(self.outputs, results)}

@@ -326,10 +326,6 @@ class Serving:
     def statistics(self, entry: Entry) -> dict[str, Any]:
         """The model version's ``model_stats`` element (Triton's statistics extension)."""
         return self.runtime(entry).stats.as_json(entry.name, entry.version)
-
-    def has_runtime(self, entry: Entry) -> bool:
-        return (entry.name, entry.version) in self.runtimes
-
     def _check_cold(self, entry: Entry, rt: ModelRuntime, deadline: Deadline,
                     rows: int) -> None:
         """Reject at once a request that the model's expected load time makes late, and
