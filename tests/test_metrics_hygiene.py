@@ -7,6 +7,8 @@ import json
 from collections import defaultdict
 import math
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -154,6 +156,17 @@ def test_cache_figures_in_base_units(scraped):
     assert slo and all(0 < s.value < 3600 for s in slo)  # seconds, not ms
     assert value("edgeagent_room_queue_length", device="cpu") == 0
     assert value("process_resident_memory_bytes") > 10_000_000
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="no promtool on PATH (Debian: apt-get install prometheus)")
+def test_promtool_finds_no_problem(scraped):
+    """Prometheus' own linter agrees with the rules above, where it is installed."""
+    text, _ = scraped
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (done.stdout + done.stderr).strip() == ""
 
 
 def dashboard_metric_names() -> set[str]:
