@@ -1,5 +1,5 @@
 """``edgeagent coordinator serve`` and the catalog/plan client commands
-(``models ls|set|rm``, ``nodes``, ``plan [--now]``)."""
+(``models ls|set|rm``, ``nodes``, ``plan [--now]``, ``size``, ``provision``)."""
 
 from __future__ import annotations
 
@@ -217,3 +217,74 @@ def plan(replan: bool, url: str, as_json: bool, token_file: str | None) -> None:
           ",".join(f"{n}={c}" for n, c in sorted(m["placement"].items()))
           + (f" (+{m['unplaced']} unplaced)" if m["unplaced"] else "")]
          for name, m in sorted(doc["models"].items())]))
+
+
+@coordinator.command("size")
+@click.option("--node-types", "node_types_file", type=click.File("r"),
+              help="JSON object {kind: {price_per_hour, max_count, cores, "
+                   "cpu_memory_bytes, proc_ms}} over the coordinator's node_types "
+                   "[default: the kinds the live nodes report].")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--max-samples", type=click.IntRange(min=1), default=None,
+              help="Most pools to evaluate [default: 100; exhaustive: all].")
+@click.option("--method", type=click.Choice(["bo", "random", "exhaustive"]), default="bo",
+              show_default=True)
+@click.option("--qos-target", type=float, default=None,
+              help="Share of requests within SLO to reach, percent [default: 99].")
+@_client_options
+def size(node_types_file, seed: int, max_samples: int | None, method: str,
+         qos_target: float | None, url: str, as_json: bool, token_file: str | None) -> None:
+    """Cheapest pool of node kinds for the live fleet's forecast load (Ribbon + Faro)."""
+    body: dict[str, Any] = {"seed": seed, "method": method}
+    if node_types_file is not None:
+        try:
+            body["node_types"] = json.load(node_types_file)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise click.ClickException(f"{node_types_file.name}: not valid JSON ({exc})") \
+                from None
+    else:
+        body["from_reports"] = True
+    if max_samples is not None:
+        body["max_samples"] = max_samples
+    if qos_target is not None:
+        body["qos_target_percent"] = qos_target
+    doc = _call(url, token_file, "POST", "/v1/sizing", body)
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"{doc['method']}: {doc['samples']} pools evaluated; QoS target "
+               f"{doc['qos_target_percent']:g}% of requests within SLO")
+    if doc["best"] is None:
+        click.echo("no pool evaluated met the QoS target")
+        return
+    click.echo(_table(["KIND", "COUNT"],
+                      [[t, str(n)] for t, n in zip(doc["types"], doc["best"])]))
+    click.echo(f"price ${doc['price']:.3f}/h, QoS {doc['qos_percent']:.2f}%, first "
+               f"evaluated at sample {doc['samples_to_best']}")
+    click.echo(_table(["MODEL", "RATE/S", "SLO_MS", "REPLICAS"],
+                      [[name, _fmt(m["rate"]), _fmt(m["slo_ms"]),
+                        ",".join(f"{k}={n}" for k, n in
+                                 sorted((doc["replicas"] or {}).get(name, {}).items())) or "-"]
+                       for name, m in sorted(doc["models"].items())]))
+
+
+@coordinator.command("provision")
+@_client_options
+def provision(url: str, as_json: bool, token_file: str | None) -> None:
+    """What to launch and stop now for the forecast, and the cost per hour (MArk)."""
+    doc = _call(url, token_file, "GET", "/v1/provisioning")
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(_table(
+        ["KIND", "CAPACITY_RPS", "PRICE/H", "RUNNING", "PLAN", "LAUNCH", "STOP"],
+        [[name, _fmt(t["capacity_rps"]), _fmt(t["price_per_hour"]), str(t["running"]),
+          str(doc["plan"].get(name, 0)), str(doc["launch"].get(name, 0)),
+          str(doc["stop"].get(name, 0))] for name, t in sorted(doc["types"].items())]))
+    click.echo(f"target {doc['target_rps']:.4g} req/s; ${doc['cost_per_hour_before']:.3f}/h"
+               f" -> ${doc['cost_per_hour_after']:.3f}/h")
+    for name, why in sorted(doc["left_out"].items()):
+        click.echo(f"left out {name}: {why}")
+    if doc["unpriced_running"]:
+        click.echo(f"running kinds without a price (not counted): "
+                   f"{', '.join(doc['unpriced_running'])}")

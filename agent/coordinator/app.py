@@ -12,6 +12,7 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     DELETE /v1/models/{name}              remove it from the catalog
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
+    POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
     GET    /                              the dashboard page (agent.dashboard)
 
 With ``admin_token_file`` every path but ``/v1/health`` and the dashboard's needs
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import Fleet, ReportWriter
@@ -255,6 +257,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
     r.add_post("/v1/plan", plan_post)
+    api_fleet.add_routes(app)  # POST /v1/sizing, GET /v1/provisioning
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
