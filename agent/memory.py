@@ -58,6 +58,29 @@ def device_class(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def write_atomic(path: Path, text: str, *, open_file: Callable[..., Any] = open) -> None:
+    """Write ``text`` to ``path`` so that a crash leaves the old file or the new one,
+    never half of one: a temporary file beside it, flushed and fsynced, then renamed
+    over it. On any failure (a full disk: ENOSPC) the temporary file is removed and the
+    error raised; ``path`` is untouched. ``open_file`` opens the temporary file (tests
+    inject one that fails)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open_file(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
 class FootprintModel:
     """Per (backend kind, device class) estimates ``overhead + factor × weight_bytes``,
     learned from clean measurements and optionally persisted to ``path`` (JSON).
@@ -76,18 +99,20 @@ class FootprintModel:
     #: Smaller models say more about per-session overhead than about the factor.
     MIN_LEARN_BYTES = 4 * MiB
 
-    def __init__(self, *, path: Path | None = None) -> None:
+    def __init__(self, *, path: Path | None = None,
+                 open_file: Callable[..., Any] = open) -> None:
         self._lock = threading.Lock()
+        self.open_file = open_file  # for ``write_atomic`` (tests inject a failing one)
         self._seen: dict[str, deque[tuple[int, int]]] = {}
         self._peaks: dict[str, deque[float]] = {}  # peak during load / steady size
         self._weights: dict[tuple[str, int, int], int] = {}
         self.path = path
 
     @classmethod
-    def load(cls, path: Path) -> "FootprintModel":
+    def load(cls, path: Path, open_file: Callable[..., Any] = open) -> "FootprintModel":
         """The model saved at ``path`` (fresh when absent or unreadable, logged); later
         observations are saved there."""
-        model = cls(path=path)
+        model = cls(path=path, open_file=open_file)
         try:
             doc = json.loads(Path(path).read_text())
             for key, pairs in (doc.get("measurements") or {}).items():
@@ -203,11 +228,8 @@ class FootprintModel:
                    "measurements": {k: [list(p) for p in v] for k, v in self._seen.items()},
                    "load_peaks": {k: list(v) for k, v in self._peaks.items()}}
         path = Path(self.path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc, indent=1))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(doc, indent=1), open_file=self.open_file)
         except OSError as exc:
             log.warning("cannot write footprint file %s: %s", path, exc)
 

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 from agent.backends import Backend, BackendError, make_backend
 from agent.backends.tfserving import TfServingHost
@@ -45,10 +45,12 @@ class Node:
 
     def __init__(self, config: AgentConfig, *, budgets: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 backend_factory: Callable[..., Backend] = make_backend) -> None:
+                 backend_factory: Callable[..., Backend] = make_backend,
+                 open_file: Callable[..., Any] = open) -> None:
         if config.repository is None:
             raise ValueError("the agent needs a model repository")
         self.config = config
+        self.open_file = open_file  # writes the state file (tests inject a failing one)
         self.started = time.time()
         self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
         saved = statefile.read_state(config.resident_state_path) if config.restore else None
@@ -64,7 +66,7 @@ class Node:
         self.cache = ModelCache(
             scan_repository(config.repository), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
-            footprints=FootprintModel.load(config.footprints_path),
+            footprints=FootprintModel.load(config.footprints_path, open_file),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
             load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
             load_retry_s=config.load_retry_s)
@@ -145,7 +147,7 @@ class Node:
     def persist_now(self) -> None:
         try:
             statefile.write_state(self.config.resident_state_path,
-                                  statefile.snapshot(self.cache))
+                                  statefile.snapshot(self.cache), open_file=self.open_file)
         except OSError as exc:
             log.warning("cannot write state file %s: %s", self.config.resident_state_path, exc)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from agent.memory import write_atomic
 
 from agent.node.cache import ModelCache, State
 
@@ -31,14 +32,11 @@ def snapshot(cache: ModelCache) -> dict[str, Any]:
             "footprint_factors": cache.footprints.to_json()}
 
 
-def write_state(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_state(path: Path, doc: dict[str, Any], *,
+                open_file: Callable[..., Any] = open) -> None:
+    """Write the state atomically (``agent.memory.write_atomic``): on a failure (a full
+    disk) no temporary file is left and the old state file stays; the error is raised."""
+    write_atomic(path, json.dumps(doc, indent=1), open_file=open_file)
 
 
 def read_state(path: Path) -> dict[str, Any] | None:
