@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward
@@ -344,14 +344,48 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model", headers=auth)
     assert err.value.status() == "StatusCode.NOT_FOUND"
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model("simple", headers=auth, config='{"max_batch_size": 16}')
-    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "failed to load" in err.value.message() and "config" in err.value.message()
-    assert not client.is_model_ready("simple")
+    # Triton's config override (parameters.config), as over HTTP
+    client.load_model("simple", headers=auth, config='{"max_batch_size": 16}')
+    assert client.get_model_config("simple").config.max_batch_size == 16
+    for params, words in (({"config": '"parameters": {"config": {}}'}, ["config"]),
+                          ({"config": "{}", "files": {"file:1/model.onnx": b"x"}},
+                           ["unsupported load parameter", "file:1/model.onnx"])):
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("simple", headers=auth, **params)
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        for word in ["failed to load", *words]:
+            assert word in err.value.message(), err.value.message()
+    assert client.get_model_config("simple").config.max_batch_size == 16  # kept
     # The data plane needs no token.
     inputs, a, b = _simple_inputs()
     np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+
+
+def test_model_config_and_statistics(repo, serve):
+    agent = serve(_repo(repo))
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    config = client.get_model_config("simple", as_json=True)["config"]
+    assert config["name"] == "simple" and config["platform"] == "onnxruntime_onnx"
+    assert int(config["max_batch_size"]) > 0  # [-1, 16]: the first dimension batches
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_INT32", ["16"]), ("INPUT1", "TYPE_INT32", ["16"])]
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert client.get_model_config("simple_string").config.input[0].data_type == 13  # STRING
+    for _ in range(3):
+        inputs, _, _ = _simple_inputs(batch=2)
+        client.infer("simple", inputs)
+    (stats,) = client.get_inference_statistics("simple").model_stats
+    assert (stats.name, stats.version, stats.inference_count) == ("simple", "1", 6)
+    assert stats.inference_stats.success.count == 3 and stats.inference_stats.success.ns > 0
+    assert stats.execution_count >= 1 and stats.last_inference > 0
+    every = client.get_inference_statistics(as_json=True)["model_stats"]
+    assert {s["name"] for s in every} >= {"simple", "simple_string", "mlp0"}
+    with pytest.raises(InferenceServerException) as err:
+        client.get_model_config("nope")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as err:
+        client.get_inference_statistics("nope")
+    assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
 def test_repository_index_ready_filter_without_a_token(repo, serve):
@@ -427,10 +461,24 @@ def test_our_proto_matches_upstream_names_and_numbers():
         return fd
 
     mine, theirs = protos(ours), protos(service_pb2)
-    assert mine.package == theirs.package == "inference"
+    assert mine.package == theirs.package == protos(model_config_pb2).package == "inference"
     upstream = {m.name: m for m in theirs.message_type}
+    upstream.update({m.name: m for m in protos(model_config_pb2).message_type})
+    # Triton's statistics and model configuration messages: ours hold some of the fields
+    partial = {"ModelStatistics", "ModelConfig", "ModelInput", "ModelOutput",
+               "ModelInstanceGroup", "ModelDynamicBatching"}
     for message in mine.message_type:
-        assert message == upstream[message.name], message.name
+        theirs_ = upstream[message.name]
+        if message.name not in partial:
+            assert message == theirs_, message.name
+            continue
+        fields = {f.name: f for f in theirs_.field}
+        for field in message.field:
+            assert field == fields[field.name], f"{message.name}.{field.name}"
+        for enum in message.enum_type:
+            assert enum in theirs_.enum_type, f"{message.name}.{enum.name}"
+    (data_type,) = mine.enum_type
+    assert data_type in protos(model_config_pb2).enum_type
     (service,) = mine.service
     (upstream_service,) = theirs.service
     assert service.name == upstream_service.name == "GRPCInferenceService"
@@ -439,8 +487,8 @@ def test_our_proto_matches_upstream_names_and_numbers():
         assert method == methods[method.name], method.name
     assert {m.name for m in service.method} >= {
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-        "ModelInfer", "ModelStreamInfer", "RepositoryIndex", "RepositoryModelLoad",
-        "RepositoryModelUnload"}
+        "ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex",
+        "RepositoryModelLoad", "RepositoryModelUnload"}
 
 
 def test_generated_code_imports_without_warnings():

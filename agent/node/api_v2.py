@@ -143,12 +143,18 @@ async def repository_load(request: web.Request) -> web.Response:
     if not isinstance(parameters, dict):
         raise BadRequest(f"failed to load {name!r}: expected a JSON object with an optional "
                          "'parameters' object")
+    await load_with_parameters(request.app[NODE], name, parameters)
+    return web.json_response({})
+
+
+async def load_with_parameters(node: Node, name: str, parameters: dict) -> None:
+    """The repository extension's load with its ``parameters`` (HTTP and gRPC): only
+    ``config`` is supported (``Node.load_model``)."""
     unknown = sorted(set(parameters) - {"config"})
     if unknown:
         raise BadRequest(f"failed to load {name!r}: unsupported load parameter(s) "
                          f"{', '.join(unknown)} (supported: config)")
-    await request.app[NODE].load_model(name, parameters.get("config"))
-    return web.json_response({})
+    await node.load_model(name, parameters.get("config"))
 
 
 async def repository_unload(request: web.Request) -> web.Response:

@@ -6,7 +6,8 @@ the one the HTTP app runs on (``edgeagent serve`` starts it beside the HTTP list
 Every RPC answers from the same ``Node`` as the HTTP routes: ``ModelInfer`` goes through
 ``Serving.infer`` (cache lease, wait for room, batching, admission, cold start,
 timeouts) exactly as ``api_v2.infer`` does; metadata, readiness and the repository
-extension use the same cache calls and the same documents as ``api_v2``.
+extension, Triton's configuration and statistics use the same cache calls and the same
+documents as ``api_v2`` and ``api_triton``.
 
 Errors: an ``AgentError`` answers with the status code ``agent.errors.grpc_code`` maps
 its HTTP status to (503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, 400 INVALID_ARGUMENT,
@@ -33,12 +34,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
 from agent.httpauth import token_matches
-from agent.node import api_v2
+from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State, UnknownModel
 from agent.node.protos import grpc_predict_v2_pb2 as pb
@@ -246,8 +248,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         doc = api_v2.server_metadata_doc()
-        return pb.ServerMetadataResponse(name=doc["name"], version=doc["version"],
-                                         extensions=["model_repository"])
+        return pb.ServerMetadataResponse(**doc)
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
@@ -265,6 +266,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request: Any, context: Any) -> Any:
         entry = self.node.cache.entry(request.name, _version(request.version, request.name))
         return pb.ModelReadyResponse(ready=entry.state is State.READY)
+
+    @_rpc
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        doc = await api_triton.model_config_doc(self.node, request.name,
+                                                _version(request.version, request.name))
+        response = pb.ModelConfigResponse()
+        json_format.ParseDict(doc, response.config)
+        return response
+
+    @_rpc
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        name = request.name or None  # "": every model
+        version = _version(request.version, request.name) if name else None
+        response = pb.ModelStatisticsResponse()
+        json_format.ParseDict(api_triton.model_stats_doc(self.node, name, version), response)
+        return response
 
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -323,11 +340,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         await self._check_admin(context)
         self._check_repository(request.repository_name)
-        params = _parameters(request.parameters, "parameter")
-        if params:
-            raise BadRequest(f"model {request.model_name!r} failed to load: load parameters "
-                             f"({', '.join(sorted(params))}) are not supported over gRPC")
-        await self.node.cache.ensure_loaded(request.model_name)
+        await api_v2.load_with_parameters(
+            self.node, request.model_name, _parameters(request.parameters, "parameter"))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc

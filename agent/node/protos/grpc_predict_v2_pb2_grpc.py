@@ -69,6 +69,16 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
@@ -132,6 +142,19 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """Triton's model configuration and statistics extensions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """Model repository extension (behind the admin token).
         """
@@ -188,6 +211,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStreamInfer,
                     request_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
+                    response_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -394,6 +427,60 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/ModelStreamInfer',
             agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStreamInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+            agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+            agent_dot_node_dot_protos_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,
