@@ -351,13 +351,16 @@ def test_model_is_not_ready_until_warm(repo, start_agent):
     loader = threading.Thread(target=lambda: client_of(agent).load_model("slow"))
     started = time.monotonic()
     loader.start()
-    seen = []
+    seen = []  # (seconds since the load started, ready?)
     while loader.is_alive():
-        seen.append(client.is_model_ready("slow"))
+        seen.append((time.monotonic() - started, client.is_model_ready("slow")))
         time.sleep(0.1)
     loader.join()
     assert time.monotonic() - started >= 1.4
-    assert seen and not any(seen[:-1])  # not ready while it warmed up
+    ready = [r for _, r in seen]
+    first = ready.index(True) if True in ready else len(ready)
+    assert all(ready[first:])  # never ready, then ready for good
+    assert first and seen[first - 1][0] >= 1.0  # not ready while it warmed up
     assert client.is_model_ready("slow")
     status, _, cache = agent.request("GET", "/v1/cache/slow")
     assert cache["first_run_seconds"] >= 1.4  # in the load penalty
