@@ -89,6 +89,7 @@ class Plan:
     assignment: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> model -> n
     started: int = 0  # replicas started and stopped against the previous plan
     stopped: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)  # model -> why left out
 
     def free_cpu(self) -> float:
         """Cores of the capacity that no planned replica takes."""
@@ -104,7 +105,8 @@ class Plan:
                              "memory_bytes": self.capacity.memory_bytes},
                 "models": {name: m.to_json() for name, m in self.models.items()},
                 "assignment": {n: dict(row) for n, row in self.assignment.items()},
-                "moves": {"started": self.started, "stopped": self.stopped}}
+                "moves": {"started": self.started, "stopped": self.stopped},
+                "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Plan":
@@ -119,7 +121,9 @@ class Plan:
                            for name, m in (data.get("models") or {}).items()},
                    assignment={n: dict(row)
                                for n, row in (data.get("assignment") or {}).items()},
-                   started=moves.get("started", 0), stopped=moves.get("stopped", 0))
+                   started=moves.get("started", 0), stopped=moves.get("stopped", 0),
+                   excluded={e["model"]: e["reason"] for e in data.get("excluded") or ()
+                             if isinstance(e, dict) and "model" in e and "reason" in e})
 
 
 def directives_for(plan: Plan | Mapping[str, Any] | None, node: str, resident: set[str],

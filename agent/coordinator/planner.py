@@ -32,6 +32,7 @@ Decisions where the papers leave room:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -83,6 +84,25 @@ def rate_series(points: list[tuple[float, float, float]], end: float, step: floa
     if not covered.any():
         return np.zeros(0)
     return counts[int(np.argmax(covered)):] / step
+
+
+def check_spec(spec: ModelSpec) -> None:
+    """ValueError naming the field unless ``spec``'s numbers can be planned: finite,
+    rate >= 0, times and needs > 0 (reports are range-checked at ingestion; this
+    catches what their sums, forecasts and the catalog can still make of them)."""
+    checks = (("rate", spec.rate, 0.0, False), ("proc_s", spec.proc_s, 0.0, True),
+              ("slo_s", spec.slo_s, 0.0, True), ("priority", spec.priority, 0.0, True),
+              ("cpu_per_replica", spec.cpu_per_replica, 0.0, True),
+              ("memory_per_replica_bytes", spec.memory_per_replica_bytes, 0.0, False))
+    for field, value, low, strict in checks:
+        if not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < low or (strict and value == low):
+            raise ValueError(f"{field} is {value!r}: not a number the planner can use")
+
+
+def exclusion_reason(exc: BaseException) -> str:
+    """Why a model was left out of a plan, for ``/v1/plan``: the error's message."""
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
 
 
 class Planner:
@@ -174,13 +194,20 @@ class Planner:
                 ends[m] = min(ends.get(m, last_seen), last_seen)
         specs, details = [], {}
         for slo in catalog:
-            rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
-            proc_ms, source = self.processing_ms(slo, list(live.values()))
-            specs.append(ModelSpec(
-                name=slo.name, rate=rate, proc_s=proc_ms / 1000.0, slo_s=slo.slo_ms / 1000.0,
-                percentile=slo.percentile, priority=slo.priority,
-                cpu_per_replica=slo.cpu_per_replica,
-                memory_per_replica_bytes=slo.memory_per_replica_bytes))
+            try:  # one model's bad inputs leave it out of the plan, not the fleet
+                rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
+                proc_ms, source = self.processing_ms(slo, list(live.values()))
+                spec = ModelSpec(
+                    name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
+                    slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
+                    priority=slo.priority, cpu_per_replica=slo.cpu_per_replica,
+                    memory_per_replica_bytes=slo.memory_per_replica_bytes)
+                check_spec(spec)
+            except Exception as exc:  # noqa: BLE001 - any failure of its inputs
+                details[slo.name] = {"excluded": exclusion_reason(exc)}
+                log.warning("plan: %s left out: %s", slo.name, details[slo.name]["excluded"])
+                continue
+            specs.append(spec)
             details[slo.name] = {"rate_points": points, "proc_source": source}
         capacity = Capacity(cpu=sum(r.capacity.cores for r in live.values()),
                             memory_bytes=sum(r.capacity.cpu_memory_bytes for r in live.values()))
@@ -240,12 +267,40 @@ class Planner:
                     capacity=problem.capacity, models=models, assignment=placement.assignment,
                     started=placement.started, stopped=placement.stopped)
 
+    def _solve_isolated(self, problem: Problem, details: dict[str, dict[str, Any]]
+                        ) -> tuple[Problem, Any]:
+        """(problem, allocation): ``solve(problem)``; when that fails, the models that
+        fail to solve alone are left out (their reason in ``details``) and the rest is
+        solved again. A failure of the whole fleet (infeasible together) is raised."""
+        if not problem.models:
+            raise PlanError("every model was left out of the plan: " + "; ".join(
+                f"{m}: {d['excluded']}" for m, d in details.items() if "excluded" in d))
+        try:
+            return problem, solve(problem)
+        except Exception as exc:  # noqa: BLE001 - which model? solve each alone
+            failure = exc
+        kept = []
+        for spec in problem.models:
+            try:
+                solve(dataclasses.replace(problem, models=(spec,)))
+            except Exception as exc:  # noqa: BLE001
+                details[spec.name] = {"excluded": exclusion_reason(exc)}
+                log.warning("plan: %s left out: %s", spec.name, details[spec.name]["excluded"])
+            else:
+                kept.append(spec)
+        if len(kept) == len(problem.models):
+            raise failure  # no single model's fault
+        problem = dataclasses.replace(problem, models=tuple(kept))
+        return self._solve_isolated(problem, details)
+
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
-        """Plan from scratch (long-term or manual), store and return the plan."""
+        """Plan from scratch (long-term or manual), store and return the plan. A model
+        whose inputs make planning fail is left out, listed under ``excluded`` with the
+        reason; the rest of the fleet is planned."""
         now = self.clock()
         try:
             problem, details, live = self.build(now)
-            allocation = solve(problem)
+            problem, allocation = self._solve_isolated(problem, details)
         except (PlanError, ProblemError) as exc:
             self.last_error = str(exc)
             raise PlanError(str(exc)) from None
@@ -253,6 +308,8 @@ class Planner:
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
                             now, kind, allocation.solver, allocation.objective)
+        plan = dataclasses.replace(plan, excluded={
+            m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d})
         plan_id = self.store.save_plan(plan.to_json(), kind, now)
         self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
         self.last_error = None
