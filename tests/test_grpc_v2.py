@@ -276,6 +276,31 @@ def test_raw_contents_of_the_wrong_size(repo, serve):
     assert "INPUT1" in details and "60 bytes" in details and "64" in details
 
 
+def test_request_limits_are_resource_exhausted(repo, serve):
+    """max_request_rows, max_tensor_bytes (checked from the declared shapes, as over
+    HTTP: 413) and max_request_size (the largest gRPC message) answer
+    RESOURCE_EXHAUSTED."""
+    agent = serve(_repo(repo), max_request_rows=4, max_tensor_bytes=500,
+                  max_request_size=100_000)
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    for batch, words in ((5, ["5 rows", "max_request_rows"]),
+                         (4, ["512 bytes", "max_tensor_bytes"])):
+        inputs, _, _ = _simple_inputs(batch=batch)
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("simple", inputs)
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        for word in words:
+            assert word in err.value.message(), err.value.message()
+    x = np.zeros((1, 30_000), np.float32)  # 120 kB: over max_request_size
+    inp = grpcclient.InferInput("X", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("mlp0", [inp])
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    inputs, a, b = _simple_inputs(batch=2)  # within every limit
+    np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+
+
 def test_unknown_model_and_unimplemented_stream(repo, serve):
     agent = serve(_repo(repo))
     client = grpcclient.InferenceServerClient(agent.grpc_url)

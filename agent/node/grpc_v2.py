@@ -46,7 +46,8 @@ from agent.node.cache import Entry, State, UnknownModel
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter
-from agent.node.tensors import BadRequest, _from_bytes_elements, _to_bytes_elements
+from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, _from_bytes_elements,
+                                _to_bytes_elements)
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:
@@ -127,9 +128,12 @@ def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...],
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def decode_infer_request(request: Any, limits: Limits = NO_LIMITS
+                         ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(inputs by name, ``{"id", "parameters", "outputs"}`` as ``decode_v2_request``
-    gives them) from a ``ModelInferRequest``; ``BadRequest`` naming the problem."""
+    gives them) from a ``ModelInferRequest``; ``BadRequest`` naming the problem,
+    ``TooLarge`` past ``limits`` (checked from the declared shapes before any tensor is
+    built, as over HTTP)."""
     if not request.inputs:
         raise BadRequest("the request has no inputs")
     raw = request.raw_input_contents
@@ -137,6 +141,7 @@ def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str,
         raise BadRequest(f"raw_input_contents holds {len(raw)} entries for "
                          f"{len(request.inputs)} inputs: one per input, in order")
     inputs: dict[str, np.ndarray] = {}
+    total = 0
     for i, tensor in enumerate(request.inputs):
         name = tensor.name
         if name in inputs:
@@ -146,6 +151,11 @@ def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str,
                              f"(expected one of {', '.join(DATATYPES)})")
         _parameters(tensor.parameters, f"input {name!r}: parameter")
         shape = _shape(tensor)
+        # BYTES: the raw data sent, or a pointer per element (as decode_v2_request counts)
+        nbytes = len(raw[i]) if raw and tensor.datatype == "BYTES" \
+            else math.prod(shape) * DATATYPES[tensor.datatype].itemsize
+        total += nbytes
+        limits.check(name, shape[0] if shape else 1, nbytes, total)
         if raw:
             if tensor.HasField("contents"):
                 raise BadRequest(f"input {name!r}: contents given while the request uses "
@@ -294,7 +304,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             arrived = node.serving.clock()
             version = _version(request.model_version, name)
             known = node.cache.entry(name, version).signature  # unknown model: 404
-            inputs, meta = decode_infer_request(request)
+            inputs, meta = decode_infer_request(request,
+                                                node.serving.request_limits(name, version))
             if known is not None:  # reject bad input before it can cause a load
                 check_inputs(known, inputs)
             timeout = timeout_parameter(meta["parameters"])
