@@ -191,6 +191,28 @@ def test_dashboard_is_grafana_json():
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="no promtool on PATH (Debian: apt-get install prometheus)")
+def test_dashboard_expressions_parse_as_promql(tmp_path):
+    """promtool parses every expression (as recording rules), Grafana's variables
+    replaced by what Grafana would put there."""
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    grafana = {"$__rate_interval": "1m", "$__range": "1h", "$instance": ".*"}
+    rules = []
+    for i, expr in enumerate(exprs):
+        for variable, value in grafana.items():
+            expr = expr.replace(variable, value)
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:expr{i}", "expr": expr})
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
 def test_every_metric_the_dashboard_names_exists(scraped):
     _, families = scraped
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
