@@ -18,16 +18,18 @@ Ratios printed: ours (parse + LRU) / libCacheSim (read + LRU), target <= 1.5; an
 cremebrulee / our LRU (simulation only), target <= 2. Then the same as whole processes,
 the way a user runs them (issue 14): ``edgeagent simulate ... --policy lru --json`` vs a
 Python process that imports libCacheSim, reads the CSV and runs its LRU, target <= 1.5;
-and the cremebrulee process / the LRU process, target <= 2. Wall times; the machine is
-shared, so expect noise.
+and the cremebrulee process / the LRU process, target <= 2. Wall times, and for the
+processes also their CPU time (user + system): the machine is shared, so expect noise.
 
     .venv/bin/python bench/sim_speed.py [--functions 100000] [--reps 3] [--policies lru,...]
+                                        [--processes-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,6 +62,8 @@ def main() -> None:
                         help="capacities as shares of all models' bytes, comma-separated "
                              "(0.04 ~ the paper's 128GB of 2.9TB)")
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--processes-only", action="store_true",
+                        help="time only the whole processes (skip the in-process rounds)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where to write the CSVs [default: a temporary directory]")
     args = parser.parse_args()
@@ -91,6 +95,11 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     shares = [float(x) for x in args.capacity_shares.split(",")]
     capacities = [max(int(share * total), int(profiles.size_bytes.max())) for share in shares]
     specs = args.policies.split(",")
+
+    if args.processes_only:
+        _whole_processes(args, trace_csv, profiles_csv, lcs_csv, capacities, total,
+                         [s for s in ("lru", "cremebrulee") if s in specs])
+        return
 
     # The first call per policy, on a few requests (both loops: plain and queueing).
     tiny = dataclasses.replace(trace, timestamps=trace.timestamps[:1000],
@@ -171,42 +180,56 @@ def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Pa
         print("\nwhole processes: skipped (no edgeagent script or neither lru nor cremebrulee)")
         return
 
-    def wall(command: list[str]) -> float:
+    def timed(command: list[str]) -> tuple[float, float]:
+        """(wall seconds, CPU seconds: user + system of the process and its threads)."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
         if done.returncode:
             sys.exit(f"{command[:2]} failed: {done.stderr[-2000:]}")
-        return time.perf_counter() - t
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
     runs: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
+
+    def record(key: tuple[str, int], command: list[str]) -> None:
+        wall, seconds = timed(command)
+        runs.setdefault(key, []).append(wall)
+        cpu.setdefault(key, []).append(seconds)
+
     for _ in range(args.reps):
         for capacity in capacities:
-            runs.setdefault(("libCacheSim", capacity), []).append(
-                wall([sys.executable, "-c", _LCS_PROCESS, str(lcs_csv), str(capacity)]))
+            record(("libCacheSim", capacity),
+                   [sys.executable, "-c", _LCS_PROCESS, str(lcs_csv), str(capacity)])
             for spec in specs:
-                runs.setdefault((spec, capacity), []).append(wall(
-                    [str(edgeagent), "simulate", "--trace", str(trace_csv), "--profiles",
-                     str(profiles_csv), "--capacity", str(capacity), "--policy", spec,
-                     "--json"]))
+                record((spec, capacity),
+                       [str(edgeagent), "simulate", "--trace", str(trace_csv), "--profiles",
+                        str(profiles_csv), "--capacity", str(capacity), "--policy", spec,
+                        "--json"])
     med = statistics.median
     print("\nwhole processes (start-up, parse and simulation; `edgeagent simulate --json` "
-          "vs python + libCacheSim)")
+          "vs python + libCacheSim); wall s, then CPU s (user + system, all threads: "
+          "steadier on a shared machine)")
     for capacity in capacities:
-        lcs = runs["libCacheSim", capacity]
+        lcs, lcs_cpu = runs["libCacheSim", capacity], cpu["libCacheSim", capacity]
         print(f"  capacity {capacity / 1e9:,.0f} GB ({capacity / total:.0%}): "
-              f"libCacheSim LRU {med(lcs):.2f} s (" + _runs(lcs) + ")")
+              f"libCacheSim LRU {med(lcs):.2f} s (" + _runs(lcs) + f"), CPU {med(lcs_cpu):.2f} s")
         for spec in specs:
             print(f"    edgeagent simulate --policy {spec}: {med(runs[spec, capacity]):.2f} s ("
-                  + _runs(runs[spec, capacity]) + ")")
+                  + _runs(runs[spec, capacity]) + f"), CPU {med(cpu[spec, capacity]):.2f} s")
         if "lru" in specs:
-            lru = runs["lru", capacity]
+            lru, lru_cpu = runs["lru", capacity], cpu["lru", capacity]
             print(f"    edgeagent LRU / libCacheSim LRU: "
-                  f"{med([a / b for a, b in zip(lru, lcs)]):.2f}x (target <= 1.5x)")
+                  f"{med([a / b for a, b in zip(lru, lcs)]):.2f}x wall, "
+                  f"{med([a / b for a, b in zip(lru_cpu, lcs_cpu)]):.2f}x CPU (target <= 1.5x)")
             if "cremebrulee" in specs:
-                cb = runs["cremebrulee", capacity]
+                cb, cb_cpu = runs["cremebrulee", capacity], cpu["cremebrulee", capacity]
                 print(f"    edgeagent cremebrulee / edgeagent LRU: "
-                      f"{med([a / b for a, b in zip(cb, lru)]):.2f}x (target <= 2x)")
+                      f"{med([a / b for a, b in zip(cb, lru)]):.2f}x wall, "
+                      f"{med([a / b for a, b in zip(cb_cpu, lru_cpu)]):.2f}x CPU (target <= 2x)")
 
 
 def _runs(times: list[float]) -> str:

@@ -20,7 +20,48 @@ from typing import Any
 
 COMPILED = os.environ.get("EDGEAGENT_JIT", "1").strip() != "0"
 
+
+
+def _import_numba_without_scipy_linalg() -> None:
+    """Import numba such that its set-up does not import ``scipy.linalg``.
+
+    ``numba.np.arraymath`` imports ``scipy.linalg.cython_blas`` when it is first loaded,
+    only to learn whether BLAS exists (0.3-0.8 s of every process that runs a kernel,
+    numpy.f2py included; issue 14's whole-process simulator). Here that check asks
+    whether scipy is installed instead; numba still imports the real BLAS when it
+    compiles a function that uses it (``np.dot``), as before. Any surprise in numba's
+    layout leaves numba's own behaviour untouched.
+    """
+    import importlib.util
+    import sys
+
+    import numba  # noqa: F401  (numba's own set-up first)
+
+    if "numba.np.arraymath" in sys.modules:
+        return
+    try:
+        from numba.np import linalg
+    except ImportError:
+        return
+    real = getattr(linalg, "ensure_blas", None)
+    if real is None:
+        return
+
+    def scipy_installed() -> None:
+        if importlib.util.find_spec("scipy") is None:
+            raise ImportError("scipy 0.16+ is required for linear algebra")
+
+    linalg.ensure_blas = scipy_installed
+    try:
+        from numba.np import arraymath
+    finally:
+        linalg.ensure_blas = real
+    if getattr(arraymath, "ensure_blas", None) is scipy_installed:
+        arraymath.ensure_blas = real
+
+
 if COMPILED:
+    _import_numba_without_scipy_linalg()
     from numba import njit, types
     from numba.experimental import structref
     from numba.extending import overload

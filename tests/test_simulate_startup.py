@@ -1,0 +1,55 @@
+"""``edgeagent simulate`` pays no start-up it does not need (issue 14's whole-process
+simulator): numba's set-up skips ``scipy.linalg`` (``cachepolicies.jit``), the trace is
+dictionary-encoded by the CSV reader (no ``pyarrow.compute``), pandas never loads; and a
+kernel that does use BLAS (``np.dot``) still compiles in the same process afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = '''
+import json, sys
+from agent.cli import main
+try:
+    main(["simulate", "--trace", sys.argv[1], "--profiles", sys.argv[2], "--capacity", "25",
+          "--policy", "lru", "--json"], standalone_mode=False)
+except SystemExit:
+    pass
+loaded = [m for m in ("scipy.linalg", "numpy.f2py", "pyarrow.compute", "pandas")
+          if m in sys.modules]
+import numpy as np
+from numba import njit
+
+@njit
+def dot(a, b):
+    return np.dot(a, b)
+
+print(json.dumps({"loaded": loaded,
+                  "dot": float(dot(np.arange(3.0), np.arange(3.0)))}))
+'''
+
+
+def test_simulate_process_imports_and_blas(tmp_path):
+    trace, profiles = tmp_path / "trace.csv", tmp_path / "profiles.csv"
+    profiles.write_text("model,size_bytes,load_seconds,exec_seconds\n"
+                        "a,10,1,0.1\nb,10,2,0.1\nc,10,3,0.1\n")
+    trace.write_text("timestamp,model\n" + "".join(
+        f"{t},{m}\n" for t, m in enumerate("abcabcaabbcc")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("EDGEAGENT_JIT", None)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(trace), str(profiles)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    result = json.loads("\n".join(lines[:-1]))
+    assert result[0]["policy"] == "lru" and result[0]["misses"] == 9  # 2 of 3 fit: LRU thrashes
+    assert report["loaded"] == []
+    assert report["dot"] == 5.0
