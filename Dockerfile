@@ -29,7 +29,7 @@ p.choose_victims(1, 2.0); p.remove('m')" \
 WORKDIR /var/lib/edgeagent
 USER edgeagent
 VOLUME ["/models", "/var/lib/edgeagent"]
-EXPOSE 8000
+EXPOSE 8000 8001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
 ENTRYPOINT ["edgeagent", "serve", "--host", "0.0.0.0", "--port", "8000"]
