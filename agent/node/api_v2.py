@@ -13,7 +13,8 @@ from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
-from agent.node.tensors import BadRequest, decode_v2_request, encode_v2_response, parse_json
+from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_response, json_object,
+                                parse_json)
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -129,7 +130,7 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
 
 async def repository_index(request: web.Request) -> web.Response:
     body = await request.read()
-    only_ready = bool(parse_json(body).get("ready")) if body.strip() else False
+    only_ready = bool(json_object(body).get("ready")) if body.strip() else False
     return web.json_response(repository_index_items(request.app[NODE], only_ready))
 
 
