@@ -342,6 +342,23 @@ def test_a_load_that_cannot_get_room_is_unavailable_with_retry_after(repo, serve
     assert int(trailing["retry-after"]) >= 1
 
 
+def test_the_calls_deadline_bounds_the_request(repo, serve):
+    """A call's gRPC deadline is the request's timeout, as the ``timeout`` parameter is:
+    a model that cannot answer in time does not hold the client past it."""
+    add_synthetic(repo, "slow", size_bytes=1000, base_ms=1500)
+    agent = serve(repo)
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    x = np.ones((1, 1), np.float32)
+    inp = grpcclient.InferInput("X", [1, 1], "FP32")
+    inp.set_data_from_numpy(x)
+    started = time.perf_counter()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("slow", [inp], client_timeout=0.3)
+    assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.perf_counter() - started < 1.2
+    assert client.infer("slow", [inp]).as_numpy("Y").shape == (1, 1)  # still serving
+
+
 def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
