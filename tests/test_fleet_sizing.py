@@ -180,7 +180,8 @@ def test_provisioning(fleet, start_coordinator):  # noqa: F811
     # the running big node carries the load alone (743 req/s): stop both small ones
     assert doc["plan"] == {"small": 0, "big": 1} and doc["stop"] == {"small": 2}
     assert doc["launch"] == {} and doc["cost_per_hour_after"] == pytest.approx(0.3)
-    assert len(doc["forecast_rps"]) == 42 and doc["step_s"] == 10
+    # the planner's 10 s forecast over 420 s, as MArk's one-minute steps
+    assert len(doc["forecast_rps"]) == 7 and doc["step_s"] == 60
     assert doc["left_out"] == {} and doc["unpriced_running"] == []
 
     # a heavier load needs more than the big node: MArk launches the cheapest per request

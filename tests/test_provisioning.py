@@ -86,23 +86,38 @@ def test_exhaustive_on_a_hand_case():
 
 def test_greedy_vs_exhaustive_and_peak_on_small_cases():
     """Issue 12's target: within 5 % of the exhaustive optimum while meeting demand. Over
-    these 28 cases the greedy with break-even scale-in (6-step perfect forecast) is 0.4 %
-    above on average, 27 within 5 %, worst 5.9 % (case 2: a cheap-per-request type with a
-    long launch is chosen over a running one that a later peak needs back); the paper's
-    scale-in alone 5.6 %, with the 6-plan cool-down 11.7 %, "always the peak" 17.3 %."""
+    these 28 cases (6-step perfect forecast) the default (break-even scale-in and the
+    rollout step) is 0.3 % above on average, all 28 within 5 %, worst 3.8 %; the
+    paper's greedy alone 5.6 % (worst 31.6 %), with the break-even scale-in 0.4 % (worst
+    5.9 %), with the 6-plan cool-down 12.3 %, "always the peak" 17.3 %."""
     gaps, paper, peaks = [], [], []
     for types, demand in random_cases(28):
         best = optimal_cost(types, demand)
         cost, unmet = simulate(types, demand, horizon=6)
         assert unmet == 0 and cost >= best - 1e-12
         gaps.append(cost / best - 1)
-        cost, unmet = simulate(types, demand, horizon=6, break_even=False)
+        cost, unmet = simulate(types, demand, horizon=6, break_even=False, lookahead=False)
         assert unmet == 0
         paper.append(cost / best - 1)
         peaks.append(peak_cost(types, demand) / best - 1)
-    assert np.mean(gaps) < 0.01 and max(gaps) < 0.06
-    assert sum(g <= 0.05 for g in gaps) >= 27
+    assert np.mean(gaps) < 0.01 and max(gaps) < 0.05
     assert np.mean(gaps) < np.mean(paper) < np.mean(peaks)
+
+
+def test_rollout_step_prices_the_whole_window():
+    # case 2 of random_cases: a type cheap per request with a long launch (t2) is what
+    # FILL picks at step 1, but a running t0 is needed again for the peak at the end;
+    # the rollout step keeps it and the trace costs less
+    types, demand = list(random_cases(3))[2]
+    plain = simulate(types, demand, horizon=6, lookahead=False)[0]
+    rolled = simulate(types, demand, horizon=6)[0]
+    best = optimal_cost(types, demand)
+    assert rolled < plain and rolled / best - 1 < 0.05 < plain / best - 1
+    # a candidate is never short of the target step's demand
+    p = Provisioner(types)
+    for k in range(len(demand)):
+        plan = p.step(demand[k:k + 6]).plan
+        assert sum(t.capacity_rps * plan[t.name] for t in types) >= demand[k] - 1e-9
 
 
 PROBLEM = {"types": [{"name": "c5.large", "price_per_hour": 0.085, "capacity_rps": 40,

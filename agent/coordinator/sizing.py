@@ -8,7 +8,8 @@
   it). The answer is ``plan size --json``'s object plus ``types`` (the order of
   ``best``) and ``models`` (the rates and processing times sized for).
 * :func:`provision_fleet`: ``GET /v1/provisioning``: MArk's provisioner
-  (``provisioning.Provisioner``) over the planner's forecast of the total request rate,
+  (``provisioning.Provisioner``) over the planner's forecast of the total request rate
+  in one-minute steps (MArk's unit; the largest forecast rate within each),
   the catalogue's kinds as instance types (capacity: cores over the rate-weighted
   processing time measured on that kind, or its ``capacity_rps``) and the live nodes
   per kind as the running instances.
@@ -37,6 +38,7 @@ from agent.validation import (SchemaError, boolean, check, choice, json_object, 
 from agent.wire import NodeReport
 
 MAX_SAMPLES = 10_000
+PROVISION_STEP_S = 60.0   # MArk's scheduling unit (1 minute)
 REQUEST_FIELDS = ("from_reports", "node_types", "seed", "max_samples", "method",
                   "qos_target_percent")
 
@@ -183,10 +185,12 @@ def size_fleet(planner: Planner, config: CoordinatorConfig, now: float,
 # -- provisioning ------------------------------------------------------------------------
 
 
-def forecast_total(planner: Planner, models: tuple[ModelSpec, ...], now: float
-                   ) -> list[float]:
-    """The fleet's request rate per ``rate_step_s`` over the planning window: per step
-    the sum over models of the ``rate_quantile`` quantile of their forecast."""
+def forecast_total(planner: Planner, models: tuple[ModelSpec, ...], now: float,
+                   step_s: float) -> list[float]:
+    """The fleet's request rate per ``step_s`` over the planning window: the sum over
+    models of the ``rate_quantile`` quantile of their forecast per ``rate_step_s``, and
+    per provisioning step the largest of its forecast steps (MArk's F_t is the
+    maximum rate predicted within step t)."""
     q = planner.config.rate_quantile
     total: list[float] = []
     for m in models:
@@ -195,7 +199,10 @@ def forecast_total(planner: Planner, models: tuple[ModelSpec, ...], now: float
             continue
         steps = [float(x) for x in predicted.quantiles((q,))[q]]
         total = [a + b for a, b in zip(total, steps)] if total else steps
-    return total or [0.0]
+    if not total:
+        return [0.0]
+    group = max(1, round(step_s / planner.config.rate_step_s))
+    return [max(total[i:i + group]) for i in range(0, len(total), group)]
 
 
 def provision_fleet(planner: Planner, config: CoordinatorConfig, now: float
@@ -207,7 +214,8 @@ def provision_fleet(planner: Planner, config: CoordinatorConfig, now: float
                         "to the coordinator config")
     problem, _, live = planner.build(now)
     kinds = _by_kind(live)
-    forecast = forecast_total(planner, problem.models, now)
+    step_s = max(PROVISION_STEP_S, config.rate_step_s)
+    forecast = forecast_total(planner, problem.models, now, step_s)
     weights = {m.name: m.rate for m in problem.models}
     total_rate = sum(weights.values())
     types, left_out, shown = [], {}, {}
@@ -235,11 +243,11 @@ def provision_fleet(planner: Planner, config: CoordinatorConfig, now: float
                         + "; ".join(f"{k}: {v}" for k, v in left_out.items()))
     running = {name: len(reports) for name, reports in kinds.items()}
     unknown = sorted(k for k in running if k not in shown)
-    provisioner = Provisioner(types, step_s=config.rate_step_s,
+    provisioner = Provisioner(types, step_s=step_s,
                               running={k: v for k, v in running.items() if k in shown})
     try:
         decision = provisioner.step(forecast)
     except ProvisioningError as exc:
         raise PlanError(f"provisioning: {exc}") from None
-    return {**decision.to_json(), "step_s": config.rate_step_s, "forecast_rps": forecast,
+    return {**decision.to_json(), "step_s": step_s, "forecast_rps": forecast,
             "types": shown, "left_out": left_out, "unpriced_running": unknown}
