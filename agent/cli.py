@@ -26,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("agent.commands.profile:profile",
                 "Measure model profiles (memory, load and execution time)."),
     "serve": ("agent.commands.serve:serve",
-              "Run the node agent (OIP v2 + TF Serving REST + cache admin + /metrics)."),
+              "Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin + "
+              "/metrics)."),
     "simulate": ("agent.commands.simulate:simulate_command",
                  "Simulate model-level caching: load delay per policy and capacity."),
     "workload": ("agent.commands.workload:workload",
