@@ -169,7 +169,8 @@ def _counts(counts) -> str:
 @click.option("--problem", "problem_file", type=click.File("r"), required=True,
               help="Provisioning JSON: types (name, price_per_hour, capacity_rps or "
                    "batch_size + batch_ms, launch_s), forecast (req/s per step), step_s, "
-                   "tau, slo_ms, running, recent_targets.")
+                   "tau, slo_ms, running, scale_in_plans (cool-down, default 1: none), "
+                   "recent_targets.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def provision_cmd(problem_file, as_json) -> None:
     """What to launch and stop now to serve the forecast cheaply (MArk)."""
