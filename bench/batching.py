@@ -143,7 +143,7 @@ def start_agent(repo: Path, data: Path) -> tuple[subprocess.Popen, str]:
                                       "cpu_budget": "2GiB", "port": 0, "restore": False,
                                       "log_level": "warning"}))
     agent = subprocess.Popen([str(Path(sys.executable).with_name("edgeagent")), "serve",
-                              "--config", str(config)], stdout=subprocess.PIPE, text=True,
+                              "--config", str(config), "--grpc-port", "0"], stdout=subprocess.PIPE, text=True,
                              cwd=ROOT)
     return agent, agent.stdout.readline().split()[3]
 

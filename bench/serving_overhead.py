@@ -156,7 +156,8 @@ def main() -> None:
         path = write_mlp(repo / "small" / "1" / "model.onnx", **SHAPE)
         agent = subprocess.Popen(
             [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository",
-             str(repo), "--port", "0", "--data-dir", str(Path(tmp) / "data"),
+             str(repo), "--port", "0", "--grpc-port", "0", "--data-dir",
+             str(Path(tmp) / "data"),
              "--cpu-budget", "256MB", "--log-level", "warning"],
             stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:

@@ -257,6 +257,7 @@ class Agent:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from agent.cli import main; main()", "serve",
              "--repository", str(repo), "--data-dir", str(data), "--port", "0",
+             "--grpc-port", "0",
              "--cpu-budget", "8GiB", "--gpu-budget", f"cuda:0={gpu_budget}",
              "--log-level", "info"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         for line in self.proc.stdout:
