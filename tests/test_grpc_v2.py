@@ -342,6 +342,19 @@ def test_a_load_that_cannot_get_room_is_unavailable_with_retry_after(repo, serve
     assert int(trailing["retry-after"]) >= 1
 
 
+def test_a_model_that_can_never_fit_is_resource_exhausted(repo, serve):
+    add_synthetic(repo, "huge", size_bytes=300_000_000)
+    agent = serve(repo, budget=100_000_000)
+    channel, stub = _stub(agent)
+    req = service_pb2.ModelInferRequest(model_name="huge")
+    t = req.inputs.add(name="X", datatype="FP32", shape=[1, 1])
+    t.contents.fp32_contents.append(1.0)
+    with channel:
+        code, details, trailing = _code(stub.ModelInfer, req)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "huge" in details  # HTTP 507
+    assert "retry-after" not in trailing  # retrying cannot help
+
+
 def test_the_calls_deadline_bounds_the_request(repo, serve):
     """A call's gRPC deadline is the request's timeout, as the ``timeout`` parameter is:
     a model that cannot answer in time does not hold the client past it."""
