@@ -29,6 +29,7 @@ run: $(RUN_STAMP)
 	@echo "Starting the node agent on the embedded demo. Query it from another shell:"
 	@echo "  curl -s $(URL)/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
 	@echo "  $(BIN)/edgeagent cache ls --url $(URL)"
+	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):8001"
 	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT)
 
 test: $(TEST_STAMP)
