@@ -170,8 +170,9 @@ class Backend(ABC):
         #: and where they come from, for messages; None: the default warm-up.
         self.warmup_sample: dict[str, np.ndarray] | None = None
         self.warmup_source = "warmup"
-        #: Whether the last load's warm-up ran (False: the first request is the cold run).
-        self.warmed = False
+        #: Whether the last load's warm-up ran, and whether a default one failed (then
+        #: the first request is the cold run).
+        self.warmed = self.warm_up_failed = False
 
     @classmethod
     def create(cls, name: str, version: int, path: Path, config: "ModelConfig",
@@ -229,8 +230,9 @@ class Backend(ABC):
         into ``first_run_seconds``: on ``warmup_sample`` when the config gives one (its
         failure is a ``BackendError``: the load fails), else, unless ``warmup: none``, on
         zeros shaped by the signature (-1 dims as 1), whose failure is logged: the model
-        still loads and its first request is the cold run (``warmed`` stays False)."""
-        self.warmed, self.first_run_seconds = False, 0.0
+        still loads and its first request is the cold run (``warm_up_failed``)."""
+        self.warmed = self.warm_up_failed = False
+        self.first_run_seconds = 0.0
         option = self.config.warmup
         mode = option.mode if option is not None else (
             "default" if self.DEFAULT_WARMUP else "none")
@@ -252,6 +254,7 @@ class Backend(ABC):
                 raise BackendError(f"{self.warmup_source}: warm-up failed: {exc}") from None
             log.warning("%s:%s: the default warm-up (zeros) failed, serving anyway (the first "
                         "request is the cold run): %s", self.name, self.version, exc)
+            self.warm_up_failed = True
             return
         self.first_run_seconds = time.perf_counter() - started
         self.warmed = True

@@ -525,10 +525,10 @@ class ModelCache:
         entry.backend, entry.state = backend, State.READY
         first_run = result.first_run_seconds
         entry.load_seconds = max(result.seconds - first_run, 0.0)
-        if backend.warmed or not entry.first_run_seconds:
+        if backend.warm_up_failed and entry.first_run_seconds:
+            first_run = entry.first_run_seconds  # the last cold first request's, measured
+        else:
             entry.first_run_seconds = first_run
-        else:  # no warm-up ran: the last cold first request stands for its first run
-            first_run = entry.first_run_seconds
         entry.metadata, entry.signature = backend.metadata(), list(backend.inputs)
         entry.loads += 1
         warm = self.warm_exec(entry)

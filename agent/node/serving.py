@@ -137,7 +137,7 @@ class ModelRuntime:
         self.batcher: ModelBatcher | None = None
         self.prediction_cache: PredictionCache | None = None
         self.stats = ModelStats()  # Triton's statistics extension (agent.node.stats)
-        #: Loaded without a warm-up run: its first batch is the cold first run.
+        #: Its default warm-up failed: its first batch is the cold first run.
         self.cold_entry: Entry | None = None
 
     def configure(self, settings: ServingSettings) -> None:
@@ -247,7 +247,7 @@ class Serving:
         rt.batcher = ModelBatcher(entry.key, backend, self.executor, rt.tuner,
                                   batchable=batchable, workers=rt.workers, clock=self.clock,
                                   on_batch=rt.on_batch, stats=rt.stats)
-        rt.cold_entry = None if backend.warmed else entry
+        rt.cold_entry = entry if backend.warm_up_failed else None
         log.info("serving %s: %s, SLO %.0f ms (p%g), %d worker(s), queue bound %d%s",
                  entry.key, f"batched up to {rt.settings.max_batch_size}" if batchable
                  else "not batched", rt.settings.slo * 1000, rt.settings.percentile,
