@@ -10,8 +10,8 @@ subprocess on loopback) with real ONNX MLPs. Prints figures; not a test.
 2. Health latency while large bodies decode: ``GET /v2/health/ready`` polled every 20 ms
    while idle (the baseline, same run) and while a ~30 MB v2 JSON request (1.4 M rows x 4)
    is decoded, run and encoded; p50 / p99 / max and the ratio of the p99s.
-3. Memory: the agent's RSS (process and its children: the decoding child counts) after
-   warm-up, its peak during a burst of ``--burst`` large requests (~8 MB JSON each, 2 at a
+3. Memory: the agent's RSS (process and its children: the decoding child counts; the
+   agent process alone too) after warm-up, its peak during a burst of ``--burst`` large requests (~8 MB JSON each, 2 at a
    time), and after the burst settles; the 40,000-row request of the issue (413 under the
    default limit) and the RSS it costs. mlp0 and mlp1 allow 2,000,000 rows per request
    (their config.yaml) for phases 2 and 3; mlp2 keeps the default.
@@ -238,9 +238,12 @@ def health_during_large(base: str) -> dict:
 
 
 def memory_burst(base: str, pid: int, burst: int) -> dict:
+    import psutil
+
+    agent = psutil.Process(pid)
     sampler = RssSampler(pid).start()
     time.sleep(0.5)
-    before = sampler.rss()
+    before, agent_before = sampler.rss(), agent.memory_info().rss
     body = json.dumps(v2(350_000)).encode()
     statuses: collections.Counter = collections.Counter()
 
@@ -254,7 +257,7 @@ def memory_burst(base: str, pid: int, burst: int) -> dict:
     for t in threads:
         t.join()
     time.sleep(3)
-    after = sampler.rss()
+    after, agent_after = sampler.rss(), agent.memory_info().rss
     huge = json.dumps(v2(40_000)).encode()
     status_40k, _ = post(base, "/v2/models/mlp2/infer", huge)
     time.sleep(1)
@@ -265,6 +268,8 @@ def memory_burst(base: str, pid: int, burst: int) -> dict:
             "statuses": dict(statuses), "rss_before_mb": round(before * mb),
             "rss_peak_mb": round(peak * mb), "rss_after_mb": round(after * mb),
             "growth_after_mb": round((after - before) * mb),
+            "agent_only_before_mb": round(agent_before * mb),
+            "agent_only_after_mb": round(agent_after * mb),
             "rows_40000_status": status_40k,
             "rows_40000_rss_cost_mb": round((after_40k - after) * mb)}
 
@@ -291,7 +296,7 @@ def main() -> None:
                 (repo / name / "config.yaml").write_text("max_request_rows: 2000000\n")
         port = free_port()
         config = {"repository": str(repo), "data_dir": str(work / "data"), "port": port,
-                  "cpu_budget": "512MiB", "log_level": "warning"}
+                  "cpu_budget": "512MiB", "log_level": "warning", "grpc_port": 0}
         (work / "agent.yaml").write_text(yaml.safe_dump(config))
         log = work / "agent.log"
         with open(log, "w") as out:
@@ -336,7 +341,9 @@ def main() -> None:
     print(f"memory: {m['requests']} requests of {m['body_mb']} MB (2 at a time), "
           f"statuses {m['statuses']}")
     print(f"  RSS before {m['rss_before_mb']} MiB, peak {m['rss_peak_mb']} MiB, after "
-          f"{m['rss_after_mb']} MiB (growth {m['growth_after_mb']:+d} MiB)")
+          f"{m['rss_after_mb']} MiB (growth {m['growth_after_mb']:+d} MiB); the agent "
+          f"process alone, without its decoding child: {m['agent_only_before_mb']} -> "
+          f"{m['agent_only_after_mb']} MiB")
     print(f"  40,000-row request (default limit): {m['rows_40000_status']}, RSS cost "
           f"{m['rows_40000_rss_cost_mb']:+d} MiB")
     print(f"agent still running: {alive}")

@@ -25,7 +25,9 @@ async def predict(request: web.Request) -> web.Response:
     inputs, style = None, "row"
     if known is not None:  # reject bad input before it can cause a load
         inputs, style = await node.decoder.run(len(raw), decode_tf_checked, raw, known, limits)
-    else:  # malformed JSON, or too many rows, never cause a load
+    else:  # malformed JSON, or too many rows, never cause a load; the parsed document
+        # is kept for after the load, so it is parsed here or on a thread, never in the
+        # child (its objects would be pickled back)
         body = await node.decoder.run(min(len(raw), node.decoder.process_bytes),
                                       json_object, raw)
         check_tf_size(body, None, limits)
