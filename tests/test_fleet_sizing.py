@@ -234,10 +234,23 @@ def test_fleet_evaluator_scores_pools_with_faro():
     tiny, enough = ev.score((1, 0)), ev.score((0, 1))
     assert tiny.qos_percent < 50 < 99 < enough.qos_percent   # 4 cores of work on 2
     assert enough.replicas == {"a": {"big": enough.replicas["a"]["big"]}}
-    mixed = ev.score((2, 1))
-    assert set(mixed.replicas["a"]) == {"small", "big"}
+    # replicas go where the model runs fastest while cores last
+    assert set(ev.score((2, 1)).replicas["a"]) == {"big"}
     assert ev.price((2, 1)) == pytest.approx(0.5)
     assert search(ev, "exhaustive").best.counts == (0, 1)
+    # 1000 req/s is 8 cores of work on big: one big node misses, small ones top it up
+    heavy = FleetEvaluator(types, [ModelSpec("a", rate=1000, proc_s=0.02, slo_s=0.1)])
+    assert heavy.score((0, 1)).qos_percent < 99
+    mixed = heavy.score((4, 1))
+    assert mixed.replicas["a"]["big"] == 8 and mixed.replicas["a"]["small"] >= 1
+    assert mixed.qos_percent >= 99
+    # adding a node of either kind never lowers QoS by more than Ribbon's 1-point
+    # pruning threshold on this grid
+    for c in heavy.space.iter_grid():
+        for i in range(2):
+            more = tuple(n + (j == i) for j, n in enumerate(c))
+            if heavy.space.contains(more):
+                assert heavy.score(more).qos_percent >= heavy.score(c).qos_percent - 1
 
 
 def test_two_real_agents_reporting_then_sizing(start_coordinator, tmp_path):  # noqa: F811
