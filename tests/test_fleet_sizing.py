@@ -129,6 +129,8 @@ def test_sizing_with_node_types_in_the_request(fleet):
     ({"node_types": {"big": {"price_per_hour": -1}}}, "node_types.big.price_per_hour"),
     ({"node_types": {"big": {"proc_ms": {"a": 0}}}}, "node_types.big.proc_ms.a"),
     ({"node_types": {"big": {"max_count": 0}}}, "max counts"),
+    ({"node_types": {"big": {"max_count": 1000}, "small": {"max_count": 1000}}},
+     "node_types: max_count allows 1002000 pools; at most 200000"),
     ({"node_types": []}, "node_types: must be a JSON object"),
     ([1], "body: must be a JSON object"),
 ])
@@ -295,3 +297,28 @@ def test_two_real_agents_reporting_then_sizing(start_coordinator, tmp_path):  # 
     finally:
         for a in agents:
             a.close()
+
+
+def test_a_long_sizing_does_not_block_reports(fleet):
+    """The search runs in a worker thread: reports are answered while it runs."""
+    co = fleet()
+    done = {}
+
+    def size():
+        done["sizing"] = co.request("POST", "/v1/sizing", {
+            "node_types": {"small": {"max_count": 40}, "big": {"max_count": 20}},
+            "method": "exhaustive"})
+        done["sizing_at"] = time.monotonic()
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(size)
+        time.sleep(0.3)
+        answered = []
+        while not future.done() and len(answered) < 5:
+            status, _ = co.request("POST", "/v1/nodes/s1/report", report("small", 0.25))
+            answered.append((status, time.monotonic()))
+        future.result()
+    status, doc = done["sizing"]
+    assert status == 200 and doc["samples"] == 41 * 21 - 1
+    assert answered and all(s == 200 for s, _ in answered)
+    assert answered[0][1] < done["sizing_at"]   # answered while the search ran

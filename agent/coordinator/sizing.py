@@ -38,6 +38,7 @@ from agent.validation import (SchemaError, boolean, check, choice, json_object, 
 from agent.wire import NodeReport
 
 MAX_SAMPLES = 10_000
+MAX_POOLS = 200_000       # candidate pools (the product of max_count + 1, less one)
 PROVISION_STEP_S = 60.0   # MArk's scheduling unit (1 minute)
 REQUEST_FIELDS = ("from_reports", "node_types", "seed", "max_samples", "method",
                   "qos_target_percent")
@@ -166,6 +167,10 @@ def size_fleet(planner: Planner, config: CoordinatorConfig, now: float,
                request: SizingRequest) -> dict[str, Any]:
     """Run the search; ``plan size --json``'s object plus ``types`` and ``models``."""
     evaluator = fleet_evaluator(planner, config, now, request)
+    if evaluator.space.size > MAX_POOLS:
+        where = "node_types" if request.node_types is not None else "config node_types"
+        raise SizingRequestError(f"{where}: max_count allows {evaluator.space.size} pools; "
+                                 f"at most {MAX_POOLS} can be searched")
     limit = request.max_samples or (min(evaluator.space.size, MAX_SAMPLES)
                                     if request.method == "exhaustive" else DEFAULT_MAX_SAMPLES)
     result = search(evaluator, request.method, seed=request.seed, max_samples=limit)
