@@ -199,6 +199,14 @@ def test_provisioning(fleet, start_coordinator):  # noqa: F811
     status, doc = start_coordinator().request("GET", "/v1/provisioning")
     assert status == 409 and "node_types" in doc["error"]
 
+    # a load no sensible pool serves is refused, not searched for minutes
+    flood = fleet(node_types={"small": CATALOGUE["small"]})
+    body = report("small", 1.0)
+    body["models"]["a"]["arrivals"] = [[age, 10.0, 1e8] for age in range(50, -10, -10)]
+    flood.request("POST", "/v1/nodes/s1/report", body)
+    status, doc = flood.request("GET", "/v1/provisioning")
+    assert status == 409 and "needs more than 1000 nodes" in doc["error"]
+
 
 def run(*args):
     result = CliRunner().invoke(main, ["coordinator", *args], catch_exceptions=False)

@@ -40,6 +40,7 @@ from agent.wire import NodeReport
 MAX_SAMPLES = 10_000
 MAX_POOLS = 200_000       # candidate pools (the product of max_count + 1, less one)
 PROVISION_STEP_S = 60.0   # MArk's scheduling unit (1 minute)
+MAX_INSTANCES = 1000      # provisioning adds one instance at a time: bound the work
 REQUEST_FIELDS = ("from_reports", "node_types", "seed", "max_samples", "method",
                   "qos_target_percent")
 
@@ -246,6 +247,10 @@ def provision_fleet(planner: Planner, config: CoordinatorConfig, now: float
     if not types:
         raise PlanError("no kind of node has a known capacity: "
                         + "; ".join(f"{k}: {v}" for k, v in left_out.items()))
+    fewest = max(forecast) / max(t.capacity_rps for t in types)
+    if fewest > MAX_INSTANCES:
+        raise PlanError(f"the forecast ({max(forecast):.4g} req/s) needs more than "
+                        f"{MAX_INSTANCES} nodes of any kind in node_types")
     running = {name: len(reports) for name, reports in kinds.items()}
     unknown = sorted(k for k in running if k not in shown)
     provisioner = Provisioner(types, step_s=step_s,
