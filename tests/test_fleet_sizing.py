@@ -330,3 +330,23 @@ def test_a_long_sizing_does_not_block_reports(fleet):
     assert status == 200 and doc["samples"] == 41 * 21 - 1
     assert answered and all(s == 200 for s, _ in answered)
     assert answered[0][1] < done["sizing_at"]   # answered while the search ran
+
+
+def test_node_type_in_agent_config_report_and_coordinator_config(fleet, tmp_path):
+    from agent.config import parse_agent_config
+    from agent.coordinator.config import parse_coordinator_config
+    from agent.validation import ConfigError
+
+    cfg = parse_agent_config({"repository": str(tmp_path), "coordinator": {
+        "url": "http://127.0.0.1:8100", "node_type": "c5.large"}})
+    assert cfg.coordinator.node_type == "c5.large"
+    co_cfg = parse_coordinator_config({"node_types": {"c5.large": {
+        "price_per_hour": 0.085, "cpu_memory_bytes": "4GiB"}}})
+    assert co_cfg.node_types["c5.large"].cpu_memory_bytes == 4 * 2**30
+    with pytest.raises(ConfigError, match="c.yaml: node_types.x.price_per_hour: missing"):
+        parse_coordinator_config({"node_types": {"x": {"max_count": 2}}}, "c.yaml")
+    co = fleet()
+    for bad in ("", "a b", 7):
+        status, doc = co.request("POST", "/v1/nodes/n/report", {**report(None, 0),
+                                                                "node_type": bad})
+        assert status == 400 and "node_type" in doc["error"], doc

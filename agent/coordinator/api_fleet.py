@@ -17,6 +17,7 @@ import asyncio
 from aiohttp import web
 
 from agent.coordinator.catalog import CatalogError
+from agent.coordinator.planner import Planner
 from agent.coordinator.sizing import parse_sizing_request, provision_fleet, size_fleet
 from agent.validation import load_json
 
@@ -26,6 +27,12 @@ SIZING_LOCK: web.AppKey[asyncio.Lock] = web.AppKey("sizing_lock", asyncio.Lock)
 def _coordinator(request: web.Request):
     from agent.coordinator.app import COORDINATOR  # the app imports this module
     return request.app[COORDINATOR]
+
+
+def _reader(co) -> Planner:
+    """A ``Planner`` over the coordinator's store, for its view (live reports, models,
+    forecasts) only: plans are made elsewhere (``co.planner``)."""
+    return Planner(co.store, co.config, clock=co.clock)
 
 
 async def sizing_post(request: web.Request) -> web.Response:
@@ -38,14 +45,15 @@ async def sizing_post(request: web.Request) -> web.Response:
     sizing = parse_sizing_request(body, co.config)
     async with request.app[SIZING_LOCK]:
         await asyncio.to_thread(co.writer.flush)
-        result = await asyncio.to_thread(size_fleet, co.planner, co.config, co.clock(), sizing)
+        result = await asyncio.to_thread(size_fleet, _reader(co), co.config, co.clock(),
+                                         sizing)
     return web.json_response(result)
 
 
 async def provisioning_get(request: web.Request) -> web.Response:
     co = _coordinator(request)
     await asyncio.to_thread(co.writer.flush)
-    result = await asyncio.to_thread(provision_fleet, co.planner, co.config, co.clock())
+    result = await asyncio.to_thread(provision_fleet, _reader(co), co.config, co.clock())
     return web.json_response(result)
 
 
