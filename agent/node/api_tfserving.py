@@ -6,7 +6,7 @@ from aiohttp import web
 
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
-from agent.node.routes import NODE, counted, model_ref
+from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.tensors import check_tf_size, decode_tf_checked, encode_tf_body, json_object
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
@@ -43,7 +43,7 @@ async def predict(request: web.Request) -> web.Response:
                                           rows=rows_of(inputs) if inputs else 1)
     out = await node.decoder.run(sum(a.nbytes for a in results.values()), encode_tf_body,
                                  results, style)
-    return web.Response(body=out, content_type="application/json")
+    return await send_body(request, out, "application/json")
 
 
 async def status(request: web.Request) -> web.Response:

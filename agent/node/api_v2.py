@@ -10,7 +10,7 @@ from agent import __version__
 from agent.backends.base import InvalidInput, check_inputs
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
-from agent.node.routes import NODE, counted, model_ref
+from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
 from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_response, json_object,
@@ -105,9 +105,9 @@ async def infer(request: web.Request) -> web.Response:
                                              encode_v2_response, name, entry.version,
                                              results, meta)
     if header_len is None:
-        return web.Response(body=out, content_type="application/json")
-    return web.Response(body=out, content_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(header_len)})
+        return await send_body(request, out, "application/json")
+    return await send_body(request, out, "application/octet-stream",
+                           {"Inference-Header-Content-Length": str(header_len)})
 
 
 def repository_index_items(node: Node, only_ready: bool) -> list[dict]:

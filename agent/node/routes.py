@@ -71,3 +71,26 @@ def model_ref(request: web.Request) -> tuple[str, int | None]:
     except ValueError:  # malformed, not unknown: a 400
         raise InvalidInput(f"model {request.match_info['name']!r} has no version {raw!r}: "
                            "versions are integers (ASCII digits)") from None
+
+
+#: Answers larger than this are written in pieces of this size, each its own step of the
+#: event loop (one write of 50 MB holds the loop for a quarter of a second).
+ANSWER_CHUNK = 2**20
+
+
+async def send_body(request: web.Request, body: bytes, content_type: str,
+                    headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """The 200 answer ``body``: a plain response, or for one over ``ANSWER_CHUNK`` a
+    streamed one (same Content-Length, not chunked) written a piece at a time, so that
+    health checks and small requests are answered between the pieces."""
+    if len(body) <= ANSWER_CHUNK:
+        return web.Response(body=body, content_type=content_type, headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_type = content_type
+    response.content_length = len(body)
+    await response.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(body), ANSWER_CHUNK):
+        await response.write(view[start:start + ANSWER_CHUNK])
+    await response.write_eof()
+    return response
