@@ -104,6 +104,28 @@ def test_greedy_vs_exhaustive_and_peak_on_small_cases():
     assert np.mean(gaps) < np.mean(paper) < np.mean(peaks)
 
 
+def test_greedy_on_cases_it_was_not_developed_on():
+    """200 further seeded cases (seeds 28-227): still within 5 % of the optimum in at
+    least 95 % of them and 1 % above on average (the worst, seed 40, is 22.8 % over:
+    recorded in the module docstring), demand always met."""
+    gaps = []
+    for types, demand in list(random_cases(228))[28:]:
+        cost, unmet = simulate(types, demand, horizon=6)
+        assert unmet == 0
+        gaps.append(cost / optimal_cost(types, demand) - 1)
+    assert np.mean(gaps) < 0.01 and sum(g <= 0.05 for g in gaps) >= 190
+
+
+def test_exhaustive_is_exact_on_a_two_step_case():
+    # 100 then 30 req/s: one big for both steps, one big then a new small, or three
+    # small then one of them (the cheapest: no launch in the second step)
+    cost = optimal_cost([SMALL, BIG], [100.0, 30.0], step_s=60)
+    big = 2 * 0.30 / 60 + BIG.overhead
+    switch = 0.30 / 60 + BIG.overhead + 0.10 / 60 + SMALL.overhead
+    small = 3 * (0.10 / 60 + SMALL.overhead) + 0.10 / 60
+    assert cost == pytest.approx(small) and small < min(big, switch)
+
+
 def test_rollout_step_prices_the_whole_window():
     # case 2 of random_cases: a type cheap per request with a long launch (t2) is what
     # FILL picks at step 1, but a running t0 is needed again for the peak at the end;
