@@ -29,13 +29,16 @@ def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(main)
 
 
-async def listen(app: Any, host: str, port: int, **runner_kwargs: Any) -> tuple[Any, str]:
-    """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL)."""
+async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
+                 **runner_kwargs: Any) -> tuple[Any, str]:
+    """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL).
+    ``backlog``: connections waiting to be accepted (a fleet reconnecting at once needs
+    more than the default; the kernel caps it at net.core.somaxconn)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, backlog=backlog)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
     return runner, f"http://{host}:{bound}"

@@ -191,8 +191,10 @@ def _model(name: str, data: Any) -> ModelReport:
     for i, p in enumerate(arrivals):
         if not isinstance(p, list) or len(p) != 3:
             raise ReportError(f"{where}.arrivals[{i}]", "must be [age_s, seconds, count]")
-        age, secs, count = (_count(v, f"{where}.arrivals[{i}]", c)
-                            for v, c in zip(p, (_SECONDS, _SECONDS, _COUNT)))
+        try:  # one message naming the point (not one string per number: a fleet's rate)
+            age, secs, count = float(_SECONDS(p[0])), float(_SECONDS(p[1])), float(_COUNT(p[2]))
+        except ValueError as exc:
+            raise ReportError(f"{where}.arrivals[{i}]", str(exc)) from None
         if secs <= 0:
             raise ReportError(f"{where}.arrivals[{i}]", "seconds must be > 0")
         if count / secs > MAX_RATE:

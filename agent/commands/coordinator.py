@@ -39,7 +39,7 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     from agent.node.sdnotify import notify
 
     app = create_app(config)
-    runner, url = await listen(app, config.host, config.port)
+    runner, url = await listen(app, config.host, config.port, backlog=4096)  # a fleet
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

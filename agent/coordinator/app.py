@@ -26,14 +26,16 @@ import logging
 import time
 from typing import Any, Callable
 
+import orjson
 from aiohttp import web
 
 from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import Fleet, ReportWriter
-from agent.coordinator.planner import Planner, PlannerLoops
-from agent.coordinator.store import ReportRecord, StoredPlan, Store, StoreUnavailable
+from agent.coordinator.planner import PlannerLoops
+from agent.coordinator.planworker import PlanWorker
+from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import body_timeout_middleware, header_timeout_args
@@ -46,33 +48,23 @@ log = logging.getLogger("edgeagent.coordinator")
 
 class Coordinator:
     """Everything one coordinator process holds: config, store, planner, directives.
-    Reports are answered from memory (``fleet``) and written in batches (``writer``)."""
+    Reports are answered from memory (``fleet``) and written in batches (``writer``);
+    plans are made in a child process (``planner``, a ``PlanWorker``)."""
 
     def __init__(self, config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,
                  start_loops: bool = True) -> None:
         self.config = config
         self.clock = clock
         self.admin_token = read_token(config.admin_token_file)
-        self.store = Store(config.database, rate_step_s=config.rate_step_s)
+        self.store = open_store(config)
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
-        self.planner = Planner(self.store, config, clock=clock, reports=self.live_reports)
+        self.planner = PlanWorker(config, self.store, clock=clock)
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.fleet.adopt)
         self.book = DirectiveBook()
         self.start_loops = start_loops
-
-    def live_reports(self, now: float) -> dict[str, tuple[float, Any]]:
-        """node -> (last_seen, parsed report) of the nodes heard from within the timeout
-        (from memory; any thread)."""
-        out = {}
-        for state in list(self.fleet.nodes.values()):
-            row = state.row
-            if now - row.last_seen <= self.config.node_timeout_s:
-                out[row.name] = (row.last_seen, state.parsed
-                                 or parse_report(row.name, row.report))
-        return out
 
     def node_summary(self, row: Any, now: float) -> dict[str, Any]:
         report = row.report
@@ -123,6 +115,11 @@ async def _json_body(request: web.Request) -> Any:
         raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 
+def _json_fast(doc: Any) -> web.Response:
+    """``web.json_response`` by orjson (the report path's answer)."""
+    return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+
 # -- handlers ---------------------------------------------------------------------------
 
 
@@ -133,7 +130,11 @@ async def health(request: web.Request) -> web.Response:
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
-    body = await _json_body(request)
+    raw = await request.read()
+    try:
+        body = load_json(raw)
+    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
+        raise CatalogError(f"body is not valid JSON: {exc}") from None
     try:
         report = parse_report(name, body)
     except ReportError as exc:
@@ -144,11 +145,11 @@ async def node_report(request: web.Request) -> web.Response:
     now = co.clock()
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
-    co.writer.submit(ReportRecord(name, body, arrivals, now))
+    co.writer.submit(ReportRecord(name, raw, arrivals, now))  # stored as sent
     co.fleet.record(name, body, report, now)
     directives = co.fleet.directives(name, {m for m, r in report.models.items() if r.resident})
     co.book.issue(directives, now)
-    return web.json_response(directives.to_json())
+    return _json_fast(directives.to_json())
 
 
 async def nodes_list(request: web.Request) -> web.Response:
@@ -263,10 +264,12 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()
         if app[COORDINATOR].start_loops:
+            app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await app[COORDINATOR].loops.stop()
+        await asyncio.get_running_loop().run_in_executor(None, app[COORDINATOR].planner.close)
         app[COORDINATOR].writer.close()  # an answered report is written before the end
         app[COORDINATOR].store.close()
 

@@ -109,13 +109,8 @@ class Planner:
     """Plans from the store's catalog and reports; keeps the reactive counters."""
 
     def __init__(self, store: Store, config: CoordinatorConfig, *,
-                 clock: Callable[[], float] = time.time,
-                 reports: Callable[[float], dict[str, tuple[float, NodeReport]]] | None = None
-                 ) -> None:
-        """``reports(now)``: the live nodes' ``(last_seen, report)`` from memory (the
-        coordinator's); without it they are read and parsed from the store."""
+                 clock: Callable[[], float] = time.time) -> None:
         self.store, self.config, self.clock = store, config, clock
-        self.reports = reports
         self.reactive: dict[str, ReactiveState] = {}
         self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
         self.last_error: str | None = None
@@ -123,8 +118,6 @@ class Planner:
     # -- inputs ----------------------------------------------------------------------
     def live_reports(self, now: float) -> dict[str, tuple[float, NodeReport]]:
         """node -> (last_seen, parsed report) for nodes heard from within the timeout."""
-        if self.reports is not None:
-            return self.reports(now)
         out = {}
         for row in self.store.nodes():
             if now - row.last_seen <= self.config.node_timeout_s:
@@ -183,20 +176,22 @@ class Planner:
         if not live:
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
-        catalog = [m for m in self.store.models()
-                   if any(m.name in r.models for r in live.values())]
+        present = {m for r in live.values() for m in r.models}
+        catalog = [m for m in self.store.models() if m.name in present]
         if not catalog:
             raise PlanError("no catalogued model is in a live node's repository; add one "
                             "with PUT /v1/models/{name} or 'edgeagent coordinator models set'")
         ends: dict[str, float] = {}  # model -> the earliest last report of its nodes
+        holders: dict[str, list[NodeReport]] = {}  # model -> the reports that have it
         for last_seen, r in seen.values():
             for m in r.models:
                 ends[m] = min(ends.get(m, last_seen), last_seen)
+                holders.setdefault(m, []).append(r)
         specs, details = [], {}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
-                proc_ms, source = self.processing_ms(slo, list(live.values()))
+                proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
                 spec = ModelSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
@@ -220,25 +215,29 @@ class Planner:
                live: dict[str, NodeReport], previous: StoredPlan | None):
         nodes = [Node(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
                  for n, r in sorted(live.items())]
+        holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
+        for n, r in live.items():
+            for name, m in r.models.items():
+                holders.setdefault(name, {})[n] = m
         demands = []
         for spec in problem.models:
-            on = [r.models[spec.name] for r in live.values() if spec.name in r.models]
+            on = list(holders.get(spec.name, {}).values())
             cpu_model = all(m.device == "cpu" for m in on)
             demands.append(ModelDemand(
                 name=spec.name, replicas=replicas[spec.name],
                 cpu_per_replica=spec.cpu_per_replica,
                 resident_bytes=max((m.size_bytes for m in on), default=0.0) if cpu_model else 0.0,
                 memory_per_replica_bytes=spec.memory_per_replica_bytes,
-                pinned_nodes=frozenset(n for n, r in live.items() if spec.name in r.models)))
+                pinned_nodes=frozenset(holders.get(spec.name, {}))))
         current = {n: dict(row) for n, row in
                    (previous.parsed.assignment if previous else {}).items()}
         # A model the last plan did not place starts where it is resident (no new load).
         placed = {m for row in current.values() for m in row}
-        for n, r in live.items():
-            for spec in problem.models:
-                m = r.models.get(spec.name)
-                if spec.name not in placed and m is not None and m.resident:
-                    current.setdefault(n, {})[spec.name] = 1
+        for spec in problem.models:
+            if spec.name not in placed:
+                for n, m in holders.get(spec.name, {}).items():
+                    if m.resident:
+                        current.setdefault(n, {})[spec.name] = 1
         return place(nodes, demands, current)
 
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
@@ -246,6 +245,10 @@ class Planner:
                 details: dict[str, dict[str, Any]], now: float, kind: str,
                 solver: str, objective: float | None) -> Plan:
         models = {}
+        where: dict[str, dict[str, int]] = {}  # model -> node -> replicas
+        for n, row in placement.assignment.items():
+            for name, count in row.items():
+                where.setdefault(name, {})[n] = count
         for spec in problem.models:
             models[spec.name] = ModelPlan(
                 replicas=replicas[spec.name],
@@ -256,8 +259,7 @@ class Planner:
                 predicted_latency_ms=latency[spec.name] * 1000.0
                 if math.isfinite(latency[spec.name]) else None,
                 utility=utility[spec.name], drop_rate=drops[spec.name],
-                placement={n: row[spec.name] for n, row in placement.assignment.items()
-                           if spec.name in row},
+                placement=where.get(spec.name, {}),
                 unplaced=placement.unplaced.get(spec.name, 0),
                 **details.get(spec.name, {}),
             )

@@ -25,6 +25,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
+import orjson
+
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan
 from agent.errors import AgentError
@@ -89,13 +91,20 @@ PLANS_KEPT = 100
 
 @dataclass(frozen=True)
 class ReportRecord:
-    """One report to write: the node, its body (JSON-able), its arrival points
+    """One report to write: the node, its body (JSON-able, or the JSON as received),
+    its arrival points
     ``(t_end, seconds, count)`` in coordinator time, and when it arrived."""
 
     node: str
     report: dict[str, Any]
     arrivals: dict[str, list[tuple[float, float, float]]]
     now: float
+
+
+def _json_text(doc: Any) -> str:
+    if isinstance(doc, bytes):
+        return doc.decode()
+    return doc if isinstance(doc, str) else json.dumps(doc)
 
 
 def spread(points: Iterable[tuple[float, float, float]], step: float,
@@ -208,7 +217,7 @@ class Store:
             db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report) "
                            "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                            "last_seen = excluded.last_seen, report = excluded.report",
-                           [(r.node, first[r.node], r.now, json.dumps(r.report))
+                           [(r.node, first[r.node], r.now, _json_text(r.report))
                             for r in latest.values()])
             db.executemany("INSERT INTO rate_bins (model, step, t, count) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT(model, step, t) DO UPDATE SET "
@@ -232,7 +241,7 @@ class Store:
                               (before - self.rate_step_s,)).rowcount
 
     def nodes(self) -> list[NodeRow]:
-        return [NodeRow(n, f, s, json.loads(r)) for n, f, s, r in self._query(
+        return [NodeRow(n, f, s, orjson.loads(r)) for n, f, s, r in self._query(
             "SELECT name, first_seen, last_seen, report FROM nodes ORDER BY name")]
 
     def node(self, name: str) -> NodeRow | None:
@@ -295,6 +304,11 @@ class Store:
         """The newest plan's id (cheap: to notice a plan another process made)."""
         rows = self._query("SELECT MAX(id) FROM plans")
         return rows[0][0] if rows else None
+
+
+def open_store(config: Any) -> Store:
+    """The store a coordinator config names (``config.database``: the SQLite file)."""
+    return Store(config.database, rate_step_s=config.rate_step_s)
 
 
 class _Transaction:

@@ -94,9 +94,14 @@ def place(nodes: list[Node], demands: list[ModelDemand],
             if m is not None and count > 0 and _allowed(m, node_name):
                 plan[node_name][model_name] = int(count)
     # 2. trim models above target, from the node where they have the most replicas
+    holders: dict[str, set[str]] = {}  # model -> nodes the plan has it on (a superset)
+    for node_name, row in plan.items():
+        for model_name in row:
+            holders.setdefault(model_name, set()).add(node_name)
     for m in demands:
-        while sum(plan[n].get(m.name, 0) for n in plan) > m.replicas:
-            node = max(plan, key=lambda n: (plan[n].get(m.name, 0), n))
+        on = holders.get(m.name, set())
+        while sum(plan[n].get(m.name, 0) for n in on) > m.replicas:
+            node = max(on, key=lambda n: (plan[n].get(m.name, 0), n))
             plan[node][m.name] -= 1
     # 3. relieve over-full nodes (capacity shrank or current was infeasible)
     for node in nodes:
@@ -108,9 +113,11 @@ def place(nodes: list[Node], demands: list[ModelDemand],
     unplaced: dict[str, int] = {}
     order = sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name))
     for m in order:
-        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in plan)
+        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in holders.get(m.name, ()))
+        candidates = [by_name[n] for n in m.pinned_nodes if n in by_name] \
+            if m.pinned_nodes else nodes  # only where it may go (a fleet is large)
         while missing > 0:
-            target = _choose_node(nodes, plan, models, m)
+            target = _choose_node(candidates, plan, models, m)
             if target is None:
                 unplaced[m.name] = missing
                 break

@@ -1,0 +1,121 @@
+"""Planning in a child process: a plan of a large fleet (reading every live node's
+report, forecasting every model, solving, placing) takes seconds of CPU, and in the
+coordinator's process it would hold the GIL that ingestion needs. The child has its
+own store connection and ``Planner`` (so the reactive counters live there) and reads
+what it plans from the store; the parent flushes queued reports before each call.
+
+``PlanWorker`` has the ``Planner`` methods the loops call (``plan_now``,
+``reactive_tick``), blocking: call them from a worker thread (``PlannerLoops`` does).
+The parent's clock is read for each call and is the child's clock during it. A child
+that died is started again on the next call.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.planner import PlanError, Planner
+from agent.coordinator.store import StoredPlan, open_store
+
+log = logging.getLogger("edgeagent.coordinator.planworker")
+
+
+class PlanWorker:
+    """The parent's side of the planning process."""
+
+    def __init__(self, config: CoordinatorConfig, store: Any, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config, self.store, self.clock = config, store, clock
+        self.last_error: str | None = None
+        self._lock = threading.Lock()  # one call at a time
+        self._proc: Any = None
+        self._conn: Any = None
+
+    def start(self) -> None:
+        """Start the child now (it imports the solver: seconds), not on the first plan."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        ctx = mp.get_context("spawn")  # the parent has threads: no fork
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self.config),
+                                 name="edgeagent-planner", daemon=True)
+        self._proc.start()
+        child.close()
+
+    def _call(self, method: str, *args: Any) -> StoredPlan | None:
+        with self._lock:
+            self._ensure()
+            try:
+                self._conn.send((method, self.clock(), args))
+                status, value = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                self._proc = None
+                raise RuntimeError(f"the planning process died during {method}: {exc}") \
+                    from None
+        if status == "error":
+            self.last_error = value
+            raise PlanError(value)
+        if status == "crash":
+            raise RuntimeError(f"planning failed in the planning process:\n{value}")
+        if method == "plan_now":
+            self.last_error = None
+        return None if value is None else StoredPlan(*value)
+
+    def plan_now(self, kind: str = "long-term") -> StoredPlan:
+        return self._call("plan_now", kind)
+
+    def reactive_tick(self) -> StoredPlan | None:
+        return self._call("reactive_tick")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is None:
+                return
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._proc.join(5)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+            self._conn.close()
+            self._proc = None
+
+
+def _serve(conn: Any, config: CoordinatorConfig) -> None:
+    """The child: answer ``(method, now, args)`` messages until None or EOF."""
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    now = [time.time()]
+    store = open_store(config)
+    planner = Planner(store, config, clock=lambda: now[0])
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                return
+            if message is None:
+                return
+            method, now[0], args = message
+            try:
+                plan = getattr(planner, method)(*args)
+                conn.send(("ok", None if plan is None
+                           else (plan.id, plan.created, plan.kind, plan.plan)))
+            except PlanError as exc:
+                conn.send(("error", str(exc)))
+            except Exception:  # noqa: BLE001 - told to the parent, which logs it
+                conn.send(("crash", traceback.format_exc()))
+    finally:
+        store.close()

@@ -1,0 +1,261 @@
+"""The coordinator at fleet scale: simulated nodes posting reports to a real coordinator.
+
+A real ``edgeagent coordinator serve`` process; ``--catalog`` models with SLOs; N
+simulated nodes, each on its own keep-alive connection (as the agent's reporter keeps
+one), each posting a report of ``--models`` models every ``--interval`` seconds at a
+random phase. The report body is the agent's (``agent.wire``: capacity, and per model
+device, residency, size, arrivals, batches, batch profile, latency percentiles) and
+is checked with ``agent.wire.parse_report`` before the run. Clients are ``--procs``
+processes on raw asyncio streams; their CPU is printed beside the coordinator's so a
+client bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while
+ingestion goes on.
+
+Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) |
+report p50 | p99 (send to last byte of the answer) | late (sends the client could not
+make on time) | POST /v1/plan | coordinator CPU | client CPU.
+
+    .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent.wire import parse_report  # noqa: E402
+
+
+def model_report(rng: random.Random, interval: float) -> dict:
+    """One model's part of a report, as the agent's reporter writes it."""
+    requests = float(rng.randint(0, 200))
+    p50 = round(rng.uniform(5, 30), 3)
+    return {"device": "cpu", "state": "ready", "resident": True, "pinned": False,
+            "size_bytes": rng.randint(1, 50) * 1_000_000, "load_seconds": 0.2,
+            "workers": 1, "arrivals": [[0.002, interval, requests]],
+            "requests": requests, "drops": 0.0,
+            "batches": {"1": {"count": 10_000, "seconds": 10_000 * p50 / 1000}},
+            "batch_ms": {"1": p50},
+            "latency_ms": {"p50": p50, "p90": round(p50 * 1.5, 3),
+                           "p99": round(p50 * 2, 3), "p99.9": round(p50 * 3, 3)}}
+
+
+def node_body(i: int, models: int, catalog: int, interval: float) -> bytes:
+    rng = random.Random(i)
+    body = {"capacity": {"cores": 8, "cpu_memory_bytes": 16 * 2**30, "gpus": []},
+            "interval_s": interval,
+            "models": {f"m{(i * models + j) % catalog}": model_report(rng, interval)
+                       for j in range(models)}}
+    parse_report(f"node-{i}", body)  # the wire schema the reporter speaks
+    return json.dumps(body).encode()
+
+
+# -- client processes ---------------------------------------------------------------------
+
+
+async def _node(i: int, port: int, body: bytes, interval: float, start: float,
+                measure: tuple[float, float], stats: dict) -> None:
+    head = (f"POST /v1/nodes/node-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    request = head + body
+    reader = writer = None
+    due = start + random.Random(i).uniform(0, interval)
+    loop = asyncio.get_running_loop()
+    while due < measure[1]:
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        sent = loop.time()
+        in_window = measure[0] <= due < measure[1]
+        if in_window:
+            stats["offered"] += 1
+            if sent - due > 0.05:
+                stats["late"] += 1
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            status_line = await reader.readline()
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            ok = status_line.split(b" ", 2)[1] == b"200"
+        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+            ok = False
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+        if in_window:
+            if ok:
+                stats["ok"] += 1
+                stats["latency"].append(loop.time() - sent)
+            else:
+                stats["errors"] += 1
+        due += interval
+    if writer is not None:
+        writer.close()
+
+
+def client(ids: list[int], port: int, models: int, catalog: int, interval: float,
+           t0: float, warmup: float, duration: float, out: "mp.Queue") -> None:
+    """One client process: its nodes' loops; puts its counts, latencies and CPU."""
+    bodies = {i: node_body(i, models, catalog, interval) for i in ids}
+    stats = {"offered": 0, "ok": 0, "errors": 0, "late": 0, "latency": []}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + (t0 - time.time())
+        measure = (start + warmup, start + warmup + duration)
+        await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats)
+                               for i in ids))
+
+    cpu0 = time.process_time()
+    try:
+        import uvloop
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    stats["cpu_s"] = time.process_time() - cpu0
+    out.put(stats)
+
+
+# -- the coordinator ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 120):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_coordinator(state: Path, store: str | None, port: int) -> subprocess.Popen:
+    config = {"port": port, "state_dir": str(state), "log_level": "warning"}
+    if store and store != "sqlite":
+        config["store"] = store
+    (state / "coordinator.yaml").write_text(json.dumps(config))
+    proc = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()",
+                             "coordinator", "serve", "--config", str(state / "coordinator.yaml")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            request(f"http://127.0.0.1:{port}/v1/health", timeout=1)
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the coordinator did not start")
+
+
+def run(nodes: int, args: argparse.Namespace) -> dict:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        co = start_coordinator(Path(tmp), args.store, port)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for m in range(args.catalog):
+                request(f"{url}/v1/models/m{m}", "PUT", {"slo_ms": 200})
+            warmup = args.interval * 2  # everyone reported twice, connections open
+            t0 = time.time() + 2.0
+            out: mp.Queue = mp.get_context("fork").Queue()
+            procs = [mp.get_context("fork").Process(
+                target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
+                                     args.catalog, args.interval, t0, warmup,
+                                     args.duration, out)) for p in range(args.procs)]
+            for p in procs:
+                p.start()
+            time.sleep(max(0.0, t0 + warmup - time.time()))
+            co_cpu0, wall0 = cpu_seconds(co.pid), time.time()
+            time.sleep(args.duration / 2)
+            t = time.perf_counter()
+            try:
+                status, plan = request(f"{url}/v1/plan", "POST")
+                plan_s = time.perf_counter() - t
+                replicas = sum(m["replicas"] for m in plan["models"].values())
+            except urllib.error.HTTPError as err:
+                plan_s, replicas = float("nan"), f"HTTP {err.code}: {err.read()[:200]!r}"
+            results = [out.get() for _ in procs]
+            co_cpu = cpu_seconds(co.pid) - co_cpu0
+            wall = time.time() - wall0
+            for p in procs:
+                p.join()
+        finally:
+            co.send_signal(signal.SIGTERM)
+            co.wait(30)
+    latency = sorted(x for r in results for x in r["latency"])
+
+    def pct(q: float) -> float:
+        return latency[min(len(latency) - 1, int(q * len(latency)))] * 1000 if latency \
+            else float("nan")
+    total = {k: sum(r[k] for r in results) for k in ("offered", "ok", "errors", "late")}
+    return {"nodes": nodes, "offered_s": total["offered"] / args.duration,
+            "ingested_s": total["ok"] / args.duration, "errors": total["errors"],
+            "late": total["late"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": pct(1.0), "plan_s": plan_s, "replicas": replicas,
+            "coordinator_cpu": co_cpu / wall,
+            "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1000,5000,10000",
+                        help="fleet sizes, comma-separated (default 1000,5000,10000)")
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="seconds measured per fleet size (default 30)")
+    parser.add_argument("--store", default="sqlite",
+                        help="sqlite (default) or a postgresql:// URL")
+    parser.add_argument("--interval", type=float, default=5.0,
+                        help="seconds between a node's reports (default 5, the agent's)")
+    parser.add_argument("--models", type=int, default=10, help="models per report")
+    parser.add_argument("--catalog", type=int, default=1000, help="models in the catalog")
+    parser.add_argument("--procs", type=int, default=2, help="client processes")
+    args = parser.parse_args()
+    print(f"store={args.store} interval={args.interval:g}s models/report={args.models} "
+          f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()}")
+    print(f"{'nodes':>6} | {'offered/s':>9} | {'ingested/s':>10} | {'errors':>6} | "
+          f"{'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | {'plan s':>6} | "
+          f"{'coord CPU':>9} | {'client CPU':>10}")
+    for n in [int(x) for x in args.nodes.split(",")]:
+        r = run(n, args)
+        print(f"{r['nodes']:>6} | {r['offered_s']:>9.0f} | {r['ingested_s']:>10.0f} | "
+              f"{r['errors']:>6} | {r['late']:>5} | {r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
+              f"{r['max_ms']:>7.1f} | {r['plan_s']:>6.2f} | {r['coordinator_cpu']:>8.0%} | "
+              f"{r['client_cpu']:>9.0%}", flush=True)
+        if not isinstance(r["replicas"], int):
+            print(f"         plan: {r['replicas']}")
+
+
+if __name__ == "__main__":
+    main()
