@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test bench clean protos
+.PHONY: run test bench clean protos tfserving-protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ protos:
 	$(PYTHON) -m venv build/protoc-venv
 	build/protoc-venv/bin/python -m pip install -q "$(GRPC_TOOLS)"
 	build/protoc-venv/bin/python -m agent.node.protos.regenerate
+	rm -rf build/protoc-venv
+
+# The TF Serving protos in agent/backends/tfserving_pb/ (committed), the same way.
+tfserving-protos:
+	rm -rf build/protoc-venv
+	$(PYTHON) -m venv build/protoc-venv
+	build/protoc-venv/bin/python -m pip install -q "$(GRPC_TOOLS)"
+	build/protoc-venv/bin/python agent/backends/tfserving_pb/regenerate.py
 	rm -rf build/protoc-venv
 
 clean:

@@ -1,22 +1,11 @@
-"""TF Serving's wire format: the generated proto and gRPC modules of
-``tensorflow-serving-api``, and numpy arrays (OIP datatypes) ⇄ ``TensorProto``.
-
-The generated modules import ``tensorflow.core.*_pb2`` by absolute name, and a plain
-import of those runs ``tensorflow/__init__``: ~800 MiB of RSS and seconds of start-up in
-an agent that needs only message classes. So, while TensorFlow is not loaded yet,
-``protos()`` imports them beneath a bare placeholder ``tensorflow`` package (the real
-directory, its ``__init__`` not run) and drops the placeholder afterwards; a later
-``import tensorflow`` still gets the real package and shares the same pb2 modules.
+"""TF Serving's wire format: the generated proto and gRPC modules
+(``agent.backends.tfserving_pb``: upstream's names and numbers, no TensorFlow), and
+numpy arrays (OIP datatypes) ⇄ ``TensorProto``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-import sys
-import threading
-import types
 from typing import Any
 
 import numpy as np
@@ -24,26 +13,21 @@ import numpy as np
 from agent.backends.base import DATATYPES, BackendError, InvalidInput
 
 _INSTALL_HINT = "pip install 'edgeagent[tfserving]'"
-_lock = threading.Lock()
 
 
 class Protos:
-    """The generated modules the backend uses, by short name."""
+    """The generated modules the backend uses, by the short names of upstream's files
+    (several are one module here)."""
 
     def __init__(self) -> None:
-        def m(name: str) -> types.ModuleType:
-            return importlib.import_module(name)
+        from agent.backends.tfserving_pb import (tensorflow_pb2, tensorflow_serving_pb2,
+                                                 tensorflow_serving_pb2_grpc)
 
-        self.predict = m("tensorflow_serving.apis.predict_pb2")
-        self.metadata = m("tensorflow_serving.apis.get_model_metadata_pb2")
-        self.status = m("tensorflow_serving.apis.get_model_status_pb2")
-        self.management = m("tensorflow_serving.apis.model_management_pb2")
-        self.model_service = m("tensorflow_serving.apis.model_service_pb2_grpc")
-        self.prediction_service = m("tensorflow_serving.apis.prediction_service_pb2_grpc")
-        self.server_config = m("tensorflow_serving.config.model_server_config_pb2")
-        self.tensor = m("tensorflow.core.framework.tensor_pb2")
-        self.types = m("tensorflow.core.framework.types_pb2")
-        self.shape = m("tensorflow.core.framework.tensor_shape_pb2")
+        serving, grpc_services = tensorflow_serving_pb2, tensorflow_serving_pb2_grpc
+        self.predict = self.metadata = self.status = self.management = serving
+        self.server_config = serving
+        self.model_service = self.prediction_service = grpc_services
+        self.tensor = self.types = self.shape = tensorflow_pb2
         t = self.types
         #: TF DataType → OIP datatype, for the types the Open Inference Protocol has.
         self.oip_of = {
@@ -57,35 +41,18 @@ class Protos:
 
 @functools.cache
 def _load() -> Protos:
-    with _lock:
-        if "tensorflow" in sys.modules:
-            return Protos()
-        spec = None
-        try:
-            spec = importlib.util.find_spec("tensorflow")
-        except (ImportError, ValueError):
-            pass
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError("tensorflow")
-        placeholder = types.ModuleType("tensorflow")
-        placeholder.__path__ = list(spec.submodule_search_locations)
-        sys.modules["tensorflow"] = placeholder
-        try:
-            return Protos()
-        finally:
-            if sys.modules.get("tensorflow") is placeholder:
-                del sys.modules["tensorflow"]
+    return Protos()
 
 
 def protos() -> Protos:
-    """The generated modules (imported once); ``BackendError`` if they are not installed."""
+    """The generated modules (imported once); ``BackendError`` if grpcio is missing."""
     try:
         import grpc  # noqa: F401 - fail here, with the hint, rather than at first call
 
         return _load()
     except ImportError as exc:
-        raise BackendError(f"backend tfserving needs grpcio and tensorflow-serving-api "
-                           f"({exc.name or exc} is missing): {_INSTALL_HINT}") from None
+        raise BackendError(f"backend tfserving needs grpcio ({exc.name or exc} is "
+                           f"missing): {_INSTALL_HINT}") from None
 
 
 def oip_datatype(p: Protos, dtype: int) -> str:
