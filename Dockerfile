@@ -1,6 +1,7 @@
 # The node agent in a container: the default install (ONNX; no TensorFlow), a non-root
 # user, the model repository and the agent's state on volumes. Serves the generated demo
-# when started without --repository (see README, "Docker").
+# when started without --repository (see README, "Docker"). The agent runs its policy
+# kernels interpreted (no numba compile); NUMBA_CACHE_DIR is for `edgeagent simulate`.
 #   docker build -t edgeagent .
 #   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" edgeagent --repository /models
 FROM python:3.11-slim
@@ -20,9 +21,6 @@ RUN pip install . \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/edgeagent \
                --create-home edgeagent \
     && mkdir -p /models "$NUMBA_CACHE_DIR" \
-    && python -c "from cachepolicies.registry import make_policy; \
-p = make_policy('cremebrulee'); p.admit('m', 1, 1.0, 0.0); p.record_access('m', 1.0); \
-p.choose_victims(1, 2.0); p.remove('m')" \
     && chown -R edgeagent:edgeagent /var/lib/edgeagent "$NUMBA_CACHE_DIR" \
     && cd / && rm -rf /opt/edgeagent/src
 

@@ -55,8 +55,7 @@ def test_serving_and_evicting_imports_no_heavy_package(repo, tmp_path):
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
          "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "data"),
-         "--cpu-budget", "25MB",
-         "--policy", "cremebrulee"],
+         "--cpu-budget", "25MB", "--policy", "cremebrulee"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
