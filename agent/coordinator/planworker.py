@@ -78,19 +78,23 @@ class PlanWorker:
         return self._call("reactive_tick")
 
     def close(self) -> None:
-        with self._lock:
-            if self._proc is None:
-                return
+        """Stop the child: asked to exit when idle, killed when a plan is in flight
+        (a stop does not wait for a plan of the whole fleet)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if self._lock.acquire(timeout=1.0):
             try:
                 self._conn.send(None)
+                proc.join(5)
             except OSError:
                 pass
-            self._proc.join(5)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join()
-            self._conn.close()
-            self._proc = None
+            finally:
+                self._lock.release()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        self._proc = None
 
 
 def _serve(conn: Any, config: CoordinatorConfig) -> None:

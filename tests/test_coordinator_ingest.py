@@ -1,0 +1,133 @@
+"""Ingestion at fleet scale (issue 16): reports answered from memory while the database
+is busy, written in batches, kept when the store fails (503 meanwhile), written on a
+clean stop; plans made in a child process that is restarted when it dies."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from agent.coordinator.ingest import ReportWriter
+from agent.coordinator.store import ReportRecord, Store
+from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
+
+
+def post(url: str, body: dict) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), dict(err.headers)
+
+
+def test_reports_are_answered_while_the_database_is_locked(start_coordinator, tmp_path):
+    co = start_coordinator()
+    db = sqlite3.connect(co.co.config.database, isolation_level=None)
+    db.execute("BEGIN EXCLUSIVE")  # nobody else may read or write the file now
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            started = time.monotonic()
+            answers = list(pool.map(
+                lambda i: post(f"{co.url}/v1/nodes/n{i}/report", REPORT)[0], range(64)))
+            elapsed = time.monotonic() - started
+        assert answers == [200] * 64
+        assert elapsed < 2.0  # answered from memory, not after the lock
+        status, nodes = co.request("GET", "/v1/nodes")  # reads come from memory too
+        assert status == 200 and len(nodes) == 64
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    co.co.writer.flush()
+    stored = Store(co.co.config.database)
+    assert len(stored.nodes()) == 64
+    stored.close()
+
+
+def test_an_answered_report_is_written_on_a_clean_stop(start_coordinator):
+    co = start_coordinator()
+    co.co.writer.interval_s = 3600  # no periodic commit: only the stop can write it
+    time.sleep(co.co.writer.interval_s and 0.7)  # the thread's current wait ends first
+    assert co.co.writer.batches == 0
+    assert co.request("POST", "/v1/nodes/edge-1/report", REPORT)[0] == 200
+    path, step = co.co.config.database, co.co.config.rate_step_s
+    co.close()
+    stored = Store(path, rate_step_s=step)
+    [row] = stored.nodes()
+    assert row.name == "edge-1" and row.report == REPORT
+    assert sum(c for _, c in stored.rate_bins("a")) == pytest.approx(100)
+    stored.close()
+
+
+class FlakyStore:
+    """A store whose writes fail while ``down`` (PostgreSQL restarting)."""
+
+    rate_step_s = 10.0
+
+    def __init__(self) -> None:
+        self.down = False
+        self.written: list[ReportRecord] = []
+
+    def write_reports(self, records):
+        if self.down:
+            raise OSError("connection refused")
+        self.written.extend(records)
+        return len(records)
+
+    def prune(self, before):
+        return 0
+
+
+def test_writer_keeps_reports_while_the_store_fails():
+    store = FlakyStore()
+    writer = ReportWriter(store, keep_s=60)
+    writer.submit(ReportRecord("a", {}, {}, 1.0))
+    store.down = True
+    with pytest.raises(OSError):
+        writer.flush()
+    assert not writer.healthy and "connection refused" in writer.last_error
+    writer.submit(ReportRecord("b", {}, {}, 2.0))
+    assert writer.queued() == 2
+    store.down = False
+    assert writer.flush() == 2 and writer.healthy
+    assert [r.node for r in store.written] == ["a", "b"]  # in order, none lost
+
+
+def test_a_failing_store_answers_503_with_retry_after(start_coordinator):
+    co = start_coordinator()
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+    real = co.co.store.write_reports
+    co.co.store.write_reports = lambda records: (_ for _ in ()).throw(
+        sqlite3.OperationalError("disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError):
+        co.co.writer.flush()
+    status, doc, headers = post(f"{co.url}/v1/nodes/n1/report", REPORT)
+    assert status == 503 and "disk I/O error" in doc["error"]
+    assert int(headers["Retry-After"]) >= 1
+    co.co.store.write_reports = real
+    assert co.co.writer.flush() == 1  # the acknowledged report, kept
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+
+
+def test_planning_process_is_restarted_when_it_dies(start_coordinator):
+    co = start_coordinator()
+    co.request("PUT", "/v1/models/a", {"slo_ms": 100})
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+    status, first = co.request("POST", "/v1/plan")
+    assert status == 200 and first["models"]["a"]["replicas"] >= 1
+    proc = co.co.planner._proc
+    assert proc.pid != threading.get_native_id() and proc.is_alive()
+    proc.kill()
+    proc.join()
+    status, second = co.request("POST", "/v1/plan")
+    assert status == 200 and second["id"] == first["id"] + 1
+    status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
+    assert directives["plan_id"] == second["id"] and "a" in directives["workers"]
