@@ -191,13 +191,16 @@ def ascii_int(text: Any, what: str, max_digits: int = 18) -> int:
 
 
 def _depth_at_most(doc: Any, limit: int) -> bool:
-    stack = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
+    level, depth = [doc], 1  # the containers at ``depth``, one level at a time
+    while level:
         if depth > limit:
             return False
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (list, dict)))
+        below = []
+        for value in level:
+            for c in (value.values() if isinstance(value, dict) else value):
+                if isinstance(c, (list, dict)):
+                    below.append(c)
+        level, depth = below, depth + 1
     return True
 
 
