@@ -145,6 +145,8 @@ def _count(value: Any, where: str, checker=_COUNT) -> float:
 
 
 def _obj(value: Any, where: str) -> dict:
+    if type(value) is dict:  # the common case without the call layers
+        return value
     return check(json_object, value, where)
 
 
