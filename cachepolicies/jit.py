@@ -21,7 +21,6 @@ from typing import Any
 COMPILED = os.environ.get("EDGEAGENT_JIT", "1").strip() != "0"
 
 
-
 def _import_numba_without_scipy_linalg() -> None:
     """Import numba such that its set-up does not import ``scipy.linalg``.
 
