@@ -131,3 +131,21 @@ def test_planning_process_is_restarted_when_it_dies(start_coordinator):
     assert status == 200 and second["id"] == first["id"] + 1
     status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
     assert directives["plan_id"] == second["id"] and "a" in directives["workers"]
+
+
+def test_a_first_report_in_the_bin_in_progress_is_planned_for(tmp_path):
+    from agent.coordinator.catalog import ModelSLO
+    from agent.coordinator.config import CoordinatorConfig
+    from agent.coordinator.planner import Planner
+
+    config = CoordinatorConfig(state_dir=tmp_path, rate_step_s=10)
+    store = Store(config.database, rate_step_s=10)
+    store.put_model(ModelSLO("a", slo_ms=100), 0)
+    # 100 requests in (1003, 1008]: all inside [1000, 1010), in progress at 1008
+    store.record_report("n1", {"capacity": {"cores": 4}, "models": {"a": {}}},
+                        {"a": [(1008.0, 5.0, 100.0)]}, 1008.0, keep_s=900)
+    planner = Planner(store, config, clock=lambda: 1008.5)
+    rate, points = planner.planning_rate("a", end=1008.0)
+    assert points == 1 and 5 < rate < 30  # 100 / 8 s so far
+    assert planner.planning_rate("a", end=1000.5) == (0.0, 0)  # too short to be a rate
+    store.close()

@@ -140,16 +140,23 @@ class Planner:
         n = max(1, int(cfg.history_s // step))
         stop = math.floor(end / step + 1e-9) * step
         start = stop - n * step
-        counts = np.zeros(n)
-        covered = np.zeros(n, dtype=bool)
+        # n complete bins, then the one in progress, [stop, end): its rate so far
+        # counts when it spans at least a tenth of a step
+        width = np.full(n + 1, step)
+        width[n] = end - stop
+        counts = np.zeros(n + 1)
+        covered = np.zeros(n + 1, dtype=bool)
         for t, count in self.store.rate_bins(model, since=start - step / 2):
             i = int(round((t - start) / step))
-            if 0 <= i < n:
+            if 0 <= i <= n:
                 counts[i] += count
                 covered[i] = True
+        if width[n] < step / 10:
+            width, counts, covered = width[:n], counts[:n], covered[:n]
         if not covered.any():
             return None, 0
-        series = counts[int(np.argmax(covered)):] / step
+        first = int(np.argmax(covered))
+        series = counts[first:] / width[first:]
         horizon = max(1, round(cfg.plan_window_s / step))
         return forecast(series, horizon, n_samples=200, seed=0), int(series.size)
 
