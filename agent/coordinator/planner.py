@@ -418,13 +418,15 @@ class PlannerLoops:
             return await self._in_worker(self.planner.plan_now, kind)
 
     async def react(self) -> StoredPlan | None:
-        async with self.lock:
-            if self.planner.store.current_plan_id() is None:  # first plan as soon as possible
+        def step() -> StoredPlan | None:  # in the worker: the store may be busy
+            if self.planner.store.current_plan_id() is None:  # first plan asap
                 try:
-                    return await self._in_worker(self.planner.plan_now, "long-term")
+                    return self.planner.plan_now("long-term")
                 except PlanError:
                     return None
-            return await self._in_worker(self.planner.reactive_tick)
+            return self.planner.reactive_tick()
+        async with self.lock:
+            return await self._in_worker(step)
 
     async def _every(self, interval: float, step: Callable[[], Any], name: str) -> None:
         while True:
