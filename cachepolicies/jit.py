@@ -59,8 +59,41 @@ def _import_numba_without_scipy_linalg() -> None:
         arraymath.ensure_blas = real
 
 
+def _load_cached_kernels_lean() -> None:
+    """Load cached kernels without numba's full target refresh.
+
+    Before loading a kernel from its on-disk cache numba refreshes its CPU target: the
+    first refresh imports and installs every implementation registry (linear algebra,
+    random generators, typed containers, jitclass, datetime, ...), ~0.1 s of every
+    simulate process, although running already compiled machine code needs none of
+    it, only numba's runtime (NRT, for the arrays a kernel allocates). Here a cache
+    load initialises the runtime only. Compiling is unchanged: ``compile_extra``
+    refreshes both contexts before every compilation (a cache miss, a new signature,
+    any other ``@njit``), which installs whatever was skipped. Any surprise in numba's
+    layout leaves numba's own behaviour untouched.
+    """
+    try:
+        from numba.core.caching import Cache
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return
+    if not all(hasattr(Cache, name) for name in ("load_overload", "_load_overload",
+                                                 "_guard_against_spurious_io_errors")):
+        return
+    if not hasattr(rtsys, "initialize"):
+        return
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    Cache.load_overload = load_overload
+
+
 if COMPILED:
     _import_numba_without_scipy_linalg()
+    _load_cached_kernels_lean()
     from numba import njit, types
     from numba.experimental import structref
     from numba.extending import overload

@@ -1,7 +1,9 @@
 """``edgeagent simulate`` pays no start-up it does not need (issue 14's whole-process
 simulator): numba's set-up skips ``scipy.linalg`` (``cachepolicies.jit``), the trace is
-dictionary-encoded by the CSV reader (no ``pyarrow.compute``), pandas never loads; and a
-kernel that does use BLAS (``np.dot``) still compiles in the same process afterwards.
+dictionary-encoded by the CSV reader (no ``pyarrow.compute``), pandas never loads, and the
+cached kernels load without numba's implementation registries (polynomials, random
+generators, typed containers); a kernel that does use BLAS (``np.dot``) and one that needs
+those registries (a typed dict) still compile in the same process afterwards.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ try:
           "--policy", "lru", "--json"], standalone_mode=False)
 except SystemExit:
     pass
-loaded = [m for m in ("scipy.linalg", "numpy.f2py", "pyarrow.compute", "pandas")
+loaded = [m for m in ("scipy.linalg", "numpy.f2py", "pyarrow.compute", "pandas",
+                      "numba.np.polynomial.polynomial_core", "numba.np.random.generator_core",
+                      "numba.typed.typeddict")
           if m in sys.modules]
 import numpy as np
 from numba import njit
@@ -31,8 +35,16 @@ from numba import njit
 def dot(a, b):
     return np.dot(a, b)
 
+@njit
+def counts(keys):
+    seen = {keys[0]: 0}
+    for k in keys:
+        seen[k] = seen.get(k, 0) + 1
+    return len(seen)
+
 print(json.dumps({"loaded": loaded,
-                  "dot": float(dot(np.arange(3.0), np.arange(3.0)))}))
+                  "dot": float(dot(np.arange(3.0), np.arange(3.0))),
+                  "counts": counts(np.array([1, 2, 2, 5]))}))
 '''
 
 
@@ -53,3 +65,4 @@ def test_simulate_process_imports_and_blas(tmp_path):
     assert result[0]["policy"] == "lru" and result[0]["misses"] == 9  # 2 of 3 fit: LRU thrashes
     assert report["loaded"] == []
     assert report["dot"] == 5.0
+    assert report["counts"] == 3
