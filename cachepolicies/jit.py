@@ -21,20 +21,18 @@ from typing import Any
 COMPILED = os.environ.get("EDGEAGENT_JIT", "1").strip() != "0"
 
 
-def _import_numba_without_scipy_linalg() -> None:
-    """Import numba such that its set-up does not import ``scipy.linalg``.
+def _import_arraymath_without_scipy_linalg() -> None:
+    """Import ``numba.np.arraymath`` such that it does not import ``scipy.linalg``.
 
     ``numba.np.arraymath`` imports ``scipy.linalg.cython_blas`` when it is first loaded,
-    only to learn whether BLAS exists (0.3-0.8 s of every process that runs a kernel,
-    numpy.f2py included; issue 14's whole-process simulator). Here that check asks
-    whether scipy is installed instead; numba still imports the real BLAS when it
+    only to learn whether BLAS exists (0.3-0.8 s, numpy.f2py included). numba loads it
+    before compiling anything; called before a kernel compiles, this makes that check
+    ask whether scipy is installed instead. numba still imports the real BLAS when it
     compiles a function that uses it (``np.dot``), as before. Any surprise in numba's
     layout leaves numba's own behaviour untouched.
     """
     import importlib.util
     import sys
-
-    import numba  # noqa: F401  (numba's own set-up first)
 
     if "numba.np.arraymath" in sys.modules:
         return
@@ -67,9 +65,11 @@ def _load_cached_kernels_lean() -> None:
     random generators, typed containers, jitclass, datetime, ...), ~0.1 s of every
     simulate process, although running already compiled machine code needs none of
     it, only numba's runtime (NRT, for the arrays a kernel allocates). Here a cache
-    load initialises the runtime only. Compiling is unchanged: ``compile_extra``
-    refreshes both contexts before every compilation (a cache miss, a new signature,
-    any other ``@njit``), which installs whatever was skipped. Any surprise in numba's
+    load initialises the runtime only (so neither ``numba.np.arraymath`` nor scipy ever
+    loads into a simulate process whose kernels are cached). Compiling is unchanged:
+    ``compile_extra`` refreshes both contexts before every compilation (a cache miss,
+    a new signature, any other ``@njit``), which installs whatever was skipped; on a
+    miss, arraymath is imported first without ``scipy.linalg``. Any surprise in numba's
     layout leaves numba's own behaviour untouched.
     """
     try:
@@ -86,13 +86,15 @@ def _load_cached_kernels_lean() -> None:
     def load_overload(self, sig, target_context):
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
+            compiled = self._load_overload(sig, target_context)
+        if compiled is None:  # numba compiles it next
+            _import_arraymath_without_scipy_linalg()
+        return compiled
 
     Cache.load_overload = load_overload
 
 
 if COMPILED:
-    _import_numba_without_scipy_linalg()
     _load_cached_kernels_lean()
     from numba import njit, types
     from numba.experimental import structref
