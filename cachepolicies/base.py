@@ -27,23 +27,13 @@ from typing import ClassVar
 import numpy as np
 
 from cachepolicies import kernels
+from cachepolicies.pool import InsufficientSpace
 
 Key = Hashable
 Evictable = Callable[[Key], bool]
 
 #: Ids the arrays hold at first; they double as more keys are seen.
 INITIAL_CAPACITY = 64
-
-
-class InsufficientSpace(Exception):
-    """The evictable resident entries cannot free the bytes asked for."""
-
-    def __init__(self, need_bytes: int, freeable_bytes: int):
-        super().__init__(
-            f"cannot free {need_bytes} bytes: only {freeable_bytes} bytes are evictable"
-        )
-        self.need_bytes = need_bytes
-        self.freeable_bytes = freeable_bytes
 
 
 class Ids:

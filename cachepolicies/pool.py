@@ -19,13 +19,25 @@ it only keeps the books and asks the policy.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from cachepolicies.base import InsufficientSpace, Policy
+if TYPE_CHECKING:  # the policies import numba; this module (and traces) do not
+    from cachepolicies.base import Policy
 
 Key = Hashable
+
+
+class InsufficientSpace(Exception):
+    """The evictable resident entries cannot free the bytes asked for."""
+
+    def __init__(self, need_bytes: int, freeable_bytes: int):
+        super().__init__(
+            f"cannot free {need_bytes} bytes: only {freeable_bytes} bytes are evictable"
+        )
+        self.need_bytes = need_bytes
+        self.freeable_bytes = freeable_bytes
 
 
 class PolicyContractError(RuntimeError):

@@ -74,3 +74,19 @@ def test_simulate_process_imports_and_blas(tmp_path):
     for report in reports:
         assert report["dot"] == 5.0
         assert report["counts"] == 3
+
+
+def test_the_trace_readers_load_without_numba():
+    """``edgeagent simulate`` parses the CSVs in a thread while the main thread imports
+    the policies; that overlap needs the readers (and the pool) free of numba."""
+    child = ("import sys, cachepolicies.traces, cachepolicies.pool\n"
+             "print('numba' in sys.modules)\n"
+             "from cachepolicies import InsufficientSpace, make_policy\n"
+             "from cachepolicies.base import InsufficientSpace as raised\n"
+             "print('numba' in sys.modules, raised is InsufficientSpace)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("EDGEAGENT_JIT", None)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "True", "True"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,13 +71,12 @@ def simulate_command(
     demo: bool,
 ) -> None:
     """Simulate model-level caching: load delay per policy and capacity."""
-    from cachepolicies.simulator import sweep
-    from cachepolicies.traces import read_profiles, read_trace
-
     if progress is None:
         progress = sys.stderr.isatty()
     try:
         if demo:
+            from cachepolicies.simulator import sweep
+
             trace, profiles = _demo_workload(seed)
             capacities = capacities or DEMO_CAPACITIES
             policies = policies or DEMO_POLICIES
@@ -87,8 +87,13 @@ def simulate_command(
                                                 ("--policy", policies)) if not value]
             if missing:
                 raise click.UsageError(f"missing {', '.join(missing)} (or use --demo)")
-            profiles = read_profiles(profiles_path)
-            trace = read_trace(trace_path, profiles)
+            # The CSVs parse in pyarrow's threads, mostly without the GIL, while this
+            # thread imports the simulator (numba); read errors are raised by result().
+            with ThreadPoolExecutor(1) as reader:
+                inputs = reader.submit(_read_inputs, trace_path, profiles_path)
+                from cachepolicies.simulator import sweep
+
+                trace, profiles = inputs.result()
         sizes = _parse_capacities(capacities)
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                         queueing=workers if queueing else None, progress=progress)
@@ -103,6 +108,14 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
+
+
+def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:
+    """The trace and profiles files, read and validated (numba is not imported here)."""
+    from cachepolicies.traces import read_profiles, read_trace
+
+    profiles = read_profiles(profiles_path)
+    return read_trace(trace_path, profiles), profiles
 
 
 def _parse_capacities(values: Sequence[str]) -> list[int]:
