@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import statistics
 import subprocess
@@ -200,19 +201,33 @@ def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Pa
         runs.setdefault(key, []).append(wall)
         cpu.setdefault(key, []).append(seconds)
 
+    def commands(capacity: int) -> dict[str, list[str]]:
+        lcs = [sys.executable, "-c", _LCS_PROCESS, str(lcs_csv), str(capacity)]
+        return {"libCacheSim": lcs, **{
+            spec: [str(edgeagent), "simulate", "--trace", str(trace_csv), "--profiles",
+                   str(profiles_csv), "--capacity", str(capacity), "--policy", spec, "--json"]
+            for spec in specs}}
+
+    # One untimed run of each first, as a user's second run: numba's cache is filled
+    # (compiled after an edit of cachepolicies) and, unless PYTHONDONTWRITEBYTECODE is
+    # set, Python's bytecode cache too.
+    for name, command in commands(capacities[0]).items():
+        wall, _ = timed(command)
+        print(f"whole processes: first run of {name} (untimed): {wall:.2f} s")
+    load_before = os.getloadavg()
     for _ in range(args.reps):
         for capacity in capacities:
-            record(("libCacheSim", capacity),
-                   [sys.executable, "-c", _LCS_PROCESS, str(lcs_csv), str(capacity)])
-            for spec in specs:
-                record((spec, capacity),
-                       [str(edgeagent), "simulate", "--trace", str(trace_csv), "--profiles",
-                        str(profiles_csv), "--capacity", str(capacity), "--policy", spec,
-                        "--json"])
+            for name, command in commands(capacity).items():
+                record((name, capacity), command)
+    load_after = os.getloadavg()
     med = statistics.median
     print("\nwhole processes (start-up, parse and simulation; `edgeagent simulate --json` "
           "vs python + libCacheSim); wall s, then CPU s (user + system, all threads: "
           "steadier on a shared machine)")
+    print(f"  load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+          f"{os.cpu_count()} CPUs; PYTHONDONTWRITEBYTECODE "
+          + ("set (modules without a .pyc compile on every run)"
+             if os.environ.get("PYTHONDONTWRITEBYTECODE") else "unset"))
     for capacity in capacities:
         lcs, lcs_cpu = runs["libCacheSim", capacity], cpu["libCacheSim", capacity]
         print(f"  capacity {capacity / 1e9:,.0f} GB ({capacity / total:.0%}): "
