@@ -64,11 +64,19 @@ class Ids:
         if keys.min() >= 0 and keys.max() <= 4 * keys.size:  # dense, as model ids: O(n)
             distinct = np.flatnonzero(np.bincount(keys))
             table = np.zeros(distinct[-1] + 1, dtype=np.int64)
-            table[distinct] = [self.intern(k) for k in distinct.tolist()]
+            table[distinct] = self._intern_distinct(distinct.tolist())
             return table[keys]
         distinct, inverse = np.unique(keys, return_inverse=True)
-        ids = np.array([self.intern(k) for k in distinct.tolist()], dtype=np.int64)
+        ids = np.array(self._intern_distinct(distinct.tolist()), dtype=np.int64)
         return ids[inverse.reshape(-1)]
+
+    def _intern_distinct(self, keys: list[Key]) -> list[int]:
+        """The ids of ``keys`` (distinct), interning new ones in order."""
+        if self.keys:
+            return [self.intern(k) for k in keys]
+        self.keys = list(keys)  # all new: 0, 1, 2, ... (the simulator's 40k models at once)
+        self._index = dict(zip(self.keys, range(len(self.keys))))
+        return list(range(len(self.keys)))
 
 
 class Policy:
