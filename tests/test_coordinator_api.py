@@ -63,7 +63,7 @@ REPORT = {"capacity": {"cores": 4, "cpu_memory_bytes": 1_000_000_000},
 
 def test_health_and_empty_state(start_coordinator):
     co = start_coordinator()
-    assert co.request("GET", "/v1/health") == (200, {"ok": True})
+    assert co.request("GET", "/v1/health") == (200, {"ok": True, "planner": True})
     assert co.request("GET", "/v1/nodes") == (200, [])
     assert co.request("GET", "/v1/models") == (200, [])
     status, doc = co.request("GET", "/v1/plan")

@@ -3,7 +3,7 @@
 
 API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
 
-    GET    /v1/health                     liveness (never needs the token)
+    GET    /v1/health                     liveness, and whether this one plans (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
     DELETE /v1/nodes/{name}               forget a node
@@ -17,6 +17,12 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
 
 With ``admin_token_file`` every path but ``/v1/health`` and the dashboard's needs
 ``Authorization: Bearer <token>`` (agents send it from their ``coordinator.token_file``).
+
+Several coordinators may share one PostgreSQL store (``store: postgresql://...``): all
+answer reports; the one holding the store's planning lock (``Store.leadership``) plans,
+and every coordinator adopts the newest plan in the store within ``follow_interval_s``.
+A coordinator that takes the lock over plans at once; ``POST /v1/plan`` on one that
+does not hold it answers 409 naming that another coordinator plans.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import Fleet, ReportWriter
-from agent.coordinator.planner import PlannerLoops
+from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
@@ -61,10 +67,58 @@ class Coordinator:
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
         self.planner = PlanWorker(config, self.store, clock=clock)
+        self.leadership = self.store.leadership()
+        self.leader = self.leadership.check()
+        self.follow_interval_s = 1.0
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
-                                  adopt=self.fleet.adopt)
+                                  adopt=self.fleet.adopt, leading=lambda: self.leader)
         self.book = DirectiveBook()
         self.start_loops = start_loops
+        self.tasks: set[asyncio.Task] = set()
+
+    def _follow_step(self) -> tuple[bool, StoredPlan | None]:
+        """(In a worker thread) hold or seek the planning lock; the store's newest plan
+        when it is newer than the one served."""
+        leading = self.leadership.check()
+        newest = self.store.current_plan_id()
+        served = self.fleet.plan.id if self.fleet.plan is not None else None
+        fresh = newest is not None and (served is None or newest > served)
+        return leading, self.store.current_plan() if fresh else None
+
+    async def follow(self) -> None:
+        """Every ``follow_interval_s``: adopt a plan another coordinator made; on taking
+        the planning lock over, plan at once (the loops run only while leading)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.follow_interval_s)
+            try:
+                leading, plan = await loop.run_in_executor(None, self._follow_step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the store is down: try again
+                log.debug("following the store failed: %s", exc)
+                continue
+            if plan is not None:
+                self.fleet.adopt(plan)
+            if leading != self.leader:
+                log.warning("this coordinator %s", "took the planning lock: it plans now"
+                            if leading else "lost the planning lock: another one plans")
+                self.leader = leading
+                if leading and self.start_loops:
+                    self.spawn(self._takeover())
+
+    async def _takeover(self) -> None:
+        try:
+            await self.loops.replan("long-term")
+        except PlanError as exc:
+            log.info("takeover: no plan: %s", exc)
+        except Exception:  # noqa: BLE001 - the loops try again
+            log.exception("takeover plan failed")
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def node_summary(self, row: Any, now: float) -> dict[str, Any]:
         report = row.report
@@ -124,7 +178,7 @@ def _json_fast(doc: Any) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    return web.json_response({"ok": True, "planner": request.app[COORDINATOR].leader})
 
 
 async def node_report(request: web.Request) -> web.Response:
@@ -230,6 +284,10 @@ async def plan_get(request: web.Request) -> web.Response:
 
 async def plan_post(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
+    if not co.leader:
+        raise PlanError("another coordinator sharing this store plans (it holds the "
+                        "planning lock); this one serves its plans within "
+                        f"{co.follow_interval_s:g} s: POST /v1/plan to that one, or wait")
     return web.json_response(co.plan_json(await co.loops.replan("manual")))
 
 
@@ -263,14 +321,19 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
 
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()
+        app[COORDINATOR].spawn(app[COORDINATOR].follow())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await app[COORDINATOR].loops.stop()
+        for task in list(app[COORDINATOR].tasks):
+            task.cancel()
+        await asyncio.gather(*app[COORDINATOR].tasks, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, app[COORDINATOR].planner.close)
         app[COORDINATOR].writer.close()  # an answered report is written before the end
+        app[COORDINATOR].leadership.close()  # another coordinator may plan at once
         app[COORDINATOR].store.close()
 
     app.on_startup.append(on_startup)

@@ -46,6 +46,7 @@ _SCHEMA = {
     "log_level": choice("debug", "info", "warning", "error"),
     "node_types": node_types_option,
     "read_timeout_s": number(0, strict_lo=True),
+    "store": string,
 }
 
 
@@ -73,6 +74,8 @@ class CoordinatorConfig:
     # the instance catalogue for sizing and provisioning: kind -> price, max count, ...
     node_types: dict[str, NodeType] = field(default_factory=dict)
     read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
+    # postgresql://user@host:port/db: several coordinators share it; None: the SQLite file
+    store: str | None = None
 
     @property
     def database(self) -> Path:
@@ -91,6 +94,9 @@ def parse_coordinator_config(data: Any, file: str | Path | None = None) -> Coord
     for key in ("state_dir", "admin_token_file"):
         if key in d:
             d[key] = (base / Path(d[key]).expanduser()).resolve()
+    if "store" in d and not d["store"].startswith(("postgresql://", "postgres://")):
+        raise ConfigError(file, "store", "must be a postgresql:// URL (leave it out for "
+                          "the SQLite file in state_dir)")
     if d.get("plan_window_s", 0) and d.get("rate_step_s", 10.0) > d["plan_window_s"]:
         raise ConfigError(file, "rate_step_s", "must not exceed plan_window_s")
     assert set(d) <= {f.name for f in fields(CoordinatorConfig)}

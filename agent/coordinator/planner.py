@@ -396,11 +396,13 @@ class PlannerLoops:
     a worker thread, one plan at a time (``replan`` shares the lock)."""
 
     def __init__(self, planner: Planner, *, prepare: Callable[[], Any] = lambda: None,
-                 adopt: Callable[[StoredPlan], Any] = lambda plan: None) -> None:
+                 adopt: Callable[[StoredPlan], Any] = lambda plan: None,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         """``prepare`` runs in the worker before each plan (write queued reports);
-        ``adopt`` gets each new plan on the event loop."""
+        ``adopt`` gets each new plan on the event loop; the loops skip their ticks
+        while ``leading()`` is False (another coordinator plans)."""
         self.planner = planner
-        self.prepare, self.adopt = prepare, adopt
+        self.prepare, self.adopt, self.leading = prepare, adopt, leading
         self.lock = asyncio.Lock()
         self.tasks: list[asyncio.Task] = []
 
@@ -431,6 +433,8 @@ class PlannerLoops:
     async def _every(self, interval: float, step: Callable[[], Any], name: str) -> None:
         while True:
             await asyncio.sleep(interval)
+            if not self.leading():
+                continue
             try:
                 await step()
             except PlanError as exc:

@@ -12,24 +12,35 @@ Schema changes are migrations by version (``PRAGMA user_version``): ``MIGRATIONS
 takes a database from version i to i + 1, each in one transaction, so an old state
 directory is upgraded in place on start. Times are the coordinator's wall clock,
 passed in by the caller (``now``), never read here.
+
+``PostgresStore`` (``store: postgresql://...``) is the same store on PostgreSQL for
+several coordinators sharing one database: the same SQL and migrations (``pg_dialect``
+rewrites the few words the dialects spell differently), a ``schema_version`` table, and
+``leadership()``, the session advisory lock that elects the one coordinator that plans.
+psycopg is imported only when a PostgreSQL store is opened.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 import sqlite3
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import orjson
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan
 from agent.errors import AgentError
+
+log = logging.getLogger("edgeagent.coordinator.store")
 
 
 class StoreUnavailable(AgentError):
@@ -197,6 +208,10 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def leadership(self) -> "Leadership":
+        """Who plans: one SQLite file has one coordinator, which always does."""
+        return Leadership()
+
     # -- nodes and reports ----------------------------------------------------------
     def write_reports(self, records: Iterable[ReportRecord]) -> int:
         """Write many reports in one transaction: each node's latest report, and every
@@ -218,12 +233,13 @@ class Store:
                            "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                            "last_seen = excluded.last_seen, report = excluded.report",
                            [(r.node, first[r.node], r.now, _json_text(r.report))
-                            for r in latest.values()])
+                            for r in sorted(latest.values(), key=lambda r: r.node)])
             db.executemany("INSERT INTO rate_bins (model, step, t, count) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT(model, step, t) DO UPDATE SET "
-                           "count = count + excluded.count",
-                           [(model, self.rate_step_s, t, c) for model, row in bins.items()
-                            for t, c in row.items()])
+                           "count = rate_bins.count + excluded.count",
+                           sorted((model, self.rate_step_s, t, c)  # one lock order for
+                                  for model, row in bins.items()  # concurrent writers
+                                  for t, c in row.items()))
         return len(records)
 
     def record_report(self, node: str, report: dict[str, Any],
@@ -266,9 +282,14 @@ class Store:
         """Insert or replace; True when the model is new."""
         with self._tx() as db:
             new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
-            db.execute("INSERT OR REPLACE INTO models (name, slo_ms, percentile, priority, "
+            db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
                        "cpu_per_replica, memory_per_replica_bytes, proc_ms, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                       "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
+                       "priority = excluded.priority, "
+                       "cpu_per_replica = excluded.cpu_per_replica, "
+                       "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
+                       "proc_ms = excluded.proc_ms, updated = excluded.updated",
                        (slo.name, slo.slo_ms, slo.percentile, slo.priority,
                         slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms, now))
             return new
@@ -290,9 +311,9 @@ class Store:
     def save_plan(self, plan: dict[str, Any], kind: str, now: float) -> int:
         """Store ``plan`` as the current one (keeping the last ``PLANS_KEPT``); its id."""
         with self._tx() as db:
-            cur = db.execute("INSERT INTO plans (created, kind, plan) VALUES (?, ?, ?)",
-                             (now, kind, json.dumps(plan)))
-            plan_id = int(cur.lastrowid)
+            plan_id = int(db.execute("INSERT INTO plans (created, kind, plan) "
+                                     "VALUES (?, ?, ?) RETURNING id",
+                                     (now, kind, json.dumps(plan))).fetchone()[0])
             db.execute("DELETE FROM plans WHERE id <= ?", (plan_id - PLANS_KEPT,))
             return plan_id
 
@@ -306,9 +327,203 @@ class Store:
         return rows[0][0] if rows else None
 
 
-def open_store(config: Any) -> Store:
-    """The store a coordinator config names (``config.database``: the SQLite file)."""
-    return Store(config.database, rate_step_s=config.rate_step_s)
+def is_postgres_url(target: Any) -> bool:
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(target: Any, *, rate_step_s: float = 10.0) -> Store:
+    """The store ``target`` names: a coordinator config (its ``store`` URL, else its
+    SQLite ``database`` file), a ``postgresql://`` URL, or a SQLite file path."""
+    if hasattr(target, "database"):
+        target, rate_step_s = (getattr(target, "store", None) or target.database,
+                               target.rate_step_s)
+    if is_postgres_url(target):
+        return PostgresStore(target, rate_step_s=rate_step_s)
+    return Store(target, rate_step_s=rate_step_s)
+
+
+class Leadership:
+    """The right to plan. ``check()``: whether this coordinator holds it now (taking it
+    when free; never raises); ``close()`` gives it up. This base always holds it."""
+
+    def check(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+# -- PostgreSQL ----------------------------------------------------------------------
+
+#: pg_advisory_lock keys (any 64-bit numbers no other application on the database uses)
+PLANNER_LOCK_KEY = 0x6564676570_6C616E  # "edgeplan"
+MIGRATION_LOCK_KEY = 0x6564676D_696772  # "edgmigr"
+
+
+def pg_dialect(sql: str) -> str:
+    """SQLite DDL as PostgreSQL spells it: REAL is a double, the autoincrement key an
+    identity column."""
+    sql = sql.replace("INTEGER PRIMARY KEY AUTOINCREMENT",
+                      "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
+    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def _pg_connect(url: str) -> Any:
+    import psycopg  # lazily: SQLite users never load it
+
+    # the server notices a vanished client (its locks released) within ~11 s
+    return psycopg.connect(url, autocommit=True, connect_timeout=5,
+                           options="-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 "
+                                   "-c tcp_keepalives_count=3")
+
+
+class _PgConnection:
+    """A psycopg connection that takes the shared SQL's ``?`` placeholders."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    @staticmethod
+    def _sql(sql: str, args: Any) -> str:
+        return sql.replace("%", "%%").replace("?", "%s") if args else sql
+
+    def execute(self, sql: str, args: tuple = ()) -> Any:
+        return self.conn.execute(self._sql(sql, args), args or None)
+
+    def executemany(self, sql: str, rows: list) -> Any:
+        cur = self.conn.cursor()
+        if rows:
+            cur.executemany(self._sql(sql, True), rows)
+        return cur
+
+
+class PostgresStore(Store):
+    """``Store`` on PostgreSQL (``url``: ``postgresql://user@host:port/db``): one
+    connection, reopened after a failure; a connection failure is ``StoreUnavailable``
+    (503 + Retry-After), so the caller keeps what it meant to write and tries again."""
+
+    def __init__(self, url: str, *, rate_step_s: float = 10.0) -> None:
+        self.url, self.path = url, redact(url)
+        self.rate_step_s = float(rate_step_s)
+        self._lock = threading.Lock()
+        self._db: Any = None
+        self.migrate()
+
+    def _connection(self) -> _PgConnection:
+        """The open connection (reconnecting if it broke); call with the lock held."""
+        import psycopg
+
+        if self._db is None or self._db.conn.closed or self._db.conn.broken:
+            try:
+                self._db = _PgConnection(_pg_connect(self.url))
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"PostgreSQL at {self.path} does not answer: "
+                                       f"{str(exc).strip()}") from None
+        return self._db
+
+    @contextmanager
+    def _guard(self) -> Iterator[_PgConnection]:
+        """The connection under the lock; connection failures become StoreUnavailable."""
+        import psycopg
+
+        with self._lock:
+            db = self._connection()
+            try:
+                yield db
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                raise StoreUnavailable(f"PostgreSQL at {self.path} failed: "
+                                       f"{type(exc).__name__}: {str(exc).strip()}") from None
+
+    @property
+    def version(self) -> int:
+        rows = self._query("SELECT version FROM schema_version")
+        return rows[0][0] if rows else 0
+
+    def migrate(self) -> None:
+        """As ``Store.migrate``; the version is in ``schema_version``, and coordinators
+        starting together take turns (an advisory lock)."""
+        with self._tx() as db:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                db.execute("INSERT INTO schema_version (version) VALUES (0)")
+            current = row[0] if row else 0
+        if current > len(MIGRATIONS):
+            raise RuntimeError(f"{self.path} has schema version {current}, newer than "
+                               f"this coordinator's {len(MIGRATIONS)}")
+        for version in range(current, len(MIGRATIONS)):
+            with self._tx() as db:
+                db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
+                if db.execute("SELECT version FROM schema_version").fetchone()[0] != version:
+                    continue  # another coordinator applied it meanwhile
+                db.execute(pg_dialect(MIGRATIONS[version]))
+                db.execute("UPDATE schema_version SET version = ?", (version + 1,))
+
+    @contextmanager
+    def _tx(self) -> Iterator[_PgConnection]:
+        with self._guard() as db:
+            with db.conn.transaction():
+                yield db
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._guard() as db:
+            return db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.conn.close()
+
+    def leadership(self) -> "PgLeadership":
+        return PgLeadership(self.url)
+
+
+class PgLeadership(Leadership):
+    """The planner's lock: a session advisory lock held by a connection of its own, so
+    it is released when this process dies (or its connection does), and another
+    coordinator's ``check()`` takes it."""
+
+    def __init__(self, url: str, key: int = PLANNER_LOCK_KEY) -> None:
+        self.url, self.key = url, key
+        self._conn: Any = None
+        self._held = False
+        self._lock = threading.Lock()
+
+    def check(self) -> bool:
+        with self._lock:
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._held = False
+                    self._conn = _pg_connect(self.url)
+                if self._held:
+                    self._conn.execute("SELECT 1")  # still connected: still ours
+                else:
+                    self._held = bool(self._conn.execute(
+                        "SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0])
+            except Exception as exc:  # noqa: BLE001 - no database: not the leader
+                log.debug("leadership check failed: %s", exc)
+                self._held = False
+                self._drop()
+            return self._held
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._held = False
+            self._drop()  # the session ends: the lock is released
 
 
 class _Transaction:
