@@ -11,7 +11,8 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.backends.base import (Backend, BackendError, BackendUnavailable, InvalidInput,
+from agent.backends.base import (Backend, BackendCrashed, BackendError, BackendUnavailable,
+                                 InvalidInput,
                                  LoadResult, TensorSpec, load_measured)
 
 if TYPE_CHECKING:
@@ -47,5 +48,5 @@ def make_backend(kind: str, name: str, version: int, path: Path, config: "ModelC
                                       tfserving=tfserving, gpu=gpu)
 
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "InvalidInput", "LoadResult",
+__all__ = ["Backend", "BackendCrashed", "BackendError", "BackendUnavailable", "InvalidInput", "LoadResult",
            "REGISTRY", "TensorSpec", "backend_class", "load_measured", "make_backend"]

@@ -45,6 +45,12 @@ class BackendUnavailable(BackendError):
     retry_after = 1.0
 
 
+class BackendCrashed(BackendUnavailable):
+    """The runtime failed while running a request that fits the model (not the request's
+    fault): a 503 + Retry-After naming the reason. The agent reloads the model (a new
+    session) once its requests in flight are done, and serves again."""
+
+
 class InvalidInput(AgentError, ValueError):
     """The request's tensors do not fit the model (name, datatype, shape): a 400."""
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.backends.base import Backend, BackendError, InvalidInput, TensorSpec
+from agent.backends.base import (Backend, BackendCrashed, BackendError, InvalidInput,
+                                 TensorSpec)
 from agent.memory import GpuAccounting, GpuMemoryReader, MiB, Prior, device_index
 
 _ORT_TYPES = {
@@ -401,7 +402,8 @@ class OnnxBackend(Backend):
                 # a kernel refused the values (a string Cast parsing numbers, a range
                 # check): the request's fault, the model serves others
                 raise InvalidInput(f"model {self.name!r} rejected the input: {text}") from None
-            raise BackendError(f"onnxruntime failed on {self.name!r}: {exc}") from None
+            raise BackendCrashed(f"model {self.name!r} failed while running (onnxruntime: "
+                                 f"{exc}); it is reloaded, retry shortly") from None
         return {spec.name: (self._to_bytes(value) if value.dtype == object else value)
                 for spec, value in zip(self.outputs, results)}
 

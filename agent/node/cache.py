@@ -51,7 +51,7 @@ from cachepolicies.pool import MemoryPool, miss_penalty
 from cachepolicies.registry import make_policy, prime_policy
 
 from agent.backends import load_measured, make_backend
-from agent.backends.base import Backend, BackendError, TensorSpec
+from agent.backends.base import Backend, BackendCrashed, BackendError, TensorSpec
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.repository import ModelSpec, read_warmup_sample
@@ -97,6 +97,14 @@ class CacheBusy(CacheError):
 
 class ModelInUse(CacheError):
     status = 409
+
+
+class Reloading(CacheError):
+    """The model's runtime failed while running (``BackendCrashed``): it is unloaded
+    once its requests in flight are done and loaded again by the next request; 503."""
+
+    status = 503
+    retry_after = 1.0
 
 
 class LoadFailed(CacheError):
@@ -182,6 +190,7 @@ class Entry:
     in_flight: int = 0
     error: str | None = None
     failed_at: float | None = None  # cache clock of the last failed load (None: none)
+    crashed: str | None = None      # why its runtime failed while running: reload it
     load_attempts: int = 0          # loads started, failed ones included
     task: asyncio.Task | None = None
     metadata: dict[str, Any] | None = None  # inputs/outputs, kept after unload
@@ -320,6 +329,8 @@ class ModelCache:
         pool = self.pool_of(entry)
         if record and pool is not None:
             pool.policy.record_access(entry.id, self.clock())
+        if entry.crashed is not None and entry.state is State.READY:
+            raise Reloading(f"{entry.crashed}; model {entry.key} is being reloaded")
         entry.in_flight += 1
         try:
             if entry.state is State.READY:
@@ -367,7 +378,11 @@ class ModelCache:
         if entry.in_flight:
             return
         entry.idle_since = self.clock()
-        if entry.name not in self.specs and entry.state is State.READY:
+        if entry.crashed is not None and entry.state is State.READY:
+            log.warning("reloading %s: %s", entry.key, entry.crashed)
+            entry.crashed = None
+            self._start_unload(entry, "its runtime failed")
+        elif entry.name not in self.specs and entry.state is State.READY:
             self._start_unload(entry, "removed from the repository")
         elif entry.waiting_for_room and entry.task is not None:
             entry.task.cancel()  # nobody wants it any more: leave the room queue
@@ -381,6 +396,9 @@ class ModelCache:
         entry = await self.acquire(name, version, timeout=timeout)
         try:
             yield entry
+        except BackendCrashed as exc:
+            entry.crashed = entry.crashed or str(exc)  # unloaded when the last one is done
+            raise
         finally:
             self.release(entry)
 
