@@ -130,3 +130,31 @@ def start_agent(tmp_path):
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster for the session (tests/pgcluster.py); skips where
+    no server binary is found (PATH, /usr/lib/postgresql/*/bin) or psycopg is missing."""
+    import shutil
+    import tempfile
+
+    from tests.pgcluster import Cluster, find_bindir
+
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binary (initdb) on PATH or in "
+                    "/usr/lib/postgresql/*/bin: install the postgresql package")
+    # not under pytest's 0700 base directory: the server may run as nobody
+    root = Path(tempfile.mkdtemp(prefix="edgeagent-pg-"))
+    cluster = Cluster(bindir, root).init()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.stop("immediate")
+        except Exception:  # noqa: BLE001 - already stopped by a test
+            pass
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,6 @@
-"""The coordinator's SQLite store: round trips, restart persistence, migrations, bounds."""
+"""The coordinator's store, one suite over SQLite and PostgreSQL (a throwaway cluster,
+tests/pgcluster.py; those cases skip where no server binary is found): round trips,
+restart persistence, migrations, bounds."""
 
 from __future__ import annotations
 
@@ -8,14 +10,33 @@ import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.store import Store
+from agent.coordinator.store import PostgresStore, open_store
 
 
-def test_round_trips_and_restart(tmp_path):
-    path = tmp_path / "state" / "co.sqlite3"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def path(request, tmp_path):
+    """Where a store lives: a SQLite file, or a fresh PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return tmp_path / "state" / "co.sqlite3"
+    return request.getfixturevalue("postgres").new_database()
+
+
+def Store(path, **kw):  # noqa: N802 - the store ``path`` names, as the coordinator opens it
+    return open_store(path, **kw)
+
+
+def columns(s, table: str) -> list[str]:
+    if isinstance(s, PostgresStore):
+        return [r[0] for r in s._query("SELECT column_name FROM information_schema.columns "
+                                       "WHERE table_name = ?", (table,))]
+    return [row[1] for row in s._query(f"PRAGMA table_info({table})")]
+
+
+def test_round_trips_and_restart(path):
     s = Store(path, rate_step_s=5)
     assert s.version == len(store_module.MIGRATIONS)
-    assert s._query("PRAGMA journal_mode")[0][0] == "wal"
+    if not isinstance(s, PostgresStore):
+        assert s._query("PRAGMA journal_mode")[0][0] == "wal"
     slo = ModelSLO("a", slo_ms=100, percentile=99.9, priority=2, proc_ms=12.5)
     assert s.put_model(slo, now=1.0) is True
     assert s.put_model(ModelSLO("b", slo_ms=50), now=1.0) is True
@@ -42,16 +63,16 @@ def test_round_trips_and_restart(tmp_path):
     s.close()
 
 
-def test_rate_history_is_bounded_by_time(tmp_path):
-    s = Store(tmp_path / "co.sqlite3", rate_step_s=5)
+def test_rate_history_is_bounded_by_time(path):
+    s = Store(path, rate_step_s=5)
     for t in range(5, 100, 5):
         s.record_report("n", {}, {"a": [(float(t), 5.0, 1.0)]}, now=float(t), keep_s=30)
     # bins that end at or after now - keep_s stay: [60, 65) ... [90, 95)
     assert [t for t, _ in s.rate_bins("a")] == [60.0, 65.0, 70.0, 75.0, 80.0, 85.0, 90.0]
 
 
-def test_reports_from_many_nodes_add_up_in_one_batch(tmp_path):
-    s = Store(tmp_path / "co.sqlite3", rate_step_s=10)
+def test_reports_from_many_nodes_add_up_in_one_batch(path):
+    s = Store(path, rate_step_s=10)
     records = [store_module.ReportRecord(f"n{i}", {"i": i, "r": r},
                                          {"a": [(100.0 + r, 5.0, 10.0)]}, 100.0 + r)
                for r in range(2) for i in range(50)]
@@ -69,33 +90,41 @@ def test_spread_matches_the_planners_series():
     assert store_module.spread(points, 5.0) == {0.0: 5.0, 5.0: 10.0, 10.0: 5.0, 25.0: 20.0}
 
 
-def test_plans_are_bounded(tmp_path, monkeypatch):
+def test_plans_are_bounded(path, monkeypatch):
     monkeypatch.setattr(store_module, "PLANS_KEPT", 3)
-    s = Store(tmp_path / "co.sqlite3")
+    s = Store(path)
     ids = [s.save_plan({"n": i}, "long-term", now=i) for i in range(6)]
     assert s._query("SELECT id FROM plans ORDER BY id") == [(i,) for i in ids[-3:]]
     assert s.current_plan().plan == {"n": 5}
 
 
-def test_migrations_upgrade_in_place_and_refuse_newer(tmp_path, monkeypatch):
-    path = tmp_path / "co.sqlite3"
+def test_migrations_upgrade_in_place_and_refuse_newer(path, monkeypatch):
     Store(path).close()
     extra = "ALTER TABLE models ADD COLUMN note TEXT;"
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS + (extra,))
     s = Store(path)
     assert s.version == len(store_module.MIGRATIONS)
-    assert "note" in [row[1] for row in s._query("PRAGMA table_info(models)")]
+    assert "note" in columns(s, "models")
     s.close()
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:-1])
     with pytest.raises(RuntimeError, match="newer than"):
         Store(path)
 
 
-def test_failed_migration_changes_nothing(tmp_path, monkeypatch):
-    path = tmp_path / "co.sqlite3"
+def test_failed_migration_changes_nothing(path, monkeypatch):
     Store(path).close()
     bad = "CREATE TABLE t1 (x INTEGER); INSERT INTO nowhere VALUES (1);"
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS + (bad,))
+    if isinstance(path, str):  # PostgreSQL
+        import psycopg
+
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            Store(path)
+        with psycopg.connect(path) as db:
+            assert db.execute("SELECT version FROM schema_version").fetchone()[0] == \
+                len(store_module.MIGRATIONS) - 1
+            assert db.execute("SELECT to_regclass('t1')").fetchone()[0] is None
+        return
     with pytest.raises(sqlite3.OperationalError):
         Store(path)
     db = sqlite3.connect(path)
