@@ -19,7 +19,10 @@ cremebrulee / our LRU (simulation only), target <= 2. Then the same as whole pro
 the way a user runs them (issue 14): ``edgeagent simulate ... --policy lru --json`` vs a
 Python process that imports libCacheSim, reads the CSV and runs its LRU, target <= 1.5;
 and the cremebrulee process / the LRU process, target <= 2. Wall times, and for the
-processes also their CPU time (user + system): the machine is shared, so expect noise.
+processes also their CPU time (user + system): the machine is shared, so expect noise;
+the load average is printed. Each process command runs once untimed first (numba's
+kernel cache and Python's bytecode cache filled, as on a user's second run), and the
+processes run without PYTHONDONTWRITEBYTECODE, as a user's shell does.
 
     .venv/bin/python bench/sim_speed.py [--functions 100000] [--reps 3] [--policies lru,...]
                                         [--processes-only]
@@ -181,12 +184,17 @@ def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Pa
         print("\nwhole processes: skipped (no edgeagent script or neither lru nor cremebrulee)")
         return
 
+    # Both processes as a user's shell runs them: Python's default bytecode cache, as
+    # pip's .pyc files serve libCacheSim (a sandbox's PYTHONDONTWRITEBYTECODE would make
+    # edgeagent's own modules, an editable install, compile from source on every run).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
     def timed(command: list[str]) -> tuple[float, float]:
         """(wall seconds, CPU seconds: user + system of the process and its threads)."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+                              text=True, env=env)
         if done.returncode:
             sys.exit(f"{command[:2]} failed: {done.stderr[-2000:]}")
         wall = time.perf_counter() - t
@@ -209,8 +217,7 @@ def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Pa
             for spec in specs}}
 
     # One untimed run of each first, as a user's second run: numba's cache is filled
-    # (compiled after an edit of cachepolicies) and, unless PYTHONDONTWRITEBYTECODE is
-    # set, Python's bytecode cache too.
+    # (compiled after an edit of cachepolicies), and Python's bytecode cache too.
     for name, command in commands(capacities[0]).items():
         wall, _ = timed(command)
         print(f"whole processes: first run of {name} (untimed): {wall:.2f} s")
@@ -225,9 +232,8 @@ def _whole_processes(args: argparse.Namespace, trace_csv: Path, profiles_csv: Pa
           "vs python + libCacheSim); wall s, then CPU s (user + system, all threads: "
           "steadier on a shared machine)")
     print(f"  load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
-          f"{os.cpu_count()} CPUs; PYTHONDONTWRITEBYTECODE "
-          + ("set (modules without a .pyc compile on every run)"
-             if os.environ.get("PYTHONDONTWRITEBYTECODE") else "unset"))
+          f"{os.cpu_count()} CPUs; both with Python's bytecode cache (no "
+          f"PYTHONDONTWRITEBYTECODE)")
     for capacity in capacities:
         lcs, lcs_cpu = runs["libCacheSim", capacity], cpu["libCacheSim", capacity]
         print(f"  capacity {capacity / 1e9:,.0f} GB ({capacity / total:.0%}): "
