@@ -64,6 +64,12 @@ class Cluster:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
                   "stop")
 
+    def start_if_stopped(self) -> None:
+        status = subprocess.run([*self.as_user, str(self.bindir / "pg_ctl"), "-D",
+                                 str(self.data), "status"], capture_output=True)
+        if status.returncode != 0:
+            self.start()
+
     def url(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 
