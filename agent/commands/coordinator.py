@@ -32,6 +32,7 @@ def coordinator() -> None:
 async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT."""
     import asyncio
+    import gc
     import signal
 
     from agent.coordinator.app import create_app
@@ -40,6 +41,8 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
 
     app = create_app(config)
     runner, url = await listen(app, config.host, config.port, backlog=4096)  # a fleet
+    gc.freeze()  # modules and startup state live as long as the process: no full
+    # collection walks them again (a full collection stalls the event loop)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -71,7 +71,8 @@ class Coordinator:
         self.leader = self.leadership.check()
         self.follow_interval_s = 1.0
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
-                                  adopt=self.fleet.adopt, leading=lambda: self.leader)
+                                  adopt=self.fleet.adopt, leading=lambda: self.leader,
+                                  digest=self.fleet.digest)
         self.book = DirectiveBook()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
@@ -83,7 +84,10 @@ class Coordinator:
         newest = self.store.current_plan_id()
         served = self.fleet.plan.id if self.fleet.plan is not None else None
         fresh = newest is not None and (served is None or newest > served)
-        return leading, self.store.current_plan() if fresh else None
+        plan = self.store.current_plan() if fresh else None
+        if plan is not None:
+            self.fleet.digest(plan)
+        return leading, plan
 
     async def follow(self) -> None:
         """Every ``follow_interval_s``: adopt a plan another coordinator made; on taking
@@ -200,7 +204,7 @@ async def node_report(request: web.Request) -> web.Response:
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
     co.writer.submit(ReportRecord(name, raw, arrivals, now))  # stored as sent
-    co.fleet.record(name, body, report, now)
+    co.fleet.record(name, raw, report, now)
     directives = co.fleet.directives(name, {m for m, r in report.models.items() if r.resident})
     co.book.issue(directives, now)
     return _json_fast(directives.to_json())
@@ -234,9 +238,8 @@ async def node_delete(request: web.Request) -> web.Response:
 
 def _model_json(co: Coordinator, slo: Any, plan: StoredPlan | None, now: float) -> dict:
     planned = plan.parsed.models.get(slo.name) if plan else None
-    on = [row.name for row in co.fleet.rows()
-          if slo.name in (row.report.get("models") or {})
-          and now - row.last_seen <= co.config.node_timeout_s]
+    on = sorted(s.name for s in list(co.fleet.nodes.values())
+                if slo.name in s.models and now - s.last_seen <= co.config.node_timeout_s)
     return {**slo.to_json(), "nodes": on,
             "replicas": planned.replicas if planned else None,
             "predicted_latency_ms": planned.predicted_latency_ms if planned else None}
@@ -279,7 +282,7 @@ async def plan_get(request: web.Request) -> web.Response:
     if current is None:
         hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
         return json_error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
-    return web.json_response(co.plan_json(current))
+    return _json_fast(co.plan_json(current))
 
 
 async def plan_post(request: web.Request) -> web.Response:
@@ -288,7 +291,7 @@ async def plan_post(request: web.Request) -> web.Response:
         raise PlanError("another coordinator sharing this store plans (it holds the "
                         "planning lock); this one serves its plans within "
                         f"{co.follow_interval_s:g} s: POST /v1/plan to that one, or wait")
-    return web.json_response(co.plan_json(await co.loops.replan("manual")))
+    return _json_fast(co.plan_json(await co.loops.replan("manual")))
 
 
 def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,

@@ -18,19 +18,33 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import orjson
+
 from agent.coordinator.plan import Plan
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan
+from agent.validation import load_json
 from agent.wire import Directives, NodeReport
 
 log = logging.getLogger("edgeagent.coordinator.ingest")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeState:
-    """A node as the request path knows it: the stored row and its parsed report."""
+    """A node as the request path knows it: when it was first and last heard from, its
+    last report as sent (bytes) and the names of the models in it. Few objects per node
+    on purpose: 10,000 nodes' parsed reports would be millions of objects for the
+    garbage collector to walk on every full collection (seconds of stalled event loop)."""
 
-    row: NodeRow
-    parsed: NodeReport | None
+    name: str
+    first_seen: float
+    last_seen: float
+    raw: bytes
+    models: tuple[str, ...]
+
+    @property
+    def row(self) -> NodeRow:
+        """The stored row (the report parsed now)."""
+        return NodeRow(self.name, self.first_seen, self.last_seen, load_json(self.raw))
 
 
 class Fleet:
@@ -42,16 +56,19 @@ class Fleet:
         self.nodes: dict[str, NodeState] = {}
         self.plan: StoredPlan | None = None
         self._rows: dict[str, tuple[dict[str, int], tuple[str, ...], dict[str, float]]] = {}
+        self._digested: tuple[StoredPlan | None, dict] = (None, {})
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan (their reports are parsed lazily)."""
-        self.nodes = {row.name: NodeState(row, None) for row in rows}
+        self.nodes = {row.name: NodeState(row.name, row.first_seen, row.last_seen,
+                                          orjson.dumps(row.report),
+                                          tuple((row.report.get("models") or {})))
+                      for row in rows}
         self.adopt(plan)
 
-    def adopt(self, plan: StoredPlan | None) -> None:
-        """Make ``plan`` current unless a newer one is; precompute every node's row."""
-        if plan is None or (self.plan is not None and plan.id <= self.plan.id):
-            return
+    def digest(self, plan: StoredPlan) -> None:
+        """Precompute every node's row of ``plan`` (any thread: a plan of 10,000 nodes
+        takes a while; ``adopt`` then only swaps it in on the event loop)."""
         parsed: Plan = plan.parsed
         rows = {}
         for node, assigned in parsed.assignment.items():
@@ -60,7 +77,17 @@ class Fleet:
                      for m in workers if m in parsed.models}
             rows[node] = (workers, tuple(sorted(workers)),
                           {m: r for m, r in drops.items() if r > 0})
-        self._rows, self.plan = rows, plan
+        self._digested = (plan, rows)
+
+    def adopt(self, plan: StoredPlan | None) -> None:
+        """Make ``plan`` current unless a newer one is (its rows from ``digest``,
+        computed now when it was not digested)."""
+        if plan is None or (self.plan is not None and plan.id <= self.plan.id):
+            return
+        if self._digested[0] is not plan:
+            self.digest(plan)
+        self._rows, self.plan = self._digested[1], plan
+        self._digested = (None, {})
 
     def directives(self, node: str, resident: set[str]) -> Directives:
         """``node``'s directives under the current plan (empty without one)."""
@@ -73,18 +100,18 @@ class Fleet:
                           pin=pin, prefetch=tuple(m for m in pin if m not in resident),
                           drop_rate=drops)
 
-    def record(self, node: str, body: dict[str, Any], report: NodeReport,
-               now: float) -> None:
+    def record(self, node: str, raw: bytes, report: NodeReport, now: float) -> None:
+        """``node`` sent ``raw`` (validated as ``report``) at ``now``."""
         old = self.nodes.get(node)
-        first = old.row.first_seen if old is not None else now
-        self.nodes[node] = NodeState(NodeRow(node, first, now, body), report)
+        first = old.first_seen if old is not None else now
+        self.nodes[node] = NodeState(node, first, now, raw, tuple(report.models))
 
     def forget(self, node: str) -> bool:
         return self.nodes.pop(node, None) is not None
 
     def rows(self) -> list[NodeRow]:
         """Every node's row, by name."""
-        return sorted((s.row for s in list(self.nodes.values())), key=lambda r: r.name)
+        return [s.row for s in sorted(list(self.nodes.values()), key=lambda s: s.name)]
 
 
 class ReportWriter:

@@ -12,8 +12,10 @@ that died is started again on the next call.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -24,6 +26,8 @@ from agent.coordinator.planner import PlanError, Planner
 from agent.coordinator.store import StoredPlan, open_store
 
 log = logging.getLogger("edgeagent.coordinator.planworker")
+
+PLANNER_NICENESS = 10  # added to the planning process's nice value
 
 
 class PlanWorker:
@@ -101,6 +105,10 @@ def _serve(conn: Any, config: CoordinatorConfig) -> None:
     """The child: answer ``(method, now, args)`` messages until None or EOF."""
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # ingestion wins the cores: a plan may take longer, a report must not wait
+        os.nice(PLANNER_NICENESS)
+    except OSError:
+        pass
     now = [time.time()]
     store = open_store(config)
     planner = Planner(store, config, clock=lambda: now[0])
@@ -113,6 +121,7 @@ def _serve(conn: Any, config: CoordinatorConfig) -> None:
             if message is None:
                 return
             method, now[0], args = message
+            gc.disable()  # a plan builds the fleet's reports: no full collections meanwhile
             try:
                 plan = getattr(planner, method)(*args)
                 conn.send(("ok", None if plan is None
@@ -121,5 +130,7 @@ def _serve(conn: Any, config: CoordinatorConfig) -> None:
                 conn.send(("error", str(exc)))
             except Exception:  # noqa: BLE001 - told to the parent, which logs it
                 conn.send(("crash", traceback.format_exc()))
+            finally:
+                gc.enable()
     finally:
         store.close()
