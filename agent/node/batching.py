@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from agent.backends.base import Backend, TensorSpec
+from agent.backends.base import Backend, BackendUnavailable, TensorSpec
 from agent.node.admission import Deadline, QueueState, Shed
 from agent.node.batch_tuner import BatchTuner
 from agent.node.stats import ModelStats
@@ -347,6 +347,10 @@ class ModelBatcher:
         started = self.clock()
         try:
             outputs = await self.backend.infer_async(merged, batch[0].parameters, self.executor)
+        except BackendUnavailable as exc:  # the runtime's fault, not a request's
+            for p in batch:
+                p.fail(exc)
+            return
         except Exception as exc:  # noqa: BLE001 - find the request at fault
             log.debug("batch of %d on %s failed (%s); re-running one by one", len(batch),
                       self.name, exc)
