@@ -1,0 +1,103 @@
+"""The coordinator's report path at fleet scale (issue 16): the plain-report fast path
+of ``agent.wire`` gives exactly what the checked path gives (the same report, or the
+same error naming the same field), and the fleet in memory stays small for the
+garbage collector (a full collection walks every tracked object on the event loop)."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import orjson
+import pytest
+
+import agent.wire as wire
+from agent.coordinator.ingest import Fleet
+
+
+def _model(rng: random.Random) -> dict:
+    p50 = round(rng.uniform(5, 30), 3)
+    return {"device": rng.choice(["cpu", "cuda:0"]), "state": "ready",
+            "resident": rng.random() < 0.5, "pinned": False,
+            "size_bytes": rng.randint(1, 50) * 1_000_000, "load_seconds": 0.2,
+            "workers": rng.choice([None, 1, 2]), "arrivals": [[0.002, 5.0, rng.randint(0, 99)]],
+            "requests": float(rng.randint(0, 200)), "drops": 0,
+            "batches": {"1": {"count": 100, "seconds": 1.5}, "4": {"count": 7, "seconds": 0.2}},
+            "batch_ms": {"1": p50, "4": p50 * 2},
+            "latency_ms": {"p50": p50, "p90": None, "p99": p50 * 2, "p99.9": p50 * 3}}
+
+
+def _report(rng: random.Random) -> dict:
+    return {"capacity": {"cores": 8, "cpu_memory_bytes": 2**34, "gpus": []},
+            "interval_s": 5.0, "models": {f"m{j}": _model(rng) for j in range(5)}}
+
+
+_VALUES = [None, True, False, -1, 0, 1, 1.5, float("nan"), float("inf"), -0.0, 1e300,
+           10**30, "x", "", [], {}, [1, 2, 3], [1.0, 0, 1.0], {"count": 1},
+           {"count": 1, "seconds": 2}, {"count": 1, "x": 2}, {"count": True, "seconds": 1}]
+_KEYS = ["1", "0", "01", "2048", "1024", " 1", "p50", "p50.0", "p0", "p100", "p99.9",
+         "p99.99999", "P50", 1]
+_FIELDS = ["device", "resident", "pinned", "size_bytes", "load_seconds", "workers",
+           "arrivals", "batches", "batch_ms", "latency_ms", "requests", "drops", "state",
+           "unknown"]
+
+
+def _mutate(rng: random.Random, report: dict) -> None:
+    model = report["models"][rng.choice(list(report["models"]))]
+    field, r = rng.choice(_FIELDS), rng.random()
+    if r < 0.4:
+        model[field] = rng.choice(_VALUES)
+    elif r < 0.6:
+        model[rng.choice(["batches", "batch_ms", "latency_ms"])] = {
+            rng.choice(_KEYS): rng.choice(_VALUES)}
+    elif r < 0.8:
+        model["arrivals"] = [[rng.choice(_VALUES) if rng.random() < 0.3 else 1.0
+                              for _ in range(rng.choice([2, 3, 3, 4]))]]
+    elif r < 0.9:
+        model["arrivals"] = [[0.0, 1e-9, 1e6]]  # over MAX_RATE
+    else:
+        model["batches"] = {"1": {"count": rng.choice(_VALUES),
+                                  "seconds": rng.choice(_VALUES)}}
+
+
+def _outcome(body: dict) -> tuple:
+    try:
+        return ("ok", wire.parse_report("node-1", body))
+    except wire.ReportError as exc:
+        return ("error", exc.key, exc.message)
+
+
+def test_plain_path_matches_the_checked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(16)
+    accepted = refused = 0
+    for i in range(3000):
+        body = _report(rng)
+        if i % 4:  # a quarter left as agents send them
+            _mutate(rng, body)
+        fast = _outcome(body)
+        with monkeypatch.context() as m:
+            m.setattr(wire, "_plain_model", lambda name, data: None)
+            checked = _outcome(body)
+        assert fast == checked, body
+        accepted += fast[0] == "ok"
+        refused += fast[0] == "error"
+    assert accepted > 700 and refused > 700  # both sides exercised
+
+
+def test_fleet_keeps_few_objects_per_node() -> None:
+    """10,000 nodes' last reports add a few GC-tracked objects per node, not their
+    parsed JSON (which would be ~60 per node: a full collection of seconds)."""
+    rng = random.Random(3)
+    bodies = [orjson.dumps(_report(rng)) for _ in range(50)]
+    fleet = Fleet(ttl_s=60.0)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(10_000):
+        raw = bodies[i % 50]
+        fleet.record(f"node-{i}", raw, wire.parse_report(f"node-{i}", orjson.loads(raw)),
+                     float(i))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 3 * 10_000
+    row = fleet.nodes["node-7"].row
+    assert row.report == orjson.loads(bodies[7]) and row.last_seen == 7.0
+    assert fleet.nodes["node-7"].models == tuple(f"m{j}" for j in range(5))
