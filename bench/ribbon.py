@@ -14,6 +14,11 @@ median; the mean is over the seeds that found it. Random search gets no budget (
 to the optimum) so that its median is defined.
 
     .venv/bin/python bench/ribbon.py [--seeds 20] [--data ../shared/data/ribbon]
+        [--synthetic 6] [--unseen 10] [--no-shared]
+
+``--unseen N`` adds N more synthetic grids (seeds 300, 301, ..., with 3, 4, 5, 3, ...
+types) kept apart from the ones above for validation: nothing in the search was chosen
+by looking at them.
 """
 
 from __future__ import annotations
@@ -81,6 +86,10 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--synthetic", type=int, default=6,
                     help="number of synthetic grids (seeds 100, 101, ...)")
+    ap.add_argument("--unseen", type=int, default=0,
+                    help="number of validation grids (seeds 300, 301, ...; 3-5 types)")
+    ap.add_argument("--no-shared", action="store_true",
+                    help="skip the five measured grids")
     args = ap.parse_args()
     homogeneous = json.loads((args.data / "homogeneous.json").read_text())
     print(f"{args.seeds} seeds; found = optimum within {BUDGET} samples; samples to the "
@@ -91,7 +100,7 @@ def main() -> None:
           f"{'found':>7} {'median':>6} {'mean':>6}   {'found':>7} {'median':>6}  "
           f"{'published':>9}  {'saving':>7}  done")
     t0 = time.perf_counter()
-    for name in GRIDS:
+    for name in () if args.no_shared else GRIDS:
         ev = LookupGridEvaluator.from_files(args.data / f"config-{name}.json",
                                             args.data / f"lookup-{name}.json")
         opt = optimum_price(ev)
@@ -106,6 +115,12 @@ def main() -> None:
         opt = optimum_price(ev)
         name = f"syn{100 + k}/{len(ev.space.types)}t"
         print(row(name, ev, opt, args.seeds, "-", "-"), flush=True)
+    for k in range(args.unseen):
+        config, lookup = make_grid(300 + k, 3 + k % 3)
+        ev = LookupGridEvaluator.from_dicts(config, lookup)
+        opt = optimum_price(ev)
+        print(row(f"val{300 + k}/{len(ev.space.types)}t", ev, opt, args.seeds, "-", "-"),
+              flush=True)
     print(f"({time.perf_counter() - t0:.0f} s; done = bo found in >= 90 % of seeds, median "
           f"<= published mean, median <= half of plain random's)")
 
