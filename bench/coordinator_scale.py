@@ -12,7 +12,9 @@ ingestion goes on.
 
 Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) |
 report p50 | p99 (send to last byte of the answer) | late (sends the client could not
-make on time) | POST /v1/plan | coordinator CPU | client CPU.
+make on time) | POST /v1/plan | coordinator CPU (its main process, not the planning
+child) and that CPU per ingested report | client CPU | the 1-minute load average
+before -> after (the box may be shared: a load above its cores starves the coordinator).
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
@@ -208,6 +210,8 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
                 replicas = sum(m["replicas"] for m in plan["models"].values())
             except urllib.error.HTTPError as err:
                 plan_s, replicas = float("nan"), f"HTTP {err.code}: {err.read()[:200]!r}"
+            except OSError as err:  # timed out: the clients' figures still come
+                plan_s, replicas = float("nan"), f"{type(err).__name__}: {err}"
             results = [out.get() for _ in procs]
             co_cpu = cpu_seconds(co.pid) - co_cpu0
             wall = time.time() - wall0
@@ -232,6 +236,7 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             "late": total["late"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
             "max_ms": pct(1.0), "plan_s": plan_s, "replicas": replicas,
             "coordinator_cpu": co_cpu / wall,
+            "cpu_ms_per_report": co_cpu * 1000 / max(1, total["ok"] * wall / args.duration),
             "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2)}
 
 
@@ -256,13 +261,15 @@ def main() -> None:
           f"reactive_interval_s={args.reactive_interval:g}")
     print(f"{'nodes':>6} | {'offered/s':>9} | {'ingested/s':>10} | {'errors':>6} | "
           f"{'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | {'plan s':>6} | "
-          f"{'coord CPU':>9} | {'client CPU':>10}")
+          f"{'coord CPU':>9} | {'ms/report':>9} | {'client CPU':>10} | load avg")
     for n in [int(x) for x in args.nodes.split(",")]:
+        load0 = os.getloadavg()[0]
         r = run(n, args)
         print(f"{r['nodes']:>6} | {r['offered_s']:>9.0f} | {r['ingested_s']:>10.0f} | "
               f"{r['errors']:>6} | {r['late']:>5} | {r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
               f"{r['max_ms']:>7.1f} | {r['plan_s']:>6.2f} | {r['coordinator_cpu']:>8.0%} | "
-              f"{r['client_cpu']:>9.0%}", flush=True)
+              f"{r['cpu_ms_per_report']:>9.3f} | {r['client_cpu']:>9.0%} | "
+              f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
         if not isinstance(r["replicas"], int):
             print(f"         plan: {r['replicas']}")
 

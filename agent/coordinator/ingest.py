@@ -1,8 +1,9 @@
 """Report ingestion that does not grow with the fleet.
 
-* ``Fleet``: what the request path needs, in memory: each node's last report (body and
-  parsed) and the current plan with every node's directives precomputed when the plan is
-  adopted. A report is validated and answered from here, without the database.
+* ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
+  bytes, and its model names) and the current plan with every node's directives
+  precomputed when the plan is adopted (``digest``: off the event loop). A report is
+  validated and answered from here, without the database.
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
   indexed range. ``close`` writes what is queued, so a report that was answered is not

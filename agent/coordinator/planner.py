@@ -327,12 +327,18 @@ class Planner:
                  f"; unplaced {placement.unplaced}" if placement.unplaced else "")
         return self.store.current_plan()
 
-    def observed_latency_ms(self, model: str, percentile: float,
-                            fresh: dict[str, NodeReport]) -> float | None:
-        """The worst latency at ``percentile`` among ``fresh`` reports that measured one."""
-        seen = [v for r in fresh.values() if model in r.models
-                for v in [latency_at(r.models[model], percentile)] if v is not None]
-        return max(seen) if seen else None
+    @staticmethod
+    def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
+        """model -> the worst latency at its planned SLO percentile among ``fresh``
+        reports that measured one (one pass over the reports: nodes x their models)."""
+        worst: dict[str, float] = {}
+        for report in fresh.values():
+            for name, m in report.models.items():
+                planned = plan.models.get(name)
+                v = latency_at(m, planned.percentile) if planned is not None else None
+                if v is not None and v > worst.get(name, -math.inf):
+                    worst[name] = v
+        return worst
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up."""
@@ -347,8 +353,9 @@ class Planner:
         plan = current.parsed
         free = plan.free_cpu()
         grown = {}
+        worst = self.observed_latency_ms(plan, fresh)
         for name, m in sorted(plan.models.items()):
-            observed = self.observed_latency_ms(name, m.percentile, fresh)
+            observed = worst.get(name)
             if observed is None:
                 continue
             state = self.reactive.get(name)

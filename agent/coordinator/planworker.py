@@ -3,6 +3,8 @@ report, forecasting every model, solving, placing) takes seconds of CPU, and in 
 coordinator's process it would hold the GIL that ingestion needs. The child has its
 own store connection and ``Planner`` (so the reactive counters live there) and reads
 what it plans from the store; the parent flushes queued reports before each call.
+The child runs at ``PLANNER_NICENESS`` (ingestion wins the cores) with the garbage
+collector off during a call (a plan builds every live node's report).
 
 ``PlanWorker`` has the ``Planner`` methods the loops call (``plan_now``,
 ``reactive_tick``), blocking: call them from a worker thread (``PlannerLoops`` does).
