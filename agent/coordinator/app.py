@@ -84,7 +84,9 @@ class Coordinator:
         newest = self.store.current_plan_id()
         served = self.fleet.plan.id if self.fleet.plan is not None else None
         fresh = newest is not None and (served is None or newest > served)
-        plan = self.store.current_plan() if fresh else None
+        # a leader adopts the plans it makes as it makes them (loading a plan of 10,000
+        # nodes here too would hold the GIL that reports need for nothing)
+        plan = self.store.current_plan() if fresh and not leading else None
         if plan is not None:
             self.fleet.digest(plan)
         return leading, plan

@@ -85,9 +85,11 @@ class Fleet:
         computed now when it was not digested)."""
         if plan is None or (self.plan is not None and plan.id <= self.plan.id):
             return
-        if self._digested[0] is not plan:
+        digested, rows = self._digested
+        if digested is None or digested.id != plan.id:
             self.digest(plan)
-        self._rows, self.plan = self._digested[1], plan
+            digested, rows = self._digested
+        self._rows, self.plan = rows, digested
         self._digested = (None, {})
 
     def directives(self, node: str, resident: set[str]) -> Directives:
