@@ -19,14 +19,28 @@ it only keeps the books and asks the policy.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # the policies import numba; this module (and traces) do not
-    from cachepolicies.base import Policy
-
 Key = Hashable
+
+
+class Policy(Protocol):
+    """What the pool asks of an eviction policy (``cachepolicies.base.Policy`` is one;
+    this module does not import it: the policies import numba, the pool and traces do
+    not)."""
+
+    name: str
+
+    def resident(self) -> list[Key]: ...
+
+    def admit(self, key: Key, size: int, penalty: float, now: float) -> None: ...
+
+    def choose_victims(self, need_bytes: int, now: float,
+                       evictable: Callable[[Key], bool] | None = None) -> list[Key]: ...
+
+    def remove(self, key: Key) -> None: ...
 
 
 class InsufficientSpace(Exception):

@@ -22,11 +22,13 @@ from agent.coordinator.sizing import parse_sizing_request, provision_fleet, size
 from agent.validation import load_json
 
 SIZING_LOCK: web.AppKey[asyncio.Lock] = web.AppKey("sizing_lock", asyncio.Lock)
+#: Where ``add_routes`` finds the app's key of its ``Coordinator`` (the app passes it:
+#: this module never imports the app, which imports it).
+COORDINATOR_KEY: web.AppKey[web.AppKey] = web.AppKey("fleet_coordinator_key", web.AppKey)
 
 
 def _coordinator(request: web.Request):
-    from agent.coordinator.app import COORDINATOR  # the app imports this module
-    return request.app[COORDINATOR]
+    return request.app[request.app[COORDINATOR_KEY]]
 
 
 def _reader(co) -> Planner:
@@ -57,8 +59,10 @@ async def provisioning_get(request: web.Request) -> web.Response:
     return web.json_response(result)
 
 
-def add_routes(app: web.Application) -> None:
-    """Add the fleet routes to the coordinator's ``app``."""
+def add_routes(app: web.Application, coordinator: web.AppKey) -> None:
+    """Add the fleet routes to the coordinator's ``app``, whose ``Coordinator`` is
+    ``app[coordinator]``."""
+    app[COORDINATOR_KEY] = coordinator
     app[SIZING_LOCK] = asyncio.Lock()
     app.router.add_post("/v1/sizing", sizing_post)
     app.router.add_get("/v1/provisioning", provisioning_get)

@@ -321,7 +321,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
     r.add_post("/v1/plan", plan_post)
-    api_fleet.add_routes(app)  # POST /v1/sizing, GET /v1/provisioning
+    api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
