@@ -6,6 +6,7 @@ when the coordinator stops the agents keep serving and revert its pins after the
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +38,8 @@ def test_coordinator_and_two_agents(start_coordinator, tmp_path):  # noqa: F811
     co = start_coordinator(directive_ttl_s=TTL, rate_step_s=0.5, plan_window_s=2,
                            history_s=30, node_timeout_s=30)
     repo = tmp_path / "models"
-    add_synthetic(repo, "hot", base_ms=25, size_bytes=20_000_000)
+    # one request per run: its 25 ms is the per-request cost whatever the concurrency
+    add_synthetic(repo, "hot", base_ms=25, size_bytes=20_000_000, max_batch_size=1)
     add_synthetic(repo, "cold", base_ms=1, size_bytes=10_000_000)
     add_synthetic(repo, "free", base_ms=1, size_bytes=1_000_000)  # not in the catalog
     agents = {}
@@ -53,11 +55,19 @@ def test_coordinator_and_two_agents(start_coordinator, tmp_path):  # noqa: F811
         assert co.request("PUT", "/v1/models/hot", {"slo_ms": 80})[0] == 201
         assert co.request("PUT", "/v1/models/cold", {"slo_ms": 80})[0] == 201
 
-        # stats flow in: both nodes register; hot's arrivals and latencies arrive
-        with ThreadPoolExecutor(4) as pool:
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:
+        # stats flow in: both nodes register; hot's arrivals and latencies arrive. The
+        # load goes on until the plan is made: the planner forecasts the rate of the
+        # coming window, and a burst that has already ended is rightly forecast lower.
+        busy = threading.Event()
+        busy.set()
+
+        def keep_hot_busy() -> None:
+            while busy.is_set():
                 list(pool.map(lambda _: infer(a, "hot"), range(4)))
+        pool = ThreadPoolExecutor(4)
+        loader = threading.Thread(target=keep_hot_busy)
+        loader.start()
+        time.sleep(1.5)
         infer(b, "free")
 
         def stats_in():
@@ -69,7 +79,12 @@ def test_coordinator_and_two_agents(start_coordinator, tmp_path):  # noqa: F811
                                                "gpus": []}
         assert set(nodes["edge-b"]["models"]) == {"hot", "cold", "free"}
 
-        status, plan = co.request("POST", "/v1/plan")
+        try:
+            status, plan = co.request("POST", "/v1/plan")
+        finally:
+            busy.clear()
+            loader.join()
+            pool.shutdown()
         assert status == 200, plan
         hot = plan["models"]["hot"]
         # per request: a 25 ms batch shared by the requests batched together
