@@ -1,6 +1,7 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only (no TensorFlow); `make test` adds the
-# test, bench and tfserving extras. `make run PORT=8010 HOST=0.0.0.0` picks the address.
+# test, bench and tfserving extras. `make run PORT=8010 GRPC_PORT=8011 HOST=0.0.0.0` picks the
+# address (GRPC_PORT=0: no gRPC endpoint).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,6 +9,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8000
+GRPC_PORT ?= 8001
 URL := http://$(HOST):$(PORT)
 
 .PHONY: run test bench clean protos tfserving-protos
@@ -29,8 +31,8 @@ run: $(RUN_STAMP)
 	@echo "Starting the node agent on the embedded demo. Query it from another shell:"
 	@echo "  curl -s $(URL)/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
 	@echo "  $(BIN)/edgeagent cache ls --url $(URL)"
-	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):8001"
-	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT)
+	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):$(GRPC_PORT)"
+	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
