@@ -45,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import agent_command, free_port, stop_process, wait_http  # noqa: E402
+from bench.pressure import (agent_command, free_port, get_json,  # noqa: E402
+                            start_agent_process, stop_process, wait_http)
 
 BODY = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
                                "data": [0.5, 1.0, 1.5, 2.0]}]}).encode()
@@ -150,22 +151,6 @@ def write_repo(repo: Path, names: list[str]) -> None:
                   outputs=2, seed=i)
 
 
-def start_agent(work: Path, config: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    import yaml
-
-    (work / "agent.yaml").write_text(yaml.safe_dump(config))
-    out = open(log, "a")
-    proc = subprocess.Popen(agent_command(None) + ["serve", "--config", str(work / "agent.yaml")],
-                            stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{config['port']}"
-    return proc, base
-
-
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
 # -- 1. kill -9 -------------------------------------------------------------------------
 
 
@@ -177,7 +162,7 @@ def kill9(work: Path, args) -> dict:
     config = {"repository": str(repo), "data_dir": str(work / "data"), "port": port,
               "grpc_port": 0, "cpu_budget": "256MiB", "log_level": "info"}
     log = work / "kill9.log"
-    proc, base = start_agent(work, config, log)
+    proc, base = start_agent_process(work, config, log)
     wait_http(base + "/v2/health/ready", proc, 120, log)
     hot = names[:3]
     for name in hot:
@@ -195,7 +180,7 @@ def kill9(work: Path, args) -> dict:
         proc.wait(10)
         time.sleep(args.restart_delay)
         restarted = time.perf_counter()
-        proc, _ = start_agent(work, config, log)
+        proc, _ = start_agent_process(work, config, log)
         wait_http(base + "/v2/health/ready", proc, 120, log)
         ready = time.perf_counter()
         time.sleep(args.after)
@@ -335,7 +320,7 @@ def coordinator_down(work: Path, args) -> dict:
               "grpc_port": 0, "cpu_budget": "256MiB", "log_level": "info",
               "coordinator": {"url": curl, "node_name": "n1", "report_interval_s": 1.0}}
     log = work / "co-agent.log"
-    proc, base = start_agent(work, config, log)
+    proc, base = start_agent_process(work, config, log)
     try:
         wait_http(base + "/v2/health/ready", proc, 120, log)
         end = time.monotonic() + 20

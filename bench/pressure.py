@@ -295,6 +295,19 @@ def get_json(url: str, timeout: float = 10):
         return json.loads(r.read())
 
 
+def start_agent_process(work: Path, config: dict, log: Path) -> tuple[subprocess.Popen, str]:
+    """``edgeagent serve`` on ``config`` (written to ``work/agent.yaml``; it names the
+    ``port``), its output appended to ``log``: (process, base URL). Not waited for."""
+    import yaml
+
+    (work / "agent.yaml").write_text(yaml.safe_dump(config))
+    with open(log, "a") as out:
+        proc = subprocess.Popen(agent_command(None) + ["serve", "--config",
+                                                       str(work / "agent.yaml")],
+                                stdout=out, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{config['port']}"
+
+
 def agent_command(agent_src: str | None) -> list[str]:
     if agent_src is None:
         exe = ROOT / ".venv" / "bin" / "edgeagent"

@@ -28,7 +28,6 @@ import collections
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import RssSampler, agent_command, free_port, stop_process, wait_http  # noqa: E402
+from bench.pressure import (RssSampler, free_port, start_agent_process,  # noqa: E402
+                            stop_process, wait_http)
 
 MODELS = ["mlp0", "mlp1", "mlp2"]
 ODD_SEGMENTS = ["²", "٣", "1", "0", "-1", "9" * 25, "..", "a/b", "%", " ", "x" * 300, "é"]
@@ -282,7 +282,6 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    import yaml
 
     from agent.modelzoo import write_mlp
 
@@ -294,16 +293,10 @@ def main() -> None:
                       outputs=2, seed=i)
             if name != "mlp2":  # the large-body phases; mlp2 keeps the default limit
                 (repo / name / "config.yaml").write_text("max_request_rows: 2000000\n")
-        port = free_port()
-        config = {"repository": str(repo), "data_dir": str(work / "data"), "port": port,
+        config = {"repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
                   "cpu_budget": "512MiB", "log_level": "warning", "grpc_port": 0}
-        (work / "agent.yaml").write_text(yaml.safe_dump(config))
         log = work / "agent.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(agent_command(None) + ["serve", "--config",
-                                                           str(work / "agent.yaml")],
-                                    stdout=out, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
+        proc, base = start_agent_process(work, config, log)
         try:
             wait_http(base + "/v2/health/ready", proc, 120, log)
             for name in MODELS:

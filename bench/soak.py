@@ -21,7 +21,6 @@ import asyncio
 import collections
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,8 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import (RssSampler, agent_command, free_port, get_json,  # noqa: E402
-                            stop_process, wait_http)
+from bench.pressure import (RssSampler, free_port, get_json,  # noqa: E402
+                            start_agent_process, stop_process, wait_http)
 from bench.reliability import FAMILIES, hostile_request  # noqa: E402
 
 
@@ -104,7 +103,6 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    import yaml
 
     seconds = args.minutes * 60
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,17 +110,11 @@ def main() -> None:
         repo = work / "models"
         file_bytes = write_models(repo, args.models)
         budget = int(file_bytes / args.models * args.hold * 1.6)  # ~1.6x a file resident
-        port = free_port()
-        (work / "agent.yaml").write_text(yaml.safe_dump({
-            "repository": str(repo), "data_dir": str(work / "data"), "port": port,
-            "cpu_budget": budget, "log_level": "warning", "slo": {"latency_ms": 30000},
-            "grpc_port": 0}))
         log = work / "agent.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen(agent_command(None) + ["serve", "--config",
-                                                           str(work / "agent.yaml")],
-                                    stdout=out, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
+        proc, base = start_agent_process(work, {
+            "repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
+            "cpu_budget": budget, "log_level": "warning", "slo": {"latency_ms": 30000},
+            "grpc_port": 0}, log)
         samples: list[tuple[float, int]] = []
         stop = threading.Event()
         try:
