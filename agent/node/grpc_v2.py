@@ -46,8 +46,8 @@ from agent.node.cache import Entry, State, UnknownModel
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter
-from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, _from_bytes_elements,
-                                _to_bytes_elements)
+from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, from_bytes_elements,
+                                to_bytes_elements)
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def _shape(tensor: Any) -> tuple[int, ...]:
 def _from_raw(raw: bytes, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        return _from_bytes_elements(raw, count, name).reshape(shape)
+        return from_bytes_elements(raw, count, name).reshape(shape)
     dtype = DATATYPES[datatype]
     if len(raw) != count * dtype.itemsize:
         raise BadRequest(f"input {name!r}: {len(raw)} bytes of raw_input_contents, shape "
@@ -187,7 +187,7 @@ def encode_infer_response(model: str, version: int, results: dict[str, np.ndarra
         datatype = datatype_of(array)
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         response.raw_output_contents.append(
-            _to_bytes_elements(array) if datatype == "BYTES"
+            to_bytes_elements(array) if datatype == "BYTES"
             else np.ascontiguousarray(array).tobytes())
     return response
 

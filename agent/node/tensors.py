@@ -141,7 +141,7 @@ def _shape(tensor: dict[str, Any], name: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _from_bytes_elements(raw: bytes, count: int, name: str) -> np.ndarray:
+def from_bytes_elements(raw: bytes, count: int, name: str) -> np.ndarray:
     """BYTES binary layout: each element is a 4-byte little-endian length + its bytes."""
     out, offset = [], 0
     for _ in range(count):
@@ -158,7 +158,7 @@ def _from_bytes_elements(raw: bytes, count: int, name: str) -> np.ndarray:
     return np.array(out + [None], dtype=object)[:-1]
 
 
-def _to_bytes_elements(array: np.ndarray) -> bytes:
+def to_bytes_elements(array: np.ndarray) -> bytes:
     parts = []
     for item in array.reshape(-1):
         data = item if isinstance(item, bytes) else str(item).encode()
@@ -265,7 +265,7 @@ def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = N
             raw = bytes(binary[offset:offset + size])
             offset += size
             if datatype == "BYTES":
-                array = _from_bytes_elements(raw, count, name).reshape(shape)
+                array = from_bytes_elements(raw, count, name).reshape(shape)
             else:
                 dtype = DATATYPES[datatype]
                 if size != count * dtype.itemsize:
@@ -312,7 +312,7 @@ def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         binary = (o.get("parameters") or {}).get("binary_data", binary_default)
         if binary:
-            blob = (_to_bytes_elements(array) if datatype == "BYTES"
+            blob = (to_bytes_elements(array) if datatype == "BYTES"
                     else np.ascontiguousarray(array).tobytes())
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
