@@ -67,3 +67,76 @@ def test_memory_limits_residency():
     check_feasible(p, nodes, big)
     assert p.unplaced == {}
     assert all(len(row) == 1 for row in p.assignment.values())
+
+
+def _reference_place(nodes, demands, current=None):
+    """The straightforward placement (usage summed again per candidate) that ``place``
+    keeps incrementally: both must agree."""
+    from agent.coordinator.faro.placement import Placement, _allowed, _fits, _usage
+    models = {m.name: m for m in demands}
+    by_name = {n.name: n for n in nodes}
+    current = current or {}
+    plan = {n.name: {} for n in nodes}
+    for node_name, row in current.items():
+        if node_name in by_name:
+            for model_name, count in row.items():
+                m = models.get(model_name)
+                if m is not None and count > 0 and _allowed(m, node_name):
+                    plan[node_name][model_name] = int(count)
+    holders = {}
+    for node_name, row in plan.items():
+        for model_name in row:
+            holders.setdefault(model_name, set()).add(node_name)
+    for m in demands:
+        on = holders.get(m.name, set())
+        while sum(plan[n].get(m.name, 0) for n in on) > m.replicas:
+            node = max(on, key=lambda n: (plan[n].get(m.name, 0), n))
+            plan[node][m.name] -= 1
+    for node in nodes:
+        row = plan[node.name]
+        while not _fits(node, row, models):
+            victim = max((k for k, v in row.items() if v > 0), key=lambda k: (row[k], k))
+            row[victim] -= 1
+    unplaced = {}
+    for m in sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name)):
+        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in holders.get(m.name, ()))
+        while missing > 0:
+            best, best_key = None, None
+            for node in nodes:
+                if not _allowed(m, node.name):
+                    continue
+                trial = dict(plan[node.name])
+                trial[m.name] = trial.get(m.name, 0) + 1
+                if not _fits(node, trial, models):
+                    continue
+                cpu, mem = _usage(plan[node.name], models)
+                key = (plan[node.name].get(m.name, 0) > 0, node.memory_bytes - mem,
+                       node.cpu - cpu, node.name)
+                if best_key is None or key > best_key:
+                    best, best_key = node.name, key
+            if best is None:
+                unplaced[m.name] = missing
+                break
+            plan[best][m.name] = plan[best].get(m.name, 0) + 1
+            missing -= 1
+    assignment = {n: {k: v for k, v in row.items() if v > 0} for n, row in plan.items()}
+    return Placement(assignment, 0, 0, unplaced)
+
+
+def test_incremental_usage_places_as_the_straightforward_version():
+    import random
+    rng = random.Random(7)
+    for trial in range(300):
+        nodes = [Node(f"n{i}", rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8]) * 1e9)
+                 for i in range(rng.randint(1, 12))]
+        names = [n.name for n in nodes]
+        demands = [ModelDemand(
+            f"m{j}", rng.randint(0, 12), rng.choice([0.5, 1, 2]),
+            rng.choice([0, 1e8, 5e8, 2e9]), rng.choice([0, 1e8]),
+            frozenset(rng.sample(names, rng.randint(1, len(names))))
+            if rng.random() < 0.5 else frozenset()) for j in range(rng.randint(1, 8))]
+        current = {rng.choice(names + ["gone"]): {f"m{rng.randint(0, 9)}": rng.randint(0, 5)
+                                                  for _ in range(3)} for _ in range(5)}
+        for start in (None, current):
+            got, want = place(nodes, demands, start), _reference_place(nodes, demands, start)
+            assert (got.assignment, got.unplaced) == (want.assignment, want.unplaced), trial
