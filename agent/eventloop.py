@@ -1,7 +1,5 @@
 """Running a server: its main coroutine on the fastest event loop, its HTTP listener, and
-its read timeouts (``header_timeout_args``, ``body_timeout_middleware``: a client that
-sends its request slowly, or half of it, does not hold a connection past
-``read_timeout_s``)."""
+its header read timeout (``header_timeout_args``; the body's is in ``agent.httpbody``)."""
 
 from __future__ import annotations
 
@@ -53,26 +51,3 @@ def header_timeout_args(seconds: float) -> dict[str, Any]:
     drains the rest for at most as long (its lingering time, 10 s by default) before it
     closes the connection."""
     return {"keepalive_timeout": seconds, "lingering_time": min(seconds, 10.0)}
-
-
-def body_timeout_middleware(seconds: float) -> Any:
-    """An aiohttp middleware that reads each request's body within ``seconds`` of its
-    headers, else answers 408 and closes the connection. The handler's
-    ``request.read()`` then returns the body already read (aiohttp keeps it); a body
-    over the app's ``client_max_size`` raises aiohttp's 413 here, as it would there."""
-    from aiohttp import web
-
-    @web.middleware
-    async def read_body_in_time(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.body_exists:
-            try:
-                async with asyncio.timeout(seconds):
-                    await request.read()
-            except TimeoutError:
-                response = json_error(408, f"request body not received within {seconds:g} s "
-                                           "of its headers (read_timeout_s)")
-                response.force_close()
-                return response
-        return await handler(request)
-
-    return read_body_in_time

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from agent.node.tensors import BadRequest, Decoder, DecoderLost, Limits, decode_v2_request
+from agent.node.offload import Decoder, DecoderLost
+from agent.node.tensors import BadRequest, Limits, decode_v2_request
 from tests.conftest import add_mlp
 from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
 from tests.test_node_api import _v2
@@ -135,6 +136,95 @@ def test_decoder_runs_inline_on_a_thread_or_in_a_child_process():
     for inputs, _ in asyncio.run(run_all()):
         np.testing.assert_array_equal(inputs["X"], inline)
         assert inputs["X"].dtype == np.float32
+
+
+def _echo(*args):
+    return args
+
+
+def test_the_child_gets_and_gives_large_buffers_out_of_band():
+    """Large bodies and arrays cross the socket as raw buffers beside a small pickle,
+    and arrive as buffers of the receiver's own (no rebuild of a copy under the GIL)."""
+    import socket
+    import threading
+
+    from agent.node.offload import OUT_OF_BAND_BYTES, receive, send
+
+    body = bytearray(b"x" * (3 * OUT_OF_BAND_BYTES))
+    frozen = bytes(body)
+    array = np.arange(100_000, dtype=np.float32).reshape(1000, 100)
+    value = (_echo, (body, frozen, array, b"small", {"k": [1, 2]}))
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sent = threading.Thread(target=send, args=(ours, value))  # > the socket's buffer
+        sent.start()
+        fn, (got_body, got_frozen, got_array, small, doc) = receive(theirs)
+        sent.join()
+    assert fn is _echo and small == b"small" and doc == {"k": [1, 2]}
+    assert type(got_body) is bytearray and got_body == body  # its own buffer, writable
+    assert type(got_frozen) is memoryview and got_frozen.readonly and got_frozen == frozen
+    np.testing.assert_array_equal(got_array, array)
+    assert got_array.flags.writeable and not got_array.flags.owndata  # on the buffer
+
+
+def test_a_child_that_dies_mid_answer_is_lost_and_replaced():
+    body = json.dumps(_rows(3)).encode()
+
+    async def run():
+        decoder = Decoder(thread_bytes=0, process_bytes=0)
+        try:
+            first = await decoder.run(1, decode_v2_request, body, None)
+            pid = decoder._child.process.pid
+            with pytest.raises(DecoderLost):
+                await decoder.run(1, os.kill, pid, 9)  # the child kills itself
+            second = await decoder.run(1, decode_v2_request, body, None)
+            assert decoder._child.process.pid != pid
+            return first, second
+        finally:
+            decoder.close()
+
+    import asyncio
+
+    first, second = asyncio.run(run())
+    np.testing.assert_array_equal(first[0]["X"], second[0]["X"])
+
+
+def test_large_bodies_are_read_in_place_chunked_ones_too_and_oversized_ones_refused(
+        repo, start_agent):
+    """Over 1 MiB the agent reads a body into one buffer a piece at a time; a chunked
+    body (no Content-Length) is read the ordinary way; both are served the same, and a
+    body over ``max_request_size`` is still a 413."""
+    import http.client
+
+    add_mlp(repo, "mlp")
+    agent = start_agent(repo, max_request_rows=10**6, max_request_size=4 * 2**20)
+    n = 60_000
+    body = json.dumps(_rows(n)).encode()
+    assert 2**20 < len(body) < 4 * 2**20
+    host, port = agent.url.removeprefix("http://").rsplit(":", 1)
+
+    def post(data, chunked=False):
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            if chunked:
+                pieces = (data[i:i + 100_000] for i in range(0, len(data), 100_000))
+                conn.request("POST", "/v2/models/mlp/infer", body=pieces,
+                             encode_chunked=True)
+            else:
+                conn.request("POST", "/v2/models/mlp/infer", body=data)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    status, answer = post(body)
+    assert status == 200, answer[:300]
+    assert json.loads(answer)["outputs"][0]["shape"][0] == n
+    status, chunked = post(body, chunked=True)
+    assert status == 200 and chunked == answer
+    status, answer = post(json.dumps(_rows(4 * n)).encode())
+    assert status == 413, answer[:300]
+    assert agent.request("GET", "/v2/health/ready")[0] == 200
 
 
 def test_health_answers_while_a_30_mb_body_is_decoded(repo, start_agent):

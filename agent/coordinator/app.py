@@ -44,7 +44,8 @@ from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import body_timeout_middleware, header_timeout_args
+from agent.eventloop import header_timeout_args
+from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token
 from agent.validation import load_json
 from agent.wire import DirectiveBook, ReportError, parse_report

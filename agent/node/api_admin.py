@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agent.httpbody import request_body
 from agent.node.cache import UnknownModel
 from agent.node.routes import NODE
 from agent.validation import ascii_int
@@ -42,7 +43,7 @@ async def cache_workers(request: web.Request) -> web.Response:
     """``POST /v1/cache/{name}/workers {"workers": N}``: run its batches on N workers."""
     node = request.app[NODE]
     entry = node.cache.entry(request.match_info["name"], _version(request))
-    body = parse_json(await request.read() or b"{}")
+    body = parse_json(await request_body(request) or b"{}")
     workers = body.get("workers") if isinstance(body, dict) else None
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         raise BadRequest(f"expected a JSON object {{\"workers\": N}} with 1 <= N <= 256, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agent.httpbody import request_body
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref, send_body
@@ -18,7 +19,7 @@ async def predict(request: web.Request) -> web.Response:
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
-    raw = await request.read()
+    raw = await request_body(request)
     limits = node.serving.request_limits(name, version)
     known = node.cache.entry(name, version).signature
     body: dict | None = None

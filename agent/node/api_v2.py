@@ -8,6 +8,7 @@ from aiohttp import web
 
 from agent import __version__
 from agent.backends.base import InvalidInput, check_inputs
+from agent.httpbody import request_body
 from agent.node.batching import rows_of
 from agent.node.cache import Entry, State
 from agent.node.routes import NODE, counted, model_ref, send_body
@@ -81,7 +82,7 @@ async def infer(request: web.Request) -> web.Response:
             header, "Inference-Header-Content-Length")
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    body = await request.read()
+    body = await request_body(request)
     limits = node.serving.request_limits(name, version)
     inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
                                           limits)
@@ -129,7 +130,7 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    body = await request.read()
+    body = await request_body(request)
     only_ready = bool(json_object(body).get("ready")) if body.strip() else False
     return web.json_response(repository_index_items(request.app[NODE], only_ready))
 
@@ -138,7 +139,7 @@ async def repository_load(request: web.Request) -> web.Response:
     """Load (or reload) a model; ``{"parameters": {"config": "<JSON>"}}`` overrides its
     configuration (Triton's repository extension, see ``Node.load_model``)."""
     name = request.match_info["name"]
-    body = await request.read()
+    body = await request_body(request)
     doc = parse_json(body) if body.strip() else {}
     parameters = doc.get("parameters", {}) if isinstance(doc, dict) else None
     if not isinstance(parameters, dict):
@@ -159,7 +160,7 @@ async def load_with_parameters(node: Node, name: str, parameters: dict) -> None:
 
 
 async def repository_unload(request: web.Request) -> web.Response:
-    await request.read()
+    await request_body(request)
     await request.app[NODE].cache.evict(request.match_info["name"])
     return web.json_response({})
 

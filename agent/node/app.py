@@ -18,7 +18,8 @@ from aiohttp import web
 from agent.config import AgentConfig
 from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import body_timeout_middleware, header_timeout_args
+from agent.eventloop import header_timeout_args
+from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth
 from agent.memory import tune_malloc
 from agent.node import api_admin, api_tfserving, api_triton, api_v2, reporter
@@ -76,7 +77,8 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     app = web.Application(client_max_size=config.max_request_size,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[errors_middleware, auth_middleware,
-                                       body_timeout_middleware(config.read_timeout_s)])
+                                       body_timeout_middleware(config.read_timeout_s,
+                                                               config.max_request_size)])
     app[NODE] = node or Node(config, **node_kwargs)
     api_triton.add_routes(app)  # first: /v2/models/stats before /v2/models/{name}
     api_v2.add_routes(app)

@@ -23,9 +23,9 @@ from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_bu
 from agent.node import state as statefile
 from agent.node.cache import CacheError, ModelCache, ModelInvalid, State, UnknownModel
 from agent.node.metrics import Metrics
+from agent.node.offload import Decoder
 from agent.node.repository import apply_override, scan_model, scan_repository
 from agent.node.serving import Serving
-from agent.node.tensors import Decoder
 
 log = logging.getLogger("edgeagent.node")
 

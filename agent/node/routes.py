@@ -78,13 +78,13 @@ def model_ref(request: web.Request) -> tuple[str, int | None]:
 ANSWER_CHUNK = 2**20
 
 
-async def send_body(request: web.Request, body: bytes, content_type: str,
+async def send_body(request: web.Request, body: bytes | memoryview, content_type: str,
                     headers: dict[str, str] | None = None) -> web.StreamResponse:
     """The 200 answer ``body``: a plain response, or for one over ``ANSWER_CHUNK`` a
     streamed one (same Content-Length, not chunked) written a piece at a time, so that
     health checks and small requests are answered between the pieces."""
-    if len(body) <= ANSWER_CHUNK:
-        return web.Response(body=body, content_type=content_type, headers=headers)
+    if len(body) <= ANSWER_CHUNK:  # aiohttp sets no Content-Length for a memoryview
+        return web.Response(body=bytes(body), content_type=content_type, headers=headers)
     response = web.StreamResponse(headers=headers)
     response.content_type = content_type
     response.content_length = len(body)

@@ -6,15 +6,12 @@ Decoders raise ``BadRequest`` naming the problem; nothing here touches models.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
 import struct
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +21,6 @@ except ImportError:  # pragma: no cover - a declared dependency; json is the fal
     orjson = None
 
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs, datatype_of
-from agent.errors import AgentError
 from agent.validation import load_json
 
 
@@ -59,55 +55,6 @@ class Limits:
 
 
 NO_LIMITS = Limits()
-
-T = TypeVar("T")
-
-
-class DecoderLost(AgentError):
-    """The decoding child process died mid-request (killed, out of memory): a 503; the
-    next large request starts a new one."""
-
-    status = 503
-    retry_after = 1.0
-
-
-class Decoder:
-    """Runs a decode (or an encode) where it does not stall the event loop, by the size
-    of what it reads: here up to ``thread_bytes`` (a hop costs more than a small
-    decode), on a thread up to ``process_bytes``, above that in a child process. The
-    JSON parse and numpy's reading of nested lists hold the GIL throughout (about a
-    second for 20 MB of numbers), so on a thread they would still stall every other
-    request; in the child they do not, and the parse's millions of Python objects
-    never enter the agent's memory: only the body goes there and the arrays come back.
-    One child, started on first use ("spawn": the agent has threads), decodes one large
-    body at a time. ``fn`` must be a module-level function (it is pickled)."""
-
-    def __init__(self, thread_bytes: int = 256 * 2**10, process_bytes: int = 4 * 2**20
-                 ) -> None:
-        self.thread_bytes, self.process_bytes = thread_bytes, process_bytes
-        self._pool: Any = None
-
-    async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, where ``size`` (bytes read or written) says."""
-        if size <= self.thread_bytes:
-            return fn(*args)
-        if size <= self.process_bytes:
-            return await asyncio.to_thread(fn, *args)
-        if self._pool is None:
-            import multiprocessing
-
-            self._pool = ProcessPoolExecutor(1, multiprocessing.get_context("spawn"))
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except BrokenProcessPool:
-            self._pool = None
-            raise DecoderLost("the process decoding large requests died; retry") from None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
 
 def parse_json(body: bytes) -> Any:
     """A JSON body (``agent.validation.load_json``: depth and number limits); BadRequest
