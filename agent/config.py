@@ -266,6 +266,7 @@ _AGENT_SCHEMA = {
     "policy": _str,
     "admin_token_file": _str,
     "max_request_size": _size,
+    "max_request_bytes_in_flight": _size,
     "load_concurrency": _num(1, integer=True),
     "max_request_rows": _num(1, integer=True),
     "max_tensor_bytes": _size,
@@ -355,6 +356,7 @@ class AgentConfig:
     policy: str = "cremebrulee"
     admin_token_file: Path | None = None
     max_request_size: int = 64 * 2**20
+    max_request_bytes_in_flight: int = 256 * 2**20  # request bodies read and not answered
     load_concurrency: int = 1  # loads at once: each holds its peak; windows measure cleanly
     infer_threads: int = max(2, os.cpu_count() or 2)
     # Rows per request; None: REQUEST_ROWS_FACTOR x the model's max_batch_size, at

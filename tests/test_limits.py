@@ -315,3 +315,109 @@ def test_coordinator_read_timeouts(start_coordinator):  # noqa: F811
     assert 0.9 <= took < 4, took
     assert "read_timeout_s" in _slow_body_is_408(co, b"/v1/nodes/n1/report")["error"]
     assert co.request("GET", "/v1/health")[0] == 200
+
+
+# -- the bytes of request bodies in flight ------------------------------------------------
+
+
+def test_body_memory_lets_bodies_in_by_arrival_when_they_fit():
+    import asyncio
+
+    from agent.httpbody import BodyMemory, NoRoomForBody
+
+    async def scenario():
+        memory = BodyMemory(100)
+        await memory.reserve(60, 1)
+        order = []
+
+        async def wait(size, timeout=5.0):
+            await memory.reserve(size, timeout)
+            order.append(size)
+
+        big = asyncio.create_task(wait(70))  # does not fit: waits
+        await asyncio.sleep(0)
+        small = asyncio.create_task(wait(10))  # would fit, but queues behind the 70
+        await asyncio.sleep(0.01)
+        assert order == [] and memory.describe()["waiting"] == 2
+        memory.release(60)
+        await asyncio.gather(big, small)
+        assert order == [70, 10] and memory.in_flight_bytes == 80
+        with pytest.raises(NoRoomForBody) as err:  # 80 + 30 > 100, and 80 stay
+            await memory.reserve(30, 0.05)
+        assert err.value.status == 503 and "max_request_bytes_in_flight" in str(err.value)
+        gone = asyncio.create_task(wait(30))  # a client that goes away while waiting
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        memory.release(80)
+        await memory.reserve(500, 0.05)  # over the whole limit: in, once alone
+        assert memory.describe() == {"in_flight_bytes": 500, "limit_bytes": 100,
+                                     "peak_bytes": 500, "waiting": 0, "waits": 4,
+                                     "refused": 1}
+
+    asyncio.run(scenario())
+
+
+def test_bodies_in_flight_are_bounded_and_counted_and_wait_rather_than_fail(
+        repo, start_agent):
+    """8 clients post 1.3 MB bodies to an agent that lets 3 MB of bodies in flight:
+    every request is served (they wait their turn), the bodies in flight never exceed
+    the bound, and the waits are counted. A body held by a client that never finishes
+    sending it makes the next ones wait; one still waiting after ``read_timeout_s`` gets
+    503 naming the limit; the agent serves on. (A 60 s SLO: the bouncer would otherwise
+    refuse some of these 60,000-row requests as late behind the others; not tested here.)"""
+    add_mlp(repo, "mlp", config={"slo": {"latency_ms": 60000}})
+    agent = start_agent(repo, max_request_rows=10**6, max_request_bytes_in_flight=3_000_000)
+    body = json.dumps(_rows(60_000)).encode()
+    assert 1.2e6 < len(body) < 1.5e6
+    statuses, peaks = [], []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peaks.append(agent.request("GET", "/v1/memory")[2]["cpu"]["request_bodies"]
+                         ["in_flight_bytes"])
+            time.sleep(0.005)
+
+    def client():
+        for _ in range(4):
+            status, _, reply = agent.request("POST", "/v2/models/mlp/infer", body)
+            statuses.append(status if status == 200 else (status, reply))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    clients = [threading.Thread(target=client) for _ in range(8)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join()
+    stop.set()
+    watcher.join()
+    assert statuses == [200] * 32
+    bodies = agent.request("GET", "/v1/memory")[2]["cpu"]["request_bodies"]
+    assert bodies["in_flight_bytes"] == 0 and bodies["refused"] == 0
+    assert bodies["waits"] > 0 and 2 * len(body) <= bodies["peak_bytes"] <= 3_000_000
+    assert max(peaks) <= 3_000_000
+    metrics = agent.request("GET", "/metrics")[2].decode()
+    assert "edgeagent_request_body_limit_bytes 3e+06" in metrics
+    assert "edgeagent_request_body_waits_total" in metrics
+
+    agent = start_agent(repo, max_request_rows=10**6, max_request_bytes_in_flight=3_000_000,
+                        read_timeout_s=1.0)
+    # two clients announce 2.5 MB and send 10 bytes: the first holds 2.5 MB until its
+    # read times out (408), the second waits for it, then holds as long; a 1.3 MB body
+    # queued behind them waits its read_timeout_s, then 503
+    start = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2500000\r\n\r\n{"
+    with _connect(agent) as first, _connect(agent) as second:
+        first.sendall(start)
+        time.sleep(0.1)
+        second.sendall(start)
+        time.sleep(0.2)
+        status, headers, reply = agent.request("POST", "/v2/models/mlp/infer", body)
+        assert status == 503 and headers["Retry-After"] == "1", reply
+        assert "max_request_bytes_in_flight" in reply["error"], reply
+        assert _read_all(first).startswith(b"HTTP/1.1 408")
+        assert _read_all(second).startswith(b"HTTP/1.1 408")
+    assert agent.request("POST", "/v2/models/mlp/infer", body)[0] == 200
+    assert agent.request("GET", "/v1/memory")[2]["cpu"]["request_bodies"][
+        "in_flight_bytes"] == 0

@@ -66,8 +66,12 @@ async def cache_action(request: web.Request) -> web.Response:
 
 async def memory(request: web.Request) -> web.Response:
     """``GET /v1/memory``: per device, the budget and what holds it (read-only, public
-    like ``/metrics``; the dashboard's bars)."""
-    return web.json_response(request.app[NODE].cache.memory())
+    like ``/metrics``; the dashboard's bars); under ``cpu``, ``request_bodies``: the
+    bytes of request bodies in flight and their bound."""
+    node = request.app[NODE]
+    memory = node.cache.memory()
+    memory.setdefault("cpu", {})["request_bodies"] = node.body_memory.describe()
+    return web.json_response(memory)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -74,12 +74,13 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
                ) -> web.Application:
     """The agent's app for ``config``. ``node_kwargs`` (budgets, clock, backend_factory)
     are passed to ``Node`` for tests and benchmarks."""
+    node = node or Node(config, **node_kwargs)
+    read_body = body_timeout_middleware(config.read_timeout_s, config.max_request_size,
+                                        memory=node.body_memory)
     app = web.Application(client_max_size=config.max_request_size,
                           handler_args=header_timeout_args(config.read_timeout_s),
-                          middlewares=[errors_middleware, auth_middleware,
-                                       body_timeout_middleware(config.read_timeout_s,
-                                                               config.max_request_size)])
-    app[NODE] = node or Node(config, **node_kwargs)
+                          middlewares=[errors_middleware, auth_middleware, read_body])
+    app[NODE] = node
     api_triton.add_routes(app)  # first: /v2/models/stats before /v2/models/{name}
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
+    from agent.httpbody import BodyMemory
     from agent.node.cache import Entry, ModelCache
     from agent.node.serving import Serving
 
@@ -167,10 +168,35 @@ class _ServingCollector(Collector):
         yield from (window, batch_s, slo, drops, *pc.values(), pc_bytes)
 
 
+class _BodyMemoryCollector(Collector):
+    """The bytes of request bodies in flight (``agent.httpbody.BodyMemory``)."""
+
+    def __init__(self, memory: "BodyMemory") -> None:
+        self.memory = memory
+
+    def collect(self) -> Iterator:
+        m = self.memory.describe()
+        yield GaugeMetricFamily("edgeagent_request_body_in_flight_bytes",
+                                "Bytes of request bodies read or being read, not yet answered",
+                                value=m["in_flight_bytes"])
+        yield GaugeMetricFamily("edgeagent_request_body_limit_bytes",
+                                "Bound on the bytes of request bodies in flight",
+                                value=m["limit_bytes"])
+        yield GaugeMetricFamily("edgeagent_request_body_waiting",
+                                "Requests waiting for room for their body", value=m["waiting"])
+        yield CounterMetricFamily("edgeagent_request_body_waits",
+                                  "Requests that waited for room for their body",
+                                  value=m["waits"])
+        yield CounterMetricFamily("edgeagent_request_body_refused",
+                                  "Requests answered 503 after waiting for room for their body",
+                                  value=m["refused"])
+
+
 class Metrics:
     """The agent's metrics and their registry (process and Python collectors included)."""
 
-    def __init__(self, cache: "ModelCache", serving: "Serving | None" = None) -> None:
+    def __init__(self, cache: "ModelCache", serving: "Serving | None" = None,
+                 body_memory: "BodyMemory | None" = None) -> None:
         self.cache = cache
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -189,6 +215,8 @@ class Metrics:
         self.registry.register(_CacheCollector(cache))
         if serving is not None:
             self.registry.register(_ServingCollector(serving))
+        if body_memory is not None:
+            self.registry.register(_BodyMemoryCollector(body_memory))
         cache.on_load.append(self._loaded)
 
     def _loaded(self, entry: "Entry") -> None:

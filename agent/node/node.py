@@ -18,6 +18,7 @@ from agent.backends import Backend, BackendError, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
 from agent.httpauth import read_token
+from agent.httpbody import BodyMemory
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
 from agent.node import state as statefile
@@ -76,7 +77,9 @@ class Node:
                 self.cache.set_pinned(name, bool(pinned))
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
-        self.metrics = Metrics(self.cache, self.serving)
+        #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
+        self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
+        self.metrics = Metrics(self.cache, self.serving, self.body_memory)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
         self.admin_token = read_token(config.admin_token_file)
