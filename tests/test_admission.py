@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for, predict_finish
-from tests.conftest import add_synthetic
+from tests.conftest import add_mlp, add_synthetic
 from tests.test_batching import call, start, stop, without_stalls
 
 
@@ -78,6 +78,50 @@ def test_completion_estimate_follows_the_aimd_limit_ramping_up():
     flat = queue(queued_rows=31, queued_requests=31, limit=3)  # with today's limit only
     with pytest.raises(Shed):
         admit(0.0, Deadline(0.2, False), 1, flat, 50, t, margin=0.01)
+
+
+def test_completion_estimate_groups_the_queue_as_the_batcher_does():
+    t = linear(0.01, 2e-6)  # 10 ms + 2 µs/row: 60,000 rows take 130 ms
+    # one queued request of 60,000 rows (limit 32) runs as ONE batch, alone (not 1,875
+    # batches of 32 rows); then the new one, also over the limit, alone
+    big = queue(queued_rows=60_000, queued_requests=1, limit=32, sizes=(60_000,),
+                running_left=(0.1,), limit_step=2, limit_cap=32)
+    assert predict_finish(0, 60_000, big, t) == pytest.approx(0.1 + 2 * t(60_000))
+    # a small request behind it gets a batch of its own, with the rows arriving meanwhile
+    arriving = queue(queued_rows=60_000, queued_requests=1, limit=32, sizes=(60_000,),
+                     arrival_rate=100.0)
+    assert predict_finish(0, 1, arriving, t) == pytest.approx(
+        t(60_000) + t(1 + int(100 * t(60_000))))
+    # queued 5, 40, 3 rows with limit 10: 5 alone (40 does not fit), 40 alone (over the
+    # limit), then 3 rows open, which the new 4 rows join
+    mixed = queue(queued_rows=48, queued_requests=3, sizes=(5, 40, 3))
+    assert predict_finish(0, 4, mixed, t) == pytest.approx(t(5) + t(40) + t(7))
+    # the open batch (8 rows) cannot take 5 more: it runs first, then the new request
+    assert predict_finish(0, 5, queue(queued_rows=8, queued_requests=1, sizes=(8,)), t) \
+        == pytest.approx(t(8) + t(5))
+    # the excess counts each batch waited for once: the oversized one and its own
+    assert predict_finish(0, 60_000, queue(queued_rows=60_000, queued_requests=1, limit=32,
+                                           sizes=(60_000,), excess=0.01), t) == \
+        pytest.approx(2 * t(60_000) + 0.01 * 2 ** 0.5)
+    # not batched (limit 1): each queued request alone, at its own rows
+    assert predict_finish(0, 3, queue(queued_rows=6, queued_requests=2, limit=1,
+                                      sizes=(3, 3)), t) == pytest.approx(3 * t(3))
+
+
+def test_the_bouncer_admits_a_request_behind_an_oversized_one():
+    # the reported case: 60,000-row requests, limit 32, 1 s SLO, one running, one queued
+    t = linear(0.01, 2e-6)
+    q = queue(queued_rows=60_000, queued_requests=1, limit=32, sizes=(60_000,),
+              running_left=(0.1,), limit_step=2, limit_cap=32)
+    finish = admit(0.0, Deadline(1.0, False), 60_000, q, 50, t, margin=0.05)
+    assert finish == pytest.approx(0.1 + 2 * t(60_000))
+    three = queue(queued_rows=180_000, queued_requests=3, limit=32, sizes=(60_000,) * 3,
+                  running_left=(0.1,))  # four batches of 130 ms ahead: really late
+    with pytest.raises(Shed) as err:
+        admit(0.0, Deadline(0.5, False), 60_000, three, 50, t, margin=0.05)
+    assert err.value.reason == "deadline" and "late behind 3 queued" in str(err.value)
+    late_ms = float(str(err.value).split("predicted ")[1].split(" ms")[0])
+    assert late_ms == pytest.approx((0.1 + 4 * t(60_000) - 0.5 + 0.05) * 1000, abs=1)
 
 
 def test_admit_rules():
@@ -295,6 +339,28 @@ def test_queued_requests_hold_the_model(repo, start_agent):
         status, _, body = agent.request("POST", "/v1/cache/m/evict")
         assert status == 409 and "in flight" in body["error"]
         assert [f.result()[0] for f in futures] == [200, 200, 200]
+
+
+def test_http_requests_over_the_batch_limit_are_served_not_shed_as_late(repo, start_agent):
+    # 4 clients each posting 20,000-row requests to a real ONNX MLP (max_batch_size 32):
+    # each runs alone in ~10-50 ms, far within the 5 s SLO. The bouncer used to price a
+    # queued one as 625 batches of 32 rows (each at the 20,000-row time): seconds late.
+    import concurrent.futures as cf
+    add_mlp(repo, "mlp")
+    agent = start_agent(repo, slo_latency_ms=5000, max_request_rows=100_000)
+    x = np.random.default_rng(0).random((20_000, 4), np.float32)
+    body = json.dumps(v2(x)).encode()
+
+    def client():
+        return [agent.request("POST", "/v2/models/mlp/infer", body) for _ in range(4)]
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        answers = [a for f in [pool.submit(client) for _ in range(4)] for a in f.result()]
+    assert [s for s, _, _ in answers] == [200] * 16, [b for s, _, b in answers if s != 200]
+    assert all(b["outputs"][0]["shape"] == [20_000, 2] for _, _, b in answers)
+    info = agent.request("GET", "/v1/cache/mlp")[2]
+    assert info["drops"] == {} and info["batch_limit"] <= 32
+    assert set(info["batch_ms_by_size"]) == {"20000"}  # each ran alone, never split
 
 
 def test_workers_endpoint_and_cli(repo, start_agent, tmp_path):

@@ -109,6 +109,14 @@ def test_profile_fits_a_line_and_predicts_unseen_sizes():
     one = BatchProfile()
     one.observe(5, 0.01)
     assert one.predict(50) == 0.01 and one.line() is None  # optimistic until a 2nd size
+    # ... both ways: a smaller size scaled down, a lower bound of any line through (5, 10 ms)
+    # with base, per_item >= 0 (not the 5-row median: 60,000 rows must not price 32)
+    assert one.predict(1) == pytest.approx(0.002) and one.predict(0) == 0.0
+    big = BatchProfile()
+    for _ in range(3):
+        big.observe(60_000, 0.15)
+    assert big.predict(32) == pytest.approx(0.15 * 32 / 60_000)
+    assert big.predict(120_000) == 0.15 and big.predict(60_000) == 0.15
     for _ in range(40):  # a window of recent samples: the figures follow a change
         profile.observe(4, 0.05)
     assert profile.typical(4) == pytest.approx(0.05) == profile.means()[4]

@@ -70,17 +70,24 @@ class QueueState:
     excess: float = 0.0  # seconds a batch takes over typical at the SLO's percentile
     limit_step: int = 0   # the limit grows this much per full batch (AIMD) ...
     limit_cap: int = 0    # ... up to this many rows
+    #: Rows of each queued request, oldest first, as the batcher groups them (None:
+    #: ``queued_rows`` requests of one row each).
+    sizes: tuple[int, ...] | None = None
 
 
 def predict_finish(now: float, rows: int, q: QueueState,
                    predict: Callable[[int], float | None]) -> float:
     """When a request of ``rows`` rows joining the queue now is expected to be answered.
 
-    The queue ahead runs as full batches of the limit, each on the worker free first, at
-    their typical times; the limit grows by ``q.limit_step`` per full batch up to
-    ``q.limit_cap``, as AIMD will grow it (planning with today's limit alone sheds a
-    whole burst while the limit is still ramping up); the request's own batch holds the
-    remainder, its rows and the rows expected to arrive before it starts (so it costs
+    The queue ahead runs as the batcher forms its batches (``ModelBatcher._take``): the
+    queued requests in order fill a batch up to the limit, one that does not fit starts
+    the next, and one over the limit runs alone (never split); each batch runs on the
+    worker free first, at its typical time. The limit grows by ``q.limit_step`` per
+    batch that reaches it, up to ``q.limit_cap``, as AIMD will grow it (planning with
+    today's limit alone sheds a whole burst while the limit is still ramping up). The
+    request joins the last batch if it fits there, else that batch runs first and the
+    request starts the next one (alone when over the limit); a batch it heads also
+    takes the rows expected to arrive before it starts, up to the limit (so it costs
     more under load). The SLO percentile's excess over the typical times is added once
     for the whole path, as ``q.excess × √k`` for the k batches it waits for on its
     worker (its own, the one running, those queued ahead): independent noise adds up in
@@ -100,24 +107,37 @@ def predict_finish(now: float, rows: int, q: QueueState,
     free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
     free += [now] * (max(q.workers, 1) - len(free))
     heapq.heapify(free)
-    rest, ahead = q.queued_rows, 0
-    while rest >= limit and limit < cap and q.limit_step > 0:  # the limit ramping up
+    ahead = 0
+
+    def run(size: int) -> None:  # a batch of the queue ahead, on the worker free first
+        nonlocal ahead, limit
         start = heapq.heappop(free)
-        heapq.heappush(free, start + cost(limit))
-        rest, ahead = rest - limit, ahead + 1
-        limit = min(limit + q.limit_step, cap)
-    full, rest = divmod(rest, limit)
-    for _ in range(full):
-        start = heapq.heappop(free)
-        heapq.heappush(free, start + cost(limit))
+        heapq.heappush(free, start + cost(size))
+        ahead += 1
+        if size >= limit and q.limit_step > 0:  # a full batch: AIMD grows the limit
+            limit = min(limit + q.limit_step, cap)
+
+    sizes = q.sizes if q.sizes is not None else (1,) * q.queued_rows
+    batch = 0  # rows of the batch being formed
+    for size in sizes:
+        size = max(size, 1)
+        if batch and batch + size > limit:
+            run(batch)
+            batch = 0
+        batch += size
+        if batch >= limit:
+            run(batch)
+            batch = 0
+    if batch and batch + rows > limit:
+        run(batch)
+        batch = 0
     start = heapq.heappop(free)
-    if rest + rows > limit:
-        size = rows  # runs alone
-    else:
+    size = batch + rows
+    if size < limit:
         joining = int(q.arrival_rate * max(start - now, 0.0))
-        size = min(limit, rest + rows + joining)
+        size = min(limit, size + joining)
     running = any(left > 0 for left in q.running_left[:q.workers])
-    batches = 1 + int(running) + math.ceil((ahead + full) / max(q.workers, 1))
+    batches = 1 + int(running) + math.ceil(ahead / max(q.workers, 1))
     return start + cost(size) + q.excess * math.sqrt(batches)
 
 

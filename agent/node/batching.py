@@ -148,13 +148,13 @@ class ModelBatcher:
         batched = self.batchable
         step, cap = self.tuner.growth() if batched else (0, 1)
         return QueueState(
-            queued_rows=self.queued_rows if batched else len(self.queue),
-            queued_requests=len(self.queue), limit=self.limit,
-            workers=max(self._wanted, 1),
+            queued_rows=self.queued_rows, queued_requests=len(self.queue),
+            limit=self.limit, workers=max(self._wanted, 1),
             running_left=tuple(started + expected - now
                                for started, expected in self.running.values()),
             arrival_rate=self.tuner.arrivals.rate(now) if batched else 0.0,
-            excess=self.tuner.profile.excess(), limit_step=step, limit_cap=cap)
+            excess=self.tuner.profile.excess(), limit_step=step, limit_cap=cap,
+            sizes=tuple(p.weight for p in self.queue))
 
     def predict(self, rows: int) -> float | None:
         """Typical seconds of a batch of ``rows`` (admission adds the SLO percentile's

@@ -148,8 +148,11 @@ class BatchProfile:
 
     def predict(self, size: int) -> float | None:
         """Typical seconds for a batch of ``size``: the size's own median once it has
-        ``MIN_SAMPLES``, else the fitted line, else the nearest observed size's median
-        (optimistic while only one size is known); None before any observation."""
+        ``MIN_SAMPLES``, else the fitted line, else, while only one size ``s`` is known
+        with median ``t``, a lower bound of any ``base + per_item × size`` line through
+        it (``base, per_item >= 0``): ``t`` for a larger size, ``t × size / s`` for a
+        smaller one (optimistic both ways: a model is not refused on a guess); None
+        before any observation."""
         if self.count(size) >= self.MIN_SAMPLES:
             return self._typical[size]
         line = self.line()
@@ -159,7 +162,9 @@ class BatchProfile:
             return self._typical[size]
         if not self._sizes:
             return None
-        return self._typical[min(self._sizes, key=lambda s: abs(s - size))]
+        known = min(self._sizes, key=lambda s: abs(s - size))
+        typical = self._typical[known]
+        return typical * max(size, 0) / known if size < known else typical
 
     @property
     def percentile(self) -> float:
