@@ -53,6 +53,7 @@ from agent.validation import (SchemaError, ascii_int, boolean, check, json_objec
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 MAX_ARRIVALS = 2000
+MAX_STATE = 64  # characters of a model's state (shown, not planned with)
 _PERCENTILE_KEY = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 
 
@@ -164,6 +165,7 @@ def _capacity(data: Any) -> NodeCapacity:
     parsed = []
     for i, g in enumerate(gpus):
         g = _obj(g, f"capacity.gpus[{i}]")
+        only(g, ("device", "memory_bytes"), f"capacity.gpus[{i}].", noun="field")
         device = g.get("device")
         if not isinstance(device, str) or not device:
             raise ReportError(f"capacity.gpus[{i}].device",
@@ -255,9 +257,10 @@ def _plain_model(name: str, d: dict) -> ModelReport | None:
                 return None
             latency[q] = float(v)
     device, resident, pinned = get("device", "cpu"), get("resident", False), get("pinned", False)
-    size, load = get("size_bytes", 0), get("load_seconds", 0)
+    size, load, state = get("size_bytes", 0), get("load_seconds", 0), get("state", "")
     requests, drops, workers = get("requests", 0), get("drops", 0), get("workers")
     if not (type(device) is str and device and type(resident) is bool
+            and type(state) is str and len(state) <= MAX_STATE
             and type(pinned) is bool
             and (type(size) is float or type(size) is int) and 0.0 <= size <= MAX_BYTES
             and (type(load) is float or type(load) is int) and 0.0 <= load <= MAX_SECONDS
@@ -321,6 +324,10 @@ def _model(name: str, data: Any) -> ModelReport:
     device = d.get("device", "cpu")
     if not isinstance(device, str) or not device:
         raise ReportError(f"{where}.device", f"must be cpu or cuda:N, got {device!r}")
+    state = d.get("state", "")
+    if not isinstance(state, str) or len(state) > MAX_STATE:
+        raise ReportError(f"{where}.state", f"must be a string of at most {MAX_STATE} "
+                          f"characters such as ready, got {type(state).__name__}")
     return ModelReport(
         name=name, device=device,
         resident=check(boolean, d.get("resident", False), f"{where}.resident"),
@@ -335,7 +342,9 @@ def _model(name: str, data: Any) -> ModelReport:
 
 
 def parse_report(node: str, data: Any) -> NodeReport:
-    """Validate a report body; ``ReportError`` names the first bad field."""
+    """Validate a report body; ``ReportError`` names the first bad field. Every field
+    of a report is checked, so one that passes nests at most 5 deep (its JSON needs
+    no depth limit beyond the parser's own)."""
     if not isinstance(node, str) or not NAME.match(node):
         raise ReportError(None, f"node name must be 1-128 letters, digits, '_', '.' or '-', "
                           f"got {node!r}")

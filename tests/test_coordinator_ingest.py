@@ -149,3 +149,27 @@ def test_a_first_report_in_the_bin_in_progress_is_planned_for(tmp_path):
     assert points == 1 and 5 < rate < 30  # 100 / 8 s so far
     assert planner.planning_rate("a", end=1000.5) == (0.0, 0)  # too short to be a rate
     store.close()
+
+
+@pytest.mark.parametrize("where, words", [
+    ("state", "models.a.state"), ("gpu", "capacity.gpus[0].x"), ("top", "x")])
+def test_a_report_deep_where_no_field_is_checked_gets_400(start_coordinator, where, words):
+    """The report path parses with orjson alone (a valid report nests 5 deep at most):
+    depth inside the free-form places (a model's state, a GPU's extra field, an unknown
+    field) is refused as a bad field, or as JSON nested too deep, never a 500."""
+    co = start_coordinator()
+    for depth in (70, 900, 1100, 100_000):
+        deep = "[" * depth + "]" * depth
+        body = json.loads(json.dumps(REPORT))
+        if where == "state":
+            body["models"]["a"]["state"] = "@"
+        elif where == "gpu":
+            body["capacity"]["gpus"] = [{"device": "cuda:0", "memory_bytes": 1, "x": "@"}]
+        else:
+            body["x"] = "@"
+        raw = json.dumps(body).replace('"@"', deep).encode()
+        status, doc = co.request("POST", "/v1/nodes/n1/report", raw=raw)
+        assert status == 400, (depth, doc)
+        assert words in doc["error"] or "nested deeper than" in doc["error"], doc
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
+    assert co.request("GET", "/v1/nodes")[0] == 200

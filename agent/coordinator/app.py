@@ -42,13 +42,14 @@ from agent.coordinator.ingest import Fleet, ReportWriter
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable, open_store
+from agent.coordinator.summary import summarize
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token
 from agent.validation import load_json
-from agent.wire import DirectiveBook, ReportError, parse_report
+from agent.wire import DirectiveBook, NodeReport, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -188,29 +189,41 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "planner": request.app[COORDINATOR].leader})
 
 
-async def node_report(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = request.match_info["name"]
-    raw = await request.read()
+def parse_report_body(name: str, raw: bytes) -> NodeReport:
+    """``raw`` validated as ``name``'s report. A report that passes ``parse_report``
+    nests at most 5 deep, so the body is parsed by orjson alone first (no depth walk);
+    anything that fails is parsed again by ``load_json`` and validated again, so that
+    a body too deep or not JSON gets that error, and a report its bad field's."""
+    try:
+        return parse_report(name, orjson.loads(raw))
+    except Exception:  # noqa: BLE001 - every error is found again below, with its words
+        pass
     try:
         body = load_json(raw)
     except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
         raise CatalogError(f"body is not valid JSON: {exc}") from None
     try:
-        report = parse_report(name, body)
+        return parse_report(name, body)
     except ReportError as exc:
         raise ReportError(None, f"report from {name!r}: {exc}") from None
+
+
+async def node_report(request: web.Request) -> web.Response:
+    co = request.app[COORDINATOR]
+    name = request.match_info["name"]
+    raw = await request.read()
+    report = parse_report_body(name, raw)
     if not co.writer.healthy:
         raise StoreUnavailable(f"the store is failing ({co.writer.last_error}); "
                                "keep serving and report again later")
     now = co.clock()
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
-    co.writer.submit(ReportRecord(name, raw, arrivals, now))  # stored as sent
+    co.writer.submit(ReportRecord(name, raw, arrivals, now, summarize(report)))  # as sent
     co.fleet.record(name, raw, report, now)
-    directives = co.fleet.directives(name, {m for m, r in report.models.items() if r.resident})
+    directives, body = co.fleet.answer(name, report)
     co.book.issue(directives, now)
-    return _json_fast(directives.to_json())
+    return web.Response(body=body, content_type="application/json")
 
 
 async def nodes_list(request: web.Request) -> web.Response:

@@ -58,6 +58,9 @@ class Fleet:
         self.plan: StoredPlan | None = None
         self._rows: dict[str, tuple[dict[str, int], tuple[str, ...], dict[str, float]]] = {}
         self._digested: tuple[StoredPlan | None, dict] = (None, {})
+        # node -> (plan id, prefetch, directives, their JSON): the last answer, reused
+        # while the plan and what the node holds resident do not change it
+        self._answers: dict[str, tuple[int | None, tuple[str, ...], Directives, bytes]] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan (their reports are parsed lazily)."""
@@ -103,6 +106,22 @@ class Fleet:
                           pin=pin, prefetch=tuple(m for m in pin if m not in resident),
                           drop_rate=drops)
 
+    def answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
+        """``node``'s directives for ``report`` and their JSON (the same objects as
+        the last answer when neither the plan nor the prefetch list changed)."""
+        plan_id = self.plan.id if self.plan is not None else None
+        row = self._rows.get(node)
+        models = report.models
+        prefetch = () if row is None else tuple(
+            m for m in row[1] if m not in models or not models[m].resident)
+        last = self._answers.get(node)
+        if last is not None and last[0] == plan_id and last[1] == prefetch:
+            return last[2], last[3]
+        directives = self.directives(node, {m for m, r in models.items() if r.resident})
+        body = orjson.dumps(directives.to_json())
+        self._answers[node] = (plan_id, prefetch, directives, body)
+        return directives, body
+
     def record(self, node: str, raw: bytes, report: NodeReport, now: float) -> None:
         """``node`` sent ``raw`` (validated as ``report``) at ``now``."""
         old = self.nodes.get(node)
@@ -110,6 +129,7 @@ class Fleet:
         self.nodes[node] = NodeState(node, first, now, raw, tuple(report.models))
 
     def forget(self, node: str) -> bool:
+        self._answers.pop(node, None)
         return self.nodes.pop(node, None) is not None
 
     def rows(self) -> list[NodeRow]:

@@ -48,7 +48,9 @@ from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Prob
 from agent.coordinator.faro.tables import model_value
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
+from agent.coordinator.summary import expand
 from agent.errors import AgentError
+from agent.validation import load_json
 from agent.wire import NodeReport, latency_at, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
@@ -105,24 +107,54 @@ def exclusion_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
 
 
+#: How far before the last reactive check's newest report the next one looks for
+#: fresh reports (reports another coordinator's writer commits a little late).
+REACTIVE_SLACK_S = 30.0
+
+
 class Planner:
-    """Plans from the store's catalog and reports; keeps the reactive counters."""
+    """Plans from the store's catalog and reports; keeps the reactive counters and
+    the current plan (read from the store again only when another plan is newer)."""
 
     def __init__(self, store: Store, config: CoordinatorConfig, *,
                  clock: Callable[[], float] = time.time) -> None:
         self.store, self.config, self.clock = store, config, clock
         self.reactive: dict[str, ReactiveState] = {}
         self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
+        self._reactive_mark = -math.inf  # the newest last_seen the last check saw
+        self._current: StoredPlan | None = None
         self.last_error: str | None = None
 
     # -- inputs ----------------------------------------------------------------------
-    def live_reports(self, now: float) -> dict[str, tuple[float, NodeReport]]:
-        """node -> (last_seen, parsed report) for nodes heard from within the timeout."""
+    def live_reports(self, now: float, since: float = -math.inf
+                     ) -> dict[str, tuple[float, NodeReport]]:
+        """node -> (last_seen, report) for nodes heard from within the timeout (and at
+        or after ``since``): built from each node's stored summary (validated at
+        ingestion), else its stored report, validated now."""
+        timeout = self.config.node_timeout_s
         out = {}
-        for row in self.store.nodes():
-            if now - row.last_seen <= self.config.node_timeout_s:
-                out[row.name] = (row.last_seen, parse_report(row.name, row.report))
+        for name, seen, summary, raw in self.store.live_nodes(max(now - timeout - 1.0,
+                                                                    since)):
+            if now - seen <= timeout:
+                out[name] = (seen, expand(name, summary) if summary is not None
+                             else parse_report(name, load_json(raw)))
         return out
+
+    def current_plan(self) -> StoredPlan | None:
+        """The store's newest plan (parsed again only when its id changed)."""
+        newest = self.store.current_plan_id()
+        if newest is None:
+            self._current = None
+        elif self._current is None or self._current.id != newest:
+            self._current = self.store.current_plan()
+        return self._current
+
+    def _saved(self, plan: Plan, kind: str, now: float) -> StoredPlan:
+        """Store ``plan`` and make it the current one."""
+        doc = plan.to_json()
+        plan_id = self.store.save_plan(doc, kind, now)
+        self._current = StoredPlan(plan_id, now, kind, doc)
+        return self._current
 
     def planning_rate(self, model: str, end: float) -> tuple[float, int]:
         """(rate to plan for, history points used) for ``model`` from the store's bins
@@ -313,19 +345,19 @@ class Planner:
         except (PlanError, ProblemError) as exc:
             self.last_error = str(exc)
             raise PlanError(str(exc)) from None
-        placement = self._place(problem, allocation.replicas, live, self.store.current_plan())
+        placement = self._place(problem, allocation.replicas, live, self.current_plan())
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
                             now, kind, allocation.solver, allocation.objective)
         plan = dataclasses.replace(plan, excluded={
             m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d})
-        plan_id = self.store.save_plan(plan.to_json(), kind, now)
+        stored = self._saved(plan, kind, now)
         self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
         self.last_error = None
-        log.info("plan %d (%s, %s): %s%s", plan_id, kind, allocation.solver,
+        log.info("plan %d (%s, %s): %s%s", stored.id, kind, allocation.solver,
                  ", ".join(f"{m}={n}" for m, n in allocation.replicas.items()),
                  f"; unplaced {placement.unplaced}" if placement.unplaced else "")
-        return self.store.current_plan()
+        return stored
 
     @staticmethod
     def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
@@ -341,15 +373,23 @@ class Planner:
         return worst
 
     def reactive_tick(self) -> StoredPlan | None:
-        """One short-term check; a new (reactive) plan when some model scaled up."""
+        """One short-term check; a new (reactive) plan when some model scaled up. It
+        reads only the reports that came since the last check (nothing, when none
+        did), and the plan only when it changed."""
         now = self.clock()
-        current = self.store.current_plan()
+        if self.store.current_plan_id() is None:
+            return None
+        recent = self.live_reports(now, since=self._reactive_mark - REACTIVE_SLACK_S)
+        fresh = {n: r for n, (seen, r) in recent.items()
+                 if seen > self._reactive_seen.get(n, -math.inf)}
+        if not fresh:
+            return None
+        self._reactive_seen.update({n: seen for n, (seen, _) in recent.items()})
+        self._reactive_mark = max(self._reactive_mark,
+                                  max(seen for seen, _ in recent.values()))
+        current = self.current_plan()
         if current is None:
             return None
-        live = self.live_reports(now)
-        fresh = {n: r for n, (seen, r) in live.items()
-                 if seen > self._reactive_seen.get(n, -math.inf)}
-        self._reactive_seen.update({n: seen for n, (seen, _) in live.items()})
         plan = current.parsed
         free = plan.free_cpu()
         grown = {}
@@ -374,6 +414,7 @@ class Planner:
             self.reactive[name] = new
         if not grown:
             return None
+        live = self.live_reports(now)
         return self._rescale(current, grown, {n: r for n, (_, r) in live.items()}, now)
 
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
@@ -394,8 +435,7 @@ class Planner:
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
                            now, "reactive", plan.solver, None)
-        self.store.save_plan(new.to_json(), "reactive", now)
-        return self.store.current_plan()
+        return self._saved(new, "reactive", now)
 
 
 class PlannerLoops:

@@ -95,6 +95,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX rate_bins_by_time ON rate_bins (t);
     """,
+    # 3: each node's summary beside its report (summary.py: what the planner reads).
+    """
+    ALTER TABLE nodes ADD COLUMN summary TEXT;
+    CREATE INDEX nodes_by_last_seen ON nodes (last_seen);
+    """,
 )
 
 PLANS_KEPT = 100
@@ -104,18 +109,39 @@ PLANS_KEPT = 100
 class ReportRecord:
     """One report to write: the node, its body (JSON-able, or the JSON as received),
     its arrival points
-    ``(t_end, seconds, count)`` in coordinator time, and when it arrived."""
+    ``(t_end, seconds, count)`` in coordinator time, when it arrived, and its
+    ``summary.summarize`` (None: the planner validates the body instead)."""
 
     node: str
     report: dict[str, Any]
     arrivals: dict[str, list[tuple[float, float, float]]]
     now: float
+    summary: bytes | None = None
 
 
 def _json_text(doc: Any) -> str:
     if isinstance(doc, bytes):
         return doc.decode()
     return doc if isinstance(doc, str) else json.dumps(doc)
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """A plan's JSON text: orjson (a 10,000-node plan is megabytes), json where a number
+    is not finite (orjson would write null, json writes Infinity and reads it back)."""
+    if all(isinstance(v, str) or v is None or math.isfinite(v)
+           for m in (plan.get("models") or {}).values() for v in m.values()
+           if not isinstance(v, dict)) \
+            and all(v is None or isinstance(v, str) or math.isfinite(v)
+                    for v in plan.values() if isinstance(v, (int, float, str))):
+        return orjson.dumps(plan).decode()
+    return json.dumps(plan)
+
+
+def _plan_json(text: str) -> dict[str, Any]:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # Infinity, NaN (json.dumps writes them)
+        return json.loads(text)
 
 
 def spread(points: Iterable[tuple[float, float, float]], step: float,
@@ -229,10 +255,12 @@ class Store:
         for rec in records:
             first.setdefault(rec.node, rec.now)
         with self._tx() as db:
-            db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report) "
-                           "VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                           "last_seen = excluded.last_seen, report = excluded.report",
-                           [(r.node, first[r.node], r.now, _json_text(r.report))
+            db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report, summary) "
+                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                           "last_seen = excluded.last_seen, report = excluded.report, "
+                           "summary = excluded.summary",
+                           [(r.node, first[r.node], r.now, _json_text(r.report),
+                             None if r.summary is None else r.summary.decode())
                             for r in sorted(latest.values(), key=lambda r: r.node)])
             db.executemany("INSERT INTO rate_bins (model, step, t, count) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT(model, step, t) DO UPDATE SET "
@@ -259,6 +287,13 @@ class Store:
     def nodes(self) -> list[NodeRow]:
         return [NodeRow(n, f, s, orjson.loads(r)) for n, f, s, r in self._query(
             "SELECT name, first_seen, last_seen, report FROM nodes ORDER BY name")]
+
+    def live_nodes(self, since: float) -> list[tuple[str, float, str | None, str | None]]:
+        """``(name, last_seen, summary, report)`` of the nodes heard from at or after
+        ``since``, by name; ``report`` (JSON text) only where there is no summary."""
+        return self._query("SELECT name, last_seen, summary, CASE WHEN summary IS NULL "
+                           "THEN report END FROM nodes WHERE last_seen >= ? ORDER BY name",
+                           (since,))
 
     def node(self, name: str) -> NodeRow | None:
         rows = self._query("SELECT name, first_seen, last_seen, report FROM nodes "
@@ -313,13 +348,13 @@ class Store:
         with self._tx() as db:
             plan_id = int(db.execute("INSERT INTO plans (created, kind, plan) "
                                      "VALUES (?, ?, ?) RETURNING id",
-                                     (now, kind, json.dumps(plan))).fetchone()[0])
+                                     (now, kind, plan_text(plan))).fetchone()[0])
             db.execute("DELETE FROM plans WHERE id <= ?", (plan_id - PLANS_KEPT,))
             return plan_id
 
     def current_plan(self) -> StoredPlan | None:
         rows = self._query("SELECT id, created, kind, plan FROM plans ORDER BY id DESC LIMIT 1")
-        return StoredPlan(*rows[0][:3], json.loads(rows[0][3])) if rows else None
+        return StoredPlan(*rows[0][:3], _plan_json(rows[0][3])) if rows else None
 
     def current_plan_id(self) -> int | None:
         """The newest plan's id (cheap: to notice a plan another process made)."""
