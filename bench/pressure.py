@@ -53,13 +53,12 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -295,15 +294,17 @@ def get_json(url: str, timeout: float = 10):
         return json.loads(r.read())
 
 
-def start_agent_process(work: Path, config: dict, log: Path) -> tuple[subprocess.Popen, str]:
+def start_agent_process(work: Path, config: dict, log: Path, agent_src: str | None = None
+                        ) -> tuple[subprocess.Popen, str]:
     """``edgeagent serve`` on ``config`` (written to ``work/agent.yaml``; it names the
-    ``port``), its output appended to ``log``: (process, base URL). Not waited for."""
+    ``port``), its output appended to ``log``: (process, base URL). Not waited for.
+    ``agent_src``: run the agent of another tree (``agent_command``)."""
     import yaml
 
     (work / "agent.yaml").write_text(yaml.safe_dump(config))
     with open(log, "a") as out:
-        proc = subprocess.Popen(agent_command(None) + ["serve", "--config",
-                                                       str(work / "agent.yaml")],
+        proc = subprocess.Popen(agent_command(agent_src) + ["serve", "--config",
+                                                            str(work / "agent.yaml")],
                                 stdout=out, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{config['port']}"
 

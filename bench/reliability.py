@@ -7,9 +7,11 @@ subprocess on loopback) with real ONNX MLPs. Prints figures; not a test.
    included, or deleted), random JSON, random bytes, odd path segments and headers
    (seeded). Prints the count of each status per family and the 5xx other than 503/507
    (must be 0), then checks that a valid request is still served.
-2. Health latency while large bodies decode: ``GET /v2/health/ready`` polled every 20 ms
-   while idle (the baseline, same run) and while a ~30 MB v2 JSON request (1.4 M rows x 4)
-   is decoded, run and encoded; p50 / p99 / max and the ratio of the p99s.
+2. Health latency while large bodies decode: ``GET /v2/health/ready`` polled every 20 ms,
+   from a process of its own, while idle (the baseline, same run) and while a ~30 MB v2
+   JSON request (1.4 M rows x 4) is decoded, run and encoded (``--health-runs`` times);
+   p50 / p99 / max and the ratio of the p99s. ``--baseline-src DIR`` times the same on
+   the agent of another tree, after this one.
 3. Memory: the agent's RSS (process and its children: the decoding child counts; the
    agent process alone too) after warm-up, its peak during a burst of ``--burst`` large requests (~8 MB JSON each, 2 at a
    time), and after the burst settles; the 40,000-row request of the issue (413 under the
@@ -18,6 +20,7 @@ subprocess on loopback) with real ONNX MLPs. Prints figures; not a test.
 
     .venv/bin/python bench/reliability.py
     .venv/bin/python bench/reliability.py --requests 10000 --json
+    .venv/bin/python bench/reliability.py --only-health --health-runs 5 --baseline-src /tmp/base
 """
 
 from __future__ import annotations
@@ -183,15 +186,44 @@ async def hostile_mix(base: str, n: int, seed: int) -> dict:
     return out
 
 
-def poll_health(base: str, stop: threading.Event, samples: list) -> None:
-    import urllib.request
+_POLLER = r"""
+import json, sys, time, urllib.request
+url, stop_file = sys.argv[1], sys.argv[2]
+out = []
+print("ready", flush=True)
+while True:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as r:
+        r.read()
+    out.append(time.perf_counter() - started)
+    try:
+        open(stop_file).close()
+        break
+    except OSError:
+        time.sleep(0.02)
+print(json.dumps(out))
+"""
 
-    while not stop.is_set():
-        started = time.perf_counter()
-        with urllib.request.urlopen(base + "/v2/health/ready", timeout=30) as r:
-            r.read()
-        samples.append(time.perf_counter() - started)
-        stop.wait(0.02)
+
+def poll_health(base: str, during) -> list[float]:
+    """Seconds of each ``GET /v2/health/ready`` sent every 20 ms while ``during()`` runs,
+    from a process of its own (a thread here would share this process's GIL with the
+    client of the large request, and time the client's stalls too)."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stop = Path(tmp) / "stop"
+        poller = subprocess.Popen([sys.executable, "-c", _POLLER,
+                                   base + "/v2/health/ready", str(stop)],
+                                  stdout=subprocess.PIPE, text=True)
+        poller.stdout.readline()
+        time.sleep(0.5)
+        try:
+            during()
+        finally:
+            stop.touch()
+            out, _ = poller.communicate(timeout=60)
+    return json.loads(out)
 
 
 def post(base: str, path: str, body: bytes, timeout: float = 300) -> tuple[int, int]:
@@ -215,25 +247,25 @@ def ms_figures(samples: list[float]) -> dict:
             "max_ms": round(s[-1] * 1000, 2)}
 
 
-def health_during_large(base: str) -> dict:
-    stop, idle = threading.Event(), []
-    t = threading.Thread(target=poll_health, args=(base, stop, idle))
-    t.start()
-    time.sleep(3)
-    stop.set()
-    t.join()
+def health_during_large(base: str, runs: int = 1) -> dict:
+    """Health latency idle for 3 s, then while a ~30 MB v2 JSON request is decoded, run
+    and encoded, ``runs`` times (the figures over all runs together)."""
+    idle = poll_health(base, lambda: time.sleep(3))
     body = json.dumps(v2(1_400_000)).encode()
-    stop, busy = threading.Event(), []
-    t = threading.Thread(target=poll_health, args=(base, stop, busy))
-    t.start()
-    started = time.perf_counter()
-    status, size = post(base, "/v2/models/mlp0/infer", body)
-    took = time.perf_counter() - started
-    stop.set()
-    t.join()
+    busy: list[float] = []
+    answers = []
+    for _ in range(runs):
+        def big() -> None:
+            started = time.perf_counter()
+            status, size = post(base, "/v2/models/mlp0/infer", body)
+            answers.append((status, size, time.perf_counter() - started))
+
+        busy += poll_health(base, big)
     i, b = ms_figures(idle), ms_figures(busy)
-    return {"body_mb": round(len(body) / 1e6, 1), "status": status,
-            "answer_mb": round(size / 1e6, 1), "request_s": round(took, 2),
+    return {"body_mb": round(len(body) / 1e6, 1), "runs": runs,
+            "status": sorted({a[0] for a in answers}),
+            "answer_mb": round(answers[-1][1] / 1e6, 1),
+            "request_s": [round(a[2], 2) for a in answers],
             "idle": i, "during": b, "p99_ratio": round(b["p99_ms"] / i["p99_ms"], 2)}
 
 
@@ -279,9 +311,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000, help="per endpoint family")
     ap.add_argument("--burst", type=int, default=10, help="large requests in the burst")
     ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--health-runs", type=int, default=3,
+                    help="large requests timed in the health phase")
+    ap.add_argument("--baseline-src", metavar="DIR",
+                    help="also time the health phase on the agent of another tree (e.g. "
+                         "`git archive <commit> agent cachepolicies | tar -x -C DIR`)")
+    ap.add_argument("--only-health", action="store_true", help="skip the other phases")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-
 
     from agent.modelzoo import write_mlp
 
@@ -296,49 +333,70 @@ def main() -> None:
         config = {"repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
                   "cpu_budget": "512MiB", "log_level": "warning", "grpc_port": 0}
         log = work / "agent.log"
+        mix = still = memory = baseline = None
         proc, base = start_agent_process(work, config, log)
         try:
             wait_http(base + "/v2/health/ready", proc, 120, log)
             for name in MODELS:
                 post(base, f"/v2/models/{name}/infer", json.dumps(v2()).encode())
-            mix = asyncio.run(hostile_mix(base, args.requests, args.seed))
-            still = post(base, "/v2/models/mlp0/infer", json.dumps(v2()).encode())[0]
-            health = health_during_large(base)
-            memory = memory_burst(base, proc.pid, args.burst)
+            if not args.only_health:
+                mix = asyncio.run(hostile_mix(base, args.requests, args.seed))
+                still = post(base, "/v2/models/mlp0/infer", json.dumps(v2()).encode())[0]
+            health = health_during_large(base, args.health_runs)
+            if not args.only_health:
+                memory = memory_burst(base, proc.pid, args.burst)
             alive = proc.poll() is None
         finally:
             stop_process(proc)
+        if args.baseline_src:
+            config["data_dir"] = str(work / "data-baseline")
+            proc, base = start_agent_process(work, config, log, args.baseline_src)
+            try:
+                wait_http(base + "/v2/health/ready", proc, 120, log)
+                post(base, "/v2/models/mlp0/infer", json.dumps(v2()).encode())
+                baseline = health_during_large(base, args.health_runs)
+            finally:
+                stop_process(proc)
     result = {"hostile_mix": mix, "valid_request_after_mix": still, "health": health,
-              "memory": memory, "agent_alive": alive}
+              "health_baseline": baseline, "memory": memory, "agent_alive": alive}
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"hostile mix ({args.requests} requests per family, 8 clients, seed {args.seed}):")
-    for family, r in mix.items():
-        fives = sum(v for k, v in r["statuses"].items()
-                    if isinstance(k, int) and k >= 500 and k not in (503, 507))
-        print(f"  {family:11s} {r['seconds']:6.1f} s  statuses {r['statuses']}  "
-              f"5xx other than 503/507: {fives}  bad answers: {r['bad']}")
-        for ex in r["bad_examples"]:
-            print(f"      {ex}")
-    print(f"  a valid request afterwards: {still}")
-    h = health
-    print(f"health while a {h['body_mb']} MB v2 JSON request is decoded and served "
-          f"({h['request_s']} s, status {h['status']}, answer {h['answer_mb']} MB):")
-    print(f"  idle   n={h['idle']['n']:4d}  p50 {h['idle']['p50_ms']:7.2f} ms  "
-          f"p99 {h['idle']['p99_ms']:7.2f} ms  max {h['idle']['max_ms']:7.2f} ms")
-    print(f"  during n={h['during']['n']:4d}  p50 {h['during']['p50_ms']:7.2f} ms  "
-          f"p99 {h['during']['p99_ms']:7.2f} ms  max {h['during']['max_ms']:7.2f} ms  "
-          f"(p99 {h['p99_ratio']}x idle)")
+    if mix is not None:
+        print(f"hostile mix ({args.requests} requests per family, 8 clients, "
+              f"seed {args.seed}):")
+        for family, r in mix.items():
+            fives = sum(v for k, v in r["statuses"].items()
+                        if isinstance(k, int) and k >= 500 and k not in (503, 507))
+            print(f"  {family:11s} {r['seconds']:6.1f} s  statuses {r['statuses']}  "
+                  f"5xx other than 503/507: {fives}  bad answers: {r['bad']}")
+            for ex in r["bad_examples"]:
+                print(f"      {ex}")
+        print(f"  a valid request afterwards: {still}")
+    for label, h in (("this tree", health), (args.baseline_src, baseline)):
+        if h is None:
+            continue
+        print(f"health ({label}) while a {h['body_mb']} MB v2 JSON request is decoded and "
+              f"served, {h['runs']} times ({h['request_s']} s, status {h['status']}, "
+              f"answer {h['answer_mb']} MB), polled from another process:")
+        print(f"  idle   n={h['idle']['n']:4d}  p50 {h['idle']['p50_ms']:7.2f} ms  "
+              f"p99 {h['idle']['p99_ms']:7.2f} ms  max {h['idle']['max_ms']:7.2f} ms")
+        print(f"  during n={h['during']['n']:4d}  p50 {h['during']['p50_ms']:7.2f} ms  "
+              f"p99 {h['during']['p99_ms']:7.2f} ms  max {h['during']['max_ms']:7.2f} ms  "
+              f"(p99 {h['p99_ratio']}x idle)")
+    if baseline is not None:
+        print(f"  max during, this tree / baseline: "
+              f"{health['during']['max_ms'] / baseline['during']['max_ms']:.2f}")
     m = memory
-    print(f"memory: {m['requests']} requests of {m['body_mb']} MB (2 at a time), "
-          f"statuses {m['statuses']}")
-    print(f"  RSS before {m['rss_before_mb']} MiB, peak {m['rss_peak_mb']} MiB, after "
-          f"{m['rss_after_mb']} MiB (growth {m['growth_after_mb']:+d} MiB); the agent "
-          f"process alone, without its decoding child: {m['agent_only_before_mb']} -> "
-          f"{m['agent_only_after_mb']} MiB")
-    print(f"  40,000-row request (default limit): {m['rows_40000_status']}, RSS cost "
-          f"{m['rows_40000_rss_cost_mb']:+d} MiB")
+    if m is not None:
+        print(f"memory: {m['requests']} requests of {m['body_mb']} MB (2 at a time), "
+              f"statuses {m['statuses']}")
+        print(f"  RSS before {m['rss_before_mb']} MiB, peak {m['rss_peak_mb']} MiB, after "
+              f"{m['rss_after_mb']} MiB (growth {m['growth_after_mb']:+d} MiB); the agent "
+              f"process alone, without its decoding child: {m['agent_only_before_mb']} -> "
+              f"{m['agent_only_after_mb']} MiB")
+        print(f"  40,000-row request (default limit): {m['rows_40000_status']}, RSS cost "
+              f"{m['rows_40000_rss_cost_mb']:+d} MiB")
     print(f"agent still running: {alive}")
 
 

@@ -18,6 +18,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
+
 from agent.errors import AgentError
 
 T = TypeVar("T")
@@ -59,9 +61,9 @@ def send(sock: socket.socket, value: Any) -> None:
         sock.sendall(view)
 
 
-def _read_into(sock: socket.socket, buffer: bytearray) -> bytearray:
+def _read_into(sock: socket.socket, buffer: Any) -> Any:
     view, got = memoryview(buffer), 0
-    while got < len(buffer):
+    while got < view.nbytes:
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ChildGone("the socket closed mid-message")
@@ -69,10 +71,17 @@ def _read_into(sock: socket.socket, buffer: bytearray) -> bytearray:
     return buffer
 
 
+def _fresh(size: int) -> memoryview:
+    """A writable buffer of ``size`` bytes, not zeroed first (``bytearray(size)`` would
+    write 50 MB of zeros holding the GIL; these pages are first touched by the kernel's
+    copy into them)."""
+    return memoryview(np.empty(size, np.uint8))
+
+
 def receive(sock: socket.socket) -> Any:
-    """The next value ``send`` wrote; its buffers arrive as bytearrays (numpy arrays on
-    them, writable) or, for a read-only original, read-only memoryviews. ChildGone when
-    the other end closed."""
+    """The next value ``send`` wrote; its buffers arrive as writable memoryviews (numpy
+    arrays on them), or read-only ones for a read-only original. ChildGone when the
+    other end closed."""
     head = bytearray(_HEAD.size)
     view, got = memoryview(head), 0
     while got < len(head):
@@ -83,7 +92,7 @@ def receive(sock: socket.socket) -> Any:
     length, count = _HEAD.unpack(head)
     sizes = struct.unpack(f"!{count}Q", _read_into(sock, bytearray(8 * count)))
     data = _read_into(sock, bytearray(length))
-    buffers = [_read_into(sock, bytearray(size)) for size in sizes]
+    buffers = [_read_into(sock, _fresh(size)) for size in sizes]
     return pickle.loads(data, buffers=buffers)
 
 
@@ -95,7 +104,7 @@ def _child_main(sock: socket.socket) -> None:
             fn, args = receive(sock)
         except (ChildGone, ConnectionError):
             return
-        # a read-only buffer arrives as a memoryview: the codecs want bytes
+        # a body arrives as a memoryview: the codecs want bytes (a copy, in the child)
         args = tuple(bytes(a) if isinstance(a, memoryview) else a for a in args)
         try:
             answer: tuple = ("ok", fn(*args))
