@@ -126,16 +126,18 @@ class Planner:
         self.last_error: str | None = None
 
     # -- inputs ----------------------------------------------------------------------
-    def live_reports(self, now: float, since: float = -math.inf
+    def live_reports(self, now: float, since: float = -math.inf,
+                     after: dict[str, float] | None = None
                      ) -> dict[str, tuple[float, NodeReport]]:
         """node -> (last_seen, report) for nodes heard from within the timeout (and at
-        or after ``since``): built from each node's stored summary (validated at
-        ingestion), else its stored report, validated now."""
+        or after ``since``; and after ``after[node]`` when given): built from each
+        node's stored summary (validated at ingestion), else its stored report,
+        validated now."""
         timeout = self.config.node_timeout_s
         out = {}
         for name, seen, summary, raw in self.store.live_nodes(max(now - timeout - 1.0,
                                                                     since)):
-            if now - seen <= timeout:
+            if now - seen <= timeout and (after is None or seen > after.get(name, -math.inf)):
                 out[name] = (seen, expand(name, summary) if summary is not None
                              else parse_report(name, load_json(raw)))
         return out
@@ -379,11 +381,11 @@ class Planner:
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None
-        recent = self.live_reports(now, since=self._reactive_mark - REACTIVE_SLACK_S)
-        fresh = {n: r for n, (seen, r) in recent.items()
-                 if seen > self._reactive_seen.get(n, -math.inf)}
-        if not fresh:
+        recent = self.live_reports(now, since=self._reactive_mark - REACTIVE_SLACK_S,
+                                   after=self._reactive_seen)
+        if not recent:
             return None
+        fresh = {n: r for n, (_, r) in recent.items()}
         self._reactive_seen.update({n: seen for n, (seen, _) in recent.items()})
         self._reactive_mark = max(self._reactive_mark,
                                   max(seen for seen, _ in recent.values()))
