@@ -2,24 +2,39 @@
 
 ``bo`` (Ribbon, SC'21 §4): Bayesian optimisation over the integer grid.
 
-- Surrogate: scikit-learn's ``GaussianProcessRegressor`` (targets normalised, as in the
-  artifact) with Matérn ν=2.5 kernels on inputs rounded to the integer grid
-  (``RoundedMatern``, the paper's Eq. 3 ``k'(x, x') = k(R(x), R(x'))``). Decision: the
-  kernel is the sum of a local Matérn (length scale one instance, the grid's step) and a
-  global one (a quarter of each type's range, at least one), both fixed rather than fitted.
-  Maximum-likelihood length scales, fitted on 2-100 samples of an objective that jumps at
-  the QoS boundary, came out either too long (the jump smeared over the grid) or too short
-  (no guidance beyond the neighbours): with fitted anisotropic scales the median samples
-  to the optimum were 27-38 on the shared grids (mtwnd 37.5 against the paper's 17); the
-  local kernel alone found vgg's optimum in only 16 of 20 seeds; the sum finds it in 20 of
-  20 on all five (bench/ribbon.py). The scales are in instances and type ranges, not
-  fitted to any grid.
-- Acquisition: expected improvement with an exploration margin ``xi`` (0.005 in objective
-  units, i.e. 1 % of the largest pool's price) over the best objective seen, maximised
-  over the candidates not yet pruned; exact ties are broken with the seed. A smaller
-  margin matters because the last steps to the optimum improve the objective by little
-  (vgg: $5.08 -> $5.03 is 0.002). Objective: Eq. 2
-  (:func:`~agent.coordinator.ribbon.space.objective`).
+Two GPs, both scikit-learn ``GaussianProcessRegressor`` (targets normalised, as in the
+artifact) with Matérn ν=2.5 kernels on inputs rounded to the integer grid
+(``RoundedMatern``, the paper's Eq. 3 ``k'(x, x') = k(R(x), R(x'))``), and constrained
+expected improvement (Gardner et al., ICML'14) over them:
+
+- Objective GP (Ribbon's): on the score of each sample, Eq. 2 (a pool that meets QoS
+  scores 1/2 + (1 - price / max price) / 2), except that below the target the miss is on
+  a log scale (:func:`~agent.coordinator.ribbon.space.search_objective`). Expected
+  improvement over the best score, with an exploration margin ``xi`` (0.005, i.e. 1 % of
+  the largest pool's price).
+- QoS GP (a departure: price is known before measuring, QoS is the unknown): on
+  ``log(100 - QoS)`` (clipped to [0.01, 10 x (100 - target)] points, so that pools far
+  below the target do not dominate the fit) minus a least-squares linear trend in the
+  counts (QoS rises with capacity); kernel ``C x RoundedMatern`` with one length scale per
+  type, fitted by maximum likelihood at every step from the last fit (warm start), within
+  [0.5 instance, 4 x the type's range]. The objective GP uses the same fitted kernel:
+  fitting its scales on Eq. 2 itself, which jumps at the QoS boundary, gave scales too
+  long or too short (mtwnd median 37.5 samples).
+- P(feasible) at a candidate ``x``: the smaller of the QoS GP's P(QoS >= target) and a
+  monotone envelope, the least over every ``y >= x`` (no fewer of any type) of
+  P(QoS(y) >= target - threshold), measured pools counting as 0 or 1. That is the
+  paper's pruning rule (below a miss by more than the threshold nothing meets QoS)
+  applied to predictions: a small pool is unlikely to work when a larger one is
+  predicted to miss by more than the threshold.
+- Acquisition: EI(objective) x P(feasible), maximised over the candidates not yet pruned
+  (up to ``EI_POOL``, a seeded subset beyond); exact ties are broken with the seed.
+
+Why (issue 12): with Ribbon's single GP on Eq. 2 the search stalled on 5-type grids in
+a band of pools cheaper than the incumbent that miss QoS by less than the threshold (Eq.
+2 scores 97 % and 98.9 % alike once ``normalize_y`` scales the targets against the
+feasible ones); a GP on QoS alone with EI = P(feasible) x the known gain fixed that but
+spent samples on cheap pools on the measured grids' plateaus (slow types cap QoS at 96-
+98.9 %). The product needs both to agree. Measured in ``bench/ribbon.py``.
 - Initial samples: two configurations drawn uniformly from the grid with the seed, as
   the artifact does (``maximize(init_points=1)`` twice before the guided steps). They
   count as samples here (the artifact's counter starts after them).
@@ -34,10 +49,11 @@
   best found is the optimum, up to the pruning rule).
 
 ``random``: the paper's RANDOM baseline (§5.3): uniform draws among the configurations
-the same pruning has not removed (``prune=False``: plain random search). ``exhaustive``: every configuration in grid order, no
-pruning: the ground truth.
+the same pruning has not removed (``prune=False``: plain random search).
+``exhaustive``: every configuration in grid order, no pruning: the ground truth.
 
-Everything is seeded (``numpy.random.default_rng(seed)``; the GP has no random part):
+Everything is seeded (``numpy.random.default_rng(seed)``; the GP fits have no random
+part: one L-BFGS run from the last fit):
 the same seed gives the same samples. Configurations the evaluator cannot measure are
 dropped and not counted. ``best`` is the cheapest sampled configuration that met QoS
 (the earliest sampled among equal prices), or ``None`` when none did.
@@ -52,14 +68,17 @@ from typing import Callable
 import numpy as np
 
 from agent.coordinator.ribbon.evaluators import Evaluator, SizingError
-from agent.coordinator.ribbon.space import SearchSpace, objective
+from agent.coordinator.ribbon.space import SearchSpace, search_objective
 
 METHODS = ("bo", "random", "exhaustive")
 DEFAULT_MAX_SAMPLES = 100
 PRUNE_THRESHOLD = 1.0       # percentage points below the QoS target (the paper's 1 %)
 XI = 0.005                  # EI exploration margin, in objective units (range 0..1)
-LOCAL_SCALE = 1.0           # Matérn length scales, in instances: one step of the grid
-GLOBAL_DIVISOR = 4.0        # and a quarter of each type's range
+GLOBAL_DIVISOR = 4.0        # initial Matérn length scale: a quarter of each type's range
+SCALE_MIN = 0.5             # fitted length scales between half an instance
+SCALE_MAX = 4.0             # and four times each type's range
+MISS_FLOOR = 0.01           # QoS GP target: log(100 - QoS), 100 - QoS clipped to
+MISS_CAP = 10.0             # [0.01, 10 x (100 - target)] points
 INITIAL_SAMPLES = 2
 MAX_SPACE = 2_000_000       # candidates held in memory
 EI_POOL = 50_000            # candidates scored per BO step (a seeded subset beyond)
@@ -145,6 +164,7 @@ class _State:
         self.X: list[tuple[int, ...]] = []
         self.y: list[float] = []
         self.best_price = math.inf
+        self.envelope_threshold = PRUNE_THRESHOLD if threshold is None else threshold
 
     def evaluate(self, index: int) -> Sample | None:
         counts = tuple(int(c) for c in self.grid[index])
@@ -157,7 +177,8 @@ class _State:
         self.result.history.append(sample)
         target = self.space.target_percent
         self.X.append(counts)
-        self.y.append(objective(sample.qos_percent, sample.price, self.max_price, target))
+        self.y.append(search_objective(sample.qos_percent, sample.price, self.max_price,
+                                       target))
         feasible = sample.qos_percent >= target
         if feasible and sample.price < self.best_price:
             self.best_price = sample.price
@@ -209,39 +230,87 @@ def search(evaluator: Evaluator, method: str = "bo", *, seed: int = 0,
 
 
 class _BoChooser:
+    """Constrained EI: EI on the objective GP times P(feasible) from the QoS GP."""
+
     def __init__(self, state: _State, rng: np.random.Generator, seed: int, xi: float):
         self.state, self.rng, self.seed, self.xi = state, rng, seed, xi
-        self.kernel = None
+        self.kernel = None        # the QoS GP's kernel, refitted (warm-started) each step
+        self.shape = tuple(m + 1 for m in state.space.max_counts)
+        self.strides = np.array([int(np.prod(self.shape[i + 1:]))
+                                 for i in range(len(self.shape))])
 
     def __call__(self) -> int:
+        from scipy.stats import norm
+
         st = self.state
         alive = np.flatnonzero(st.alive)
         if len(st.X) < INITIAL_SAMPLES:
             return int(self.rng.choice(alive))
         if len(alive) > EI_POOL:
             alive = np.sort(self.rng.choice(alive, EI_POOL, replace=False))
-        mu, sd = self._posterior(st.grid[alive].astype(float))
-        best = max(st.y)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            imp = mu - best - self.xi
-            z = np.where(sd > 0, imp / sd, 0.0)
-            from scipy.stats import norm
-            ei = np.where(sd > 0, imp * norm.cdf(z) + sd * norm.pdf(z), 0.0)
-        ei = np.nan_to_num(ei, nan=0.0)
+        # P(feasible) on the whole grid when it is small enough (the envelope then sees
+        # the pools pruning removed too), else on the scored candidates only.
+        scored = np.arange(len(st.grid)) if len(st.grid) <= EI_POOL else alive
+        p_ok = self._p_feasible(scored)[alive if len(scored) == len(st.grid) else
+                                        np.arange(len(alive))]
+        mu, sd = self._objective_posterior(st.grid[alive].astype(float))
+        sd = np.maximum(sd, 1e-12)
+        imp = mu - max(st.y) - self.xi
+        z = imp / sd
+        ei = np.nan_to_num((imp * norm.cdf(z) + sd * norm.pdf(z)) * p_ok, nan=0.0)
         ties = np.flatnonzero(ei == ei.max())
         return int(alive[int(ties[0] if len(ties) == 1 else self.rng.choice(ties))])
 
-    def _posterior(self, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _p_feasible(self, scored: np.ndarray) -> np.ndarray:
+        """min(P(QoS >= target), monotone envelope) at ``st.grid[scored]``."""
+        import warnings
+
+        from scipy.stats import norm
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel
+
+        st = self.state
+        target = st.space.target_percent
+        qos = np.array([s.qos_percent for s in st.result.history])
+        cap = max(MISS_CAP * (100.0 - target), 2 * MISS_FLOOR)     # target 100: 0.02
+        miss = np.log(np.clip(100.0 - qos, MISS_FLOOR, cap))
+        X = np.array(st.X, dtype=float)
+        beta = np.linalg.lstsq(np.hstack([np.ones((len(X), 1)), X]), miss, rcond=None)[0]
+        if self.kernel is None:
+            maxima = np.maximum(np.array(st.space.max_counts, dtype=float), 1.0)
+            self.kernel = ConstantKernel(1.0, (1e-3, 1e3)) * _rounded_matern()(
+                length_scale=maxima / GLOBAL_DIVISOR,
+                length_scale_bounds=[(SCALE_MIN, SCALE_MAX * m) for m in maxima], nu=2.5)
+        gp = GaussianProcessRegressor(kernel=self.kernel, alpha=1e-6, normalize_y=True,
+                                      optimizer="fmin_l_bfgs_b")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # scales at their bounds, early on
+            gp.fit(X, miss - beta[0] - X @ beta[1:])
+        self.kernel = gp.kernel_
+        cand = st.grid[scored].astype(float)
+        mu, sd = gp.predict(cand, return_std=True)
+        mu = mu + beta[0] + cand @ beta[1:]
+        sd = np.maximum(sd, 1e-9)
+        p_ok = norm.cdf((math.log(max(100.0 - target, MISS_FLOOR)) - mu) / sd)
+        # Envelope: P(x feasible) <= P(QoS(y) >= target - threshold) for every y >= x
+        # (pruning's rule, on predictions; measured pools count as what they measured).
+        margin = st.envelope_threshold
+        near = np.ones(int(np.prod(self.shape)))
+        near[np.asarray(scored) + 1] = norm.cdf(
+            (math.log(max(100.0 - target + margin, MISS_FLOOR)) - mu) / sd)
+        for s in st.result.history:
+            near[int(np.dot(s.counts, self.strides))] = float(
+                s.qos_percent >= target - margin)
+        dense = near.reshape(self.shape)
+        for axis in range(dense.ndim):
+            dense = np.flip(np.minimum.accumulate(np.flip(dense, axis), axis=axis), axis)
+        return np.minimum(p_ok, dense.reshape(-1)[np.asarray(scored) + 1])
+
+    def _objective_posterior(self, candidates: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray]:
+        """The objective GP, with the kernel just fitted on QoS (not refitted here)."""
         from sklearn.gaussian_process import GaussianProcessRegressor
 
-        if self.kernel is None:
-            rounded = _rounded_matern()
-            maxima = np.array(self.state.space.max_counts, dtype=float)
-            self.kernel = (rounded(length_scale=LOCAL_SCALE, length_scale_bounds="fixed",
-                                   nu=2.5)
-                           + rounded(length_scale=np.maximum(LOCAL_SCALE,
-                                                             maxima / GLOBAL_DIVISOR),
-                                     length_scale_bounds="fixed", nu=2.5))
         gp = GaussianProcessRegressor(kernel=self.kernel, alpha=1e-6, normalize_y=True,
                                       optimizer=None)
         gp.fit(np.array(self.state.X, dtype=float), np.array(self.state.y))
