@@ -12,7 +12,7 @@ PORT ?= 8000
 GRPC_PORT ?= 8001
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test bench clean protos tfserving-protos
+.PHONY: run test bench clean protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,21 +37,15 @@ run: $(RUN_STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
-# The gRPC modules in agent/node/protos/ (committed): regenerated from the .proto by the
-# pinned grpcio-tools in a throwaway venv (see agent/node/protos/regenerate.py).
+# The committed gRPC modules, regenerated from their .proto files by the pinned
+# grpcio-tools in a throwaway venv: KServe v2 in agent/node/protos/ and TF Serving's in
+# agent/backends/tfserving_pb/ (each package's regenerate.py says how and why).
 GRPC_TOOLS ?= grpcio-tools==1.75.1
 protos:
 	rm -rf build/protoc-venv
 	$(PYTHON) -m venv build/protoc-venv
 	build/protoc-venv/bin/python -m pip install -q "$(GRPC_TOOLS)"
 	build/protoc-venv/bin/python -m agent.node.protos.regenerate
-	rm -rf build/protoc-venv
-
-# The TF Serving protos in agent/backends/tfserving_pb/ (committed), the same way.
-tfserving-protos:
-	rm -rf build/protoc-venv
-	$(PYTHON) -m venv build/protoc-venv
-	build/protoc-venv/bin/python -m pip install -q "$(GRPC_TOOLS)"
 	build/protoc-venv/bin/python agent/backends/tfserving_pb/regenerate.py
 	rm -rf build/protoc-venv
 

@@ -1,5 +1,5 @@
 """Regenerate the ``*_pb2.py`` and ``*_pb2_grpc.py`` modules here from the ``.proto``
-files (``make tfserving-protos`` runs it in a throwaway venv with the pinned
+files (``make protos`` runs it in a throwaway venv with the pinned
 grpcio-tools; ``python agent/backends/tfserving_pb/regenerate.py`` with any Python that
 has it: it imports nothing of the agent).
 
