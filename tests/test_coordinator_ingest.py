@@ -173,3 +173,41 @@ def test_a_report_deep_where_no_field_is_checked_gets_400(start_coordinator, whe
         assert words in doc["error"] or "nested deeper than" in doc["error"], doc
     assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
     assert co.request("GET", "/v1/nodes")[0] == 200
+
+
+def _exchange(url: str, parts: list[bytes], pause: float) -> bytes:
+    """Send ``parts`` on one connection ``pause`` s apart; the whole answer."""
+    import socket
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(pause)
+            sock.sendall(part)
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
+            answer += chunk
+        return answer
+
+
+def test_reports_that_skip_the_middlewares_keep_their_checks(start_coordinator, tmp_path):
+    """A report whose body has all arrived skips the middleware chain: the token is
+    still checked; one whose body is still coming takes the chain (its read timeout)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    co = start_coordinator(admin_token_file=token, read_timeout_s=1.0)
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="wrong")[0] == 401
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="s3cret")[0] == 200
+    body = json.dumps(REPORT).encode()
+    head = (f"POST /v1/nodes/n2/report HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    answer = _exchange(co.url, [head + body[:10], body[10:]], pause=0.3)  # in time
+    assert answer.startswith(b"HTTP/1.1 200") and b'"node":"n2"' in answer, answer
+    answer = _exchange(co.url, [head + body[:10], body[10:]], pause=1.6)  # too slow
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    answer = _exchange(co.url, [head.replace(b"s3cret", b"nope") + body[:10], body[10:]],
+                       pause=0.3)
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert sorted(n["name"] for n in co.request("GET", "/v1/nodes", token="s3cret")[1]) \
+        == ["n1", "n2"]

@@ -47,7 +47,7 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.httpauth import bearer_auth, read_token
+from agent.httpauth import bearer_auth, read_token, token_matches
 from agent.validation import load_json
 from agent.wire import DirectiveBook, NodeReport, ReportError, parse_report
 
@@ -149,9 +149,22 @@ class Coordinator:
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
 
 
+def _report_lane(request: web.Request) -> bool:
+    """Whether ``request`` is a report that may skip the rest of the middlewares
+    (thousands a second; the chain cost ~0.03 ms of ~0.3 ms each): its whole body has
+    arrived (no read timeout to watch) and it carries the admin token or none is set.
+    Any other request takes the chain, which answers 401 and 408 as for every path."""
+    if request.match_info.handler is not node_report or not request.content.is_eof():
+        return False
+    token = request.app[COORDINATOR].admin_token
+    return token is None or token_matches(request.headers.get("Authorization", ""), token)
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
+        if _report_lane(request):
+            return await node_report(request)
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
