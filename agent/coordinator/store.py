@@ -150,15 +150,18 @@ def spread(points: Iterable[tuple[float, float, float]], step: float,
     (bin start -> count), in proportion to the overlap; a zero count still marks its
     bins (the history covers them)."""
     bins = {} if into is None else into
+    get = bins.get
     for t_end, seconds, count in points:
         lo = t_end - seconds
         k = math.floor(lo / step)
-        while k * step < t_end:
-            start = k * step
-            overlap = min(t_end, start + step) - max(lo, start)
+        start = k * step
+        while start < t_end:  # min and max spelled out: thousands of points a second
+            top = start + step
+            overlap = (t_end if t_end < top else top) - (lo if lo > start else start)
             if overlap > 0:
-                bins[start] = bins.get(start, 0.0) + count * overlap / seconds
+                bins[start] = get(start, 0.0) + count * overlap / seconds
             k += 1
+            start = k * step
     return bins
 
 
