@@ -93,23 +93,16 @@ async def drive(base: str, models: int, seconds: float, hostile: float, seed: in
             "server_errors": sum(errors.values()), "server_error_examples": dict(errors)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--minutes", type=float, default=3.0)
-    ap.add_argument("--models", type=int, default=200)
-    ap.add_argument("--hold", type=int, default=10, help="models the budget holds, about")
-    ap.add_argument("--hostile", type=float, default=0.1, help="share of hostile requests")
-    ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-
-
-    seconds = args.minutes * 60
+def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float = 0.1,
+             seed: int = 13) -> dict:
+    """Run the soak (module docstring) and return its figures: what ``drive`` counts,
+    ``rss`` (MiB after warm-up, drift and spread in %), ``loads``, ``agent_alive``."""
+    seconds = minutes * 60
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         repo = work / "models"
-        file_bytes = write_models(repo, args.models)
-        budget = int(file_bytes / args.models * args.hold * 1.6)  # ~1.6x a file resident
+        file_bytes = write_models(repo, models)
+        budget = int(file_bytes / models * hold * 1.6)  # ~1.6x a file resident
         log = work / "agent.log"
         proc, base = start_agent_process(work, {
             "repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
@@ -129,7 +122,7 @@ def main() -> None:
 
             thread = threading.Thread(target=sample, daemon=True)
             thread.start()
-            result = asyncio.run(drive(base, args.models, seconds, args.hostile, args.seed))
+            result = asyncio.run(drive(base, models, seconds, hostile, seed))
             stop.set()
             thread.join()
             cache = get_json(base + "/v1/cache")
@@ -145,8 +138,21 @@ def main() -> None:
            "drift_pct": round((warm[-1] / warm[0] - 1) * 100, 1),
            "spread_pct": round((max(warm) / min(warm) - 1) * 100, 1)}
     loads = sum(e.get("loads", 0) for e in cache) if isinstance(cache, list) else None
-    out = {"minutes": args.minutes, "models": args.models, **result, "rss": rss,
-           "loads": loads, "agent_alive": alive}
+    return {"minutes": minutes, "models": models, **result, "rss": rss, "loads": loads,
+            "agent_alive": alive}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--models", type=int, default=200)
+    ap.add_argument("--hold", type=int, default=10, help="models the budget holds, about")
+    ap.add_argument("--hostile", type=float, default=0.1, help="share of hostile requests")
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    out = run_soak(args.minutes, args.models, args.hold, args.hostile, args.seed)
+    rss, loads, alive = out["rss"], out["loads"], out["agent_alive"]
     if args.json:
         print(json.dumps(out, indent=1))
         return

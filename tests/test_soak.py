@@ -1,0 +1,20 @@
+"""The 3-minute soak of issue 13, in the suite (``bench/soak.py --minutes 30`` is the long
+one): a real agent process, 200 real ONNX MLPs on a budget that holds about 10, 8
+concurrent clients with a Zipf mix and 10 % hostile requests. Every request is answered,
+none with a 5xx other than 503/507, and the agent's memory stays flat."""
+
+from __future__ import annotations
+
+from bench.soak import run_soak
+
+
+def test_three_minute_soak_loses_nothing_and_keeps_memory_flat():
+    out = run_soak(minutes=3, models=200, hold=10, hostile=0.1, seed=7)
+    assert out["agent_alive"]
+    assert out["lost"] == 0, out["lost_examples"]
+    assert out["server_errors"] == 0, out["server_error_examples"]
+    assert set(out["statuses"]) <= {200, 400, 404, 405, 409, 413, 503, 507}, out["statuses"]
+    assert out["sent"] > 1000 and out["statuses"].get(200, 0) > 0.8 * out["sent"], out
+    assert out["loads"] > 200  # the budget holds ~10 of 200: models come and go all along
+    rss = out["rss"]
+    assert abs(rss["drift_pct"]) <= 10 and rss["spread_pct"] <= 20, rss
