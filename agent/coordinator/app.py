@@ -49,7 +49,7 @@ from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token, token_matches
 from agent.validation import load_json
-from agent.wire import DirectiveBook, NodeReport, ReportError, parse_report
+from agent.wire import NodeReport, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -75,7 +75,6 @@ class Coordinator:
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.fleet.adopt, leading=lambda: self.leader,
                                   digest=self.fleet.digest)
-        self.book = DirectiveBook()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
 
@@ -132,8 +131,7 @@ class Coordinator:
         report = row.report
         models = {name: {k: v for k, v in m.items() if k != "arrivals"}
                   for name, m in (report.get("models") or {}).items()}
-        directives = self.book.current(row.name, now)
-        expires = self.book.expires_at(row.name)
+        directives, expires = self.fleet.issued(row.name, now)
         return {"name": row.name, "first_seen": row.first_seen, "last_seen": row.last_seen,
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
@@ -230,12 +228,11 @@ async def node_report(request: web.Request) -> web.Response:
         raise StoreUnavailable(f"the store is failing ({co.writer.last_error}); "
                                "keep serving and report again later")
     now = co.clock()
-    arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
+    arrivals = {m: tuple([(now - age, seconds, count) for age, seconds, count in r.arrivals])
                 for m, r in report.models.items() if r.arrivals}
     co.writer.submit(ReportRecord(name, raw, arrivals, now, summarize(report)))  # as sent
     co.fleet.record(name, raw, report, now)
-    directives, body = co.fleet.answer(name, report)
-    co.book.issue(directives, now)
+    _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     return web.Response(body=body, content_type="application/json")
 
 
@@ -261,7 +258,6 @@ async def node_delete(request: web.Request) -> web.Response:
     stored = co.store.delete_node(name)
     if not co.fleet.forget(name) and not stored:
         return json_error(404, f"unknown node {name!r}")
-    co.book.expire(name)
     return web.json_response({"deleted": name})
 
 

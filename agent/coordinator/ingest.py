@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -29,12 +28,13 @@ from agent.wire import Directives, NodeReport
 log = logging.getLogger("edgeagent.coordinator.ingest")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeState(NamedTuple):
     """A node as the request path knows it: when it was first and last heard from, its
     last report as sent (bytes) and the names of the models in it. Few objects per node
     on purpose: 10,000 nodes' parsed reports would be millions of objects for the
-    garbage collector to walk on every full collection (seconds of stalled event loop)."""
+    garbage collector to walk on every full collection (seconds of stalled event loop);
+    and a tuple of strings, bytes and floats, which the collector stops tracking at its
+    first pass (a new one per report must not count towards full collections)."""
 
     name: str
     first_seen: float
@@ -105,6 +105,15 @@ class Fleet:
         return Directives(node=node, ttl_s=self.ttl_s, plan_id=plan_id, workers=workers,
                           pin=pin, prefetch=tuple(m for m in pin if m not in resident),
                           drop_rate=drops)
+
+    def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
+        """(``node``'s directives, when they lapse): those of its last answer, issued
+        when it last reported; (None, expiry) once lapsed, (None, None) if none."""
+        state, last = self.nodes.get(node), self._answers.get(node)
+        if state is None or last is None:
+            return None, None
+        expires = state.last_seen + last[2].ttl_s
+        return (last[2] if now < expires else None), expires
 
     def answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
         """``node``'s directives for ``report`` and their JSON (the same objects as

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import orjson
 
@@ -105,16 +105,17 @@ MIGRATIONS: tuple[str, ...] = (
 PLANS_KEPT = 100
 
 
-@dataclass(frozen=True)
-class ReportRecord:
+class ReportRecord(NamedTuple):
     """One report to write: the node, its body (JSON-able, or the JSON as received),
     its arrival points
     ``(t_end, seconds, count)`` in coordinator time, when it arrived, and its
-    ``summary.summarize`` (None: the planner validates the body instead)."""
+    ``summary.summarize`` (None: the planner validates the body instead). A tuple (of
+    tuples, for the points), which the garbage collector stops tracking at its first
+    pass: thousands a second wait for the group commit."""
 
     node: str
-    report: dict[str, Any]
-    arrivals: dict[str, list[tuple[float, float, float]]]
+    report: dict[str, Any] | bytes
+    arrivals: dict[str, Iterable[tuple[float, float, float]]]
     now: float
     summary: bytes | None = None
 
