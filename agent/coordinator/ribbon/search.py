@@ -61,6 +61,7 @@ dropped and not counted. ``best`` is the cheapest sampled configuration that met
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -219,14 +220,33 @@ def search(evaluator: Evaluator, method: str = "bo", *, seed: int = 0,
     chooser = {"bo": _BoChooser(state, rng, seed, xi),
                "random": lambda: int(rng.choice(np.flatnonzero(state.alive))),
                "exhaustive": lambda: int(np.flatnonzero(state.alive)[0])}[method]
+    with _one_blas_thread(method):
+        _run(state, chooser, max_samples, on_sample, until)
+    state.result.exhausted = not state.alive.any()
+    return state.result
+
+
+def _one_blas_thread(method: str):
+    """BO's GP algebra on one thread (numpy's and scipy's BLAS, scikit-learn's OpenMP):
+    its matrices are small (at most 100 x the grid), and threaded BLAS on 2 busy cores
+    made bench/ribbon.py 4x slower (294 s against 62-78 s) for the same samples. The
+    limit is process-wide while the search runs (threadpoolctl)."""
+    if method != "bo":
+        return contextlib.nullcontext()
+    import scipy.linalg  # noqa: F401  (load the libraries first: only loaded ones
+    import sklearn.gaussian_process  # noqa: F401  are limited)
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1)
+
+
+def _run(state: _State, chooser, max_samples: int, on_sample: OnSample | None,
+         until: Callable[[SearchResult], bool] | None) -> None:
     while state.result.samples < max_samples and state.alive.any():
         sample = state.evaluate(chooser())
         if sample is not None and on_sample is not None:
             on_sample(state.result.samples, sample, state.result.best)
         if sample is not None and until is not None and until(state.result):
             break
-    state.result.exhausted = not state.alive.any()
-    return state.result
 
 
 class _BoChooser:
