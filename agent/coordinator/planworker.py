@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.planner import PlanError, Planner
-from agent.coordinator.store import StoredPlan, open_store
+from agent.coordinator.store import StoredPlan, open_store, plan_from_text, plan_text
 
 log = logging.getLogger("edgeagent.coordinator.planworker")
 
@@ -75,7 +75,10 @@ class PlanWorker:
             raise RuntimeError(f"planning failed in the planning process:\n{value}")
         if method == "plan_now":
             self.last_error = None
-        return None if value is None else StoredPlan(*value)
+        if value is None:
+            return None
+        plan_id, created, kind, text = value
+        return StoredPlan(plan_id, created, kind, plan_from_text(text))
 
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
         return self._call("plan_now", kind)
@@ -126,8 +129,9 @@ def _serve(conn: Any, config: CoordinatorConfig) -> None:
             gc.disable()  # a plan builds the fleet's reports: no full collections meanwhile
             try:
                 plan = getattr(planner, method)(*args)
-                conn.send(("ok", None if plan is None
-                           else (plan.id, plan.created, plan.kind, plan.plan)))
+                conn.send(("ok", None if plan is None  # JSON text: a 10,000-node plan
+                           # unpickles in ~0.1 s, holding the GIL the reports need
+                           else (plan.id, plan.created, plan.kind, plan_text(plan.plan))))
             except PlanError as exc:
                 conn.send(("error", str(exc)))
             except Exception:  # noqa: BLE001 - told to the parent, which logs it

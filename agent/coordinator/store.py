@@ -138,7 +138,8 @@ def plan_text(plan: dict[str, Any]) -> str:
     return json.dumps(plan)
 
 
-def _plan_json(text: str) -> dict[str, Any]:
+def plan_from_text(text: str | bytes) -> dict[str, Any]:
+    """The plan ``plan_text`` wrote."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:  # Infinity, NaN (json.dumps writes them)
@@ -358,7 +359,7 @@ class Store:
 
     def current_plan(self) -> StoredPlan | None:
         rows = self._query("SELECT id, created, kind, plan FROM plans ORDER BY id DESC LIMIT 1")
-        return StoredPlan(*rows[0][:3], _plan_json(rows[0][3])) if rows else None
+        return StoredPlan(*rows[0][:3], plan_from_text(rows[0][3])) if rows else None
 
     def current_plan_id(self) -> int | None:
         """The newest plan's id (cheap: to notice a plan another process made)."""
