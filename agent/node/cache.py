@@ -36,6 +36,7 @@ thread pools.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import heapq
@@ -58,6 +59,8 @@ from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")
+
+MEASUREMENTS_KEPT = 3  # a model's recent clean size measurements that price its next load
 
 
 class State(str, enum.Enum):
@@ -172,7 +175,9 @@ class Entry:
     backend: Backend | None = None
     size_bytes: int = 0
     size_estimated: bool = True
-    measured_bytes: int | None = None  # last clean measurement, survives unloads
+    #: The last ``MEASUREMENTS_KEPT`` clean measurements of its size (survive unloads).
+    measurements: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=MEASUREMENTS_KEPT))
     load_seconds: float = 0.0
     load_started: float | None = None  # cache clock at the start of the last load
     first_run_seconds: float = 0.0
@@ -195,6 +200,13 @@ class Entry:
     task: asyncio.Task | None = None
     metadata: dict[str, Any] | None = None  # inputs/outputs, kept after unload
     signature: list[TensorSpec] | None = None  # input specs, kept after unload
+
+    @property
+    def measured_bytes(self) -> int | None:
+        """The largest of its recent clean measurements (None before any): what a load
+        reserves. Recent, not all-time: one noisy window among hundreds of loads would
+        otherwise price the model above its size for good."""
+        return max(self.measurements) if self.measurements else None
 
     @property
     def name(self) -> str:
@@ -496,9 +508,10 @@ class ModelCache:
         # The first estimate of a model parses its file: never on the event loop.
         estimate, lower = await loop.run_in_executor(
             None, lambda: (backend.estimate(), backend.lower_bound()))
-        # A clean measurement from an earlier load beats the estimate.
+        # A clean measurement from an earlier load beats the estimate; what refuses the
+        # model (507) is only what it provably holds (``lower``: its weights), never a
+        # measurement, which may have caught other allocations in its window.
         reserve = entry.measured_bytes or estimate
-        lower = entry.measured_bytes or lower
         room = pool.memory.capacity - self._pinned_bytes(pool, entry)
         if lower > room:
             raise ModelTooLarge(
@@ -538,8 +551,8 @@ class ModelCache:
         measured = result.size_bytes
         entry.size_estimated = measured is None
         entry.size_bytes = measured if measured is not None else estimate
-        if measured is not None:  # the largest clean measurement: reservations stay safe
-            entry.measured_bytes = max(measured, entry.measured_bytes or 0)
+        if measured is not None:
+            entry.measurements.append(measured)
         entry.backend, entry.state = backend, State.READY
         first_run = result.first_run_seconds
         entry.load_seconds = max(result.seconds - first_run, 0.0)
