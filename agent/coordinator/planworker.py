@@ -9,7 +9,8 @@ collector off during a call (a plan builds every live node's report).
 ``PlanWorker`` has the ``Planner`` methods the loops call (``plan_now``,
 ``reactive_tick``), blocking: call them from a worker thread (``PlannerLoops`` does).
 The parent's clock is read for each call and is the child's clock during it. A child
-that died is started again on the next call.
+that died is started again on the next call; a coordinator that dies takes the child
+with it (``exit_with_parent``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class PlanWorker:
             return
         ctx = mp.get_context("spawn")  # the parent has threads: no fork
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.config),
+        self._proc = ctx.Process(target=_serve, args=(child, self.config, os.getpid()),
                                  name="edgeagent-planner", daemon=True)
         self._proc.start()
         child.close()
@@ -106,8 +107,27 @@ class PlanWorker:
         self._proc = None
 
 
-def _serve(conn: Any, config: CoordinatorConfig) -> None:
+def exit_with_parent(parent: int, poll_s: float = 1.0) -> threading.Thread:
+    """Exit this process (a child of ``parent``, the pid its parent passed it) within
+    ``poll_s`` of that parent's death, whatever it is doing: a coordinator killed
+    mid-plan (``kill -9``, the OOM killer) must not leave a planning process behind,
+    running a plan nobody will read. A thread that watches the parent's pid (a process
+    whose parent died is adopted by another); the pid is passed, not read here, as the
+    parent may die while the child still imports."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _serve(conn: Any, config: CoordinatorConfig, parent: int) -> None:
     """The child: answer ``(method, now, args)`` messages until None or EOF."""
+    exit_with_parent(parent)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # ingestion wins the cores: a plan may take longer, a report must not wait
