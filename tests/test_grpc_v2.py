@@ -593,7 +593,9 @@ def test_edgeagent_serve_grpc_port(repo, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    with socket.socket() as s:  # the port was given back
+    with socket.socket() as s:  # the port was given back: nothing listens on it (the
+        # closed connections' TIME_WAIT would refuse a bind without SO_REUSEADDR)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
 
 
