@@ -13,7 +13,9 @@ def test_three_minute_soak_loses_nothing_and_keeps_memory_flat():
     assert out["agent_alive"]
     assert out["lost"] == 0, out["lost_examples"]
     assert out["server_errors"] == 0, out["server_error_examples"]
-    assert set(out["statuses"]) <= {200, 400, 404, 405, 409, 413, 503, 507}, out["statuses"]
+    # no 507: every model fits the budget (a noisy size measurement once made some
+    # look larger than it, for good: 10,457 of 206,410 answers in a 30-minute soak)
+    assert set(out["statuses"]) <= {200, 400, 404, 405, 409, 413, 503}, out["statuses"]
     assert out["sent"] > 1000 and out["statuses"].get(200, 0) > 0.8 * out["sent"], out
     assert out["loads"] > 200  # the budget holds ~10 of 200: models come and go all along
     rss = out["rss"]
