@@ -66,7 +66,7 @@ def _read_into(sock: socket.socket, buffer: Any) -> Any:
     while got < view.nbytes:
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise ChildGone("the socket closed mid-message")
+            raise ChildGone("the socket closed")
         got += n
     return buffer
 
@@ -82,14 +82,7 @@ def receive(sock: socket.socket) -> Any:
     """The next value ``send`` wrote; its buffers arrive as writable memoryviews (numpy
     arrays on them), or read-only ones for a read-only original. ChildGone when the
     other end closed."""
-    head = bytearray(_HEAD.size)
-    view, got = memoryview(head), 0
-    while got < len(head):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise ChildGone("the socket closed")
-        got += n
-    length, count = _HEAD.unpack(head)
+    length, count = _HEAD.unpack(_read_into(sock, bytearray(_HEAD.size)))
     sizes = struct.unpack(f"!{count}Q", _read_into(sock, bytearray(8 * count)))
     data = _read_into(sock, bytearray(length))
     buffers = [_read_into(sock, _fresh(size)) for size in sizes]
