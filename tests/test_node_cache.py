@@ -258,6 +258,26 @@ async def test_a_load_holds_its_peak_while_it_runs_and_its_size_after(repo):
     await cache.close()
 
 
+def _measured_as(measure):
+    """A backend factory whose synthetic model "m" measures ``measure(its size)`` after
+    each load (a test double: RSS windows cannot be made noisy on demand)."""
+    from agent.backends import make_backend
+    from agent.backends.synthetic import SyntheticBackend
+
+    class Measured(SyntheticBackend):
+        def measured_bytes(self) -> int:
+            size = super().measured_bytes()
+            return measure(size) if self.name == "m" else size
+
+    def factory(kind, *args, **kwargs):
+        backend = make_backend(kind, *args, **kwargs)
+        if isinstance(backend, SyntheticBackend):
+            backend.__class__ = Measured
+        return backend
+
+    return factory
+
+
 async def test_one_noisy_measurement_never_refuses_a_model_for_good(repo):
     """A load's RSS window can catch other allocations and measure a model far above its
     size. That must not make it 507 (over the whole budget) for good: 507 is only for
@@ -265,25 +285,13 @@ async def test_one_noisy_measurement_never_refuses_a_model_for_good(repo):
     only while it is among the model's recent ones. (A test double: a synthetic backend
     whose second load measures 500 MB, as a noisy window can; real RSS noise cannot be
     produced on demand.)"""
-    from agent.backends import make_backend
-    from agent.backends.synthetic import SyntheticBackend
-
     loads = {"n": 0}
 
-    class Noisy(SyntheticBackend):
-        def measured_bytes(self) -> int:
-            if self.name == "m":
-                loads["n"] += 1
-                if loads["n"] == 2:
-                    return 500 * MB
-            return super().measured_bytes()
+    def measure(size: int) -> int:
+        loads["n"] += 1
+        return 500 * MB if loads["n"] == 2 else size
 
-    def factory(kind, *args, **kwargs):
-        backend = make_backend(kind, *args, **kwargs)
-        if isinstance(backend, SyntheticBackend):
-            backend.__class__ = Noisy
-        return backend
-
+    factory = _measured_as(measure)
     add_synthetic(repo, "m", size_bytes=10 * MB)
     add_synthetic(repo, "other", size_bytes=30 * MB)
     cache = make_cache(repo, 100 * MB, policy="lru", backend_factory=factory)
@@ -297,4 +305,18 @@ async def test_one_noisy_measurement_never_refuses_a_model_for_good(repo):
     await cache.ensure_loaded("other")
     await cache.ensure_loaded("m")  # 10 MB reserved: "other" stays
     assert cache.entry("other").state is State.READY
+    await cache.close()
+
+
+async def test_a_model_every_recent_load_measured_over_the_budget_is_refused(repo):
+    """Weights of 10 MB, but every load measures 500 MB (over the 100 MB budget): it is
+    loaded while its measurements could be noise, and refused (507) once its last 3
+    all say so."""
+    add_synthetic(repo, "m", size_bytes=10 * MB)
+    cache = make_cache(repo, 100 * MB, backend_factory=_measured_as(lambda size: 500 * MB))
+    for _ in range(3):
+        await cache.ensure_loaded("m")
+        await cache.evict("m")
+    with pytest.raises(ModelTooLarge, match="needs at least 476.8MiB"):
+        await cache.ensure_loaded("m")
     await cache.close()

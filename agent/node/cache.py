@@ -209,6 +209,13 @@ class Entry:
         return max(self.measurements) if self.measurements else None
 
     @property
+    def steady_bytes(self) -> int:
+        """The least of its last ``MEASUREMENTS_KEPT`` clean measurements once it has
+        that many, else 0: a size every recent load showed, not one window's noise."""
+        full = len(self.measurements) == MEASUREMENTS_KEPT
+        return min(self.measurements) if full else 0
+
+    @property
     def name(self) -> str:
         return self.spec.name
 
@@ -508,10 +515,12 @@ class ModelCache:
         # The first estimate of a model parses its file: never on the event loop.
         estimate, lower = await loop.run_in_executor(
             None, lambda: (backend.estimate(), backend.lower_bound()))
-        # A clean measurement from an earlier load beats the estimate; what refuses the
-        # model (507) is only what it provably holds (``lower``: its weights), never a
-        # measurement, which may have caught other allocations in its window.
+        # A clean measurement from an earlier load beats the estimate. What refuses the
+        # model (507) is what it provably holds (its weights) or what every one of its
+        # recent loads measured, never one measurement, which may have caught other
+        # allocations in its window.
         reserve = entry.measured_bytes or estimate
+        lower = max(lower, entry.steady_bytes)
         room = pool.memory.capacity - self._pinned_bytes(pool, entry)
         if lower > room:
             raise ModelTooLarge(
