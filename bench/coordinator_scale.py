@@ -13,8 +13,8 @@ ingestion goes on.
 Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) |
 report p50 | p99 (send to last byte of the answer) | max | p99 of the reports sent
 while the plan was being made | late (sends the client could not
-make on time) | POST /v1/plan | coordinator CPU (its main process, not the planning
-child) and that CPU per ingested report | client CPU | the 1-minute load average
+make on time) | POST /v1/plan | coordinator CPU (its main process and report workers,
+not the planning child) and that CPU per ingested report | client CPU | the 1-minute load average
 before -> after (the box may be shared: a load above its cores starves the coordinator).
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -132,6 +133,8 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
         await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats)
                                for i in ids))
 
+    gc.freeze()  # this client's own collector pauses (5,000 connections' objects, over
+    gc.disable()  # 100 ms each) would show as report latency: none for a short run
     cpu0 = time.process_time()
     try:
         import uvloop
@@ -159,15 +162,29 @@ def request(url: str, method: str = "GET", body: dict | None = None, timeout: fl
         return resp.status, json.loads(resp.read())
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU of the coordinator process ``pid`` and its report workers: its children at
+    its own nice value (the planning process runs niced, and is left out)."""
+    fields = _stat(pid)
+    total = int(fields[11]) + int(fields[12])
+    for child in Path("/proc").iterdir():
+        try:
+            if child.name.isdigit() and (f := _stat(int(child.name)))[1] == str(pid) \
+                    and f[16] == fields[16]:
+                total += int(f[11]) + int(f[12])
+        except OSError:
+            pass  # gone meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def start_coordinator(state: Path, store: str | None, port: int,
-                      reactive_s: float) -> subprocess.Popen:
+                      reactive_s: float, report_workers: int = 0) -> subprocess.Popen:
     config = {"port": port, "state_dir": str(state), "log_level": "warning",
-              "reactive_interval_s": reactive_s}
+              "reactive_interval_s": reactive_s, "report_workers": report_workers}
     if store and store != "sqlite":
         config["store"] = store
     (state / "coordinator.yaml").write_text(json.dumps(config))
@@ -203,10 +220,29 @@ def _time_plan(url: str, timed: dict) -> None:
         timed["plan_s"], timed["replicas"] = float("nan"), f"{type(err).__name__}: {err}"
 
 
+def print_timeline(results: list[dict], wall0: float, plan_span: tuple[float, float],
+                   slow_ms: float) -> None:
+    """Each second of the measured window whose slowest report took over ``slow_ms``:
+    its reports, p99 and max, and whether a plan was being made (where stalls come
+    from: periodic ones show their period)."""
+    seconds: dict[int, list[float]] = {}
+    for r in results:
+        for wall, x in r["latency"]:
+            seconds.setdefault(int(wall - wall0), []).append(x * 1000)
+    print(f"  timeline: seconds with a report over {slow_ms:g} ms (t from the window's start)")
+    for t in sorted(seconds):
+        xs = sorted(seconds[t])
+        if xs[-1] > slow_ms:
+            planning = plan_span[0] - wall0 <= t + 1 and t <= plan_span[1] - wall0
+            print(f"  t={t:>4}s  reports={len(xs):>5}  p99={xs[int(0.99 * len(xs))]:>7.1f}  "
+                  f"max={xs[-1]:>7.1f}{'  (planning)' if planning else ''}")
+
+
 def run(nodes: int, args: argparse.Namespace) -> dict:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        co = start_coordinator(Path(tmp), args.store, port, args.reactive_interval)
+        co = start_coordinator(Path(tmp), args.store, port, args.reactive_interval,
+                               args.report_workers)
         url = f"http://127.0.0.1:{port}"
         try:
             for m in range(args.catalog):
@@ -250,6 +286,8 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values \
             else float("nan")
     total = {k: sum(r[k] for r in results) for k in ("offered", "ok", "errors", "late")}
+    if args.timeline:
+        print_timeline(results, wall0, (lo, hi), args.timeline)
     return {"nodes": nodes, "offered_s": total["offered"] / args.duration,
             "ingested_s": total["ok"] / args.duration, "errors": total["errors"],
             "late": total["late"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
@@ -275,6 +313,10 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--reactive-interval", type=float, default=10.0,
                         help="the coordinator's reactive_interval_s (default 10, its own)")
+    parser.add_argument("--report-workers", type=int, default=0,
+                        help="the coordinator's report_workers (default 0)")
+    parser.add_argument("--timeline", type=float, default=None, metavar="MS",
+                        help="also print each second whose slowest report took over MS ms")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="run in a session of its own whose scheduler autogroup has "
                              "this nice value (Linux; negative needs root): with autogroups "

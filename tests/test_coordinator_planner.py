@@ -10,7 +10,7 @@ import pytest
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import Capacity, ModelSpec, Problem, forecast, solve
-from agent.coordinator.plan import directives_for
+from agent.coordinator.plan import Plan, directives_for
 from agent.coordinator.planner import PlanError, Planner, PlannerLoops, rate_series
 from agent.coordinator.store import Store
 from agent.wire import DirectiveBook, Directives
@@ -207,6 +207,9 @@ def test_directives_for_a_plan():
     assert d == Directives(node="n1", ttl_s=30, plan_id=4, workers={"a": 2, "b": 1},
                            pin=("a", "b"), prefetch=("b",), drop_rate={"b": 0.05})
     assert Directives.from_json(d.to_json()) == d
+    typed = Plan.from_json(plan)  # the typed plan says the same as its JSON form
+    assert directives_for(typed, "n1", resident={"a"}, ttl_s=30, plan_id=4) == d
+    assert directives_for(plan, "n2", set(), 30) == directives_for(typed, "n2", set(), 30)
     assert directives_for(plan, "n9", set(), 30).workers == {}
     assert directives_for(None, "n1", set(), 30) == Directives("n1", 30)
 

@@ -38,15 +38,16 @@ def request(url: str, method: str = "GET", body=None, timeout: float = 10):
 
 
 class CoordinatorProcess:
-    """``edgeagent coordinator serve`` in its own process, on ``store``."""
+    """``edgeagent coordinator serve`` in its own process, on ``store`` (None: the SQLite
+    file in ``state``)."""
 
-    def __init__(self, store: str, state: Path, **config) -> None:
+    def __init__(self, store: str | None, state: Path, **config) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         state.mkdir(parents=True, exist_ok=True)
-        cfg = {"port": self.port, "state_dir": str(state), "store": store,
-               "log_level": "warning", "reactive_interval_s": 1, "plan_interval_s": 3600,
-               **config}
+        cfg = {"port": self.port, "state_dir": str(state), "log_level": "warning",
+               "reactive_interval_s": 1, "plan_interval_s": 3600,
+               **({"store": store} if store else {}), **config}
         (state / "coordinator.yaml").write_text(json.dumps(cfg))
         self.log = open(state / "coordinator.log", "wb")
         self.proc = subprocess.Popen(

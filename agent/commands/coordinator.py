@@ -19,14 +19,6 @@ from agent.commands import self_command
 
 log = logging.getLogger("edgeagent.coordinator")
 DEFAULT_URL = "http://127.0.0.1:8100"
-#: The coordinator's garbage collector thresholds: a young collection after 50,000 net
-#: new objects, not Python's 700. At 2,000 reports/s the default collected the young
-#: generation every few ms, so every report in flight at that instant (and, with the
-#: loop busy, reports queued) was promoted and counted towards a full collection: one
-#: every ~1.5 s over the ~400,000 objects of 10,000 keep-alive connections, ~0.4 s of
-#: stalled event loop each (a third of its CPU). Reports leave little behind, so the
-#: young generation rarely reaches this.
-GC_THRESHOLDS = (50_000, 10, 10)
 
 
 @click.group("coordinator")
@@ -40,25 +32,24 @@ def coordinator() -> None:
 async def run_coordinator(config: Any, *, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT."""
     import asyncio
-    import gc
     import signal
 
-    from agent.coordinator.app import create_app
-    from agent.eventloop import listen
+    from agent.coordinator.app import create_app, start_report_workers
+    from agent.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
     app = create_app(config)
-    runner, url = await listen(app, config.host, config.port, backlog=4096)  # a fleet
-    gc.freeze()  # modules and startup state live as long as the process: no full
-    # collection walks them again (a full collection stalls the event loop)
-    gc.set_threshold(*GC_THRESHOLDS)
+    runner, url = await listen(app, config.host, config.port, backlog=4096,  # a fleet
+                               reuse_port=config.report_workers > 0)
+    await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
+    settle_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs)",
-             url, config.database, config.plan_interval_s, config.plan_window_s,
-             config.reactive_interval_s)
+    log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs; "
+             "%d report workers)", url, config.database, config.plan_interval_s,
+             config.plan_window_s, config.reactive_interval_s, config.report_workers)
     if announce:
         click.echo(f"edgeagent coordinator listening on {url}  (state: {config.database})")
         click.echo(f"  curl -s {url}/v1/nodes")

@@ -38,18 +38,17 @@ from aiohttp import web
 from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import Fleet, ReportWriter
+from agent.coordinator.ingest import Fleet, ReportWriter, parse_report_body, report_record
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
-from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable, open_store
-from agent.coordinator.summary import summarize
+from agent.coordinator.reportworkers import Answered, ReportWorkers
+from agent.coordinator.store import StoredPlan, StoreUnavailable, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token, token_matches
 from agent.validation import load_json
-from agent.wire import NodeReport, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -73,10 +72,24 @@ class Coordinator:
         self.leader = self.leadership.check()
         self.follow_interval_s = 1.0
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
-                                  adopt=self.fleet.adopt, leading=lambda: self.leader,
-                                  digest=self.fleet.digest)
+                                  adopt=self.adopt, leading=lambda: self.leader)
+        self.workers = ReportWorkers(config, apply=self.take_answered)
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
+
+    def adopt(self, plan: StoredPlan | None) -> None:
+        """Serve ``plan`` unless a newer one is served; the report workers too."""
+        served = self.fleet.plan
+        self.fleet.adopt(plan)
+        if self.fleet.plan is not served and self.workers.workers:
+            self.spawn(self.workers.push_plan(self.fleet.plan))
+
+    def take_answered(self, batch: list[Answered]) -> None:
+        """Reports a report worker answered: recorded and written as if answered here."""
+        for record, models, body in batch:
+            self.writer.submit(record)
+            self.fleet.record(record.node, record.report, models, record.now)
+            self.fleet.answered(record.node, body)
 
     def _follow_step(self) -> tuple[bool, StoredPlan | None]:
         """(In a worker thread) hold or seek the planning lock; the store's newest plan
@@ -87,10 +100,7 @@ class Coordinator:
         fresh = newest is not None and (served is None or newest > served)
         # a leader adopts the plans it makes as it makes them (loading a plan of 10,000
         # nodes here too would hold the GIL that reports need for nothing)
-        plan = self.store.current_plan() if fresh and not leading else None
-        if plan is not None:
-            self.fleet.digest(plan)
-        return leading, plan
+        return leading, self.store.current_plan() if fresh and not leading else None
 
     async def follow(self) -> None:
         """Every ``follow_interval_s``: adopt a plan another coordinator made; on taking
@@ -105,8 +115,8 @@ class Coordinator:
             except Exception as exc:  # noqa: BLE001 - the store is down: try again
                 log.debug("following the store failed: %s", exc)
                 continue
-            if plan is not None:
-                self.fleet.adopt(plan)
+            self.adopt(plan)
+            await self.workers.push_health(self.writer.healthy, self.writer.last_error)
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")
@@ -200,25 +210,6 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "planner": request.app[COORDINATOR].leader})
 
 
-def parse_report_body(name: str, raw: bytes) -> NodeReport:
-    """``raw`` validated as ``name``'s report. A report that passes ``parse_report``
-    nests at most 5 deep, so the body is parsed by orjson alone first (no depth walk);
-    anything that fails is parsed again by ``load_json`` and validated again, so that
-    a body too deep or not JSON gets that error, and a report its bad field's."""
-    try:
-        return parse_report(name, orjson.loads(raw))
-    except Exception:  # noqa: BLE001 - every error is found again below, with its words
-        pass
-    try:
-        body = load_json(raw)
-    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
-        raise CatalogError(f"body is not valid JSON: {exc}") from None
-    try:
-        return parse_report(name, body)
-    except ReportError as exc:
-        raise ReportError(None, f"report from {name!r}: {exc}") from None
-
-
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
@@ -228,10 +219,8 @@ async def node_report(request: web.Request) -> web.Response:
         raise StoreUnavailable(f"the store is failing ({co.writer.last_error}); "
                                "keep serving and report again later")
     now = co.clock()
-    arrivals = {m: tuple([(now - age, seconds, count) for age, seconds, count in r.arrivals])
-                for m, r in report.models.items() if r.arrivals}
-    co.writer.submit(ReportRecord(name, raw, arrivals, now, summarize(report)))  # as sent
-    co.fleet.record(name, raw, report, now)
+    co.writer.submit(report_record(name, raw, report, now))  # as sent
+    co.fleet.record(name, raw, tuple(report.models), now)
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     return web.Response(body=body, content_type="application/json")
 
@@ -319,6 +308,21 @@ async def plan_post(request: web.Request) -> web.Response:
     return _json_fast(co.plan_json(await co.loops.replan("manual")))
 
 
+async def start_report_workers(app: web.Application, runner: web.AppRunner,
+                               port: int) -> None:
+    """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a
+    loopback listener for the requests they forward, then the workers."""
+    co = app[COORDINATOR]
+    if not co.workers.workers:
+        return
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    internal = site._server.sockets[0].getsockname()[1]
+    if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
+        await co.workers.push_plan(co.fleet.plan)
+    await co.workers.start(port, f"http://127.0.0.1:{internal}")
+
+
 def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,
                start_loops: bool = True) -> web.Application:
     """The coordinator's app; ``start_loops=False`` leaves planning to ``POST /v1/plan``
@@ -355,6 +359,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
             app[COORDINATOR].loops.start()
 
     async def on_cleanup(app: web.Application) -> None:
+        await app[COORDINATOR].workers.stop()  # what they answered is handed over first
         await app[COORDINATOR].loops.stop()
         for task in list(app[COORDINATOR].tasks):
             task.cancel()

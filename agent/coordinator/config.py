@@ -47,6 +47,7 @@ _SCHEMA = {
     "node_types": node_types_option,
     "read_timeout_s": number(0, strict_lo=True),
     "store": string,
+    "report_workers": number(0, 64, integer=True),
 }
 
 
@@ -76,6 +77,8 @@ class CoordinatorConfig:
     read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
     # postgresql://user@host:port/db: several coordinators share it; None: the SQLite file
     store: str | None = None
+    # processes beside this one that answer node reports on the same port (reportworkers)
+    report_workers: int = 0
 
     @property
     def database(self) -> Path:

@@ -1,9 +1,8 @@
 """Report ingestion that does not grow with the fleet.
 
 * ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
-  bytes, and its model names) and the current plan with every node's directives
-  precomputed when the plan is adopted (``digest``: off the event loop). A report is
-  validated and answered from here, without the database.
+  bytes, and its model names), the current plan as stored (JSON) and each node's last
+  directives. A report is validated and answered from here, without the database.
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
   indexed range. ``close`` writes what is queued, so a report that was answered is not
@@ -20,10 +19,12 @@ from typing import Any, Callable, NamedTuple
 
 import orjson
 
-from agent.coordinator.plan import Plan
+from agent.coordinator.catalog import CatalogError
+from agent.coordinator.plan import directives_for
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan
+from agent.coordinator.summary import summarize
 from agent.validation import load_json
-from agent.wire import Directives, NodeReport
+from agent.wire import Directives, NodeReport, ReportError, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.ingest")
 
@@ -50,17 +51,19 @@ class NodeState(NamedTuple):
 
 class Fleet:
     """Nodes and the current plan in memory; read and written on the event loop, read
-    (snapshots) by the planner thread."""
+    (snapshots) by the planner thread. A node's directives under a new plan are made
+    at its first report under it (``directives_for`` reads the plan's JSON as stored):
+    adopting a plan of 10,000 nodes is a swap, not seconds of work holding the GIL
+    that reports need."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self.nodes: dict[str, NodeState] = {}
         self.plan: StoredPlan | None = None
-        self._rows: dict[str, tuple[dict[str, int], tuple[str, ...], dict[str, float]]] = {}
-        self._digested: tuple[StoredPlan | None, dict] = (None, {})
-        # node -> (plan id, prefetch, directives, their JSON): the last answer, reused
-        # while the plan and what the node holds resident do not change it
-        self._answers: dict[str, tuple[int | None, tuple[str, ...], Directives, bytes]] = {}
+        # node -> (directives, their JSON): the last answer, reused while the plan and
+        # what the node holds resident do not change it
+        # (None, JSON) where a report worker answered (``answered``)
+        self._answers: dict[str, tuple[Directives | None, bytes]] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan (their reports are parsed lazily)."""
@@ -70,41 +73,17 @@ class Fleet:
                       for row in rows}
         self.adopt(plan)
 
-    def digest(self, plan: StoredPlan) -> None:
-        """Precompute every node's row of ``plan`` (any thread: a plan of 10,000 nodes
-        takes a while; ``adopt`` then only swaps it in on the event loop)."""
-        parsed: Plan = plan.parsed
-        rows = {}
-        for node, assigned in parsed.assignment.items():
-            workers = {m: int(n) for m, n in assigned.items() if n > 0}
-            drops = {m: float(parsed.models[m].drop_rate or 0.0)
-                     for m in workers if m in parsed.models}
-            rows[node] = (workers, tuple(sorted(workers)),
-                          {m: r for m, r in drops.items() if r > 0})
-        self._digested = (plan, rows)
-
     def adopt(self, plan: StoredPlan | None) -> None:
-        """Make ``plan`` current unless a newer one is (its rows from ``digest``,
-        computed now when it was not digested)."""
+        """Make ``plan`` current unless a newer one is."""
         if plan is None or (self.plan is not None and plan.id <= self.plan.id):
             return
-        digested, rows = self._digested
-        if digested is None or digested.id != plan.id:
-            self.digest(plan)
-            digested, rows = self._digested
-        self._rows, self.plan = rows, digested
-        self._digested = (None, {})
+        self.plan = plan
 
     def directives(self, node: str, resident: set[str]) -> Directives:
         """``node``'s directives under the current plan (empty without one)."""
-        plan_id = self.plan.id if self.plan is not None else None
-        row = self._rows.get(node)
-        if row is None:
-            return Directives(node=node, ttl_s=self.ttl_s, plan_id=plan_id)
-        workers, pin, drops = row
-        return Directives(node=node, ttl_s=self.ttl_s, plan_id=plan_id, workers=workers,
-                          pin=pin, prefetch=tuple(m for m in pin if m not in resident),
-                          drop_rate=drops)
+        plan = self.plan
+        return directives_for(plan.plan if plan is not None else None, node, resident,
+                              self.ttl_s, plan.id if plan is not None else None)
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued
@@ -112,30 +91,33 @@ class Fleet:
         state, last = self.nodes.get(node), self._answers.get(node)
         if state is None or last is None:
             return None, None
-        expires = state.last_seen + last[2].ttl_s
-        return (last[2] if now < expires else None), expires
+        directives = last[0] or Directives.from_json(orjson.loads(last[1]))  # a worker's
+        expires = state.last_seen + directives.ttl_s
+        return (directives if now < expires else None), expires
 
     def answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
         """``node``'s directives for ``report`` and their JSON (the same objects as
         the last answer when neither the plan nor the prefetch list changed)."""
         plan_id = self.plan.id if self.plan is not None else None
-        row = self._rows.get(node)
         models = report.models
-        prefetch = () if row is None else tuple(
-            m for m in row[1] if m not in models or not models[m].resident)
         last = self._answers.get(node)
-        if last is not None and last[0] == plan_id and last[1] == prefetch:
-            return last[2], last[3]
+        if last is not None and last[0] is not None and last[0].plan_id == plan_id \
+                and last[0].prefetch == tuple(m for m in last[0].pin
+                                              if m not in models or not models[m].resident):
+            return last
         directives = self.directives(node, {m for m, r in models.items() if r.resident})
-        body = orjson.dumps(directives.to_json())
-        self._answers[node] = (plan_id, prefetch, directives, body)
-        return directives, body
+        self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
+        return last
 
-    def record(self, node: str, raw: bytes, report: NodeReport, now: float) -> None:
-        """``node`` sent ``raw`` (validated as ``report``) at ``now``."""
+    def record(self, node: str, raw: bytes, models: tuple[str, ...], now: float) -> None:
+        """``node`` sent ``raw`` (a validated report of ``models``) at ``now``."""
         old = self.nodes.get(node)
         first = old.first_seen if old is not None else now
-        self.nodes[node] = NodeState(node, first, now, raw, tuple(report.models))
+        self.nodes[node] = NodeState(node, first, now, raw, models)
+
+    def answered(self, node: str, body: bytes) -> None:
+        """A report worker answered ``node`` with ``body`` (directives' JSON)."""
+        self._answers[node] = (None, body)
 
     def forget(self, node: str) -> bool:
         self._answers.pop(node, None)
@@ -144,6 +126,36 @@ class Fleet:
     def rows(self) -> list[NodeRow]:
         """Every node's row, by name."""
         return [s.row for s in sorted(list(self.nodes.values()), key=lambda s: s.name)]
+
+
+def parse_report_body(name: str, raw: bytes) -> NodeReport:
+    """``raw`` validated as ``name``'s report. A report that passes ``parse_report``
+    nests at most 5 deep, so the body is parsed by orjson alone first (no depth walk);
+    anything that fails is parsed again by ``load_json`` and validated again, so that
+    a body too deep or not JSON gets that error, and a report its bad field's."""
+    try:
+        return parse_report(name, orjson.loads(raw))
+    except Exception:  # noqa: BLE001 - every error is found again below, with its words
+        pass
+    try:
+        body = load_json(raw)
+    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
+        raise CatalogError(f"body is not valid JSON: {exc}") from None
+    try:
+        return parse_report(name, body)
+    except ReportError as exc:
+        raise ReportError(None, f"report from {name!r}: {exc}") from None
+
+
+def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> ReportRecord:
+    """What the store keeps of ``report`` (sent as ``raw``), arrived at ``now``: its
+    arrival points in coordinator time (their JSON: a record is a tuple of strings,
+    bytes and numbers, which the garbage collector stops tracking, not dozens of
+    containers per report to walk while it waits for the group commit) and its
+    summary."""
+    arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
+                for m, r in report.models.items() if r.arrivals}
+    return ReportRecord(node, raw, orjson.dumps(arrivals), now, summarize(report))
 
 
 class ReportWriter:
@@ -190,7 +202,9 @@ class ReportWriter:
             if not batch:
                 return 0
             try:
-                self.store.write_reports(batch)
+                self.store.write_reports([  # arrivals kept as JSON (report_record)
+                    r._replace(arrivals=orjson.loads(r.arrivals))
+                    if isinstance(r.arrivals, bytes) else r for r in batch])
             except BaseException as exc:
                 with self._queue_lock:
                     self._queue[:0] = batch

@@ -128,15 +128,20 @@ class Plan:
 
 def directives_for(plan: Plan | Mapping[str, Any] | None, node: str, resident: set[str],
                    ttl_s: float, plan_id: int | None = None) -> Directives:
-    """The directives ``plan`` (or its JSON form) implies for ``node`` (empty without a
-    plan). ``resident``: the models the node reported resident (no need to prefetch them)."""
+    """The directives ``plan`` (or its JSON form, read as it is: the request path
+    answers from a stored plan without building a ``Plan`` of the whole fleet) implies
+    for ``node`` (empty without a plan). ``resident``: the models the node reported
+    resident (no need to prefetch them)."""
     if not plan:
         return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id)
-    if not isinstance(plan, Plan):
-        plan = Plan.from_json(plan)
-    row = {m: int(n) for m, n in plan.assignment.get(node, {}).items() if n > 0}
-    drops = {m: float(plan.models[m].drop_rate or 0.0) for m in row if m in plan.models}
+    if isinstance(plan, Plan):
+        assigned, models = plan.assignment.get(node) or {}, plan.models
+        drop = {m: models[m].drop_rate for m in assigned if m in models}
+    else:
+        assigned, models = plan.get("assignment", {}).get(node) or {}, plan.get("models") or {}
+        drop = {m: models[m].get("drop_rate") for m in assigned if m in models}
+    row = {m: int(n) for m, n in assigned.items() if n > 0}
     pin = tuple(sorted(row))
     return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id, workers=row, pin=pin,
                       prefetch=tuple(m for m in pin if m not in resident),
-                      drop_rate={m: r for m, r in drops.items() if r > 0})
+                      drop_rate={m: float(r) for m, r in drop.items() if m in row and r})

@@ -446,25 +446,19 @@ class PlannerLoops:
 
     def __init__(self, planner: Planner, *, prepare: Callable[[], Any] = lambda: None,
                  adopt: Callable[[StoredPlan], Any] = lambda plan: None,
-                 leading: Callable[[], bool] = lambda: True,
-                 digest: Callable[[StoredPlan], Any] = lambda plan: None) -> None:
+                 leading: Callable[[], bool] = lambda: True) -> None:
         """``prepare`` runs in the worker before each plan (write queued reports);
-        ``digest`` in the worker with each new plan (work ``adopt`` would otherwise do
-        on the event loop); ``adopt`` gets each new plan on the event loop; the loops
-        skip their ticks while ``leading()`` is False (another coordinator plans)."""
+        ``adopt`` gets each new plan on the event loop; the loops skip their ticks
+        while ``leading()`` is False (another coordinator plans)."""
         self.planner = planner
         self.prepare, self.adopt, self.leading = prepare, adopt, leading
-        self.digest = digest
         self.lock = asyncio.Lock()
         self.tasks: list[asyncio.Task] = []
 
     async def _in_worker(self, step: Callable[..., Any], *args: Any) -> Any:
         def work() -> Any:
             self.prepare()
-            plan = step(*args)
-            if plan is not None:
-                self.digest(plan)
-            return plan
+            return step(*args)
         plan = await asyncio.get_running_loop().run_in_executor(None, work)
         if plan is not None:
             self.adopt(plan)

@@ -107,15 +107,13 @@ PLANS_KEPT = 100
 
 class ReportRecord(NamedTuple):
     """One report to write: the node, its body (JSON-able, or the JSON as received),
-    its arrival points
-    ``(t_end, seconds, count)`` in coordinator time, when it arrived, and its
-    ``summary.summarize`` (None: the planner validates the body instead). A tuple (of
-    tuples, for the points), which the garbage collector stops tracking at its first
-    pass: thousands a second wait for the group commit."""
+    its arrival points ``(t_end, seconds, count)`` by model in coordinator time (the
+    ``ReportWriter`` queues them as their JSON), when it arrived, and its
+    ``summary.summarize`` (None: the planner validates the body instead)."""
 
     node: str
     report: dict[str, Any] | bytes
-    arrivals: dict[str, Iterable[tuple[float, float, float]]]
+    arrivals: dict[str, Iterable[tuple[float, float, float]]] | bytes
     now: float
     summary: bytes | None = None
 

@@ -1,0 +1,174 @@
+"""Report workers (``report_workers: N``): real coordinator processes on SQLite, with
+their worker processes on the same port, hundreds of nodes each on a connection of its
+own (the kernel spreads connections over the listeners), concurrent clients, hostile
+reports, a worker killed, and a stop that must lose no answered report."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from tests.test_coordinator_api import REPORT
+from tests.test_coordinator_postgres import CoordinatorProcess, wait_for
+
+TOKEN = "s3cret-token"
+
+
+def call(port: int, method: str, path: str, body=None, token: str | None = TOKEN,
+         raw: bytes | None = None) -> tuple[int, dict | list]:
+    """One request on a new connection (so it lands on any of the port's listeners)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None
+                                            else None)
+        conn.request(method, path, data, headers)
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+def listeners(port: int) -> set[int]:
+    return {c.pid for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+def workers(co: CoordinatorProcess) -> list[psutil.Process]:
+    """The coordinator's report workers: its children that listen on its port (the
+    others plan, or track multiprocessing's resources)."""
+    on_port = listeners(co.port)
+    return [c for c in psutil.Process(co.proc.pid).children() if c.pid in on_port]
+
+
+def holders(port: int, local_ports: set[int]) -> dict[int, int]:
+    """pid -> how many of the client connections from ``local_ports`` it serves."""
+    held: dict[int, int] = {}
+    for c in psutil.net_connections("tcp"):
+        if c.laddr.port == port and c.raddr and c.raddr.port in local_ports and c.pid:
+            held[c.pid] = held.get(c.pid, 0) + 1
+    return held
+
+
+@pytest.fixture
+def coordinator(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=2,
+                            admin_token_file=str(token), reactive_interval_s=3600)
+    wait_for(lambda: len(listeners(co.port)) == 3, 60, "two workers listen beside it")
+    yield co
+    co.stop()
+
+
+def test_workers_answer_reports_and_the_coordinator_knows_every_node(coordinator, tmp_path):
+    co, port = coordinator, coordinator.port
+    assert len(workers(co)) == 2 and listeners(port) == {
+        co.proc.pid, *(w.pid for w in workers(co))}
+    for m in ("a", "b"):
+        assert call(port, "PUT", f"/v1/models/{m}", {"slo_ms": 100})[0] == 201
+    nodes = [f"edge-{i}" for i in range(240)]
+
+    # every node on a keep-alive connection of its own, reporting concurrently
+    conns = {n: http.client.HTTPConnection("127.0.0.1", port, timeout=30) for n in nodes}
+
+    def send(node: str, body: dict) -> tuple[int, dict]:
+        conns[node].request("POST", f"/v1/nodes/{node}/report", json.dumps(body),
+                            {"Authorization": f"Bearer {TOKEN}",
+                             "Content-Type": "application/json"})
+        answer = conns[node].getresponse()
+        return answer.status, json.loads(answer.read())
+
+    with ThreadPoolExecutor(24) as pool:
+        first = list(pool.map(lambda n: send(n, REPORT), nodes))
+        assert {s for s, _ in first} == {200}
+        assert all(d["node"] == n for n, (_, d) in zip(nodes, first))
+        # the kernel spread the connections: the coordinator and both workers hold some
+        served = holders(port, {c.sock.getsockname()[1] for c in conns.values()})
+        assert set(served) == listeners(port) and sum(served.values()) == len(nodes), served
+
+        # what the workers answered reaches the coordinator: every node is listed
+        wait_for(lambda: len(call(port, "GET", "/v1/nodes")[1]) == len(nodes), 10,
+                 "every node listed")
+        status, plan = call(port, "POST", "/v1/plan")  # forwarded when a worker takes it
+        assert status == 200 and plan["assignment"]
+
+        def planned(node: str) -> bool:
+            status, directives = send(node, REPORT)
+            return status == 200 and directives["plan_id"] == plan["id"]
+
+        # the plan reached every worker: every node's next answers carry it
+        wait_for(lambda: all(pool.map(planned, nodes)), 10, "the plan in every answer")
+        answers = dict(zip(nodes, pool.map(lambda n: send(n, REPORT)[1], nodes)))
+        # the coordinator shows what each node was told (handed over within BATCH_S)
+        wait_for(lambda: all(call(port, "GET", f"/v1/nodes/{n}")[1]["directives"]
+                             == answers[n] for n in nodes[:40]), 5, "the answers shown")
+        assert sum(len(d["workers"]) for d in answers.values()) == sum(
+            n for row in plan["assignment"].values() for n in row.values() if n)
+
+        # a last round, marked by its interval, then a stop: nothing answered is lost
+        last = {**REPORT, "interval_s": 7.0}
+        assert {s for s, _ in pool.map(lambda n: send(n, last), nodes)} == {200}
+    for conn in conns.values():
+        conn.close()
+    co.stop()
+    with sqlite3.connect(tmp_path / "co" / "coordinator.sqlite3") as db:
+        stored = {name: json.loads(report)["interval_s"]
+                  for name, report in db.execute("SELECT name, report FROM nodes")}
+    assert stored == {n: 7.0 for n in nodes}
+
+
+def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordinator):
+    port = coordinator.port
+    with ThreadPoolExecutor(8) as pool:  # fresh connections: every listener answers some
+        no_token = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
+                                                REPORT, token=None), range(30)))
+        wrong = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
+                                             REPORT, token="nope"), range(30)))
+        bad_json = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
+                                                raw=b"{not json"), range(30)))
+        bad_field = list(pool.map(lambda i: call(
+            port, "POST", f"/v1/nodes/n{i}/report",
+            {**REPORT, "capacity": {"cores": -1, "cpu_memory_bytes": 1}}), range(30)))
+        bad_name = list(pool.map(lambda i: call(port, "POST", "/v1/nodes/a%20b/report",
+                                                REPORT), range(30)))
+        admin = list(pool.map(lambda i: call(port, "GET", "/v1/nodes", token="nope"),
+                              range(30)))
+    assert {s for s, _ in no_token + wrong + admin} == {401}
+    assert {s for s, _ in bad_json} == {400}
+    assert all("not valid JSON" in d["error"] for _, d in bad_json)
+    assert {s for s, _ in bad_field} == {400}
+    assert all("cores" in d["error"] for _, d in bad_field)
+    assert {s for s, _ in bad_name} == {400}
+    assert call(port, "GET", "/v1/nodes") == (200, [])  # nothing bad was recorded
+    assert call(port, "GET", "/v1/no-such-thing")[0] == 404  # forwarded, answered there
+
+
+def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
+    co, port = coordinator, coordinator.port
+    victim = workers(co)[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    # meanwhile the port still answers every report (its other listeners)
+    for i in range(30):
+        assert call(port, "POST", f"/v1/nodes/after-{i}/report", REPORT)[0] == 200
+    wait_for(lambda: len(workers(co)) == 2 and victim.pid not in {
+        w.pid for w in workers(co)} and len(listeners(port)) == 3, 20, "a new worker")
+    for i in range(30):
+        assert call(port, "POST", f"/v1/nodes/again-{i}/report", REPORT)[0] == 200
+    wait_for(lambda: len(call(port, "GET", "/v1/nodes")[1]) == 60, 10, "all 60 listed")
+    start = time.monotonic()
+    co.stop()  # the workers stop with it
+    assert time.monotonic() - start < 15 and co.proc.returncode == 0
+    assert not psutil.pid_exists(victim.pid) or psutil.Process(victim.pid).status() == \
+        psutil.STATUS_ZOMBIE
