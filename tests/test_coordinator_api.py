@@ -8,8 +8,9 @@ import urllib.request
 
 import pytest
 
-from agent.coordinator.app import COORDINATOR, create_app
+from agent.coordinator.app import COORDINATOR, Coordinator, create_app
 from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.store import StoredPlan
 from tests.conftest import ThreadedServer
 
 
@@ -180,3 +181,15 @@ def test_admin_token(start_coordinator, tmp_path):
     assert co.request("GET", "/v1/nodes", token="wrong")[0] == 401
     assert co.request("GET", "/v1/nodes", token="s3cret") == (200, [])
     assert co.request("POST", "/v1/nodes/n/report", REPORT, token="s3cret")[0] == 200
+
+
+def test_a_plan_is_shown_from_its_stored_text_with_its_id():
+    """``GET /v1/plan`` splices the id into the plan's text instead of parsing it; a
+    plan whose numbers JSON cannot say (json's Infinity) is written as orjson writes
+    it (null), valid JSON either way."""
+    shown = Coordinator.plan_body(StoredPlan(8, 1.0, "manual", text='{"created":1.0,"x":[2]}'))
+    assert json.loads(shown) == {"id": 8, "created": 1.0, "x": [2]}
+    odd = StoredPlan(9, 1.0, "manual", {"created": 1.0, "models": {"m": {"rate": float("inf")}}})
+    assert "Infinity" in odd.text  # stored as json writes it, read back as inf
+    assert json.loads(Coordinator.plan_body(odd)) == {
+        "id": 9, "created": 1.0, "models": {"m": {"rate": None}}}

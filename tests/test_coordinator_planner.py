@@ -10,7 +10,7 @@ import pytest
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import Capacity, ModelSpec, Problem, forecast, solve
-from agent.coordinator.plan import Plan, directives_for
+from agent.coordinator.plan import Plan, directive_rows, directives_from_row
 from agent.coordinator.planner import PlanError, Planner, PlannerLoops, rate_series
 from agent.coordinator.store import Store
 from agent.wire import DirectiveBook, Directives
@@ -200,18 +200,18 @@ async def test_loops_plan_as_soon_as_possible_and_on_schedule(setup):
     assert all(t.done() for t in loops.tasks) or loops.tasks == []
 
 
-def test_directives_for_a_plan():
-    plan = {"assignment": {"n1": {"a": 2, "b": 1}, "n2": {"a": 1}},
+def test_directives_from_a_plans_rows():
+    plan = {"assignment": {"n1": {"a": 2, "b": 1, "c": 0}, "n2": {"a": 1}},
             "models": {"a": {"drop_rate": 0.0}, "b": {"drop_rate": 0.05}}}
-    d = directives_for(plan, "n1", resident={"a"}, ttl_s=30, plan_id=4)
+    rows = directive_rows(plan)
+    assert set(rows) == {"n1", "n2"} and all(isinstance(r, bytes) for r in rows.values())
+    d = directives_from_row(rows["n1"], "n1", resident={"a"}, ttl_s=30, plan_id=4)
     assert d == Directives(node="n1", ttl_s=30, plan_id=4, workers={"a": 2, "b": 1},
                            pin=("a", "b"), prefetch=("b",), drop_rate={"b": 0.05})
     assert Directives.from_json(d.to_json()) == d
-    typed = Plan.from_json(plan)  # the typed plan says the same as its JSON form
-    assert directives_for(typed, "n1", resident={"a"}, ttl_s=30, plan_id=4) == d
-    assert directives_for(plan, "n2", set(), 30) == directives_for(typed, "n2", set(), 30)
-    assert directives_for(plan, "n9", set(), 30).workers == {}
-    assert directives_for(None, "n1", set(), 30) == Directives("n1", 30)
+    typed = Plan.from_json(plan)  # the typed plan's JSON form has the same rows
+    assert directive_rows(typed.to_json()) == rows
+    assert directives_from_row(rows.get("n9"), "n9", set(), 30) == Directives("n9", 30)
 
 
 @pytest.mark.parametrize("doc, words", [

@@ -100,7 +100,10 @@ class Coordinator:
         fresh = newest is not None and (served is None or newest > served)
         # a leader adopts the plans it makes as it makes them (loading a plan of 10,000
         # nodes here too would hold the GIL that reports need for nothing)
-        return leading, self.store.current_plan() if fresh and not leading else None
+        plan = self.store.current_plan() if fresh and not leading else None
+        if plan is not None:
+            plan.rows  # noqa: B018 - made here, in this worker thread, not at a report
+        return leading, plan
 
     async def follow(self) -> None:
         """Every ``follow_interval_s``: adopt a plan another coordinator made; on taking
@@ -150,8 +153,14 @@ class Coordinator:
                 "directives_expire_in_s": None if directives is None or expires is None
                 else round(expires - now, 3)}
 
-    def plan_json(self, stored: StoredPlan) -> dict[str, Any]:
-        return {"id": stored.id, **stored.plan}
+    @staticmethod
+    def plan_body(stored: StoredPlan) -> bytes:
+        """``{"id": ..., **plan}`` as JSON, spliced into the plan's text (a 10,000-node
+        plan is not parsed to be shown)."""
+        text = stored.text.encode() if isinstance(stored.text, str) else stored.text
+        if b"Infinity" in text or b"NaN" in text:  # json's words, not JSON: orjson's null
+            return orjson.dumps({"id": stored.id, **stored.plan})
+        return b'{"id":%d,%s' % (stored.id, text[1:])  # a plan has fields: never "{}"
 
 
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
@@ -196,11 +205,6 @@ async def _json_body(request: web.Request) -> Any:
         return load_json(raw)
     except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
         raise CatalogError(f"body is not valid JSON: {exc}") from None
-
-
-def _json_fast(doc: Any) -> web.Response:
-    """``web.json_response`` by orjson (the report path's answer)."""
-    return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
 
 # -- handlers ---------------------------------------------------------------------------
@@ -296,7 +300,7 @@ async def plan_get(request: web.Request) -> web.Response:
     if current is None:
         hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
         return json_error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
-    return _json_fast(co.plan_json(current))
+    return web.Response(body=co.plan_body(current), content_type="application/json")
 
 
 async def plan_post(request: web.Request) -> web.Response:
@@ -305,7 +309,8 @@ async def plan_post(request: web.Request) -> web.Response:
         raise PlanError("another coordinator sharing this store plans (it holds the "
                         "planning lock); this one serves its plans within "
                         f"{co.follow_interval_s:g} s: POST /v1/plan to that one, or wait")
-    return _json_fast(co.plan_json(await co.loops.replan("manual")))
+    plan = await co.loops.replan("manual")
+    return web.Response(body=co.plan_body(plan), content_type="application/json")
 
 
 async def start_report_workers(app: web.Application, runner: web.AppRunner,

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 import orjson
 
 from agent.coordinator.catalog import CatalogError
-from agent.coordinator.plan import directives_for
+from agent.coordinator.plan import directives_from_row
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan
 from agent.coordinator.summary import summarize
 from agent.validation import load_json
@@ -52,9 +52,9 @@ class NodeState(NamedTuple):
 class Fleet:
     """Nodes and the current plan in memory; read and written on the event loop, read
     (snapshots) by the planner thread. A node's directives under a new plan are made
-    at its first report under it (``directives_for`` reads the plan's JSON as stored):
-    adopting a plan of 10,000 nodes is a swap, not seconds of work holding the GIL
-    that reports need."""
+    at its first report under it, from its row of the plan (``StoredPlan.rows``, made
+    in the planning process): adopting a plan of 10,000 nodes is a swap, not work
+    holding the GIL that reports need."""
 
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
@@ -71,6 +71,8 @@ class Fleet:
                                           orjson.dumps(row.report),
                                           tuple((row.report.get("models") or {})))
                       for row in rows}
+        if plan is not None:
+            plan.rows  # noqa: B018 - made now, not at the first report
         self.adopt(plan)
 
     def adopt(self, plan: StoredPlan | None) -> None:
@@ -82,8 +84,9 @@ class Fleet:
     def directives(self, node: str, resident: set[str]) -> Directives:
         """``node``'s directives under the current plan (empty without one)."""
         plan = self.plan
-        return directives_for(plan.plan if plan is not None else None, node, resident,
-                              self.ttl_s, plan.id if plan is not None else None)
+        if plan is None:
+            return Directives(node=node, ttl_s=self.ttl_s)
+        return directives_from_row(plan.rows.get(node), node, resident, self.ttl_s, plan.id)
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued

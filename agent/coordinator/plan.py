@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import orjson
+
 from agent.coordinator.faro import Capacity, ModelSpec
 from agent.wire import Directives
 
@@ -126,22 +128,27 @@ class Plan:
                              if isinstance(e, dict) and "model" in e and "reason" in e})
 
 
-def directives_for(plan: Plan | Mapping[str, Any] | None, node: str, resident: set[str],
-                   ttl_s: float, plan_id: int | None = None) -> Directives:
-    """The directives ``plan`` (or its JSON form, read as it is: the request path
-    answers from a stored plan without building a ``Plan`` of the whole fleet) implies
-    for ``node`` (empty without a plan). ``resident``: the models the node reported
-    resident (no need to prefetch them)."""
-    if not plan:
+def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
+    """Each node's row of a plan's JSON form: the JSON of ``[workers, drop_rate]`` (the
+    node's replicas per model, and those models' drop rates), what answering a report
+    needs of a plan: one bytes object per node, which the garbage collector does not
+    track, instead of a dict per node (a 10,000-node plan in every report process)."""
+    models = plan.get("models") or {}
+    rows = {}
+    for node, assigned in (plan.get("assignment") or {}).items():
+        workers = {m: int(n) for m, n in assigned.items() if n > 0}
+        drops = {m: float(models[m].get("drop_rate") or 0.0) for m in workers if m in models}
+        rows[node] = orjson.dumps([workers, {m: r for m, r in drops.items() if r > 0}])
+    return rows
+
+
+def directives_from_row(row: bytes | None, node: str, resident: set[str], ttl_s: float,
+                        plan_id: int | None = None) -> Directives:
+    """The directives of ``node``'s ``directive_rows`` row (None: the plan has none for
+    it). ``resident``: the models the node reported resident (no need to prefetch them)."""
+    if row is None:
         return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id)
-    if isinstance(plan, Plan):
-        assigned, models = plan.assignment.get(node) or {}, plan.models
-        drop = {m: models[m].drop_rate for m in assigned if m in models}
-    else:
-        assigned, models = plan.get("assignment", {}).get(node) or {}, plan.get("models") or {}
-        drop = {m: models[m].get("drop_rate") for m in assigned if m in models}
-    row = {m: int(n) for m, n in assigned.items() if n > 0}
-    pin = tuple(sorted(row))
-    return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id, workers=row, pin=pin,
-                      prefetch=tuple(m for m in pin if m not in resident),
-                      drop_rate={m: float(r) for m, r in drop.items() if m in row and r})
+    workers, drops = orjson.loads(row)
+    pin = tuple(sorted(workers))
+    return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id, workers=workers, pin=pin,
+                      prefetch=tuple(m for m in pin if m not in resident), drop_rate=drops)

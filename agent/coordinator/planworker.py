@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.planner import PlanError, Planner
-from agent.coordinator.store import StoredPlan, open_store, plan_from_text, plan_text
+from agent.coordinator.store import StoredPlan, open_store
 
 log = logging.getLogger("edgeagent.coordinator.planworker")
 
@@ -78,8 +78,8 @@ class PlanWorker:
             self.last_error = None
         if value is None:
             return None
-        plan_id, created, kind, text = value
-        return StoredPlan(plan_id, created, kind, plan_from_text(text))
+        plan_id, created, kind, text, rows = value
+        return StoredPlan(plan_id, created, kind, text=text, rows=rows)
 
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
         return self._call("plan_now", kind)
@@ -149,9 +149,9 @@ def _serve(conn: Any, config: CoordinatorConfig, parent: int) -> None:
             gc.disable()  # a plan builds the fleet's reports: no full collections meanwhile
             try:
                 plan = getattr(planner, method)(*args)
-                conn.send(("ok", None if plan is None  # JSON text: a 10,000-node plan
-                           # unpickles in ~0.1 s, holding the GIL the reports need
-                           else (plan.id, plan.created, plan.kind, plan_text(plan.plan))))
+                conn.send(("ok", None if plan is None  # text and rows: a 10,000-node
+                           # plan's dicts unpickle in ~0.1 s, holding the GIL reports need
+                           else (plan.id, plan.created, plan.kind, plan.text, plan.rows)))
             except PlanError as exc:
                 conn.send(("error", str(exc)))
             except Exception:  # noqa: BLE001 - told to the parent, which logs it

@@ -38,8 +38,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import Fleet, parse_report_body, report_record
 from agent.coordinator.planworker import exit_with_parent
-from agent.coordinator.store import (ReportRecord, StoredPlan, StoreUnavailable,
-                                     plan_from_text, plan_text)
+from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable
 from agent.errors import AgentError, error_response, json_error
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
 from agent.httpauth import bearer_auth, read_token
@@ -138,11 +137,12 @@ class ReportWorkers:
             self._spawn(worker)
 
     async def push_plan(self, plan: StoredPlan) -> None:
-        """Tell every worker the coordinator now serves ``plan``."""
+        """Tell every worker the coordinator now serves ``plan`` (its rows: all a
+        worker needs of it)."""
         if not self.workers:
             return
-        text = await asyncio.get_running_loop().run_in_executor(None, plan_text, plan.plan)
-        self._plan = ("plan", plan.id, plan.created, plan.kind, text)
+        rows = await asyncio.get_running_loop().run_in_executor(None, lambda: plan.rows)
+        self._plan = ("plan", plan.id, plan.created, plan.kind, rows)
         await self._broadcast(self._plan)
 
     async def push_health(self, healthy: bool, error: str | None) -> None:
@@ -193,8 +193,8 @@ class _WorkerState:
     def take(self, message: tuple) -> None:
         """A message from the coordinator (on the event loop)."""
         if message[0] == "plan":
-            _, plan_id, created, kind, doc = message
-            self.fleet.adopt(StoredPlan(plan_id, created, kind, doc))
+            _, plan_id, created, kind, rows = message
+            self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
             _, self.healthy, self.error = message
 
@@ -268,19 +268,13 @@ def _serve(config: CoordinatorConfig, port: int, internal_url: str, up: Any, dow
     run_event_loop(_worker_main(config, port, internal_url, up, down, plan, health))
 
 
-def _parsed(message: tuple) -> tuple:
-    """A message with its plan's JSON text parsed (in the thread that reads it, not on
-    the event loop)."""
-    return message[:4] + (plan_from_text(message[4]),) if message[0] == "plan" else message
-
-
 async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, up: Any,
                        down: Any, plan: tuple | None, health: tuple) -> None:
     loop = asyncio.get_running_loop()
     state = _WorkerState(config, internal_url)
     for message in (plan, health):
         if message is not None:
-            state.take(_parsed(message))
+            state.take(message)
     stop = asyncio.Event()
 
     def read_down() -> None:  # plans and health from the coordinator; None: stop
@@ -292,7 +286,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             if message is None:
                 loop.call_soon_threadsafe(stop.set)
                 return
-            loop.call_soon_threadsafe(state.take, _parsed(message))
+            loop.call_soon_threadsafe(state.take, message)
 
     threading.Thread(target=read_down, name="from-coordinator", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the coordinator stops it

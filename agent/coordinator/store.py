@@ -37,7 +37,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 import orjson
 
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.plan import Plan
+from agent.coordinator.plan import Plan, directive_rows
 from agent.errors import AgentError
 
 log = logging.getLogger("edgeagent.coordinator.store")
@@ -173,19 +173,42 @@ class NodeRow:
     report: dict[str, Any]
 
 
-@dataclass(frozen=True)
 class StoredPlan:
-    """A plan as stored: ``plan`` is its JSON (what the API shows), ``parsed`` the
-    typed ``Plan``."""
+    """A plan as stored, by id. Its forms, each made from another when first read:
+    ``plan`` its JSON form (what the API shows), ``text`` that as JSON text,
+    ``parsed`` the typed ``Plan``, ``rows`` each node's directive row
+    (``plan.directive_rows``). A plan of 10,000 nodes reaches the coordinator as text
+    and rows (made in the planning process) and its report workers as rows alone: it
+    is parsed only where a request needs it, not on the way."""
 
-    id: int
-    created: float
-    kind: str
-    plan: dict[str, Any]
+    def __init__(self, id: int, created: float, kind: str,
+                 plan: dict[str, Any] | None = None, *, text: str | bytes | None = None,
+                 rows: dict[str, bytes] | None = None) -> None:
+        if plan is None and text is None and rows is None:
+            raise ValueError("a stored plan needs its JSON form, its text or its rows")
+        self.id, self.created, self.kind = id, created, kind
+        for name, value in (("plan", plan), ("text", text), ("rows", rows)):
+            if value is not None:
+                self.__dict__[name] = value  # what the cached properties would make
+
+    def __repr__(self) -> str:
+        return f"StoredPlan(id={self.id}, kind={self.kind!r}, created={self.created})"
+
+    @cached_property
+    def plan(self) -> dict[str, Any]:
+        return plan_from_text(self.text)
+
+    @cached_property
+    def text(self) -> str | bytes:
+        return plan_text(self.plan)
 
     @cached_property
     def parsed(self) -> Plan:
         return Plan.from_json(self.plan)
+
+    @cached_property
+    def rows(self) -> dict[str, bytes]:
+        return directive_rows(self.plan)
 
 
 class Store:
@@ -357,7 +380,7 @@ class Store:
 
     def current_plan(self) -> StoredPlan | None:
         rows = self._query("SELECT id, created, kind, plan FROM plans ORDER BY id DESC LIMIT 1")
-        return StoredPlan(*rows[0][:3], plan_from_text(rows[0][3])) if rows else None
+        return StoredPlan(*rows[0][:3], text=rows[0][3]) if rows else None
 
     def current_plan_id(self) -> int | None:
         """The newest plan's id (cheap: to notice a plan another process made)."""
