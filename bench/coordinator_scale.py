@@ -17,7 +17,14 @@ make on time) | POST /v1/plan | coordinator CPU (its main process and report wor
 not the planning child) and that CPU per ingested report | client CPU | the 1-minute load average
 before -> after (the box may be shared: a load above its cores starves the coordinator).
 
+``--report-workers N`` runs the coordinator with that many report workers (its
+``report_workers``); ``--timeline MS`` also prints each second whose slowest report
+took over MS ms (stalls show their period: a plan, a collection). The client
+processes run without their garbage collector, whose pauses (5,000 connections each)
+would show as report latency.
+
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
@@ -181,6 +188,20 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def database_cpu_seconds() -> float:
+    """CPU of this box's PostgreSQL server processes (their command is ``postgres``):
+    a database on the same box takes its share of the cores."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
+                f = _stat(int(proc.name))
+                total += int(f[11]) + int(f[12])
+        except OSError:
+            pass  # gone meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def start_coordinator(state: Path, store: str | None, port: int,
                       reactive_s: float, report_workers: int = 0) -> subprocess.Popen:
     config = {"port": port, "state_dir": str(state), "log_level": "warning",
@@ -257,13 +278,14 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             for p in procs:
                 p.start()
             time.sleep(max(0.0, t0 + warmup - time.time()))
-            co_cpu0, wall0 = cpu_seconds(co.pid), time.time()
+            co_cpu0, db_cpu0, wall0 = cpu_seconds(co.pid), database_cpu_seconds(), time.time()
             time.sleep(args.duration / 2)
             timed: dict = {}
             planning = threading.Thread(target=_time_plan, args=(url, timed))
             planning.start()
             time.sleep(max(0.0, wall0 + args.duration - time.time()))
             co_cpu = cpu_seconds(co.pid) - co_cpu0  # over the measured window only
+            db_cpu = database_cpu_seconds() - db_cpu0
             wall = time.time() - wall0
             results = [out.get() for _ in procs]
             planning.join()
@@ -293,7 +315,7 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             "late": total["late"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
             "max_ms": pct(1.0), "plan_s": plan_s, "replicas": replicas,
             "planning_p99_ms": pct(0.99, planning),
-            "coordinator_cpu": co_cpu / wall,
+            "coordinator_cpu": co_cpu / wall, "database_cpu": db_cpu / wall,
             "cpu_ms_per_report": co_cpu * 1000 / max(1, total["ok"]),
             "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2)}
 
@@ -348,6 +370,9 @@ def main() -> None:
               f"{r['coordinator_cpu']:>8.0%} | "
               f"{r['cpu_ms_per_report']:>9.3f} | {r['client_cpu']:>9.0%} | "
               f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+        if args.store != "sqlite":
+            print(f"         PostgreSQL's server processes on this box: "
+                  f"{r['database_cpu']:.0%} of a core", flush=True)
         if not isinstance(r["replicas"], int):
             print(f"         plan: {r['replicas']}")
 

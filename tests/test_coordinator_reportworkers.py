@@ -172,3 +172,27 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
     assert time.monotonic() - start < 15 and co.proc.returncode == 0
     assert not psutil.pid_exists(victim.pid) or psutil.Process(victim.pid).status() == \
         psutil.STATUS_ZOMBIE
+
+
+def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.pgcluster import free_port
+
+    port = free_port()
+    cli = [sys.executable, "-c", "from agent.cli import main; main()", "coordinator",
+           "serve", "--port", str(port), "--state-dir", str(tmp_path / "s"),
+           "--log-level", "warning"]
+    refused = subprocess.run([*cli, "--report-workers", "-1"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "--report-workers" in refused.stderr
+    proc = subprocess.Popen([*cli, "--report-workers", "1"], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(listeners(port)) == 2, 60, "the coordinator and one worker")
+        assert call(port, "GET", "/v1/health", token=None) == (200, {"ok": True,
+                                                                     "planner": True})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    assert listeners(port) == set()

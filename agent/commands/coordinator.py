@@ -76,8 +76,11 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
               help="Where the SQLite state lives (default $EDGEAGENT_COORDINATOR_DIR, "
                    "$STATE_DIRECTORY or ~/.local/share/edgeagent-coordinator).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--report-workers", type=click.IntRange(0, 64),
+              help="Processes beside it that answer node reports on its port "
+                   "(report_workers; default 0; 1-2 for fleets past ~1,000 nodes).")
 def serve(config_file: str | None, host: str | None, port: int | None,
-          state_dir: Path | None, log_level: str | None) -> None:
+          state_dir: Path | None, log_level: str | None, report_workers: int | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
     from agent.config import ConfigError
     from agent.coordinator.config import load_coordinator_config
@@ -86,7 +89,7 @@ def serve(config_file: str | None, host: str | None, port: int | None,
     try:
         config = load_coordinator_config(config_file).with_overrides(
             host=host, port=port, state_dir=state_dir.resolve() if state_dir else None,
-            log_level=log_level)
+            log_level=log_level, report_workers=report_workers)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,

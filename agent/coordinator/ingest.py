@@ -205,9 +205,7 @@ class ReportWriter:
             if not batch:
                 return 0
             try:
-                self.store.write_reports([  # arrivals kept as JSON (report_record)
-                    r._replace(arrivals=orjson.loads(r.arrivals))
-                    if isinstance(r.arrivals, bytes) else r for r in batch])
+                self.store.write_reports(batch)
             except BaseException as exc:
                 with self._queue_lock:
                     self._queue[:0] = batch

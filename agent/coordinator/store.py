@@ -107,8 +107,8 @@ PLANS_KEPT = 100
 
 class ReportRecord(NamedTuple):
     """One report to write: the node, its body (JSON-able, or the JSON as received),
-    its arrival points ``(t_end, seconds, count)`` by model in coordinator time (the
-    ``ReportWriter`` queues them as their JSON), when it arrived, and its
+    its arrival points ``(t_end, seconds, count)`` by model in coordinator time (or
+    their JSON, as the ``ReportWriter`` queues them), when it arrived, and its
     ``summary.summarize`` (None: the planner validates the body instead)."""
 
     node: str
@@ -275,7 +275,9 @@ class Store:
         bins: dict[str, dict[float, float]] = {}
         for rec in records:
             latest[rec.node] = rec
-            for model, points in rec.arrivals.items():
+            arrivals = orjson.loads(rec.arrivals) if isinstance(rec.arrivals, bytes) \
+                else rec.arrivals  # their JSON, decoded one record at a time
+            for model, points in arrivals.items():
                 spread(points, self.rate_step_s, bins.setdefault(model, {}))
         first = {}
         for rec in records:
