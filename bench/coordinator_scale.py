@@ -205,7 +205,9 @@ def database_cpu_seconds() -> float:
 def start_coordinator(state: Path, store: str | None, port: int,
                       reactive_s: float, report_workers: int = 0) -> subprocess.Popen:
     config = {"port": port, "state_dir": str(state), "log_level": "warning",
-              "reactive_interval_s": reactive_s, "report_workers": report_workers}
+              "reactive_interval_s": reactive_s}
+    if report_workers:  # (a tree before report workers refuses the key)
+        config["report_workers"] = report_workers
     if store and store != "sqlite":
         config["store"] = store
     (state / "coordinator.yaml").write_text(json.dumps(config))
