@@ -1,8 +1,8 @@
 """Report ingestion that does not grow with the fleet.
 
 * ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
-  bytes, and its model names), the current plan as stored (JSON) and each node's last
-  directives. A report is validated and answered from here, without the database.
+  bytes, and its model names), the current plan (its per-node directive rows) and each
+  node's last directives. A report is validated and answered from here, without the database.
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
   indexed range. ``close`` writes what is queued, so a report that was answered is not
@@ -34,8 +34,8 @@ class NodeState(NamedTuple):
     last report as sent (bytes) and the names of the models in it. Few objects per node
     on purpose: 10,000 nodes' parsed reports would be millions of objects for the
     garbage collector to walk on every full collection (seconds of stalled event loop);
-    and a tuple of strings, bytes and floats, which the collector stops tracking at its
-    first pass (a new one per report must not count towards full collections)."""
+    here one object per node for it to walk (its fields: strings, bytes, floats and a
+    tuple of strings, which the collector stops tracking)."""
 
     name: str
     first_seen: float
@@ -61,8 +61,8 @@ class Fleet:
         self.nodes: dict[str, NodeState] = {}
         self.plan: StoredPlan | None = None
         # node -> (directives, their JSON): the last answer, reused while the plan and
-        # what the node holds resident do not change it
-        # (None, JSON) where a report worker answered (``answered``)
+        # what the node holds resident do not change it; (None, JSON) where a report
+        # worker answered (``answered``)
         self._answers: dict[str, tuple[Directives | None, bytes]] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
@@ -152,10 +152,9 @@ def parse_report_body(name: str, raw: bytes) -> NodeReport:
 
 def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> ReportRecord:
     """What the store keeps of ``report`` (sent as ``raw``), arrived at ``now``: its
-    arrival points in coordinator time (their JSON: a record is a tuple of strings,
-    bytes and numbers, which the garbage collector stops tracking, not dozens of
-    containers per report to walk while it waits for the group commit) and its
-    summary."""
+    arrival points in coordinator time (their JSON: the record is one object for the
+    garbage collector to walk while it waits for the group commit, not dozens of
+    containers per report) and its summary."""
     arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
     return ReportRecord(node, raw, orjson.dumps(arrivals), now, summarize(report))

@@ -142,8 +142,10 @@ class ReportWorkers:
         if not self.workers:
             return
         rows = await asyncio.get_running_loop().run_in_executor(None, lambda: plan.rows)
-        self._plan = ("plan", plan.id, plan.created, plan.kind, rows)
-        await self._broadcast(self._plan)
+        message = ("plan", plan.id, plan.created, plan.kind, rows)
+        if self._plan is None or plan.id > self._plan[1]:  # what a new worker starts with
+            self._plan = message
+        await self._broadcast(message)  # a worker keeps the newest it was told
 
     async def push_health(self, healthy: bool, error: str | None) -> None:
         """Tell every worker whether the store takes writes (503s while it does not)."""
