@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from agent.coordinator.ingest import ReportWriter
+from agent.coordinator.ingest import Fleet, ReportWriter
 from agent.coordinator.store import ReportRecord, Store
 from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
 
@@ -211,3 +211,14 @@ def test_reports_that_skip_the_middlewares_keep_their_checks(start_coordinator, 
     assert answer.startswith(b"HTTP/1.1 401"), answer
     assert sorted(n["name"] for n in co.request("GET", "/v1/nodes", token="s3cret")[1]) \
         == ["n1", "n2"]
+
+
+def test_nodes_by_model_in_one_pass_only_the_live_ones_by_name():
+    """``GET /v1/models`` lists each model's live nodes from one pass over the fleet
+    (one per model took 1.5 s of the loop at 1,000 models x 10,000 nodes)."""
+    fleet = Fleet(ttl_s=60.0)
+    for name, models, seen in (("n3", ("a", "b"), 100.0), ("n1", ("a",), 100.0),
+                               ("n2", ("b",), 10.0), ("n0", (), 100.0)):
+        fleet.record(name, b"{}", models, seen)
+    assert fleet.by_model(since=50.0) == {"a": ["n1", "n3"], "b": ["n3"]}
+    assert fleet.by_model(since=0.0) == {"a": ["n1", "n3"], "b": ["n2", "n3"]}

@@ -126,6 +126,16 @@ class Fleet:
         self._answers.pop(node, None)
         return self.nodes.pop(node, None) is not None
 
+    def by_model(self, since: float) -> dict[str, list[str]]:
+        """Model -> the nodes (by name) heard from at or after ``since`` that report it:
+        one pass over the fleet, not one per model."""
+        on: dict[str, list[str]] = {}
+        for state in sorted(list(self.nodes.values()), key=lambda s: s.name):
+            if state.last_seen >= since:
+                for model in state.models:
+                    on.setdefault(model, []).append(state.name)
+        return on
+
     def rows(self) -> list[NodeRow]:
         """Every node's row, by name."""
         return [s.row for s in sorted(list(self.nodes.values()), key=lambda s: s.name)]
