@@ -10,6 +10,7 @@
   (whole seconds, at least 1, rounded up).
 - ``json_error`` / ``error_response``: the JSON ``{"error": "..."}`` answer.
 - ``client_disconnected``: a client that went away mid-request (INFO, no trace, 499).
+- ``json_errors_middleware``: an aiohttp app's every error answered as JSON.
 
 A shared leaf: imports no other ``agent`` module, and aiohttp only where it builds a
 response (a backend that imports this module does not load aiohttp).
@@ -17,9 +18,10 @@ response (a backend that imports this module does not load aiohttp).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -103,3 +105,34 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None
 def error_response(exc: AgentError) -> web.Response:
     """``exc``'s answer: its status, its message, ``Retry-After`` when it carries one."""
     return json_error(http_status(exc), str(exc), retry_after_header(exc.retry_after) or None)
+
+
+def json_errors_middleware(log: logging.Logger,
+                           lane: Callable[[web.Request], Any] | None = None) -> Any:
+    """An aiohttp middleware that answers every error as JSON ``{"error": ...}``:
+    aiohttp's own HTTP errors with their status ("Reason: METHOD path"), an
+    ``AgentError`` by ``error_response``, a client gone mid-request 499 (logged at
+    INFO), anything else 500 (logged with its trace: a bug must answer, not kill the
+    connection). ``lane(request)``: a handler to run instead of the rest of the chain
+    (a hot path that skips the later middlewares), or None for the chain."""
+    from aiohttp import web
+
+    @web.middleware
+    async def answer_errors_as_json(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await ((lane and lane(request)) or handler)(request)
+        except web.HTTPException as exc:
+            if exc.status < 400 or exc.content_type == "application/json":
+                raise
+            return json_error(exc.status, f"{exc.reason}: {request.method} {request.path}")
+        except AgentError as exc:
+            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - answered, not a dropped connection
+            if client_disconnected(exc, request.transport):
+                log.info("client went away during %s %s: %s", request.method,
+                         request.path, exc)
+                return json_error(499, "client closed the request")
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return json_error(500, "internal error (logged)")
+
+    return answer_errors_as_json

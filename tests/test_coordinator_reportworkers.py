@@ -150,6 +150,12 @@ def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordi
     assert {s for s, _ in bad_field} == {400}
     assert all("cores" in d["error"] for _, d in bad_field)
     assert {s for s, _ in bad_name} == {400}
+    # a body over the 8 MiB limit: the coordinator's JSON 413 from every listener
+    huge = b'{"capacity": {"cores": 1, "cpu_memory_bytes": 1}, "pad": "' + \
+        b"x" * (9 * 2**20) + b'"}'
+    too_big = [call(port, "POST", f"/v1/nodes/big{i}/report", raw=huge) for i in range(9)]
+    assert {s for s, _ in too_big} == {413}
+    assert all("Request Entity Too Large" in d["error"] for _, d in too_big)
     assert call(port, "GET", "/v1/nodes") == (200, [])  # nothing bad was recorded
     assert call(port, "GET", "/v1/no-such-thing")[0] == 404  # forwarded, answered there
 

@@ -38,13 +38,14 @@ from aiohttp import web
 from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import Fleet, ReportWriter, parse_report_body, report_record
+from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
+                                     refuse_while_store_fails, report_record)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
-from agent.coordinator.store import StoredPlan, StoreUnavailable, open_store
+from agent.coordinator.store import StoredPlan, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
-from agent.errors import AgentError, client_disconnected, error_response, json_error
+from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token, token_matches
@@ -177,26 +178,9 @@ def _report_lane(request: web.Request) -> bool:
     return token is None or token_matches(request.headers.get("Authorization", ""), token)
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        if _report_lane(request):
-            return await node_report(request)
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400 or exc.content_type == "application/json":
-            raise
-        return json_error(exc.status, f"{exc.reason}: {request.method} {request.path}")
-    except AgentError as exc:  # CatalogError, ReportError: 400; PlanError: 409
-        return error_response(exc)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not kill the connection
-        if client_disconnected(exc, request.transport):
-            log.info("client went away during %s %s: %s", request.method, request.path, exc)
-            return json_error(499, "client closed the request")
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_error(500, "internal error (logged)")
+# CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
+errors_middleware = json_errors_middleware(
+    log, lane=lambda request: node_report if _report_lane(request) else None)
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -219,9 +203,7 @@ async def node_report(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     raw = await request.read()
     report = parse_report_body(name, raw)
-    if not co.writer.healthy:
-        raise StoreUnavailable(f"the store is failing ({co.writer.last_error}); "
-                               "keep serving and report again later")
+    refuse_while_store_fails(co.writer.healthy, co.writer.last_error)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
     co.fleet.record(name, raw, tuple(report.models), now)

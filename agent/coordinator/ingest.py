@@ -21,7 +21,7 @@ import orjson
 
 from agent.coordinator.catalog import CatalogError
 from agent.coordinator.plan import directives_from_row
-from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan
+from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.validation import load_json
 from agent.wire import Directives, NodeReport, ReportError, parse_report
@@ -158,6 +158,14 @@ def parse_report_body(name: str, raw: bytes) -> NodeReport:
         return parse_report(name, body)
     except ReportError as exc:
         raise ReportError(None, f"report from {name!r}: {exc}") from None
+
+
+def refuse_while_store_fails(healthy: bool, error: str | None) -> None:
+    """``StoreUnavailable`` (503 + ``Retry-After``) unless the store takes writes: a
+    report is answered only when what it says can be written."""
+    if not healthy:
+        raise StoreUnavailable(f"the store is failing ({error}); "
+                               "keep serving and report again later")
 
 
 def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> ReportRecord:

@@ -36,10 +36,11 @@ from typing import Any, Callable
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import Fleet, parse_report_body, report_record
+from agent.coordinator.ingest import (Fleet, parse_report_body, refuse_while_store_fails,
+                                     report_record)
 from agent.coordinator.planworker import exit_with_parent
-from agent.coordinator.store import ReportRecord, StoredPlan, StoreUnavailable
-from agent.errors import AgentError, error_response, json_error
+from agent.coordinator.store import ReportRecord, StoredPlan
+from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
 from agent.httpauth import bearer_auth, read_token
 from agent.httpbody import body_timeout_middleware, request_body
@@ -209,9 +210,7 @@ async def _report(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
-    if not state.healthy:
-        raise StoreUnavailable(f"the store is failing ({state.error}); "
-                               "keep serving and report again later")
+    refuse_while_store_fails(state.healthy, state.error)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            tuple(report.models), body))
@@ -235,14 +234,6 @@ async def _forward(request: web.Request) -> web.StreamResponse:
                           f"answer ({type(exc).__name__}); try again", {"Retry-After": "1"})
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except AgentError as exc:  # CatalogError, ReportError: 400; StoreUnavailable: 503
-        return error_response(exc)
-
-
 def _is_report_path(path: str) -> bool:
     return path.startswith("/v1/nodes/") and path.endswith("/report")
 
@@ -251,7 +242,7 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
-        _errors,
+        json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
         bearer_auth(lambda r: r.app[WORKER].token, _is_report_path),
         body_timeout_middleware(config.read_timeout_s),
     ])
