@@ -173,33 +173,35 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _cpu_ticks(fields: list[str]) -> int:
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _processes():
+    """(``/proc/PID/stat`` fields after the name, command name) of every process
+    still there."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                yield _stat(int(proc.name)), (proc / "comm").read_text().strip()
+            except OSError:
+                pass  # gone meanwhile
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU of the coordinator process ``pid`` and its report workers: its children at
     its own nice value (the planning process runs niced, and is left out)."""
     fields = _stat(pid)
-    total = int(fields[11]) + int(fields[12])
-    for child in Path("/proc").iterdir():
-        try:
-            if child.name.isdigit() and (f := _stat(int(child.name)))[1] == str(pid) \
-                    and f[16] == fields[16]:
-                total += int(f[11]) + int(f[12])
-        except OSError:
-            pass  # gone meanwhile
-    return total / os.sysconf("SC_CLK_TCK")
+    children = sum(_cpu_ticks(f) for f, _ in _processes()
+                   if f[1] == str(pid) and f[16] == fields[16])
+    return (_cpu_ticks(fields) + children) / os.sysconf("SC_CLK_TCK")
 
 
 def database_cpu_seconds() -> float:
     """CPU of this box's PostgreSQL server processes (their command is ``postgres``):
     a database on the same box takes its share of the cores."""
-    total = 0
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
-                f = _stat(int(proc.name))
-                total += int(f[11]) + int(f[12])
-        except OSError:
-            pass  # gone meanwhile
-    return total / os.sysconf("SC_CLK_TCK")
+    ticks = sum(_cpu_ticks(f) for f, comm in _processes() if comm == "postgres")
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def start_coordinator(state: Path, store: str | None, port: int,
