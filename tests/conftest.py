@@ -41,6 +41,22 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def settled_gc():
+    """The collector as a serving agent has it (``agent.eventloop.settle_gc``) for an
+    in-process timing test, restored after: otherwise a full collection walking what
+    earlier tests left behind (50-100 ms here) shows up as batch latency."""
+    import gc
+
+    from agent.eventloop import settle_gc
+
+    thresholds = gc.get_threshold()
+    settle_gc()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
 class ThreadedServer:
     """A real aiohttp app on 127.0.0.1 in a background thread (own event loop), so that
     blocking clients such as ``tritonclient.http`` can call it from the test."""

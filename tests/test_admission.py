@@ -16,6 +16,8 @@ from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for
 from tests.conftest import add_mlp, add_synthetic
 from tests.test_batching import call, start, stop, without_stalls
 
+pytestmark = pytest.mark.usefixtures("settled_gc")  # as in the agent (see the fixture)
+
 
 def linear(base, per_item):
     return lambda b: base + per_item * b

@@ -10,6 +10,7 @@ import random
 import time
 
 import numpy as np
+import pytest
 
 from agent.backends.base import InvalidInput, TensorSpec
 from agent.backends.synthetic import SyntheticBackend
@@ -19,6 +20,8 @@ from agent.node.cache import ModelCache
 from agent.node.repository import scan_repository
 from agent.node.serving import Serving
 from tests.conftest import add_synthetic
+
+pytestmark = pytest.mark.usefixtures("settled_gc")  # as in the agent (see the fixture)
 
 
 class Recorder:

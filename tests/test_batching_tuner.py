@@ -91,6 +91,25 @@ def test_aimd_rules_increase_only_on_full_batches_and_cut_by_ten_percent():
     assert capped.limit == 8
 
 
+def test_one_stalled_first_batch_does_not_pin_the_limit_at_one():
+    # The CI failure this guards: the machine stalled during the model's very first
+    # batch (size 1, 150 ms against a 60 ms budget), which set a ceiling of 1; with only
+    # size 1 ever measured there was no line to show room, and the limit stayed at 1.
+    # n* = floor((60 - 10) / 4) = 12.
+    tuner = BatchTuner(TunerSettings(max_batch_size=64, slo=0.120, aimd_step=2))
+    tuner.observe_batch(0.15, 1, 0.150, full=True)
+    assert tuner.limit == 1 and tuner.aimd.ceiling == 1
+    seen, _ = drive_full_batches(tuner, 0.010, 0.004, 200, now=0.15)
+    assert abs(seen[-1] - 12) <= 2, seen
+    # a model too slow for a second row (50 ms at 1, 70 ms at 2) settles at 1 after
+    # a few probes (the line needs a refit to see the stall for an outlier), then stays
+    slow = BatchTuner(TunerSettings(max_batch_size=64, slo=0.120, aimd_step=2))
+    slow.observe_batch(0.15, 1, 0.150, full=True)
+    seen, _ = drive_full_batches(slow, 0.030, 0.020, 200, now=0.15)
+    assert set(seen[-180:]) == {1}, seen
+    assert slow.aimd.decreases < 10, slow.aimd.decreases   # the probes stop
+
+
 def linear_profile(base, per_item, sizes=(1, 2, 4, 8, 16, 32), samples=5):
     profile = BatchProfile()
     for b in sizes:

@@ -86,7 +86,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import signal
 
     from agent.config import ConfigError
-    from agent.eventloop import listen
+    from agent.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
 
@@ -103,6 +103,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
         except OSError:
             await runner.cleanup()
             raise
+    settle_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 

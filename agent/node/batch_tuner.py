@@ -104,13 +104,18 @@ class AimdLimit:
         return self.limit
 
     def _room_for_a_step(self, profile: BatchProfile | None) -> bool:
-        """Whether the measured latency at the limit leaves room for one more step."""
+        """Whether the measured (median) latency at the limit plus one step of the
+        fitted per-item cost fits the budget. While the limit is the only size measured
+        there is no line to ask, and the answer is yes: the step is a probe, and if it
+        overshoots, the cut leaves two sizes measured. (Answering no pinned a model at
+        1 for good after one stalled first batch.)"""
         if profile is None:
             return False
-        line, typical = profile.line(), profile.typical(self.limit)
-        if line is None or typical is None:
+        typical = profile.typical(self.limit)
+        if typical is None:
             return False
-        return typical + line[1] * self.step <= self.budget
+        line = profile.line()
+        return line is None or typical + line[1] * self.step <= self.budget
 
 
 def delay_window(profile: BatchProfile, rate: float, limit: int, rt_max: float,
