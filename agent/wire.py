@@ -138,6 +138,7 @@ _INTEGER = number(0, MAX_CORES, integer=True, finite=True)
 _UPPER = {_COUNT: MAX_COUNT, _BYTES: MAX_BYTES, _SECONDS: MAX_SECONDS, _MS: MAX_MS}
 
 
+
 def _count(value: Any, where: str, checker=_COUNT) -> float:
     kind = type(value)
     if (kind is float or kind is int) and 0.0 <= value <= _UPPER.get(checker, -1.0):
@@ -369,13 +370,21 @@ def parse_report(node: str, data: Any) -> NodeReport:
         raise ReportError(exc.key, exc.message) from None
 
 
-def latency_at(model: ModelReport, percentile: float) -> float | None:
-    """The reported latency (ms) at the smallest reported percentile >= ``percentile``
-    (the highest one when none is that high); None when nothing was measured."""
-    if not model.latency_ms:
-        return None
-    above = [p for p in model.latency_ms if p >= percentile - 1e-9]
-    return model.latency_ms[min(above) if above else max(model.latency_ms)]
+def latency_points(latency_ms: dict[float, float]) -> tuple[tuple[float, float], ...]:
+    """A model's reported latencies (``ModelReport.latency_ms``) as (percentile, ms)
+    pairs by percentile, what ``latency_at`` reads: tuples of floats, which the garbage
+    collector stops tracking (the coordinator keeps them for every node)."""
+    return tuple(sorted(latency_ms.items()))
+
+
+def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> float | None:
+    """From ``latency_points``: the latency (ms) at the smallest reported percentile
+    >= ``percentile`` (the highest one when none is that high); None when nothing was
+    measured."""
+    for p, ms in points:
+        if p >= percentile - 1e-9:
+            return ms
+    return points[-1][1] if points else None
 
 
 # -- directives --------------------------------------------------------------------------

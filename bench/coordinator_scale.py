@@ -18,7 +18,8 @@ not the planning child) and that CPU per ingested report | client CPU | the 1-mi
 before -> after (the box may be shared: a load above its cores starves the coordinator).
 
 ``--report-workers N`` runs the coordinator with that many report workers (its
-``report_workers``); ``--timeline MS`` also prints each second whose slowest report
+``report_workers``); ``--dashboard S`` keeps the dashboard open (its requests every S
+s, each refresh timed); ``--timeline MS`` also prints each second whose slowest report
 took over MS ms (stalls show their period: a plan, a collection). The client
 processes run without their garbage collector, whose pauses (5,000 connections each)
 would show as report latency.
@@ -245,6 +246,29 @@ def _time_plan(url: str, timed: dict) -> None:
         timed["plan_s"], timed["replicas"] = float("nan"), f"{type(err).__name__}: {err}"
 
 
+#: What the coordinator's dashboard page asks for at each refresh.
+DASHBOARD_PATHS = "/v1/nodes?limit=100,/v1/models,/v1/plan"
+
+
+def _dashboard(url: str, paths: list[str], every: float, until: float,
+               seen: list[tuple[float, int]]) -> None:
+    """An open dashboard page: GET ``paths`` every ``every`` s, or ten times as long as
+    the last refresh took where that is longer (after the last refresh ended, as the
+    page's timer) until ``until``; each refresh's seconds and bytes into ``seen``. One
+    after another: the page sends its three at once, but they are answered on the
+    coordinator's one event loop anyway."""
+    while time.time() < until:
+        t, size = time.perf_counter(), 0
+        for path in paths:
+            try:
+                with urllib.request.urlopen(url + path, timeout=120) as resp:
+                    size += len(resp.read())
+            except urllib.error.HTTPError as err:  # /v1/plan: 404 before a first plan
+                size += len(err.read())
+        seen.append((time.perf_counter() - t, size))
+        time.sleep(max(every, 10 * seen[-1][0]))
+
+
 def print_timeline(results: list[dict], wall0: float, plan_span: tuple[float, float],
                    slow_ms: float) -> None:
     """Each second of the measured window whose slowest report took over ``slow_ms``:
@@ -283,6 +307,11 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
                 p.start()
             time.sleep(max(0.0, t0 + warmup - time.time()))
             co_cpu0, db_cpu0, wall0 = cpu_seconds(co.pid), database_cpu_seconds(), time.time()
+            refreshes: list[tuple[float, int]] = []
+            if args.dashboard:
+                threading.Thread(target=_dashboard, daemon=True, args=(
+                    url, args.dashboard_paths.split(","), args.dashboard,
+                    wall0 + args.duration, refreshes)).start()
             time.sleep(args.duration / 2)
             timed: dict = {}
             planning = threading.Thread(target=_time_plan, args=(url, timed))
@@ -321,7 +350,8 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             "planning_p99_ms": pct(0.99, planning),
             "coordinator_cpu": co_cpu / wall, "database_cpu": db_cpu / wall,
             "cpu_ms_per_report": co_cpu * 1000 / max(1, total["ok"]),
-            "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2)}
+            "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2),
+            "refreshes": refreshes}
 
 
 def main() -> None:
@@ -343,6 +373,11 @@ def main() -> None:
                         help="the coordinator's report_workers (default 0)")
     parser.add_argument("--timeline", type=float, default=None, metavar="MS",
                         help="also print each second whose slowest report took over MS ms")
+    parser.add_argument("--dashboard", type=float, default=None, metavar="S",
+                        help="also keep the dashboard open: its requests every S s "
+                             "(the page's default is 2), timed")
+    parser.add_argument("--dashboard-paths", default=DASHBOARD_PATHS,
+                        help=f"what one refresh asks for (default {DASHBOARD_PATHS})")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="run in a session of its own whose scheduler autogroup has "
                              "this nice value (Linux; negative needs root): with autogroups "
@@ -377,6 +412,11 @@ def main() -> None:
         if args.store != "sqlite":
             print(f"         PostgreSQL's server processes on this box: "
                   f"{r['database_cpu']:.0%} of a core", flush=True)
+        if r["refreshes"]:
+            took = sorted(t for t, _ in r["refreshes"])
+            print(f"         dashboard every {args.dashboard:g} s: {len(took)} refreshes of "
+                  f"{max(b for _, b in r['refreshes']) / 1e6:.1f} MB, each "
+                  f"{took[len(took) // 2]:.2f} s (median), {took[-1]:.2f} s (max)", flush=True)
         if not isinstance(r["replicas"], int):
             print(f"         plan: {r['replicas']}")
 

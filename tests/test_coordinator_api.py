@@ -193,3 +193,96 @@ def test_a_plan_is_shown_from_its_stored_text_with_its_id():
     assert "Infinity" in odd.text  # stored as json writes it, read back as inf
     assert json.loads(Coordinator.plan_body(odd)) == {
         "id": 9, "created": 1.0, "models": {"m": {"rate": None}}}
+
+
+def _get(co, path):
+    """(status, parsed JSON, headers) for one GET."""
+    try:
+        with urllib.request.urlopen(co.url + path, timeout=30) as resp:
+            return resp.status, json.loads(resp.read()), resp.headers
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), err.headers
+
+
+def test_nodes_come_a_page_at_a_time_while_nodes_keep_reporting(start_coordinator):
+    """A fleet of 10,000 is 30 MB in one answer: ``?limit=`` pages by name, the
+    ``Link`` header names the next page, ``X-Total-Count`` the fleet. Nodes that report
+    while a client pages do not shift the pages: every node there before the first page
+    is listed once, in order."""
+    import threading
+
+    co = start_coordinator()
+    for i in range(60):
+        assert co.request("POST", f"/v1/nodes/edge-{i:03d}/report", REPORT)[0] == 200
+    stop = threading.Event()
+
+    def newcomers():
+        i = 0
+        while not stop.is_set():
+            co.request("POST", f"/v1/nodes/late-{i:03d}/report", REPORT)
+            co.request("POST", f"/v1/nodes/edge-{i % 60:03d}/report", REPORT)  # again
+            i += 1
+    reporter = threading.Thread(target=newcomers)
+    reporter.start()
+    try:
+        names, path, totals = [], "/v1/nodes?limit=7", []
+        while path:
+            status, page, headers = _get(co, path)
+            assert status == 200 and 1 <= len(page) <= 7, (status, page)
+            names += [n["name"] for n in page]
+            totals.append(int(headers["X-Total-Count"]))
+            link = headers.get("Link")
+            path = link[1:link.index(">")] if link else None
+            assert link is None or link.endswith('; rel="next"'), link
+    finally:
+        stop.set()
+        reporter.join()
+    assert names == sorted(set(names))                     # in order, none twice
+    assert {f"edge-{i:03d}" for i in range(60)} <= set(names)
+    assert totals[0] >= 60 and totals == sorted(totals) and len(totals) >= 60 // 7
+    every = co.request("GET", "/v1/nodes")[1]
+    assert [n["name"] for n in every] == sorted(n["name"] for n in every)
+    assert len(every) == int(_get(co, "/v1/nodes?limit=1")[2]["X-Total-Count"])
+    status, page, headers = _get(co, "/v1/nodes?after=zzz&limit=5")
+    assert (status, page, "Link" in headers) == (200, [], False)
+
+
+@pytest.mark.parametrize("query, words", [
+    ("limit=0", "limit must be 1 to 10000, got 0"),
+    ("limit=10001", "limit must be 1 to 10000"),
+    ("limit=ten", "limit must be a decimal integer"),
+    ("limit=-1", "limit must be a decimal integer"),
+    ("page=2", "page: unknown query parameter (expected one of: after, limit)"),
+])
+def test_a_bad_page_of_nodes_is_a_400_naming_it(start_coordinator, query, words):
+    co = start_coordinator()
+    co.request("POST", "/v1/nodes/n1/report", REPORT)
+    status, doc, _ = _get(co, f"/v1/nodes?{query}")
+    assert status == 400 and words in doc["error"], doc
+    assert [n["name"] for n in co.request("GET", "/v1/nodes")[1]] == ["n1"]
+
+
+def test_models_show_the_worst_latency_live_nodes_measured_at_their_percentile(
+        start_coordinator):
+    now = [1000.0]
+    co = start_coordinator(clock=lambda: now[0], node_timeout_s=30)
+    co.request("PUT", "/v1/models/a", {"slo_ms": 100})                    # p99
+    co.request("PUT", "/v1/models/b", {"slo_ms": 250, "percentile": 95})
+    co.request("PUT", "/v1/models/c", {"slo_ms": 100, "percentile": 99.9})
+    co.request("PUT", "/v1/models/nowhere", {"slo_ms": 100})
+
+    def report(node, models):
+        body = {"capacity": REPORT["capacity"],
+                "models": {m: {"resident": True, "latency_ms": lat} for m, lat in models.items()}}
+        assert co.request("POST", f"/v1/nodes/{node}/report", body)[0] == 200
+    report("gone", {"a": {"p99": 900}})                       # silent by the time asked
+    now[0] += 40
+    report("n1", {"a": {"p50": 20, "p99": 40}, "c": {"p50": 5, "p99": 9}})
+    report("n2", {"a": {"p99": 70}, "b": {"p50": 30, "p95": 80, "p99": 120}})
+    models = {m["name"]: m for m in co.request("GET", "/v1/models")[1]}
+    assert models["a"]["measured_latency_ms"] == 70      # the worst live node
+    assert models["b"]["measured_latency_ms"] == 80      # at its SLO's percentile
+    assert models["c"]["measured_latency_ms"] == 9       # none that high: the highest
+    assert models["nowhere"]["measured_latency_ms"] is None
+    assert models["a"]["nodes"] == ["n1", "n2"]
+    assert co.request("GET", "/v1/models/b")[1]["measured_latency_ms"] == 80

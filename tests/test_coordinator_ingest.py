@@ -12,10 +12,12 @@ import time
 import urllib.error
 import urllib.request
 
+import orjson
 import pytest
 
-from agent.coordinator.ingest import Fleet, ReportWriter
+from agent.coordinator.ingest import Fleet, ReportWriter, reported_models
 from agent.coordinator.store import ReportRecord, Store
+from agent.wire import parse_report
 from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
 
 
@@ -219,6 +221,28 @@ def test_nodes_by_model_in_one_pass_only_the_live_ones_by_name():
     fleet = Fleet(ttl_s=60.0)
     for name, models, seen in (("n3", ("a", "b"), 100.0), ("n1", ("a",), 100.0),
                                ("n2", ("b",), 10.0), ("n0", (), 100.0)):
-        fleet.record(name, b"{}", models, seen)
-    assert fleet.by_model(since=50.0) == {"a": ["n1", "n3"], "b": ["n3"]}
-    assert fleet.by_model(since=0.0) == {"a": ["n1", "n3"], "b": ["n2", "n3"]}
+        fleet.record(name, b"{}", tuple((m, ()) for m in models), seen)
+    assert fleet.by_model(since=50.0) == ({"a": ["n1", "n3"], "b": ["n3"]}, {})
+    assert fleet.by_model(since=0.0)[0] == {"a": ["n1", "n3"], "b": ["n2", "n3"]}
+
+
+def test_by_model_measures_the_worst_live_node_at_each_models_percentile():
+    """``GET /v1/models``' ``measured_latency_ms`` from the latencies kept per node at
+    record time (not their reports parsed again at every dashboard refresh)."""
+    fleet = Fleet(ttl_s=60.0)
+
+    def report(node, seen, **models):
+        body = {"capacity": {"cores": 1, "cpu_memory_bytes": 10**9},
+                "models": {m: {"latency_ms": lat} for m, lat in models.items()}}
+        raw = orjson.dumps(body)
+        fleet.record(node, raw, reported_models(parse_report(node, body)), seen)
+    report("n1", 100.0, a={"p50": 10, "p99": 40}, b={"p50": 5, "p95": 7, "p99": 30})
+    report("n2", 100.0, a={"p99": 55}, b={"p50": 9}, c={})
+    report("old", 10.0, a={"p99": 900})
+    report("n3", 100.0, a={"p50": 99})     # a p99 of nothing: its highest, the median
+    on, worst = fleet.by_model(50.0, {"a": 99.0, "b": 95.0, "c": 99.0})
+    assert worst == {"a": 99, "b": 9} and on["c"] == ["n2"]
+    assert fleet.by_model(0.0, {"a": 99.0})[1] == {"a": 900}
+    assert fleet.by_model(50.0, {"a": 50.0})[1] == {"a": 99}  # n1 10, n2 55 (p99), n3 99
+    report("n3", 101.0, a={"p99": 12})    # a new report replaces the last
+    assert fleet.by_model(50.0, {"a": 99.0, "z": 99.0})[1] == {"a": 55}

@@ -66,15 +66,17 @@ def coordinator(tmp_path):
     token.write_text(TOKEN)
     co = CoordinatorProcess(None, tmp_path / "co", report_workers=2,
                             admin_token_file=str(token), reactive_interval_s=3600)
-    wait_for(lambda: len(listeners(co.port)) == 3, 60, "two workers listen beside it")
+    wait_for(lambda: len(listeners(co.port)) == 2 and co.proc.pid not in listeners(co.port),
+             60, "two workers listen, and the coordinator no longer does")
     yield co
     co.stop()
 
 
 def test_workers_answer_reports_and_the_coordinator_knows_every_node(coordinator, tmp_path):
     co, port = coordinator, coordinator.port
-    assert len(workers(co)) == 2 and listeners(port) == {
-        co.proc.pid, *(w.pid for w in workers(co))}
+    # the workers own the port: the coordinator's loop (plans, the dashboard's reads of
+    # the whole fleet) delays no report
+    assert len(workers(co)) == 2 and listeners(port) == {w.pid for w in workers(co)}
     for m in ("a", "b"):
         assert call(port, "PUT", f"/v1/models/{m}", {"slo_ms": 100})[0] == 201
     nodes = [f"edge-{i}" for i in range(240)]
@@ -93,7 +95,7 @@ def test_workers_answer_reports_and_the_coordinator_knows_every_node(coordinator
         first = list(pool.map(lambda n: send(n, REPORT), nodes))
         assert {s for s, _ in first} == {200}
         assert all(d["node"] == n for n, (_, d) in zip(nodes, first))
-        # the kernel spread the connections: the coordinator and both workers hold some
+        # the kernel spread the connections: both workers hold some
         served = holders(port, {c.sock.getsockname()[1] for c in conns.values()})
         assert set(served) == listeners(port) and sum(served.values()) == len(nodes), served
 
@@ -169,7 +171,7 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
     for i in range(30):
         assert call(port, "POST", f"/v1/nodes/after-{i}/report", REPORT)[0] == 200
     wait_for(lambda: len(workers(co)) == 2 and victim.pid not in {
-        w.pid for w in workers(co)} and len(listeners(port)) == 3, 20, "a new worker")
+        w.pid for w in workers(co)} and len(listeners(port)) == 2, 20, "a new worker")
     for i in range(30):
         assert call(port, "POST", f"/v1/nodes/again-{i}/report", REPORT)[0] == 200
     wait_for(lambda: len(call(port, "GET", "/v1/nodes")[1]) == 60, 10, "all 60 listed")
@@ -195,7 +197,8 @@ def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
     assert refused.returncode == 2 and "--report-workers" in refused.stderr
     proc = subprocess.Popen([*cli, "--report-workers", "1"], stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: len(listeners(port)) == 2, 60, "the coordinator and one worker")
+        wait_for(lambda: len(listeners(port)) == 1 and proc.pid not in listeners(port), 60,
+                 "one worker, and not the coordinator")
         assert call(port, "GET", "/v1/health", token=None) == (200, {"ok": True,
                                                                      "planner": True})
     finally:

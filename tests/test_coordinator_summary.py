@@ -6,7 +6,7 @@ import random
 
 from agent.coordinator.planner import Planner
 from agent.coordinator.summary import expand, summarize
-from agent.wire import latency_at, parse_report
+from agent.wire import latency_at, latency_points, parse_report
 
 REPORT = {"node_type": "c5.large",
           "capacity": {"cores": 8, "cpu_memory_bytes": 2 ** 31,
@@ -25,7 +25,7 @@ def _planner_view(report):
     return (report.node, report.capacity.cores, report.capacity.cpu_memory_bytes,
             report.node_type,
             {name: (m.device, m.resident, m.size_bytes, m.busy_seconds_per_request(),
-                    {q: latency_at(m, q) for q in (1.0, 50.0, 90.0, 99.0, 99.99)})
+                    {q: latency_at(latency_points(m.latency_ms), q) for q in (1.0, 50.0, 90.0, 99.0, 99.99)})
              for name, m in report.models.items()})
 
 

@@ -171,9 +171,55 @@ def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_
             predicted = await browser.evaluate(row.format("a", "predicted"))
             assert predicted != "–" and predicted.endswith(("ms", " s")), predicted
             assert "n1×" in await browser.evaluate(row.format("a", "placement"))
+            assert await browser.evaluate(
+                "document.querySelector('#nodes-shown').textContent") == "2"
+            # a fleet larger than a page: the first 100 nodes by name, and the count
+            for i in range(120):
+                assert co.request("POST", f"/v1/nodes/z-{i:03d}/report", REPORT)[0] == 200
+            status, plan = co.request("POST", "/v1/plan")
+            assert status == 200
+            await browser.wait_for(
+                "document.querySelector('#nodes-shown').textContent === "
+                "'the first 100 of 122 by name'")
+            shown = await browser.evaluate(
+                "[...document.querySelectorAll('#nodes tbody tr[data-node]')]"
+                ".map((tr) => tr.dataset.node)")
+            assert shown == ["n1", "n2"] + [f"z-{i:03d}" for i in range(98)]
+            await browser.wait_for(
+                "document.querySelector('[data-tile=plan] .value')?.textContent === "
+                f"'#{plan['id']}'")
+            placement = await browser.evaluate(row.format("a", "placement"))
+            on = len(plan["models"]["a"]["placement"])
+            assert placement.endswith(f"… {on - 8} more node{'s' if on > 9 else ''}") if on > 8 \
+                else placement.count("×") == on, (on, placement)
             png = await browser.screenshot(tmp_path / "coordinator.png")
             assert (tmp_path / "coordinator.png").stat().st_size > 10_000
             assert png_size(png)[0] >= 1000
+            assert page_errors(browser) == []
+
+    run(scenario())
+
+
+def test_a_slow_server_is_refreshed_less_often(start_coordinator, tmp_path):  # noqa: F811
+    """The page waits ten times as long as its last refresh took where that is longer
+    than ?refresh= (at 10,000 nodes a refresh costs the coordinator ~0.1-0.4 s). The
+    server is made slow by delaying the page's own fetch by 400 ms: the page's pace
+    then falls from one refresh per ~0.65 s to one per ~4.4 s."""
+    co = start_coordinator()
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(co.url + "/?refresh=250")
+            await browser.wait_for("Number(document.body.dataset.updates || 0) >= 2")
+            await browser.evaluate(
+                "window.fetch = ((real) => (...args) => new Promise("
+                "(resolve) => setTimeout(resolve, 400)).then(() => real(...args)))"
+                "(window.fetch); 1")
+            await asyncio.sleep(0.5)  # a refresh under way may still be a fast one
+            before = int(await browser.evaluate("document.body.dataset.updates"))
+            await asyncio.sleep(4.0)
+            after = int(await browser.evaluate("document.body.dataset.updates"))
+            assert after - before <= 2, (before, after)   # ~6 at the fixed 250 ms pace
             assert page_errors(browser) == []
 
     run(scenario())

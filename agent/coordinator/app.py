@@ -6,8 +6,10 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     GET    /v1/health                     liveness, and whether this one plans (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
+                                          (?limit=N&after=NAME: a page)
     DELETE /v1/nodes/{name}               forget a node
-    GET    /v1/models[/{name}]            catalog with planned replicas
+    GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
+                                          and the latency they measured
     PUT    /v1/models/{name}              set a model's SLO (catalog.py)
     DELETE /v1/models/{name}              remove it from the catalog
     GET    /v1/plan                       current allocation and placement
@@ -31,6 +33,7 @@ import asyncio
 import logging
 import time
 from typing import Any, Callable
+from urllib.parse import urlencode
 
 import orjson
 from aiohttp import web
@@ -39,7 +42,8 @@ from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
-                                     refuse_while_store_fails, report_record)
+                                     refuse_while_store_fails, report_record,
+                                     reported_models)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
@@ -49,7 +53,7 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token, token_matches
-from agent.validation import load_json
+from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -206,15 +210,43 @@ async def node_report(request: web.Request) -> web.Response:
     refuse_while_store_fails(co.writer.healthy, co.writer.last_error)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
-    co.fleet.record(name, raw, tuple(report.models), now)
+    co.fleet.record(name, raw, reported_models(report), now)
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     return web.Response(body=body, content_type="application/json")
 
 
+#: The most nodes one page of ``GET /v1/nodes`` holds.
+MAX_NODES_PAGE = 10_000
+
+
+def _nodes_page(query: Any) -> tuple[str, int | None]:
+    """``GET /v1/nodes``'s ``after`` (a node name: the page starts after it) and
+    ``limit`` (1..MAX_NODES_PAGE; None: every node); CatalogError (400) naming a bad one."""
+    try:
+        only(query, ("after", "limit"), noun="query parameter")
+        limit = ascii_int(query["limit"], "limit", 6) if "limit" in query else None
+    except ValueError as exc:
+        raise CatalogError(str(exc)) from None
+    if limit is not None and not 1 <= limit <= MAX_NODES_PAGE:
+        raise CatalogError(f"limit must be 1 to {MAX_NODES_PAGE}, got {limit}")
+    return query.get("after", ""), limit
+
+
 async def nodes_list(request: web.Request) -> web.Response:
+    """The nodes by name, a page at a time with ``?limit=N`` (``&after=NAME`` for the
+    next): ``X-Total-Count`` says how many there are, and ``Link: <...>; rel="next"``
+    where more follow."""
     co = request.app[COORDINATOR]
+    after, limit = _nodes_page(request.query)
     now = co.clock()
-    return web.json_response([co.node_summary(row, now) for row in co.fleet.rows()])
+    rows = co.fleet.rows(after, None if limit is None else limit + 1)
+    headers = {"X-Total-Count": str(len(co.fleet.nodes))}
+    if limit is not None and len(rows) > limit:
+        rows = rows[:limit]
+        query = urlencode({"after": rows[-1].name, "limit": limit})
+        headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+    return web.Response(body=orjson.dumps([co.node_summary(row, now) for row in rows]),
+                        content_type="application/json", headers=headers)
 
 
 async def node_get(request: web.Request) -> web.Response:
@@ -236,21 +268,28 @@ async def node_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": name})
 
 
-def _model_json(slo: Any, plan: StoredPlan | None, on: list[str]) -> dict:
-    """``slo`` with its replicas and predicted latency under ``plan`` (its JSON form: a
-    typed ``Plan`` of 10,000 nodes would take the loop seconds to build) and the live
-    nodes ``on`` which it is."""
-    planned = (plan.plan.get("models") or {}).get(slo.name) if plan else None
-    return {**slo.to_json(), "nodes": on,
-            "replicas": planned.get("replicas") if planned else None,
-            "predicted_latency_ms": planned.get("predicted_latency_ms") if planned else None}
+def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
+    """Each of ``slos`` with its replicas and predicted latency under the current plan
+    (its JSON form: a typed ``Plan`` of 10,000 nodes would take the loop seconds to
+    build), the live nodes it is on, and the worst latency they measured for it at its
+    SLO's percentile (``measured_latency_ms``)."""
+    on, measured = co.fleet.by_model(co.clock() - co.config.node_timeout_s,
+                                     {slo.name: slo.percentile for slo in slos})
+    planned_models = (co.fleet.plan.plan.get("models") or {}) if co.fleet.plan else {}
+    out = []
+    for slo in slos:
+        planned = planned_models.get(slo.name) or {}
+        out.append({**slo.to_json(), "nodes": on.get(slo.name, []),
+                    "replicas": planned.get("replicas"),
+                    "predicted_latency_ms": planned.get("predicted_latency_ms"),
+                    "measured_latency_ms": measured.get(slo.name)})
+    return out
 
 
 async def models_list(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    plan, on = co.fleet.plan, co.fleet.by_model(co.clock() - co.config.node_timeout_s)
-    return web.json_response([_model_json(m, plan, on.get(m.name, []))
-                              for m in co.store.models()])
+    return web.Response(body=orjson.dumps(_models_json(co, co.store.models())),
+                        content_type="application/json")
 
 
 async def model_get(request: web.Request) -> web.Response:
@@ -259,8 +298,8 @@ async def model_get(request: web.Request) -> web.Response:
     slo = co.store.model(name)
     if slo is None:
         return json_error(404, f"model {name!r} is not in the catalog")
-    on = co.fleet.by_model(co.clock() - co.config.node_timeout_s).get(name, [])
-    return web.json_response(_model_json(slo, co.fleet.plan, on))
+    return web.Response(body=orjson.dumps(_models_json(co, [slo])[0]),
+                        content_type="application/json")
 
 
 async def model_put(request: web.Request) -> web.Response:
@@ -301,16 +340,26 @@ async def plan_post(request: web.Request) -> web.Response:
 async def start_report_workers(app: web.Application, runner: web.AppRunner,
                                port: int) -> None:
     """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a
-    loopback listener for the requests they forward, then the workers."""
+    loopback listener for the requests they forward, then the workers; once they all
+    listen, the coordinator stops listening on ``port``: the workers own it, and
+    whatever holds the coordinator's event loop (a plan adopted, the dashboard's
+    reads of the whole fleet) no longer delays the reports the kernel would have
+    handed it. (If they do not all listen within a minute, it keeps listening too.)"""
     co = app[COORDINATOR]
     if not co.workers.workers:
         return
+    public = list(runner.sites)
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     internal = site._server.sockets[0].getsockname()[1]
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
-    await co.workers.start(port, f"http://127.0.0.1:{internal}")
+    if await co.workers.start(port, f"http://127.0.0.1:{internal}"):
+        for listener in public:
+            await listener.stop()
+    else:
+        log.warning("report workers: not all listen on port %d after a minute; the "
+                    "coordinator answers reports on it too", port)
 
 
 def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.time,

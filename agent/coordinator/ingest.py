@@ -1,8 +1,9 @@
 """Report ingestion that does not grow with the fleet.
 
 * ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
-  bytes, and its model names), the current plan (its per-node directive rows) and each
-  node's last directives. A report is validated and answered from here, without the database.
+  bytes, and its models with their reported latencies), the current plan (its per-node
+  directive rows) and each node's last directives. A report is validated and answered
+  from here, without the database.
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
   indexed range. ``close`` writes what is queued, so a report that was answered is not
@@ -24,29 +25,41 @@ from agent.coordinator.plan import directives_from_row
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.validation import load_json
-from agent.wire import Directives, NodeReport, ReportError, parse_report
+from agent.wire import (Directives, NodeReport, ReportError, latency_at, latency_points,
+                        parse_report)
 
 log = logging.getLogger("edgeagent.coordinator.ingest")
 
 
+#: A report's models as the request path keeps them: (name, its reported latencies as
+#: ``wire.latency_points``) pairs.
+ReportedModels = tuple[tuple[str, tuple[tuple[float, float], ...]], ...]
+
+
+def reported_models(report: NodeReport) -> ReportedModels:
+    """``report``'s models and their reported latencies, as ``NodeState`` keeps them."""
+    return tuple((name, latency_points(m.latency_ms)) for name, m in report.models.items())
+
+
 class NodeState(NamedTuple):
     """A node as the request path knows it: when it was first and last heard from, its
-    last report as sent (bytes) and the names of the models in it. Few objects per node
-    on purpose: 10,000 nodes' parsed reports would be millions of objects for the
-    garbage collector to walk on every full collection (seconds of stalled event loop);
-    here one object per node for it to walk (its fields: strings, bytes, floats and a
-    tuple of strings, which the collector stops tracking)."""
+    last report as sent (bytes) and its models with their reported latencies. Few
+    objects per node on purpose: 10,000 nodes' parsed reports would be millions of
+    objects for the garbage collector to walk on every full collection (seconds of
+    stalled event loop); here one object per node for it to walk (its fields: strings,
+    bytes, floats and tuples of them, which the collector stops tracking)."""
 
     name: str
     first_seen: float
     last_seen: float
     raw: bytes
-    models: tuple[str, ...]
+    models: ReportedModels
 
     @property
     def row(self) -> NodeRow:
-        """The stored row (the report parsed now)."""
-        return NodeRow(self.name, self.first_seen, self.last_seen, load_json(self.raw))
+        """The stored row (the report parsed now: by orjson alone, as ``raw`` passed
+        validation on its way in; the validating parse took 2 s for 10,000 nodes)."""
+        return NodeRow(self.name, self.first_seen, self.last_seen, orjson.loads(self.raw))
 
 
 class Fleet:
@@ -68,8 +81,7 @@ class Fleet:
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan (their reports are parsed lazily)."""
         self.nodes = {row.name: NodeState(row.name, row.first_seen, row.last_seen,
-                                          orjson.dumps(row.report),
-                                          tuple((row.report.get("models") or {})))
+                                          orjson.dumps(row.report), _stored_models(row))
                       for row in rows}
         if plan is not None:
             plan.rows  # noqa: B018 - made now, not at the first report
@@ -112,7 +124,7 @@ class Fleet:
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
-    def record(self, node: str, raw: bytes, models: tuple[str, ...], now: float) -> None:
+    def record(self, node: str, raw: bytes, models: ReportedModels, now: float) -> None:
         """``node`` sent ``raw`` (a validated report of ``models``) at ``now``."""
         old = self.nodes.get(node)
         first = old.first_seen if old is not None else now
@@ -126,19 +138,41 @@ class Fleet:
         self._answers.pop(node, None)
         return self.nodes.pop(node, None) is not None
 
-    def by_model(self, since: float) -> dict[str, list[str]]:
-        """Model -> the nodes (by name) heard from at or after ``since`` that report it:
-        one pass over the fleet, not one per model."""
+    def by_model(self, since: float, percentiles: dict[str, float] | None = None
+                 ) -> tuple[dict[str, list[str]], dict[str, float]]:
+        """(model -> the nodes, by name, heard from at or after ``since`` that report
+        it; model of ``percentiles`` (model -> its SLO's percentile) -> the worst
+        latency (ms) at that percentile (``wire.latency_at``) one of them reported):
+        one pass over the fleet and the latencies kept per node, not one per model nor
+        their reports parsed again (that took ~0.4 s at 10,000 nodes of 10 models)."""
+        percentiles = percentiles or {}
         on: dict[str, list[str]] = {}
+        worst: dict[str, float] = {}
         for state in sorted(list(self.nodes.values()), key=lambda s: s.name):
-            if state.last_seen >= since:
-                for model in state.models:
-                    on.setdefault(model, []).append(state.name)
-        return on
+            if state.last_seen < since:
+                continue
+            for model, points in state.models:
+                on.setdefault(model, []).append(state.name)
+                percentile = percentiles.get(model)
+                value = latency_at(points, percentile) if percentile is not None else None
+                if value is not None and value > worst.get(model, -1.0):
+                    worst[model] = value
+        return on, worst
 
-    def rows(self) -> list[NodeRow]:
-        """Every node's row, by name."""
-        return [s.row for s in sorted(list(self.nodes.values()), key=lambda s: s.name)]
+    def rows(self, after: str = "", limit: int | None = None) -> list[NodeRow]:
+        """The rows of the nodes named after ``after``, by name: ``limit`` of them, or
+        every one (None)."""
+        names = sorted(name for name in list(self.nodes) if name > after)
+        states = (self.nodes.get(name) for name in names[:limit])
+        return [state.row for state in states if state is not None]
+
+
+def _stored_models(row: NodeRow) -> ReportedModels:
+    """A stored report's models (one the wire schema no longer takes: no latencies)."""
+    try:
+        return reported_models(parse_report(row.name, row.report))
+    except ReportError:
+        return tuple((name, ()) for name in row.report.get("models") or {})
 
 
 def parse_report_body(name: str, raw: bytes) -> NodeReport:

@@ -51,7 +51,7 @@ from agent.coordinator.store import StoredPlan, Store
 from agent.coordinator.summary import expand
 from agent.errors import AgentError
 from agent.validation import load_json
-from agent.wire import NodeReport, latency_at, parse_report
+from agent.wire import NodeReport, latency_at, latency_points, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
 
@@ -369,7 +369,8 @@ class Planner:
         for report in fresh.values():
             for name, m in report.models.items():
                 planned = plan.models.get(name)
-                v = latency_at(m, planned.percentile) if planned is not None else None
+                v = (latency_at(latency_points(m.latency_ms), planned.percentile)
+                     if planned is not None else None)
                 if v is not None and v > worst.get(name, -math.inf):
                     worst[name] = v
         return worst

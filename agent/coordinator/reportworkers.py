@@ -36,8 +36,8 @@ from typing import Any, Callable
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import (Fleet, parse_report_body, refuse_while_store_fails,
-                                     report_record)
+from agent.coordinator.ingest import (Fleet, ReportedModels, parse_report_body,
+                                     refuse_while_store_fails, report_record, reported_models)
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
@@ -50,13 +50,15 @@ log = logging.getLogger("edgeagent.coordinator.reportworkers")
 BATCH_S = 0.25  # a worker hands its answered reports over this often
 RESTART_S = 1.0  # a dead worker is started again after this long
 REPORT_PATH = "/v1/nodes/{name}/report"
+#: A worker's first message: it listens on the port.
+LISTENING = "listening"
 # hop-by-hop and framing headers, which a forwarder sets itself (RFC 9110 §7.6.1)
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                   "upgrade", "proxy-authorization", "proxy-authenticate", "host",
                   "content-length", "content-encoding", "date", "server"})
 
 # one answered report as handed over: what to write, its models, the directives' JSON
-Answered = tuple[ReportRecord, tuple[str, ...], bytes]
+Answered = tuple[ReportRecord, ReportedModels, bytes]
 
 
 class _Worker:
@@ -68,6 +70,7 @@ class _Worker:
         self.down: Any = None  # coordinator -> worker: plans, store health, stop
         self.send_lock = threading.Lock()
         self.closed = threading.Event()  # the worker handed over its last batch
+        self.listening = threading.Event()  # the worker listens on the port
 
     def send(self, message: Any) -> None:
         with self.send_lock:
@@ -92,19 +95,27 @@ class ReportWorkers:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
-    async def start(self, port: int, internal_url: str) -> None:
+    async def start(self, port: int, internal_url: str, *, wait_s: float = 60.0) -> bool:
         """Start the workers on ``port`` (bound by the coordinator with
-        ``reuse_port``); they forward what is not a report to ``internal_url``."""
+        ``reuse_port``); they forward what is not a report to ``internal_url``. Whether
+        every one listens within ``wait_s``."""
         self._loop = asyncio.get_running_loop()
         self._port, self._internal = port, internal_url
         for worker in self.workers:
             self._spawn(worker)
+        deadline = self._loop.time() + wait_s
+        for worker in self.workers:
+            if not await self._loop.run_in_executor(
+                    None, worker.listening.wait, max(0.0, deadline - self._loop.time())):
+                return False
+        return True
 
     def _spawn(self, worker: _Worker) -> None:
         ctx = mp.get_context("spawn")  # the coordinator has threads: no fork
         up_parent, up_child = ctx.Pipe(duplex=False)
         down_child, down_parent = ctx.Pipe(duplex=False)
         worker.down, worker.closed = down_parent, threading.Event()
+        worker.listening = threading.Event()
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
@@ -125,6 +136,9 @@ class ReportWorkers:
             if message is None:  # its last batch came before this
                 worker.closed.set()
                 return
+            if message == LISTENING:
+                worker.listening.set()
+                continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
         if not self._stopping:
@@ -213,7 +227,7 @@ async def _report(request: web.Request) -> web.Response:
     refuse_while_store_fails(state.healthy, state.error)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
-                           tuple(report.models), body))
+                           reported_models(report), body))
     return web.Response(body=body, content_type="application/json")
 
 
@@ -294,6 +308,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
     def send(message: Any) -> None:
         with sending:
             up.send(message)
+    send(LISTENING)
 
     async def hand_over() -> None:
         while True:

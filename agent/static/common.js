@@ -6,10 +6,12 @@ const Dash = (() => {
   const TOKEN_KEY = "edgeagent-token";
   const params = new URLSearchParams(location.search);
   const refreshMs = Math.max(250, Number(params.get("refresh")) || 2000);
+  const REFRESH_SHARE = 0.1;  // of the time, at most, spent refreshing
 
   class NeedsToken extends Error {}
 
-  async function api(path) {
+  // GET path's JSON body; with `withHeaders`, [body, response headers].
+  async function api(path, withHeaders = false) {
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
@@ -21,7 +23,7 @@ const Dash = (() => {
       error.status = response.status;
       throw error;
     }
-    return body;
+    return withHeaders ? [body, response.headers] : body;
   }
 
   // el("td", {class: "num"}, "text", child, ...): text is always text, never markup.
@@ -75,7 +77,9 @@ const Dash = (() => {
       el("tr", {}, el("td", { colspan: columns, class: "empty" }, emptyText))]));
   }
 
-  // Run update() now and every refreshMs; show its state in #status; ask for the token
+  // Run update() now and every refreshMs, or REFRESH_SHARE⁻¹ times as long as the last
+  // update took where that is longer (a page on a fleet of 10,000 nodes must not keep
+  // the coordinator busy); show its state in #status; ask for the token
   // (form#token-form) when the server answers 401.
   function poll(update) {
     const status = document.getElementById("status");
@@ -90,6 +94,7 @@ const Dash = (() => {
     let timer = null;
     async function tick() {
       clearTimeout(timer);
+      const started = performance.now();
       try {
         await update();
         form.hidden = true;
@@ -105,7 +110,7 @@ const Dash = (() => {
         }
         status.className = "status error";
       }
-      timer = setTimeout(tick, refreshMs);
+      timer = setTimeout(tick, Math.max(refreshMs, (performance.now() - started) / REFRESH_SHARE));
     }
     tick();
   }

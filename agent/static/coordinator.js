@@ -1,32 +1,13 @@
-// The coordinator's dashboard: GET /v1/nodes, /v1/plan (404 until a first plan) and
-// /v1/models, refreshed every ?refresh= ms. Measured latency: the worst node's latency
-// at the model's SLO percentile in its last report.
+// The coordinator's dashboard: the first NODES_SHOWN nodes by name of GET /v1/nodes
+// (a page: a fleet of 10,000 is 30 MB), /v1/plan (404 until a first plan) and
+// /v1/models (with the worst latency its live nodes measured at the model's SLO
+// percentile), refreshed every ?refresh= ms.
 "use strict";
 
 (() => {
   const { api, el, bytes, ms, pct, bar, replaceRows, poll } = Dash;
-
-  // The reported latency at `percentile` (ms): the nearest reported percentile at or
-  // above it, else the highest reported.
-  function latencyAt(latencies, percentile) {
-    const points = Object.entries(latencies || {})
-      .map(([key, value]) => [Number(key.replace(/^p/, "")), value])
-      .filter(([p, v]) => isFinite(p) && typeof v === "number")
-      .sort((a, b) => a[0] - b[0]);
-    if (!points.length) return null;
-    const above = points.find(([p]) => p >= percentile - 1e-9);
-    return (above || points[points.length - 1])[1];
-  }
-
-  function measured(nodes, model, percentile) {
-    let worst = null;
-    for (const node of nodes) {
-      const m = node.alive && node.models ? node.models[model] : null;
-      const value = m ? latencyAt(m.latency_ms, percentile) : null;
-      if (value !== null && (worst === null || value > worst)) worst = value;
-    }
-    return worst;
-  }
+  const NODES_SHOWN = 100;
+  const PLACEMENT_SHOWN = 8;
 
   function nodeRow(n) {
     const cap = n.capacity || {};
@@ -62,13 +43,20 @@
       el("div", { class: "value" }, value), el("div", { class: "label" }, label)));
   }
 
-  function modelRow(name, planned, catalog, nodes) {
+  function placementText(planned) {
+    const entries = Object.entries(planned.placement || {});
+    const hidden = entries.length - PLACEMENT_SHOWN;
+    const more = hidden > 0 ? [`… ${hidden} more node${hidden === 1 ? "" : "s"}`] : [];
+    return [...entries.slice(0, PLACEMENT_SHOWN).map(([node, n]) => `${node}×${n}`), ...more].join(", ")
+      + (planned.unplaced ? ` (+${planned.unplaced} unplaced)` : "");
+  }
+
+  function modelRow(name, planned, catalog) {
     const slo = planned ? planned.slo_ms : catalog ? catalog.slo_ms : null;
     const percentile = planned ? planned.percentile : catalog ? catalog.percentile : 99;
-    const seen = measured(nodes, name, percentile ?? 99);
+    const seen = catalog ? catalog.measured_latency_ms : null;
     const late = seen !== null && slo && seen > slo;
-    const placement = planned ? Object.entries(planned.placement || {})
-      .map(([node, n]) => `${node}×${n}`).join(", ") + (planned.unplaced ? ` (+${planned.unplaced} unplaced)` : "") : "";
+    const placement = planned ? placementText(planned) : "";
     return el("tr", { "data-model": name },
       el("td", { class: "name" }, name),
       el("td", { class: "num replicas" }, planned ? planned.replicas : "–"),
@@ -83,18 +71,21 @@
   }
 
   async function update() {
-    const [nodes, catalog, plan] = await Promise.all([
-      api("/v1/nodes"), api("/v1/models"),
+    const [[nodes, headers], catalog, plan] = await Promise.all([
+      api(`/v1/nodes?limit=${NODES_SHOWN}`, true), api("/v1/models"),
       api("/v1/plan").catch((error) => { if (error.status === 404) return null; throw error; }),
     ]);
     document.getElementById("server").textContent = location.host;
+    const total = Number(headers.get("X-Total-Count") ?? nodes.length);
+    document.getElementById("nodes-shown").textContent = total > nodes.length
+      ? `the first ${nodes.length} of ${total.toLocaleString()} by name` : `${total}`;
     replaceRows(document.querySelector("#nodes tbody"), nodes.map(nodeRow), 8,
                 "no node has reported yet");
     document.getElementById("plan-summary").replaceChildren(...planTiles(plan));
     const byName = Object.fromEntries(catalog.map((m) => [m.name, m]));
     const names = [...new Set([...Object.keys((plan && plan.models) || {}), ...Object.keys(byName)])].sort();
     replaceRows(document.querySelector("#models tbody"),
-                names.map((name) => modelRow(name, plan && plan.models ? plan.models[name] : null, byName[name], nodes)),
+                names.map((name) => modelRow(name, plan && plan.models ? plan.models[name] : null, byName[name])),
                 10, "no models in the catalog or the plan");
   }
 
