@@ -100,8 +100,11 @@ def test_sequential_loads_longer_than_the_slo_are_served_late(repo, start_agent)
     listing = {m["name"]: m for m in agent.request("GET", "/v1/cache")[2]}
     violations = sum(agent.request("GET", f"/v1/cache/{m}")[2]["slo_violations"]
                      for m in models)
-    assert violations == 16  # each one waited for a 300 ms load: late, not refused
-    assert sum(m["loads"] for m in listing.values()) == 16
+    # each one that waited for a 300 ms load was late, not refused; with room for 2 of
+    # the 8 models cycled, at most 2 of the 16 can find theirs resident (which a
+    # penalty-aware policy may do: it breaks near-ties by the load times it measured)
+    loads = sum(m["loads"] for m in listing.values())
+    assert violations == loads >= 14, (violations, loads)
 
 
 def test_real_onnx_models_under_a_quarter_budget_with_concurrent_clients(repo, start_agent):

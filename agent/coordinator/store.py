@@ -153,13 +153,14 @@ def spread(points: Iterable[tuple[float, float, float]], step: float,
     get = bins.get
     for t_end, seconds, count in points:
         lo = t_end - seconds
-        k = math.floor(lo / step)
-        start = k * step
+        span = t_end - lo  # ``seconds`` as the clock's floats hold it: the overlaps sum
+        k = math.floor(lo / step)  # to it exactly (to ``seconds`` only within ~1e-6 at
+        start = k * step           # epoch times), so a point adds exactly its count
         while start < t_end:  # min and max spelled out: thousands of points a second
             top = start + step
             overlap = (t_end if t_end < top else top) - (lo if lo > start else start)
             if overlap > 0:
-                bins[start] = get(start, 0.0) + count * overlap / seconds
+                bins[start] = get(start, 0.0) + count * overlap / span
             k += 1
             start = k * step
     return bins
