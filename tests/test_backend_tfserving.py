@@ -324,6 +324,14 @@ def test_a_server_left_by_a_dead_agent_is_stopped_first(tmp_path):
     config = tmp_path / "models.config"
     orphan = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, "--port=1",
                                f"--model_config_file={config}"])
+    # a server left behind has long finished starting; this one may not have: its
+    # /proc cmdline is empty for a moment after exec (the kernel sets the argument
+    # range after the exec that lets Popen return), and an orphan is known by it
+    import psutil
+    deadline = time.monotonic() + 10
+    while not any(str(config) in a for a in psutil.Process(orphan.pid).cmdline()):
+        assert time.monotonic() < deadline, "the stand-in server never showed its cmdline"
+        time.sleep(0.01)
     (tmp_path / "server.pid").write_text(f"{orphan.pid}\n")
     server = ManagedServer(_python(FAKE_SERVER), tmp_path)
     try:
