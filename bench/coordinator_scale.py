@@ -19,7 +19,8 @@ before -> after (the box may be shared: a load above its cores starves the coord
 
 ``--report-workers N`` runs the coordinator with that many report workers (its
 ``report_workers``); ``--dashboard S`` keeps the dashboard open (its requests every S
-s, each refresh timed); ``--timeline MS`` also prints each second whose slowest report
+s, or ten times as long as the last refresh took where that is longer, as the page
+waits; each refresh timed); ``--timeline MS`` also prints each second whose slowest report
 took over MS ms (stalls show their period: a plan, a collection). The client
 processes run without their garbage collector, whose pauses (5,000 connections each)
 would show as report latency.
@@ -374,8 +375,9 @@ def main() -> None:
     parser.add_argument("--timeline", type=float, default=None, metavar="MS",
                         help="also print each second whose slowest report took over MS ms")
     parser.add_argument("--dashboard", type=float, default=None, metavar="S",
-                        help="also keep the dashboard open: its requests every S s "
-                             "(the page's default is 2), timed")
+                        help="also keep the dashboard open: its requests every S s (the "
+                             "page's default is 2) or, as the page, ten times as long as the "
+                             "last refresh took where that is longer; timed")
     parser.add_argument("--dashboard-paths", default=DASHBOARD_PATHS,
                         help=f"what one refresh asks for (default {DASHBOARD_PATHS})")
     parser.add_argument("--autogroup-nice", type=int, default=None,
