@@ -153,9 +153,11 @@ def spread(points: Iterable[tuple[float, float, float]], step: float,
     get = bins.get
     for t_end, seconds, count in points:
         lo = t_end - seconds
-        span = t_end - lo  # ``seconds`` as the clock's floats hold it: the overlaps sum
-        k = math.floor(lo / step)  # to it exactly (to ``seconds`` only within ~1e-6 at
-        start = k * step           # epoch times), so a point adds exactly its count
+        # ``seconds`` as the clock's floats hold it: the overlaps sum to it exactly (to
+        # ``seconds`` only within ~1e-6 at epoch times), so a point adds exactly its count
+        span = t_end - lo
+        k = math.floor(lo / step)
+        start = k * step
         while start < t_end:  # min and max spelled out: thousands of points a second
             top = start + step
             overlap = (t_end if t_end < top else top) - (lo if lo > start else start)
