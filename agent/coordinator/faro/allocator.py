@@ -178,6 +178,13 @@ def water_fill(x, values, offsets, length, cpu, mem, cap_c, cap_m):
 
 
 @njit(cache=True)
+def _drop_replica(i, x, v, values, offsets):
+    """Model ``i`` one replica fewer: its count, and its value at the new count."""
+    x[i] -= 1
+    v[i] = values[offsets[i] + x[i] - 1]
+
+
+@njit(cache=True)
 def _drop_ratio(i, x, v, values, offsets, prios, cpu, mem, cost, top, bot, A, G, spread,
                 over_c):
     """Objective lost per unit of cost by dropping one replica of model ``i``; ``inf``
@@ -215,10 +222,9 @@ def _reverse_greedy_scan(x, v, values, offsets, prios, cpu, mem, cap_c, cap_m, A
                 bi = i
         if bi < 0:
             break
-        x[bi] -= 1
+        _drop_replica(bi, x, v, values, offsets)
         used_c -= cpu[bi]
         used_m -= mem[bi]
-        v[bi] = values[offsets[bi] + x[bi] - 1]
 
 
 @njit(cache=True)
@@ -313,10 +319,9 @@ def reverse_greedy(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A,
                 bi = i
         if bi < 0:
             break
-        x[bi] -= 1
+        _drop_replica(bi, x, v, values, offsets)
         used_c -= cpu[bi]
         used_m -= mem[bi]
-        v[bi] = values[offsets[bi] + x[bi] - 1]
         can[bi] = x[bi] > 1 and ((over_c and cpu[bi] > 0.0) or (not over_c and mem[bi] > 0.0))
         if can[bi]:
             nv[bi] = values[offsets[bi] + x[bi] - 2]
