@@ -195,6 +195,11 @@ async def _json_body(request: web.Request) -> Any:
         raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 
+def _json_answer(body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    """A 200 whose JSON is already encoded (by orjson, or a stored plan's text)."""
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
 # -- handlers ---------------------------------------------------------------------------
 
 
@@ -212,7 +217,7 @@ async def node_report(request: web.Request) -> web.Response:
     co.writer.submit(report_record(name, raw, report, now))  # as sent
     co.fleet.record(name, raw, reported_models(report), now)
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
-    return web.Response(body=body, content_type="application/json")
+    return _json_answer(body)
 
 
 #: The most nodes one page of ``GET /v1/nodes`` holds.
@@ -245,8 +250,7 @@ async def nodes_list(request: web.Request) -> web.Response:
         rows = rows[:limit]
         query = urlencode({"after": rows[-1].name, "limit": limit})
         headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
-    return web.Response(body=orjson.dumps([co.node_summary(row, now) for row in rows]),
-                        content_type="application/json", headers=headers)
+    return _json_answer(orjson.dumps([co.node_summary(row, now) for row in rows]), headers)
 
 
 async def node_get(request: web.Request) -> web.Response:
@@ -288,8 +292,7 @@ def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
 
 async def models_list(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    return web.Response(body=orjson.dumps(_models_json(co, co.store.models())),
-                        content_type="application/json")
+    return _json_answer(orjson.dumps(_models_json(co, co.store.models())))
 
 
 async def model_get(request: web.Request) -> web.Response:
@@ -298,8 +301,7 @@ async def model_get(request: web.Request) -> web.Response:
     slo = co.store.model(name)
     if slo is None:
         return json_error(404, f"model {name!r} is not in the catalog")
-    return web.Response(body=orjson.dumps(_models_json(co, [slo])[0]),
-                        content_type="application/json")
+    return _json_answer(orjson.dumps(_models_json(co, [slo])[0]))
 
 
 async def model_put(request: web.Request) -> web.Response:
@@ -324,7 +326,7 @@ async def plan_get(request: web.Request) -> web.Response:
     if current is None:
         hint = f" ({co.planner.last_error})" if co.planner.last_error else ""
         return json_error(404, f"no plan yet{hint}; POST /v1/plan to plan now")
-    return web.Response(body=co.plan_body(current), content_type="application/json")
+    return _json_answer(co.plan_body(current))
 
 
 async def plan_post(request: web.Request) -> web.Response:
@@ -334,7 +336,7 @@ async def plan_post(request: web.Request) -> web.Response:
                         "planning lock); this one serves its plans within "
                         f"{co.follow_interval_s:g} s: POST /v1/plan to that one, or wait")
     plan = await co.loops.replan("manual")
-    return web.Response(body=co.plan_body(plan), content_type="application/json")
+    return _json_answer(co.plan_body(plan))
 
 
 async def start_report_workers(app: web.Application, runner: web.AppRunner,
