@@ -286,3 +286,24 @@ def test_models_show_the_worst_latency_live_nodes_measured_at_their_percentile(
     assert models["nowhere"]["measured_latency_ms"] is None
     assert models["a"]["nodes"] == ["n1", "n2"]
     assert co.request("GET", "/v1/models/b")[1]["measured_latency_ms"] == 80
+
+
+def test_a_restarted_coordinator_shows_the_nodes_and_latencies_it_stored(start_coordinator,
+                                                                         tmp_path):
+    """``Fleet.load``: the nodes and each one's reported latencies come back from the
+    store, so ``measured_latency_ms`` is there before any node reports again."""
+    state = tmp_path / "kept"
+    co = start_coordinator(state_dir=state)
+    co.request("PUT", "/v1/models/a", {"slo_ms": 100})
+    co.request("PUT", "/v1/models/b", {"slo_ms": 100, "percentile": 95})
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200     # a: p99 40
+    assert co.request("POST", "/v1/nodes/n2/report", {
+        "capacity": REPORT["capacity"],
+        "models": {"a": {"latency_ms": {"p99": 55}}, "b": {"latency_ms": {"p95": 80}}}})[0] == 200
+    before = {m["name"]: m for m in co.request("GET", "/v1/models")[1]}
+    co.close()
+    again = start_coordinator(state_dir=state)
+    after = {m["name"]: m for m in again.request("GET", "/v1/models")[1]}
+    assert [n["name"] for n in again.request("GET", "/v1/nodes")[1]] == ["n1", "n2"]
+    assert after["a"]["measured_latency_ms"] == before["a"]["measured_latency_ms"] == 55
+    assert after["b"]["measured_latency_ms"] == 80 and after["a"]["nodes"] == ["n1", "n2"]
