@@ -217,10 +217,15 @@ def test_postgres_restart_mid_ingestion_loses_no_answered_report(postgres, coord
     thread.start()
     try:
         time.sleep(1.5)
+        assert co.get("/v1/health") == (200, {"ok": True, "planner": True})
         postgres.stop("fast")
         time.sleep(3)
+        # the reports it refuses now, its health says too (without the store's error)
+        assert co.get("/v1/health") == (503, {"ok": False, "planner": True,
+                                              "store": "failing"})
         postgres.start()
         time.sleep(3)
+        wait_for(lambda: co.get("/v1/health")[0] == 200, 10, "healthy again")
     finally:
         stop.set()
         thread.join()

@@ -147,3 +147,14 @@ def test_a_point_at_epoch_time_adds_exactly_its_count():
         for t_end, seconds, count in points[:50]:
             one = store_module.spread([(t_end, seconds, count)], step)
             assert sum(one.values()) == pytest.approx(count, rel=1e-12, abs=0)
+
+
+def test_question_marks_and_percents_inside_sql_text_are_kept(path):
+    """The shared SQL's ``?`` placeholders become psycopg's ``%s`` only outside string
+    literals, quoted identifiers and comments; a ``%`` anywhere reaches the server as one
+    (a string replace turned ``'a?b'`` into ``'a%sb'``)."""
+    s = Store(path)
+    sql = ("SELECT 'why? 100%' AS \"col?\", ? /* a ? here */ -- and ? there\n"
+           "  , 'it''s ?'")
+    assert [tuple(r) for r in s._query(sql, (7,))] == [("why? 100%", 7, "it's ?")]
+    s.close()

@@ -3,7 +3,8 @@
 
 API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
 
-    GET    /v1/health                     liveness, and whether this one plans (no token)
+    GET    /v1/health                     ok and whether this one plans; 503 while
+                                          its store fails (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
                                           (?limit=N&after=NAME: a page)
@@ -204,7 +205,13 @@ def _json_answer(body: bytes, headers: dict[str, str] | None = None) -> web.Resp
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "planner": request.app[COORDINATOR].leader})
+    """200 while this coordinator can take reports; 503 while its store is failing (the
+    reports it would refuse). The store's error text stays in the log: this is public."""
+    co = request.app[COORDINATOR]
+    if co.writer.healthy:
+        return web.json_response({"ok": True, "planner": co.leader})
+    return web.json_response({"ok": False, "planner": co.leader, "store": "failing"},
+                             status=503, headers={"Retry-After": "1"})
 
 
 async def node_report(request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -448,6 +448,22 @@ def _pg_connect(url: str) -> Any:
                                    "-c tcp_keepalives_count=3")
 
 
+#: What a ``?`` may stand inside without being a placeholder: a string literal, a quoted
+#: identifier, a comment; or the ``?`` itself, or a ``%`` (psycopg reads ``%`` anywhere).
+_SQL_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/|[?%]", re.S)
+
+
+@lru_cache(maxsize=256)
+def pg_placeholders(sql: str) -> str:
+    """The shared SQL's ``?`` placeholders as psycopg's ``%s``, read token by token: a
+    ``?`` inside a literal, a quoted identifier or a comment stays as it is, and every
+    ``%`` is doubled (psycopg's escape, literals included)."""
+    def rewrite(m: re.Match) -> str:
+        token = m.group()
+        return "%s" if token == "?" else token.replace("%", "%%")
+    return _SQL_TOKEN.sub(rewrite, sql)
+
+
 class _PgConnection:
     """A psycopg connection that takes the shared SQL's ``?`` placeholders."""
 
@@ -456,7 +472,7 @@ class _PgConnection:
 
     @staticmethod
     def _sql(sql: str, args: Any) -> str:
-        return sql.replace("%", "%%").replace("?", "%s") if args else sql
+        return pg_placeholders(sql) if args else sql
 
     def execute(self, sql: str, args: tuple = ()) -> Any:
         return self.conn.execute(self._sql(sql, args), args or None)
