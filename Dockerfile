@@ -1,6 +1,6 @@
 # The node agent in a container: the default install (ONNX; no TensorFlow), a non-root
 # user, the model repository and the agent's state on volumes. Serves the generated demo
-# when started without --repository (see README, "Docker"). The agent runs its policy
+# when started without --repository (see docs/operations.md, "Docker"). The agent runs its policy
 # kernels interpreted (no numba compile); NUMBA_CACHE_DIR is for `edgeagent simulate`.
 #   docker build -t edgeagent .
 #   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" edgeagent --repository /models

@@ -46,21 +46,22 @@ async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
 
 
 #: A busy server's garbage collector thresholds: a young collection after 50,000 net
-#: new objects, not Python's 700. At 2,000 requests/s the default collected the young
-#: generation every few ms, so every request in flight at that instant (and, with the
-#: loop busy, requests queued) was promoted and counted towards a full collection: one
-#: every ~1.5 s over the ~400,000 objects of 10,000 keep-alive connections, ~0.4 s of
-#: stalled event loop each. Requests that leave little behind (tuples of strings,
-#: bytes and numbers, which the collector stops tracking) rarely reach this.
+#: new objects, not Python's 700. At thousands of requests a second the default
+#: collects the young generation so often that every request in flight at that instant
+#: (and, with the loop busy, requests queued) is promoted and counted towards a full
+#: collection, which walks every keep-alive connection's objects while the event loop
+#: stalls (docs/benchmarks.md, ``coordinator_scale.py``). Requests that leave little
+#: behind (tuples of strings, bytes and numbers, which the collector stops tracking)
+#: rarely reach this.
 GC_THRESHOLDS = (50_000, 10, 10)
 
 
 def settle_gc() -> None:
     """Call once a server has started: startup's garbage is collected, what it kept
     (modules, config, state) lives as long as the process, so no full collection walks
-    it again (``freeze``: a full collection of a node agent with ONNX Runtime, gRPC and
-    aiohttp loaded took ~50 ms, a request's whole SLO), and the young generation is
-    collected at ``GC_THRESHOLDS``."""
+    it again (``freeze``: a full collection walks every object ONNX Runtime, gRPC and
+    aiohttp left behind, which can take a request's whole SLO), and the young generation
+    is collected at ``GC_THRESHOLDS``."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

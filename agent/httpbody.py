@@ -103,13 +103,13 @@ def body_timeout_middleware(seconds: float, max_bytes: int | None = None,
     Content-Length is over ``in_place_bytes`` (and within ``max_bytes``) is read a piece
     at a time into one growing buffer, which the handler takes from ``request_body``
     (aiohttp's ``read()`` copies its buffer into a new bytes object at the end, holding
-    the event loop ~0.1 s for 30 MB)."""
+    the event loop for the whole copy)."""
     async def read(request: web.Request) -> None:
         length = request.content_length
         if max_bytes is None or length is None or not in_place_bytes < length <= max_bytes:
             await request.read()
             return
-        body = bytearray()  # grown piece by piece: no 30 MB of zeros written up front
+        body = bytearray()  # grown piece by piece: no body-sized zeros written up front
         async for piece in request.content.iter_any():  # aiohttp stops at the length
             body += piece
         if len(body) != length:

@@ -347,8 +347,8 @@ def tune_malloc(mmap_threshold: int = 256 * 1024) -> bool:
     glibc raises its mmap threshold dynamically (up to 32 MiB) after large frees, after
     which model weights and load-time scratch buffers land in the heap: scratch freed
     after a load then stays in RSS and is billed to the model, and an unloaded model's
-    weights only partly leave RSS. Measured on the demo MLPs, a fixed threshold cuts the
-    apparent load footprint by ~30 % and lets an unload free 80-100 % instead of ~50 %.
+    weights only partly leave RSS. A fixed threshold keeps both out of the heap
+    (``bench/memory_growth.py`` shows the difference; figures in docs/benchmarks.md).
     """
     libc = _get_libc()
     try:

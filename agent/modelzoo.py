@@ -141,7 +141,7 @@ def write_echo(path: str | Path) -> Path:
     return path
 
 
-#: The demo zoo: name -> MLP shape. ~155 MB resident in all, more than the demo budget.
+#: The demo zoo: name -> MLP shape. Together larger than ``DEMO_BUDGET``: the demo evicts.
 DEMO_MLPS: dict[str, dict[str, int]] = {
     "mlp-small": dict(inputs=64, hidden=256, layers=2, outputs=10, seed=1),
     "mlp-wide": dict(inputs=256, hidden=2048, layers=3, outputs=16, seed=2),

@@ -5,8 +5,8 @@ numba names this module exports: ``njit``, ``types.StructRef``, ``structref.regi
 ``StructRefProxy`` / ``define_proxy`` and ``overload``. With numba they are compiled (the
 simulator: millions of decisions per second). Without it they run as plain Python over
 the same numpy arrays, decision for decision the same, at a few microseconds a call: what
-the node agent needs (one decision per request), without numba and llvmlite's ~100 MiB
-of resident memory.
+the node agent needs (one decision per request), without numba and llvmlite in its
+resident memory (``bench/idle_rss.py``, ``bench/live_policy.py``).
 
 The choice is made once per process, when the kernels are first imported, by the
 environment variable ``EDGEAGENT_JIT``: ``1`` compiles, ``0`` interprets; unset, compile
@@ -25,7 +25,7 @@ def _import_arraymath_without_scipy_linalg() -> None:
     """Import ``numba.np.arraymath`` such that it does not import ``scipy.linalg``.
 
     ``numba.np.arraymath`` imports ``scipy.linalg.cython_blas`` when it is first loaded,
-    only to learn whether BLAS exists (0.3-0.8 s, numpy.f2py included). numba loads it
+    only to learn whether BLAS exists (a large import, numpy.f2py included). numba loads it
     before compiling anything; called before a kernel compiles, this makes that check
     ask whether scipy is installed instead. numba still imports the real BLAS when it
     compiles a function that uses it (``np.dot``), as before. Any surprise in numba's
@@ -62,8 +62,8 @@ def _load_cached_kernels_lean() -> None:
 
     Before loading a kernel from its on-disk cache numba refreshes its CPU target: the
     first refresh imports and installs every implementation registry (linear algebra,
-    random generators, typed containers, jitclass, datetime, ...), ~0.1 s of every
-    simulate process, although running already compiled machine code needs none of
+    random generators, typed containers, jitclass, datetime, ...) in every simulate
+    process, although running already compiled machine code needs none of
     it, only numba's runtime (NRT, for the arrays a kernel allocates). Here a cache
     load initialises the runtime only (so neither ``numba.np.arraymath`` nor scipy ever
     loads into a simulate process whose kernels are cached). Compiling is unchanged:

@@ -223,7 +223,7 @@ def read_trace(path: str | Path, profiles: Profiles) -> Trace:
     source = str(path)
     header = _read_header(source, TRACE_COLUMNS)
     # The reader dictionary-encodes the names as it parses (no string column, and no
-    # pyarrow.compute import: ~0.1 s of every simulate process); one dictionary for all.
+    # pyarrow.compute import in every simulate process); one dictionary for all.
     table = _read_table(source, header, {"timestamp": pa.float64(),
                                          "model": pa.dictionary(pa.int32(), pa.string())})
     if table.num_rows == 0:

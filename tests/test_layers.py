@@ -1,4 +1,4 @@
-"""The layers of README's "Architecture", drawn from the code's own imports (``ast``; no
+"""The layers of docs/architecture.md, drawn from the code's own imports (``ast``; no
 module is imported): a forbidden import fails here, naming the file and the line.
 
 Every import counts, in functions too; for the layer rules also those under
@@ -128,7 +128,7 @@ LEAVES = ("units.py", "validation.py", "memory.py", "config.py", "wire.py", "htt
 
 def test_shared_leaves_import_no_upper_layer():
     leaves = [ROOT / "agent" / f for f in LEAVES]
-    assert all(p.exists() for p in leaves), "a shared leaf moved: update LEAVES and README"
+    assert all(p.exists() for p in leaves), "a shared leaf moved: update LEAVES and docs/architecture.md"
     assert _violations(leaves, ("agent.backends", "agent.node", "agent.coordinator",
                                 "agent.commands", "agent.cli", "agent.profiling")) == []
 

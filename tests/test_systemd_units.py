@@ -1,4 +1,4 @@
-"""The systemd units carry the hardening and settings the README promises."""
+"""The systemd units carry the hardening and settings docs/operations.md promises."""
 
 from pathlib import Path
 

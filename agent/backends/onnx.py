@@ -4,8 +4,8 @@ are present.
 Memory: the estimate is computed from the graph (``onnx_weight_bytes``: the constant
 tensors' bytes, read from the protobuf without creating a session) times a factor
 learned per device class. On CUDA, sessions grow their arena by what they ask for
-(``arena_extend_strategy: kSameAsRequested``; the default, powers of two, bills a 256 MiB
-model ~640 MiB), are capped by ``gpu_mem_limit`` (the device budget less the context
+(``arena_extend_strategy: kSameAsRequested``; the default grows it in powers of two and
+bills a model far more than it holds), are capped by ``gpu_mem_limit`` (the device budget less the context
 overhead), and are measured with this process's NVML usage around the load. The CUDA
 context and ONNX Runtime's CUDA set-up are created once per device by a trivial session
 (``set_up_device``) and measured as the pool's overhead, never a model's size.
@@ -52,15 +52,15 @@ def _spec(arg: Any) -> TensorSpec:
 # y = Identity(x), x and y float[1], opset 17, IR version 8: what
 # ``onnx.helper.make_model(make_graph([make_node("Identity", ["x"], ["y"])], "prime", ...))``
 # serialises to (tests/test_backend_onnx.py builds it so and compares). Spelled out so that
-# priming the runtime does not import the onnx package (~8 MiB) into the agent.
+# priming the runtime does not import the onnx package into the agent.
 TRIVIAL_MODEL = (b'\x08\x08:;\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x05primeZ\x0f\n\x01x'
                  b'\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08'
                  b'\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11')
 
 
 def prime_runtime() -> None:
-    """Create and run one trivial session so that ONNX Runtime's one-time set-up (~10 MB
-    of environment, thread pools, allocators) is not billed to the first model loaded."""
+    """Create and run one trivial session so that ONNX Runtime's one-time set-up (its
+    environment, thread pools, allocators) is not billed to the first model loaded."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -258,12 +258,12 @@ def _answer(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
 class OnnxBackend(Backend):
     kind = "onnx"
     MODEL_FILE = "model.onnx"
-    # CPU, with tune_malloc and the runtime primed: RSS = weights + 0.5-0.8 MiB (the
-    # arena's first chunk, session state) on the demo MLPs, 1.01-1.03 × weights in all
-    # (bench/memory_accounting.py). CUDA: weights + cuBLAS/cuDNN handles and workspace
+    # CPU, with tune_malloc and the runtime primed: RSS = weights + the arena's first
+    # chunk and session state, fitted to the demo MLPs (bench/memory_accounting.py;
+    # figures in docs/benchmarks.md). CUDA: weights + cuBLAS/cuDNN handles and workspace
     # per session (a guess until the first measurement teaches the factor).
-    #: cpu load_peak: session creation peaks at 1.6-2.0 x the steady size on the
-    #: bench's MLPs (VmHWM around 1, 2 and 4 concurrent loads); learned from then on.
+    #: cpu load_peak: session creation peaks above the steady size (VmHWM around
+    #: concurrent loads of the bench's MLPs; docs/benchmarks.md); learned from then on.
     PRIORS = {"cpu": Prior(1.03, MiB // 2, load_peak=2.0),
               "cuda": Prior(1.05, 48 * MiB)}
 

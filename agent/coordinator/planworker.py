@@ -149,8 +149,8 @@ def _serve(conn: Any, config: CoordinatorConfig, parent: int) -> None:
             gc.disable()  # a plan builds the fleet's reports: no full collections meanwhile
             try:
                 plan = getattr(planner, method)(*args)
-                conn.send(("ok", None if plan is None  # text and rows: a 10,000-node
-                           # plan's dicts unpickle in ~0.1 s, holding the GIL reports need
+                conn.send(("ok", None if plan is None  # text and rows: a large plan's
+                           # dicts would unpickle holding the GIL that reports need
                            else (plan.id, plan.created, plan.kind, plan.text, plan.rows)))
             except PlanError as exc:
                 conn.send(("error", str(exc)))

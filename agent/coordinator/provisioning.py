@@ -21,25 +21,24 @@ are candidates with no overhead. Decisions written down here (the paper is terse
   more than launching it again), the cheapest per unit of capacity first. This is
   Algorithm 1's own comparison (running instances carry no overhead) carried across a
   dip in the forecast; without it the greedy stops and relaunches around every dip
-  (5.6 % above the optimum on ``random_cases(28)`` instead of 0.4 %).
+  (``bench/provisioning.py`` compares the variants against the exhaustive optimum).
 - Rollout step (beyond the paper; on by default, ``lookahead``): FILL prices a
   candidate per request over the next run of short steps, so a type cheap per request
   but unable to carry a later peak can replace a running one that will be needed again.
   The plan is therefore compared with its one-instance swaps (one instance of a type
   for as many of another as still cover the target), each priced by the dollars over
   the whole forecast when the greedy plans every later step; the cheapest wins (a
-  one-step rollout of the greedy, Bertsekas-style). On ``random_cases(28)``: 0.3 %
-  above the optimum, worst 3.8 % (0.4 % / 5.9 % without it); on 500 further cases
-  (seeds 28-527) 0.6 %, 481 within 5 %, worst 22.8 % (the greedy that follows a swap
-  is as myopic as before).
+  one-step rollout of the greedy, Bertsekas-style). It narrows the gap to the optimum
+  on ``bench/provisioning.py``'s cases, but does not close it: the greedy that follows
+  a swap is as myopic as before (figures in docs/benchmarks.md).
 - Cool-down (optional, ``scale_in_plans``; the artifact uses 6, the paper's "destroying
   requests are sent after a cool-down period to ensure better service quality"):
   running instances are also kept while the plan is short of the largest target of the
   last ``scale_in_plans`` plans, the cheapest per unit of capacity first. (The artifact
   keeps the per-type maximum of the last 6 plans; with one pool per plan the largest
   target is the same hold without remembering plans.) It costs money with a good
-  forecast (12.3 % above the optimum on the small cases), so it is off by default (1)
-  and there for a forecast that is not trusted.
+  forecast (``bench/provisioning.py``), so it is off by default (1) and there for a
+  forecast that is not trusted.
 - The artifact's controller (``proactive_controller2``) plans for the largest residual
   of the next 6 steps rather than for ``tau``; this module follows the paper.
 """

@@ -1,8 +1,8 @@
 """Report workers: processes beside the coordinator that answer node reports on its port.
 
-One event loop is one core and one GIL, and a report costs it ~0.2-0.4 ms of CPU
-(HTTP, validation, the answer, the group commit): at 2,000 reports a second (10,000
-nodes every 5 s) it runs out, and reports queue. With ``report_workers: N`` the
+One event loop is one core and one GIL, and every report costs it CPU (HTTP,
+validation, the answer, the group commit): at thousands of reports a second it runs
+out, and reports queue (docs/benchmarks.md, ``coordinator_scale.py``). With ``report_workers: N`` the
 coordinator starts N worker processes that listen on its port too (``SO_REUSEPORT``:
 the kernel spreads connections over the listeners; an agent's keep-alive connection
 stays with one). A worker

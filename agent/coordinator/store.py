@@ -442,7 +442,7 @@ def redact(url: str) -> str:
 def _pg_connect(url: str) -> Any:
     import psycopg  # lazily: SQLite users never load it
 
-    # the server notices a vanished client (its locks released) within ~11 s
+    # the server notices a vanished client (its locks released) within 5 + 2 x 3 s
     return psycopg.connect(url, autocommit=True, connect_timeout=5,
                            options="-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 "
                                    "-c tcp_keepalives_count=3")

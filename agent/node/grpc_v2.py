@@ -125,7 +125,7 @@ def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...],
         if wide.min() < info.min or wide.max() > info.max:
             raise BadRequest(f"input {name!r}: values out of range for {datatype}")
         return wide.astype(dtype).reshape(shape)
-    # fromiter with a count: about 3x faster than np.array over a repeated field
+    # fromiter with a count: no intermediate list, unlike np.array over a repeated field
     return np.fromiter(values, dtype=dtype, count=count).reshape(shape)
 
 

@@ -5,7 +5,7 @@ The child is called over a socket pair, with every large buffer (a request body,
 array, an encoded answer) sent out of band of the pickle: the kernel copies it while
 the sending and the receiving thread have let go of the GIL, so the agent's event loop
 never waits for a copy of tens of megabytes (a ``ProcessPoolExecutor`` pickles them
-whole and rebuilds them whole, holding the GIL for ~0.1 s per 50 MB).
+whole and rebuilds them whole, holding the GIL throughout).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _read_into(sock: socket.socket, buffer: Any) -> Any:
 
 def _fresh(size: int) -> memoryview:
     """A writable buffer of ``size`` bytes, not zeroed first (``bytearray(size)`` would
-    write 50 MB of zeros holding the GIL; these pages are first touched by the kernel's
+    write ``size`` zeros holding the GIL; these pages are first touched by the kernel's
     copy into them)."""
     return memoryview(np.empty(size, np.uint8))
 
@@ -143,8 +143,8 @@ class Decoder:
     """Runs a decode (or an encode) where it does not stall the event loop, by the size
     of what it reads: here up to ``thread_bytes`` (a hop costs more than a small
     decode), on a thread up to ``process_bytes``, above that in a child process. The
-    JSON parse and numpy's reading of nested lists hold the GIL throughout (about a
-    second for 20 MB of numbers), so on a thread they would still stall every other
+    JSON parse and numpy's reading of nested lists hold the GIL throughout (for as long
+    as the body is large), so on a thread they would still stall every other
     request; in the child they do not, and the parse's millions of Python objects
     never enter the agent's memory: only the body goes there and the arrays come back,
     both out of band (module docstring). One child, started on first use, decodes one

@@ -74,7 +74,7 @@ def model_ref(request: web.Request) -> tuple[str, int | None]:
 
 
 #: Answers larger than this are written in pieces of this size, each its own step of the
-#: event loop (one write of 50 MB holds the loop for a quarter of a second).
+#: event loop (one write of a large answer would hold the loop until it is done).
 ANSWER_CHUNK = 2**20
 
 

@@ -19,7 +19,7 @@ expected improvement (Gardner et al., ICML'14) over them:
   type, fitted by maximum likelihood at every step from the last fit (warm start), within
   [0.5 instance, 4 x the type's range]. The objective GP uses the same fitted kernel:
   fitting its scales on Eq. 2 itself, which jumps at the QoS boundary, gave scales too
-  long or too short (mtwnd median 37.5 samples).
+  long or too short (more samples to the optimum in ``bench/ribbon.py``).
 - P(feasible) at a candidate ``x``: the smaller of the QoS GP's P(QoS >= target) and a
   monotone envelope, the least over every ``y >= x`` (no fewer of any type) of
   P(QoS(y) >= target - threshold), measured pools counting as 0 or 1. That is the
@@ -33,8 +33,9 @@ Why (issue 12): with Ribbon's single GP on Eq. 2 the search stalled on 5-type gr
 a band of pools cheaper than the incumbent that miss QoS by less than the threshold (Eq.
 2 scores 97 % and 98.9 % alike once ``normalize_y`` scales the targets against the
 feasible ones); a GP on QoS alone with EI = P(feasible) x the known gain fixed that but
-spent samples on cheap pools on the measured grids' plateaus (slow types cap QoS at 96-
-98.9 %). The product needs both to agree. Measured in ``bench/ribbon.py``.
+spent samples on cheap pools on the measured grids' plateaus (slow types cap QoS just
+below the target). The product needs both to agree. Measured in ``bench/ribbon.py``
+(figures in docs/benchmarks.md).
 - Initial samples: two configurations drawn uniformly from the grid with the seed, as
   the artifact does (``maximize(init_points=1)`` twice before the guided steps). They
   count as samples here (the artifact's counter starts after them).
@@ -228,9 +229,9 @@ def search(evaluator: Evaluator, method: str = "bo", *, seed: int = 0,
 
 def _one_blas_thread(method: str):
     """BO's GP algebra on one thread (numpy's and scipy's BLAS, scikit-learn's OpenMP):
-    its matrices are small (at most 100 x the grid), and threaded BLAS on 2 busy cores
-    made bench/ribbon.py 4x slower (294 s against 62-78 s) for the same samples. The
-    limit is process-wide while the search runs (threadpoolctl)."""
+    its matrices are small (at most 100 x the grid), and threaded BLAS on busy cores
+    made bench/ribbon.py several times slower for the same samples (docs/benchmarks.md).
+    The limit is process-wide while the search runs (threadpoolctl)."""
     if method != "bo":
         return contextlib.nullcontext()
     import scipy.linalg  # noqa: F401  (load the libraries first: only loaded ones
