@@ -86,6 +86,8 @@ def test_state_cannot_be_assigned_around_transition(tmp_path):
         entry.state = State.READY
     with pytest.raises(AttributeError):
         entry.life.state = State.READY
+    with pytest.raises(TypeError):
+        Lifecycle("m:1", _state=State.READY)
     assert entry.state is State.UNLOADED and entry.life.model == "m:1"
 
 

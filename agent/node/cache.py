@@ -3,8 +3,9 @@
 Each model version is an ``Entry`` (``agent.node.entry``) whose state moves only through
 ``agent.node.lifecycle.transition``, along the one table of legal moves there
 (``TRANSITIONS``): an illegal move raises ``IllegalTransition``, also under ``python -O``.
-The cache is the manager around them, as TF Serving's: the backend is the loader
-(estimate, load, unload), ``cachepolicies.pool.MemoryPool`` the resource tracker.
+The parts are TF Serving's: the backend is the loader (estimate, load, unload),
+``cachepolicies.pool.MemoryPool`` the resource tracker, the lifecycle the harness, and
+this cache the manager that drives them.
 
 The cache drives the simulator's miss path, ``MemoryPool``: every request calls
 ``record_access``; a miss *reserves* the model's estimated bytes, all or nothing, taking
@@ -25,15 +26,16 @@ scratch while it builds the model) and commits the measured size after. A load t
 finds no room now (everything resident in use, or room held by other loads) joins its
 pool's *room queue*, ordered by deadline then arrival, and is granted as soon as leases
 end, loads finish or pins change, strictly in that order (a later load never overtakes
-the head, so none starves). A waiting load holds no
-reservation and no lease on another model, so waiting cannot deadlock. It gives up
-with ``CacheBusy`` (503 + Retry-After) after the model's ``load_wait_max_s`` or, for a
-request, its client's hard timeout.
+the head, so none starves). A waiting load holds no reservation and no lease on another
+model, so waiting cannot deadlock. It gives up with ``CacheBusy`` (503 + Retry-After)
+after the model's ``load_wait_max_s`` or, for a request, its client's hard timeout.
 
 Guarantees:
 - single flight: requests for a loading model wait on that one load;
-- reference counts: a model with requests in flight (``in_flight``) is never unloaded;
-  a request holds its reference while it waits in its model's batching queue too;
+- reference counts: a model with requests in flight (``account.in_flight``) is never
+  unloaded; a request holds its reference while it waits in its model's batching queue
+  too;
+- a state moves only along ``TRANSITIONS``; anything else is ``IllegalTransition``;
 - pinned models are never chosen as victims;
 - a model whose lower bound (its weights' bytes) exceeds what could ever be freed (the
   budget less the pool's overhead and the pinned models) is ``ModelTooLarge`` (507);

@@ -60,7 +60,7 @@ class Lifecycle:
     the task moving it now, and how its loads went."""
 
     model: str  # ``name:version``, for messages
-    _state: State = field(default=State.UNLOADED, repr=False)
+    _state: State = field(default=State.UNLOADED, init=False)
     task: asyncio.Task | None = None  # its load or unload under way
     error: str | None = None
     failed_at: float | None = None  # cache clock of the last failed load (None: none)
