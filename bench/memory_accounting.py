@@ -72,7 +72,8 @@ async def agent_side(repo: Path) -> list[dict]:
         estimate = backend.estimate()
         await cache.ensure_loaded(name)
         rows.append({"model": name, "file_bytes": backend.weight_bytes(), "estimate": estimate,
-                     "measured": entry.size_bytes, "estimated": entry.size_estimated})
+                     "measured": entry.account.size_bytes,
+                     "estimated": entry.account.size_estimated})
     for row in rows:
         before = meter.rss()
         await cache.evict(row["model"])

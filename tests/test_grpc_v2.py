@@ -66,7 +66,7 @@ def _fit_one(agent, names):
     sizes = {}
     for name in names:
         agent.call(agent.node.cache.ensure_loaded(name))
-        sizes[name] = agent.node.cache.entry(name).size_bytes
+        sizes[name] = agent.node.cache.entry(name).account.size_bytes
     agent.call(_set_budget(agent.node, int(max(sizes.values()) * 1.5)))
     mlps = sorted(size for name, size in sizes.items() if name.startswith("mlp"))
     assert len(mlps) < 2 or mlps[0] + mlps[1] > max(sizes.values()) * 1.5, sizes
@@ -91,7 +91,7 @@ def _simple_inputs(batch=1, binary_dtype="INT32"):
 
 
 def _loads(agent, name):
-    return agent.node.cache.entry(name).loads
+    return agent.node.cache.entry(name).stats.loads
 
 
 def _stub(agent):
@@ -333,7 +333,7 @@ def test_a_load_that_cannot_get_room_is_unavailable_with_retry_after(repo, serve
     with channel, ThreadPoolExecutor(1) as pool:
         hog = pool.submit(stub.ModelInfer, request("hog"))
         deadline = time.time() + 10
-        while agent.node.cache.entry("hog").in_flight == 0 and time.time() < deadline:
+        while agent.node.cache.entry("hog").account.in_flight == 0 and time.time() < deadline:
             time.sleep(0.01)
         code, details, trailing = _code(stub.ModelInfer, request("other"))
         assert hog.result(30).model_name == "hog"

@@ -72,7 +72,7 @@ async def main():
     sizes = {}
     for name in sorted(specs):
         entry = await cache.ensure_loaded(name)
-        sizes[name] = entry.size_bytes
+        sizes[name] = entry.account.size_bytes
         await cache.evict(name)
     await cache.close()
     print(json.dumps(sizes))

@@ -26,11 +26,12 @@ async def test_concurrent_requests_for_cold_model_load_once(repo):
     entries = await asyncio.gather(*(cache.acquire("slow") for _ in range(20)))
     e = entries[0]
     assert all(x is e for x in entries)
-    assert e.loads == 1 and e.misses == 20 and e.hits == 0 and e.in_flight == 20
+    assert (e.stats.loads == 1 and e.stats.misses == 20 and e.stats.hits == 0
+            and e.account.in_flight == 20)
     for x in entries:
         cache.release(x)
     await cache.acquire("slow")
-    assert e.hits == 1 and e.loads == 1
+    assert e.stats.hits == 1 and e.stats.loads == 1
     await cache.close()
 
 
@@ -45,7 +46,7 @@ async def test_eviction_keeps_budget_and_uses_policy(repo):
     await cache.ensure_loaded("c")
     states = {n: cache.entry(n).state for n in "abc"}
     assert states == {"a": State.READY, "b": State.UNLOADED, "c": State.READY}
-    assert cache.entry("b").evictions == 1
+    assert cache.entry("b").stats.evictions == 1
     assert cache.pools["cpu"].used == 80 * MB <= cache.pools["cpu"].budget
     await cache.close()
 
@@ -62,7 +63,7 @@ async def test_model_in_use_is_not_evicted(repo):
     # a and c in use: nothing evictable now, so b's load waits for room ...
     waiting = asyncio.get_running_loop().create_task(cache.acquire("b"))
     await asyncio.sleep(0.2)
-    assert not waiting.done() and cache.entry("b").waiting_for_room
+    assert not waiting.done() and cache.entry("b").life.waiting_for_room
     assert cache.memory()["cpu"]["waiting_loads"] == 1
     assert cache.pools["cpu"].reserved == 0  # a waiting load holds nothing
     with pytest.raises(ModelInUse):
@@ -71,7 +72,8 @@ async def test_model_in_use_is_not_evicted(repo):
     b = await asyncio.wait_for(waiting, 5)
     assert b.state is State.READY and cache.entry("a").state is State.UNLOADED
     assert cache.entry("c").state is State.READY  # c was in use throughout
-    assert cache.entry("b").room_waits == 1 and cache.entry("b").room_wait_seconds >= 0.2
+    assert (cache.entry("b").stats.room_waits == 1
+            and cache.entry("b").stats.room_wait_seconds >= 0.2)
     cache.release(b)
     cache.release(c)
     await cache.close()
@@ -88,7 +90,7 @@ async def test_a_load_gives_up_after_load_wait_max_s_and_leaves_nothing_behind(r
     assert 0.3 <= time.monotonic() - started < 2
     assert err.value.status == 503 and err.value.retry_after
     pool = cache.pools["cpu"]
-    assert pool.reserved == 0 and not pool.waiting and cache.entry("b").in_flight == 0
+    assert pool.reserved == 0 and not pool.waiting and cache.entry("b").account.in_flight == 0
     assert cache.entry("b").state is State.UNLOADED
     cache.release(a)
     b = await cache.acquire("b")             # room now: served at once
@@ -115,7 +117,7 @@ async def test_pinned_models_are_never_evicted(repo):
     add_synthetic(repo, "q", size_bytes=40 * MB)
     add_synthetic(repo, "r", size_bytes=40 * MB)
     cache = make_cache(repo, 100 * MB, policy="lru")
-    assert cache.entry("p").pinned
+    assert cache.entry("p").account.pinned
     for name in "pqr":
         await cache.ensure_loaded(name)
     assert cache.entry("p").state is State.READY and cache.entry("q").state is State.UNLOADED
@@ -123,7 +125,7 @@ async def test_pinned_models_are_never_evicted(repo):
         await cache.evict("p")
     cache.set_pinned("p", False)
     await cache.evict("p")
-    assert cache.entry("p").state is State.UNLOADED and cache.entry("p").evictions == 1
+    assert cache.entry("p").state is State.UNLOADED and cache.entry("p").stats.evictions == 1
     await cache.close()
 
 
@@ -133,7 +135,7 @@ async def test_model_larger_than_budget_is_an_error(repo):
     cache = make_cache(repo, 100 * MB)
     with pytest.raises(ModelTooLarge, match="whole cpu budget"):
         await cache.acquire("huge")
-    assert cache.entry("huge").state is State.FAILED and cache.entry("huge").in_flight == 0
+    assert cache.entry("huge").state is State.FAILED and cache.entry("huge").account.in_flight == 0
     await cache.ensure_loaded("ok")
     assert cache.pools["cpu"].used == 10 * MB
     await cache.close()
@@ -223,7 +225,7 @@ async def test_a_device_context_is_the_pools_overhead_never_a_models_size(repo):
         await cache.ensure_loaded(name)
     pool = cache.pools["cuda:0"]
     assert pool.memory.overhead == 300 * MB and pool.used == 400 * MB
-    assert cache.entry("a").size_bytes == 200 * MB  # the context is not the model's
+    assert cache.entry("a").account.size_bytes == 200 * MB  # the context is not the model's
     assert cache.memory()["cuda:0"]["overhead_bytes"] == 300 * MB
     await cache.ensure_loaded("c")  # 300 + 3 x 200 > 800: one of a, b makes room
     assert sum(cache.entry(n).state is State.READY for n in "abc") == 2
@@ -297,11 +299,11 @@ async def test_one_noisy_measurement_never_refuses_a_model_for_good(repo):
     cache = make_cache(repo, 100 * MB, policy="lru", backend_factory=factory)
     for expected in (10 * MB, 500 * MB, 10 * MB, 10 * MB, 10 * MB):
         await cache.ensure_loaded("m")
-        assert cache.entry("m").size_bytes == expected
+        assert cache.entry("m").account.size_bytes == expected
         await cache.evict("m")
     # the 500 MB window priced the loads after it: they evicted "other" to make room,
     # and "m" was served each time; now it has left the recent measurements
-    assert cache.entry("m").measured_bytes == 10 * MB
+    assert cache.entry("m").account.measured_bytes == 10 * MB
     await cache.ensure_loaded("other")
     await cache.ensure_loaded("m")  # 10 MB reserved: "other" stays
     assert cache.entry("other").state is State.READY

@@ -152,7 +152,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     finally:
         notify("STOPPING=1")
         log.info("stopping: no new connections, draining %d request(s) in flight",
-                 sum(e.in_flight for e in node.cache.entries.values()))
+                 sum(e.account.in_flight for e in node.cache.entries.values()))
         if dog is not None:
             dog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -6,7 +6,8 @@ from aiohttp import web
 
 from agent.httpbody import request_body
 from agent.node.batching import rows_of
-from agent.node.cache import Entry, State
+from agent.node.entry import Entry
+from agent.node.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.tensors import check_tf_size, decode_tf_checked, encode_tf_body, json_object
 
@@ -54,7 +55,7 @@ async def status(request: web.Request) -> web.Response:
     out = []
     for v in versions:
         entry = cache.entry(name, v)
-        error = entry.error or entry.spec.error
+        error = entry.life.error or entry.spec.error
         out.append({"version": str(v), "state": _TF_STATES[entry.state],
                     "status": {"error_code": "UNKNOWN" if error else "OK",
                                "error_message": error or ""}})

@@ -10,7 +10,8 @@ from agent import __version__
 from agent.backends.base import InvalidInput, check_inputs
 from agent.httpbody import request_body
 from agent.node.batching import rows_of
-from agent.node.cache import Entry, State
+from agent.node.entry import Entry
+from agent.node.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
@@ -122,7 +123,7 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         if only_ready and state != "READY":
             continue
         item = {"name": entry.name, "version": str(entry.version), "state": state}
-        reason = entry.error or entry.spec.error
+        reason = entry.life.error or entry.spec.error
         if reason:
             item["reason"] = reason
         out.append(item)

@@ -1,11 +1,24 @@
 """The model cache: which models are loaded, under a byte budget per device.
 
-The cache drives the simulator's miss path, ``cachepolicies.pool.MemoryPool``: every
-request calls ``record_access``; a miss *reserves* the model's estimated bytes, all or
-nothing, taking victims among idle unpinned models when the budget is short; a finished
-load *commits* the measured size with ``miss_penalty`` (load + cold-run surplus); every
-unload removes the model. So a decision the simulator shows is the one the agent makes.
-Models are keyed ``(name, version)`` in the pools and policies.
+Each model version is an ``Entry`` (``agent.node.entry``) whose state moves only through
+``agent.node.lifecycle.transition``, along the one table of legal moves there
+(``TRANSITIONS``): an illegal move raises ``IllegalTransition``, also under ``python -O``.
+The parts are TF Serving's: the backend is the loader (estimate, load, unload),
+``cachepolicies.pool.MemoryPool`` the resource tracker, the lifecycle the harness, and
+this cache the manager that drives them.
+
+The cache drives the simulator's miss path, ``MemoryPool``: every request calls
+``record_access``; a miss *reserves* the model's estimated bytes, all or nothing, taking
+victims among idle unpinned models when the budget is short; a finished load *commits*
+the measured size with ``miss_penalty`` (load + cold-run surplus); every unload removes
+the model. So a decision the simulator shows is the one the agent makes. Models are
+keyed ``(name, version)`` in the pools and policies.
+
+A miss runs one load task in five steps (``_load``): *price* (make the backend, estimate
+it, refuse it with 507 if it can never fit, size the reservation) -> *reserve* (a load
+slot, then room) -> *load* (wait for the pool's unloads, load in a thread) -> *measure*
+(its size and load times) -> *commit* (resident at the measured size with its miss
+penalty, shed any overdraft, wake waiting loads, run the hooks).
 
 Waiting for room: a load first takes one of ``load_concurrency`` load slots (so only
 loads that run hold room), then reserves its peak (``Backend.load_room``: the runtime's
@@ -13,15 +26,16 @@ scratch while it builds the model) and commits the measured size after. A load t
 finds no room now (everything resident in use, or room held by other loads) joins its
 pool's *room queue*, ordered by deadline then arrival, and is granted as soon as leases
 end, loads finish or pins change, strictly in that order (a later load never overtakes
-the head, so none starves). A waiting load holds no
-reservation and no lease on another model, so waiting cannot deadlock. It gives up
-with ``CacheBusy`` (503 + Retry-After) after the model's ``load_wait_max_s`` or, for a
-request, its client's hard timeout.
+the head, so none starves). A waiting load holds no reservation and no lease on another
+model, so waiting cannot deadlock. It gives up with ``CacheBusy`` (503 + Retry-After)
+after the model's ``load_wait_max_s`` or, for a request, its client's hard timeout.
 
 Guarantees:
 - single flight: requests for a loading model wait on that one load;
-- reference counts: a model with requests in flight (``in_flight``) is never unloaded;
-  a request holds its reference while it waits in its model's batching queue too;
+- reference counts: a model with requests in flight (``account.in_flight``) is never
+  unloaded; a request holds its reference while it waits in its model's batching queue
+  too;
+- a state moves only along ``TRANSITIONS``; anything else is ``IllegalTransition``;
 - pinned models are never chosen as victims;
 - a model whose lower bound (its weights' bytes) exceeds what could ever be freed (the
   budget less the pool's overhead and the pinned models) is ``ModelTooLarge`` (507);
@@ -36,9 +50,7 @@ thread pools.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import enum
 import heapq
 import itertools
 import logging
@@ -52,23 +64,15 @@ from cachepolicies.pool import MemoryPool, miss_penalty
 from cachepolicies.registry import make_policy, prime_policy
 
 from agent.backends import load_measured, make_backend
-from agent.backends.base import Backend, BackendCrashed, BackendError, TensorSpec
+from agent.backends.base import Backend, BackendCrashed, BackendError, LoadResult
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
+from agent.node.entry import Entry
+from agent.node.lifecycle import AT_REST, IllegalTransition, State, transition
 from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")
-
-MEASUREMENTS_KEPT = 3  # a model's recent clean size measurements that price its next load
-
-
-class State(str, enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    READY = "ready"
-    UNLOADING = "unloading"
-    FAILED = "failed"
 
 
 class CacheError(AgentError):
@@ -166,72 +170,13 @@ class Pool:
 
 
 @dataclass
-class Entry:
-    """One version of one model and its counters."""
+class LoadPlan:
+    """A priced load: where it goes, its backend, its estimate and the bytes it reserves."""
 
-    spec: ModelSpec
-    version: int
-    state: State = State.UNLOADED
-    backend: Backend | None = None
-    size_bytes: int = 0
-    size_estimated: bool = True
-    #: The last ``MEASUREMENTS_KEPT`` clean measurements of its size (survive unloads).
-    measurements: collections.deque = field(
-        default_factory=lambda: collections.deque(maxlen=MEASUREMENTS_KEPT))
-    load_seconds: float = 0.0
-    load_started: float | None = None  # cache clock at the start of the last load
-    first_run_seconds: float = 0.0
-    waiting_for_room: bool = False  # for a load slot or for room, now
-    had_to_wait: bool = False       # the load under way waited (counted once, after)
-    idle_since: float | None = None  # cache clock when its last request ended
-    room_waits: int = 0          # loads of this model that waited (slot or room)
-    room_wait_seconds: float = 0.0
-    loads: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    last_used: float | None = None
-    pinned: bool = False
-    in_flight: int = 0
-    error: str | None = None
-    failed_at: float | None = None  # cache clock of the last failed load (None: none)
-    crashed: str | None = None      # why its runtime failed while running: reload it
-    load_attempts: int = 0          # loads started, failed ones included
-    task: asyncio.Task | None = None
-    metadata: dict[str, Any] | None = None  # inputs/outputs, kept after unload
-    signature: list[TensorSpec] | None = None  # input specs, kept after unload
-
-    @property
-    def measured_bytes(self) -> int | None:
-        """The largest of its recent clean measurements (None before any): what a load
-        reserves. Recent, not all-time: one noisy window among hundreds of loads would
-        otherwise price the model above its size for good."""
-        return max(self.measurements) if self.measurements else None
-
-    @property
-    def steady_bytes(self) -> int:
-        """The least of its last ``MEASUREMENTS_KEPT`` clean measurements once it has
-        that many, else 0: a size every recent load showed, not one window's noise."""
-        full = len(self.measurements) == MEASUREMENTS_KEPT
-        return min(self.measurements) if full else 0
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def id(self) -> tuple[str, int]:
-        """The key in pools and policies."""
-        return (self.spec.name, self.version)
-
-    @property
-    def key(self) -> str:
-        """``name:version``, for people (logs, messages)."""
-        return f"{self.spec.name}:{self.version}"
-
-    @property
-    def device(self) -> str:
-        return self.spec.config.device
+    pool: Pool
+    backend: Backend
+    estimate: int
+    reserve: int
 
 
 class ModelCache:
@@ -290,10 +235,10 @@ class ModelCache:
             if spec is not None and version in spec.versions:
                 entry.spec = spec
                 if entry.state is State.UNLOADED:
-                    entry.pinned = entry.pinned or spec.config.pin
-            elif entry.state in (State.UNLOADED, State.FAILED):
+                    entry.account.pinned = entry.account.pinned or spec.config.pin
+            elif entry.state in AT_REST:
                 del self.entries[(name, version)]
-            elif entry.state is State.READY and entry.in_flight == 0:
+            elif entry.state is State.READY and entry.account.in_flight == 0:
                 self._start_unload(entry, "removed from the repository")
         for spec in specs.values():
             if spec.default_version is not None:
@@ -302,7 +247,7 @@ class ModelCache:
     def _entry_for(self, spec: ModelSpec, version: int) -> Entry:
         entry = self.entries.get((spec.name, version))
         if entry is None:
-            entry = Entry(spec, version, pinned=spec.config.pin)
+            entry = Entry(spec, version)
             self.entries[(spec.name, version)] = entry
         return entry
 
@@ -328,7 +273,8 @@ class ModelCache:
             if spec is None:
                 if entry.state is not State.UNLOADED:
                     out.append(entry)
-            elif version == spec.default_version or entry.loads or entry.state is not State.UNLOADED:
+            elif (version == spec.default_version or entry.stats.loads
+                  or entry.state is not State.UNLOADED):
                 out.append(entry)
         return out
 
@@ -348,63 +294,69 @@ class ModelCache:
         pool = self.pool_of(entry)
         if record and pool is not None:
             pool.policy.record_access(entry.id, self.clock())
-        if entry.crashed is not None and entry.state is State.READY:
-            raise Reloading(f"{entry.crashed}; model {entry.key} is being reloaded")
-        entry.in_flight += 1
+        if entry.life.crashed is not None and entry.state is State.READY:
+            raise Reloading(f"{entry.life.crashed}; model {entry.key} is being reloaded")
+        entry.account.in_flight += 1
         try:
             if entry.state is State.READY:
                 if record:
-                    entry.hits += 1
+                    entry.stats.hits += 1
                 return entry
             if record:
-                entry.misses += 1
-            give_up = None if timeout is None else self.clock() + timeout
-            while entry.state is not State.READY:
-                if entry.task is None and record:
-                    self._check_failure(entry)  # a request never re-loads a failed model
-                if entry.task is None:
-                    entry.task = asyncio.get_running_loop().create_task(self._load(entry))
-                    # Waiters may all be cancelled; never leave the outcome unretrieved.
-                    entry.task.add_done_callback(
-                        lambda t: t.cancelled() or t.exception())
-                waiting_for_load = entry.state in (State.LOADING, State.UNLOADED,
-                                                   State.FAILED)
-                task = entry.task
-                left = None if give_up is None else max(give_up - self.clock(), 0.0)
-                done, _ = await asyncio.wait({task}, timeout=left)
-                if not done:
-                    raise CacheBusy(f"model {entry.key} is not loaded yet and the request's "
-                                    f"timeout ({timeout:.3f}s) has passed")
-                if task.cancelled():
-                    raise LoadFailed(f"the load of model {entry.key} was cancelled")
-                exc = task.exception()
-                if isinstance(exc, CacheError):
-                    raise exc
-                if exc is not None and waiting_for_load:  # (a failed unload: go on)
-                    raise LoadFailed(str(exc)) from exc
+                entry.stats.misses += 1
+            await self._until_ready(entry, record, timeout)
             return entry
         except BaseException:
             self._release(entry, touch=False)
             raise
 
+    async def _until_ready(self, entry: Entry, record: bool, timeout: float | None) -> None:
+        """Wait until ``entry`` is READY, starting its load task when none runs (single
+        flight: every waiter waits on that one task); raise what the load raised, or
+        ``CacheBusy`` once ``timeout`` has passed."""
+        give_up = None if timeout is None else self.clock() + timeout
+        life = entry.life
+        while entry.state is not State.READY:
+            if life.task is None and record:
+                self._check_failure(entry)  # a request never re-loads a failed model
+            if life.task is None:
+                life.task = asyncio.get_running_loop().create_task(self._load(entry))
+                # Waiters may all be cancelled; never leave the outcome unretrieved.
+                life.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            waiting_for_load = entry.state in (State.LOADING, State.UNLOADED, State.FAILED)
+            task = life.task
+            left = None if give_up is None else max(give_up - self.clock(), 0.0)
+            done, _ = await asyncio.wait({task}, timeout=left)
+            if not done:
+                raise CacheBusy(f"model {entry.key} is not loaded yet and the request's "
+                                f"timeout ({timeout:.3f}s) has passed")
+            if task.cancelled():
+                raise LoadFailed(f"the load of model {entry.key} was cancelled")
+            exc = task.exception()
+            if isinstance(exc, CacheError):
+                raise exc
+            if exc is not None and waiting_for_load:  # (a failed unload: go on)
+                raise LoadFailed(str(exc)) from exc
+
     def release(self, entry: Entry) -> None:
         self._release(entry, touch=True)
 
     def _release(self, entry: Entry, touch: bool) -> None:
-        entry.in_flight -= 1
+        account, life = entry.account, entry.life
+        account.in_flight -= 1
         if touch:
-            entry.last_used = self.wall_clock()
-        if entry.in_flight:
+            entry.stats.last_used = self.wall_clock()
+        if account.in_flight:
             return
-        entry.idle_since = self.clock()
-        if entry.crashed is not None and entry.state is State.READY:
-            log.warning("reloading %s: %s", entry.key, entry.crashed)
-            entry.crashed = None
+        account.idle_since = self.clock()
+        if life.crashed is not None and entry.state is State.READY:
+            log.warning("reloading %s: %s", entry.key, life.crashed)
+            life.crashed = None
             self._start_unload(entry, "its runtime failed")
         elif entry.name not in self.specs and entry.state is State.READY:
             self._start_unload(entry, "removed from the repository")
-        elif entry.waiting_for_room and entry.task is not None:
-            entry.task.cancel()  # nobody wants it any more: leave the room queue
+        elif life.waiting_for_room and life.task is not None:
+            life.task.cancel()  # nobody wants it any more: leave the room queue
         pool = self.pool_of(entry)
         if pool is not None and pool.waiting:
             self._grant(pool)
@@ -416,7 +368,8 @@ class ModelCache:
         try:
             yield entry
         except BackendCrashed as exc:
-            entry.crashed = entry.crashed or str(exc)  # unloaded when the last one is done
+            # unloaded when the last request is done
+            entry.life.crashed = entry.life.crashed or str(exc)
             raise
         finally:
             self.release(entry)
@@ -438,11 +391,12 @@ class ModelCache:
         failed less than ``load_retry_s`` ago (ModelMesh's failure expiry): a broken model
         file is not re-loaded by every request. An explicit load (the repository API,
         ``record=False``) tries again at once."""
-        if entry.state is not State.FAILED or entry.failed_at is None:
+        life = entry.life
+        if entry.state is not State.FAILED or life.failed_at is None:
             return
-        left = entry.failed_at + self.retry_bound(entry) - self.clock()
+        left = life.failed_at + self.retry_bound(entry) - self.clock()
         if left > 0:
-            raise LoadFailed(f"{entry.error}; the next try is in {left:.0f}s", left)
+            raise LoadFailed(f"{life.error}; the next try is in {left:.0f}s", left)
 
     def _failure_message(self, entry: Entry, exc: BaseException) -> str:
         """The reason a load failed, naming the model and version, with the repository's
@@ -454,38 +408,50 @@ class ModelCache:
         return f"model {entry.key} failed to load: {text}"
 
     async def _load(self, entry: Entry) -> None:
-        entry.state, entry.error = State.LOADING, None
-        entry.load_started = self.clock()
-        entry.load_attempts += 1
+        """``entry``'s load task: price -> reserve -> load -> measure, then commit. A load
+        that fails leaves it FAILED (``LoadFailed`` for a backend's error); one that gave
+        up waiting for room, or was cancelled, leaves it UNLOADED."""
+        life = entry.life
+        transition(life, State.LOADING, expected_from=(State.UNLOADED, State.FAILED))
+        life.error, life.load_started = None, self.clock()
+        life.load_attempts += 1
         try:
-            await self._do_load(entry)
+            plan = await self._price(entry)
+            result = await self._reserve_and_load(entry, plan)
+            first_run = self._measure(entry, plan, result)
         except CacheBusy as exc:
-            entry.state, entry.error = State.UNLOADED, str(exc)
+            transition(life, State.UNLOADED, expected_from=State.LOADING)
+            life.error = str(exc)
             raise
         except CacheError as exc:
-            entry.state, entry.error = State.FAILED, str(exc)
+            transition(life, State.FAILED, expected_from=State.LOADING)
+            life.error = str(exc)
             log.warning("load %s failed: %s", entry.key, exc)
             raise
         except BackendError as exc:
-            message = self._failure_message(entry, exc)
-            entry.state, entry.error, entry.failed_at = State.FAILED, message, self.clock()
-            log.warning("%s (retried after %.0fs)", message, self.retry_bound(entry))
-            raise LoadFailed(message, self.retry_bound(entry)) from None
+            transition(life, State.FAILED, expected_from=State.LOADING)
+            life.error, life.failed_at = self._failure_message(entry, exc), self.clock()
+            log.warning("%s (retried after %.0fs)", life.error, self.retry_bound(entry))
+            raise LoadFailed(life.error, self.retry_bound(entry)) from None
         except asyncio.CancelledError:
-            entry.state, entry.error = State.UNLOADED, None  # given up while waiting
+            transition(life, State.UNLOADED, expected_from=State.LOADING)
+            life.error = None  # given up while waiting
             raise
         except BaseException:
-            entry.state = State.FAILED
-            entry.error = "load interrupted"
+            transition(life, State.FAILED, expected_from=State.LOADING)
+            life.error = "load interrupted"
             raise
+        else:
+            self._commit(entry, plan, first_run)
         finally:
-            entry.task = None
+            life.task = None
 
     def forget_failure(self, entry: Entry) -> None:
         """Forget ``entry``'s failed load (a config override that was rolled back): the
         next request loads it at once."""
         if entry.state is State.FAILED:
-            entry.state, entry.error, entry.failed_at = State.UNLOADED, None, None
+            transition(entry.life, State.UNLOADED, expected_from=State.FAILED)
+            entry.life.error, entry.life.failed_at = None, None
 
     def wait_bound(self, entry: Entry) -> float:
         """Seconds a load of ``entry`` may wait for room: its config, else the agent's."""
@@ -493,15 +459,13 @@ class ModelCache:
         return self.load_wait_max_s if own is None else own
 
     def _pinned_bytes(self, pool: Pool, but: Entry) -> int:
-        return sum(e.size_bytes for e in self.entries.values()
-                   if e.pinned and e is not but and e.state is State.READY
+        return sum(e.account.size_bytes for e in self.entries.values()
+                   if e.account.pinned and e is not but and e.state is State.READY
                    and self.pool_of(e) is pool)
 
-    async def _do_load(self, entry: Entry) -> None:
-        pool = self.pool_of(entry)
-        if pool is None:
-            raise LoadFailed(f"model {entry.name!r} wants device {entry.device}, which this "
-                             f"host has no budget for (devices: {', '.join(self.pools)})")
+    async def _make_backend(self, entry: Entry, pool: Pool) -> Backend:
+        """A backend for ``entry``, with its explicit warm-up sample read and its device
+        set up (the CUDA context: the pool's overhead, once); nothing loaded yet."""
         kind = entry.spec.backend or "onnx"
         backend = self.backend_factory(kind, entry.name, entry.version, entry.spec.path,
                                        entry.spec.config, self.footprints)
@@ -509,18 +473,28 @@ class ModelCache:
         if entry.spec.config.warmup is not None and entry.spec.config.warmup.explicit:
             backend.warmup_sample, backend.warmup_source = await loop.run_in_executor(
                 None, read_warmup_sample, entry.spec)
-        if backend.pool != "cpu":  # the CUDA context: the pool's overhead, set up once
+        if backend.pool != "cpu":
             pool.memory.overhead = await loop.run_in_executor(self.load_executor,
                                                               backend.set_up_device)
+        return backend
+
+    async def _price(self, entry: Entry) -> LoadPlan:
+        """Step 1: make the backend and price the load: its estimate, ``ModelTooLarge``
+        (507) when it can never fit, and the bytes it reserves while it loads."""
+        pool = self.pool_of(entry)
+        if pool is None:
+            raise LoadFailed(f"model {entry.name!r} wants device {entry.device}, which this "
+                             f"host has no budget for (devices: {', '.join(self.pools)})")
+        backend = await self._make_backend(entry, pool)
         # The first estimate of a model parses its file: never on the event loop.
-        estimate, lower = await loop.run_in_executor(
+        estimate, lower = await asyncio.get_running_loop().run_in_executor(
             None, lambda: (backend.estimate(), backend.lower_bound()))
         # A clean measurement from an earlier load beats the estimate. What refuses the
         # model (507) is what it provably holds (its weights) or what every one of its
         # recent loads measured, never one measurement, which may have caught other
         # allocations in its window.
-        reserve = entry.measured_bytes or estimate
-        lower = max(lower, entry.steady_bytes)
+        reserve = entry.account.measured_bytes or estimate
+        lower = max(lower, entry.account.steady_bytes)
         room = pool.memory.capacity - self._pinned_bytes(pool, entry)
         if lower > room:
             raise ModelTooLarge(
@@ -531,68 +505,105 @@ class ModelCache:
         # While it runs a load takes its peak (the runtime's scratch), not only the
         # model's steady size; an estimate above what could be freed is capped: evict
         # what is idle, load and measure.
-        reserve = min(backend.load_room(reserve), room)
-        # Room is reserved only by loads about to run (``load_concurrency`` at once): a
-        # load queued behind others must not hold room, or evict for it, meanwhile.
+        return LoadPlan(pool, backend, estimate, min(backend.load_room(reserve), room))
+
+    async def _reserve_and_load(self, entry: Entry, plan: LoadPlan) -> LoadResult:
+        """Steps 2 and 3: hold a load slot and ``plan.reserve`` bytes, then load; the
+        slot is given back after, the room too if the load failed."""
+        await self._reserve(entry, plan)
+        try:
+            return await self._run_load(plan)
+        finally:
+            self._load_slots.release()
+
+    async def _reserve(self, entry: Entry, plan: LoadPlan) -> None:
+        """Step 2: take a load slot, then the room (waiting in the room queue), both by
+        the model's ``wait_bound``; on failure nothing is held. Room is reserved only by
+        loads about to run: a load queued behind others must not hold room, or evict for
+        it, meanwhile."""
         asked = self.clock()
         give_up = asked + self.wait_bound(entry)
         try:
             await self._take_load_slot(entry, give_up)
         except BaseException:
-            self._count_wait(pool, entry, asked)
+            self._count_wait(plan.pool, entry, asked)
             raise
         try:
-            try:
-                await self._wait_for_room(pool, entry, reserve, give_up)
-            finally:
-                self._count_wait(pool, entry, asked)
-            try:
-                while pool.unloading:  # never load into memory that is still being freed
-                    await asyncio.wait(set(pool.unloading))
-                result = await loop.run_in_executor(self.load_executor, load_measured,
-                                                    backend, self.meter)
-            except BaseException:
-                pool.memory.cancel(reserve)
-                self._grant(pool)
-                raise
-        finally:
+            await self._wait_for_room(plan.pool, entry, plan.reserve, give_up)
+        except BaseException:
             self._load_slots.release()
-        measured = result.size_bytes
-        entry.size_estimated = measured is None
-        entry.size_bytes = measured if measured is not None else estimate
+            raise
+        finally:
+            self._count_wait(plan.pool, entry, asked)
+
+    async def _run_load(self, plan: LoadPlan) -> LoadResult:
+        """Step 3: wait for the pool's unloads (never load into memory still being
+        freed), then load and measure in the load executor; on failure the reserved room
+        goes back to the waiting loads."""
+        pool = plan.pool
+        try:
+            while pool.unloading:
+                await asyncio.wait(set(pool.unloading))
+            return await asyncio.get_running_loop().run_in_executor(
+                self.load_executor, load_measured, plan.backend, self.meter)
+        except BaseException:
+            pool.memory.cancel(plan.reserve)
+            self._grant(pool)
+            raise
+
+    def _measure(self, entry: Entry, plan: LoadPlan, result: LoadResult) -> float:
+        """Step 4: book what the load measured (its size, else the estimate; its load
+        and first-run seconds; its inputs and outputs). Returns the first run's seconds
+        that price a miss."""
+        account, backend, measured = entry.account, plan.backend, result.size_bytes
+        account.size_estimated = measured is None
+        account.size_bytes = measured if measured is not None else plan.estimate
         if measured is not None:
-            entry.measurements.append(measured)
-        entry.backend, entry.state = backend, State.READY
+            account.measurements.append(measured)
         first_run = result.first_run_seconds
-        entry.load_seconds = max(result.seconds - first_run, 0.0)
-        if backend.warm_up_failed and entry.first_run_seconds:
-            first_run = entry.first_run_seconds  # the last cold first request's, measured
+        account.load_seconds = max(result.seconds - first_run, 0.0)
+        if backend.warm_up_failed and account.first_run_seconds:
+            first_run = account.first_run_seconds  # the last cold first request's, measured
         else:
-            entry.first_run_seconds = first_run
+            account.first_run_seconds = first_run
         entry.metadata, entry.signature = backend.metadata(), list(backend.inputs)
-        entry.loads += 1
+        return first_run
+
+    def _commit(self, entry: Entry, plan: LoadPlan, first_run: float) -> None:
+        """Step 5: READY, resident in the pool at its measured size with its miss
+        penalty; shed any overdraft, wake the waiting loads, run the ``on_load`` hooks."""
+        pool, account = plan.pool, entry.account
+        transition(entry.life, State.READY, expected_from=State.LOADING)
+        entry.backend = plan.backend
+        entry.stats.loads += 1
         warm = self.warm_exec(entry)
-        penalty = miss_penalty(entry.load_seconds, first_run, 0.0 if warm is None else warm)
-        pool.memory.commit(entry.id, reserve, entry.size_bytes, float(penalty), self.clock())
-        entry.idle_since = self.clock()
+        penalty = miss_penalty(account.load_seconds, first_run,
+                               0.0 if warm is None else warm)
+        pool.memory.commit(entry.id, plan.reserve, account.size_bytes, float(penalty),
+                           self.clock())
+        account.idle_since = self.clock()
         log.info("loaded %s on %s in %.3fs (+ first run %.4fs): size %s (%s; estimate %s), "
-                 "pool %s/%s", entry.key, pool.name, entry.load_seconds, first_run,
-                 format_size(entry.size_bytes), "estimated" if entry.size_estimated
-                 else "measured", format_size(estimate), format_size(pool.used),
+                 "pool %s/%s", entry.key, pool.name, account.load_seconds, first_run,
+                 format_size(account.size_bytes), "estimated" if account.size_estimated
+                 else "measured", format_size(plan.estimate), format_size(pool.used),
                  format_size(pool.budget))
         if pool.memory.free < 0:
-            # The measurement exceeded the reservation: shed others if we can.
-            for victim in pool.memory.shed_overdraft(
-                    self.clock(), lambda k: k != entry.id and self._evictable(k)):
-                self._start_unload(self.entries[victim], "evicted", accounted=True)
-            if pool.memory.free < 0:
-                log.warning("pool %s is over budget (%s > %s) and nothing is evictable",
-                            pool.name, format_size(pool.used + pool.reserved
-                                                   + pool.memory.overhead),
-                            format_size(pool.budget))
+            self._shed_overdraft(pool, entry)
         self._grant(pool)
         for hook in self.on_load:
             hook(entry)
+
+    def _shed_overdraft(self, pool: Pool, entry: Entry) -> None:
+        """``entry``'s measurement exceeded its reservation: evict others (idle, unpinned)
+        until the pool is within budget, as far as they allow."""
+        for victim in pool.memory.shed_overdraft(
+                self.clock(), lambda k: k != entry.id and self._evictable(k)):
+            self._start_unload(self.entries[victim], "evicted", accounted=True)
+        if pool.memory.free < 0:
+            log.warning("pool %s is over budget (%s > %s) and nothing is evictable",
+                        pool.name, format_size(pool.used + pool.reserved
+                                               + pool.memory.overhead),
+                        format_size(pool.budget))
 
     # -- waiting for room --------------------------------------------------------------
     async def _take_load_slot(self, entry: Entry, give_up: float) -> None:
@@ -600,7 +611,7 @@ class ModelCache:
         if not self._load_slots.locked():
             await self._load_slots.acquire()
             return
-        entry.waiting_for_room = entry.had_to_wait = True
+        entry.life.waiting_for_room = entry.life.had_to_wait = True
         try:
             await asyncio.wait_for(self._load_slots.acquire(),
                                    max(give_up - self.clock(), 0.0))
@@ -608,16 +619,16 @@ class ModelCache:
             raise CacheBusy(f"model {entry.key} waited {self.wait_bound(entry):.1f}s "
                             "(load_wait_max_s) behind other loads") from None
         finally:
-            entry.waiting_for_room = False
+            entry.life.waiting_for_room = False
 
     def _count_wait(self, pool: Pool, entry: Entry, asked: float) -> None:
         """Count a load that had to wait (for a load slot or for room) once, with the
         time from asking to now."""
-        if entry.had_to_wait:
-            entry.had_to_wait = False
+        if entry.life.had_to_wait:
+            entry.life.had_to_wait = False
             waited = self.clock() - asked
-            entry.room_waits += 1
-            entry.room_wait_seconds += waited
+            entry.stats.room_waits += 1
+            entry.stats.room_wait_seconds += waited
             pool.waits += 1
             pool.wait_seconds += waited
 
@@ -633,7 +644,7 @@ class ModelCache:
         if request.future.done():
             request.future.result()  # raises what ``_grant`` refused it with
             return
-        entry.waiting_for_room = True
+        entry.life.waiting_for_room = True
         log.info("load of %s waits for room on %s: needs %s, %s free, %s reserved by "
                  "loads, %d load(s) waiting", entry.key, pool.name, format_size(need),
                  format_size(max(pool.memory.free, 0)), format_size(pool.reserved),
@@ -644,13 +655,13 @@ class ModelCache:
             self._withdraw(pool, request)
             raise
         finally:
-            entry.waiting_for_room = False
-            entry.had_to_wait = True
+            entry.life.waiting_for_room = False
+            entry.life.had_to_wait = True
         if not request.future.done():
             self._withdraw(pool, request)
             busy = [e.key for e in self.entries.values()
                     if self.pool_of(e) is pool and e.state is not State.UNLOADED
-                    and (e.in_flight or e.pinned)]
+                    and (e.account.in_flight or e.account.pinned)]
             raise CacheBusy(
                 f"no room for model {entry.key} on {pool.name}: waited "
                 f"{self.wait_bound(entry):.1f}s (load_wait_max_s) for {format_size(need)}; "
@@ -687,8 +698,8 @@ class ModelCache:
             for key in victims:  # at once: no request may lease a victim from now on
                 victim = self.entries[key]
                 log.info("evict %s (size=%s, penalty=%.3fs) to admit %s:%s on %s",
-                         victim.key, format_size(victim.size_bytes),
-                         victim.load_seconds + victim.first_run_seconds,
+                         victim.key, format_size(victim.account.size_bytes),
+                         victim.account.load_seconds + victim.account.first_run_seconds,
                          head.key[0], head.key[1], pool.name)
                 self._start_unload(victim, "evicted", accounted=True)
             head.future.set_result(victims)
@@ -697,26 +708,30 @@ class ModelCache:
         """No lease, load or unload in ``pool`` could ever free room: waiting is futile."""
         if pool.reserved or pool.unloading:
             return False
-        return not any(e.in_flight and e.state is State.READY and not e.pinned
+        return not any(e.account.in_flight and e.state is State.READY
+                       and not e.account.pinned
                        for e in self.entries.values() if self.pool_of(e) is pool)
 
     def _evictable(self, key: tuple[str, int]) -> bool:
         entry = self.entries.get(key)
-        return (entry is not None and entry.state is State.READY and entry.in_flight == 0
-                and not entry.pinned)
+        return (entry is not None and entry.state is State.READY
+                and entry.account.in_flight == 0 and not entry.account.pinned)
 
     # -- unloading -------------------------------------------------------------------
     def _start_unload(self, entry: Entry, reason: str, *,
                       accounted: bool = False) -> asyncio.Task:
         """Take ``entry`` out of the pool (unless ``accounted``: the pool chose it as a
-        victim and took it out already) and unload it in a thread."""
-        assert entry.state is State.READY and entry.in_flight == 0
+        victim and took it out already) and unload it in a thread. Only a READY model
+        with no request in flight may go: anything else is ``IllegalTransition``."""
+        if entry.account.in_flight:
+            raise IllegalTransition(entry.key, entry.state, State.UNLOADING,
+                                    f"{entry.account.in_flight} request(s) in flight")
+        transition(entry.life, State.UNLOADING, expected_from=State.READY)
         pool = self.pool_of(entry)
-        entry.state = State.UNLOADING
         if pool is not None and not accounted:
             pool.memory.remove(entry.id)
         task = asyncio.get_running_loop().create_task(self._unload(entry, reason))
-        entry.task = task
+        entry.life.task = task
         if pool is not None:
             pool.unloading.add(task)
             task.add_done_callback(pool.unloading.discard)
@@ -729,14 +744,16 @@ class ModelCache:
             freed, _ = await loop.run_in_executor(self.unload_executor,
                                                   self._unload_blocking, backend)
         finally:
-            entry.state, entry.task = State.UNLOADED, None
+            entry.life.task = None
+            transition(entry.life, State.UNLOADED, expected_from=State.UNLOADING)
         if reason == "evicted":
-            entry.evictions += 1
-        level = logging.WARNING if entry.size_bytes > 4 * 2**20 and -freed < entry.size_bytes // 2 \
-            and not entry.size_estimated \
+            entry.stats.evictions += 1
+        size, estimated = entry.account.size_bytes, entry.account.size_estimated
+        level = logging.WARNING if size > 4 * 2**20 and -freed < size // 2 \
+            and not estimated \
             and entry.spec.backend not in ("synthetic", "tfserving") else logging.INFO
         log.log(level, "unloaded %s (%s): accounted %s, RSS went down by %s", entry.key,
-                reason, format_size(entry.size_bytes), format_size(-freed))
+                reason, format_size(size), format_size(-freed))
         for hook in self.on_unload:
             hook(entry, reason)
 
@@ -762,12 +779,12 @@ class ModelCache:
         (the node calls this periodically); returns them."""
         now, unloaded = self.clock(), []
         for entry in list(self.entries.values()):
-            after = self.idle_unload_after(entry)
-            if (after is not None and entry.state is State.READY and not entry.in_flight
-                    and not entry.pinned and entry.idle_since is not None
-                    and now - entry.idle_since >= after):
+            after, account = self.idle_unload_after(entry), entry.account
+            if (after is not None and entry.state is State.READY and not account.in_flight
+                    and not account.pinned and account.idle_since is not None
+                    and now - account.idle_since >= after):
                 log.info("unload %s: unused for %.0fs (idle_unload_s %g)", entry.key,
-                         now - entry.idle_since, after)
+                         now - account.idle_since, after)
                 self._start_unload(entry, "idle")
                 unloaded.append(entry)
         return unloaded
@@ -777,16 +794,17 @@ class ModelCache:
         """Unload now (admin / repository unload). ``ModelInUse`` while requests run,
         it is loading, or it is pinned; a no-op when it is not loaded."""
         entry = self.entry(name, version)
-        if entry.state is State.UNLOADING and entry.task is not None:
-            await asyncio.shield(entry.task)
+        if entry.state is State.UNLOADING and entry.life.task is not None:
+            await asyncio.shield(entry.life.task)
             return entry
         if entry.state is State.LOADING:
             raise ModelInUse(f"model {entry.key} is loading")
         if entry.state is not State.READY:
             return entry
-        if entry.in_flight:
-            raise ModelInUse(f"model {entry.key} has {entry.in_flight} request(s) in flight")
-        if entry.pinned:
+        if entry.account.in_flight:
+            raise ModelInUse(f"model {entry.key} has {entry.account.in_flight} "
+                             "request(s) in flight")
+        if entry.account.pinned:
             raise ModelInUse(f"model {entry.key} is pinned; unpin it first")
         log.info("evict %s on request", entry.key)
         await asyncio.shield(self._start_unload(entry, "evicted"))
@@ -794,7 +812,7 @@ class ModelCache:
 
     def set_pinned(self, name: str, pinned: bool, version: int | None = None) -> Entry:
         entry = self.entry(name, version)
-        entry.pinned = pinned
+        entry.account.pinned = pinned
         log.info("%s %s", "pin" if pinned else "unpin", entry.key)
         pool = self.pool_of(entry)
         if pool is not None and pool.waiting:
@@ -810,24 +828,26 @@ class ModelCache:
         if pool is not None:
             rate = pool.policy.request_rate(entry.id, now)
             utility = pool.policy.priority(entry.id, now) if entry.id in pool.policy else None
-        size = entry.size_bytes if entry.state is State.READY else (entry.measured_bytes or 0)
+        account, stats, life = entry.account, entry.stats, entry.life
+        ready = entry.state is State.READY
         return {
             "name": entry.name, "version": entry.version,
             "backend": entry.spec.backend, "device": entry.device,
-            "state": entry.state.value, "size_bytes": size,
-            "size_estimated": entry.size_estimated if entry.state is State.READY
-            else entry.measured_bytes is None,
-            "load_seconds": round(entry.load_seconds, 6),
-            "first_run_seconds": round(entry.first_run_seconds, 6),
-            "loads": entry.loads, "load_attempts": entry.load_attempts,
-            "hits": entry.hits, "misses": entry.misses,
-            "evictions": entry.evictions, "last_used": entry.last_used,
-            "request_rate": rate, "utility": utility, "pinned": entry.pinned,
-            "in_flight": entry.in_flight, "error": entry.error or entry.spec.error,
-            "waiting_for_room": entry.waiting_for_room,
-            "waiting_requests": entry.in_flight if entry.state is not State.READY else 0,
-            "room_waits": entry.room_waits,
-            "room_wait_seconds": round(entry.room_wait_seconds, 6),
+            "state": entry.state.value,
+            "size_bytes": account.size_bytes if ready else (account.measured_bytes or 0),
+            "size_estimated": account.size_estimated if ready
+            else account.measured_bytes is None,
+            "load_seconds": round(account.load_seconds, 6),
+            "first_run_seconds": round(account.first_run_seconds, 6),
+            "loads": stats.loads, "load_attempts": life.load_attempts,
+            "hits": stats.hits, "misses": stats.misses,
+            "evictions": stats.evictions, "last_used": stats.last_used,
+            "request_rate": rate, "utility": utility, "pinned": account.pinned,
+            "in_flight": account.in_flight, "error": life.error or entry.spec.error,
+            "waiting_for_room": life.waiting_for_room,
+            "waiting_requests": account.in_flight if not ready else 0,
+            "room_waits": stats.room_waits,
+            "room_wait_seconds": round(stats.room_wait_seconds, 6),
         }
 
     def memory(self) -> dict[str, dict[str, Any]]:
@@ -845,7 +865,7 @@ class ModelCache:
 
     async def close(self) -> None:
         """Wait for loads/unloads in progress and stop the thread pools (no unloading)."""
-        tasks = [e.task for e in self.entries.values() if e.task is not None]
+        tasks = [e.life.task for e in self.entries.values() if e.life.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         self.load_executor.shutdown(wait=False, cancel_futures=True)

@@ -42,7 +42,9 @@ from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
 from agent.httpauth import token_matches
 from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
-from agent.node.cache import Entry, State, UnknownModel
+from agent.node.cache import UnknownModel
+from agent.node.entry import Entry
+from agent.node.lifecycle import State
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter

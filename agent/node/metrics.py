@@ -28,7 +28,8 @@ from agent.errors import AgentError
 
 if TYPE_CHECKING:
     from agent.httpbody import BodyMemory
-    from agent.node.cache import Entry, ModelCache
+    from agent.node.cache import ModelCache
+    from agent.node.entry import Entry
     from agent.node.serving import Serving
 
 #: The values of the ``endpoint`` label: the APIs a request can arrive through.
@@ -72,14 +73,14 @@ class _CacheCollector(Collector):
         for entry in self.cache.entries.values():
             labels = [entry.name, str(entry.version), entry.device]
             for k, fam in counters.items():
-                fam.add_metric(labels, getattr(entry, k))
-            room_waits.add_metric(labels, entry.room_waits)
-            room_seconds.add_metric(labels, entry.room_wait_seconds)
+                fam.add_metric(labels, getattr(entry.stats, k))
+            room_waits.add_metric(labels, entry.stats.room_waits)
+            room_seconds.add_metric(labels, entry.stats.room_wait_seconds)
             ready = entry.state.value == "ready"
-            waiting.add_metric(labels, 0 if ready else entry.in_flight)
+            waiting.add_metric(labels, 0 if ready else entry.account.in_flight)
             loaded.add_metric(labels, 1.0 if ready else 0.0)
-            pinned.add_metric(labels, 1.0 if entry.pinned else 0.0)
-            size.add_metric(labels, entry.size_bytes if ready else 0)
+            pinned.add_metric(labels, 1.0 if entry.account.pinned else 0.0)
+            size.add_metric(labels, entry.account.size_bytes if ready else 0)
         used = GaugeMetricFamily("edgeagent_memory_used_bytes",
                                  "Bytes held by resident models", labels=["device"])
         budget = GaugeMetricFamily("edgeagent_memory_budget_bytes",
@@ -221,7 +222,7 @@ class Metrics:
 
     def _loaded(self, entry: "Entry") -> None:
         self.load_time.labels(entry.name, str(entry.version), entry.device).observe(
-            entry.load_seconds)
+            entry.account.load_seconds)
 
     def observe(self, model: str, endpoint: str, code: int, seconds: float | None,
                 version: int | None = None) -> None:

@@ -22,7 +22,8 @@ from agent.httpbody import BodyMemory
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
 from agent.node import state as statefile
-from agent.node.cache import CacheError, ModelCache, ModelInvalid, State, UnknownModel
+from agent.node.cache import CacheError, ModelCache, ModelInvalid, UnknownModel
+from agent.node.lifecycle import State
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import apply_override, scan_model, scan_repository
@@ -121,7 +122,8 @@ class Node:
                         self.cache.load_executor, self.tfserving.ensure_up)
                 except BackendError as exc:
                     log.warning("TF Serving did not start (TF models retry on load): %s", exc)
-            wanted = [(e.name, e.version) for e in self.cache.entries.values() if e.pinned]
+            wanted = [(e.name, e.version) for e in self.cache.entries.values()
+                      if e.account.pinned]
             if self._saved:
                 wanted += [k for k in statefile.restore_order(self._saved) if k not in wanted]
             for name, version in wanted:

@@ -45,7 +45,8 @@ from aiohttp import web
 
 from agent.config import CoordinatorLink
 from agent.httpauth import read_token
-from agent.node.cache import CacheError, State
+from agent.node.cache import CacheError
+from agent.node.lifecycle import State
 from agent.node.state import read_state, write_state
 from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives
@@ -243,7 +244,7 @@ class Reporter:
             d, total = deltas.get(name), totals.get(name)
             m: dict[str, Any] = {
                 "device": entry.device, "state": info["state"], "resident": resident,
-                "pinned": entry.pinned, "size_bytes": info["size_bytes"],
+                "pinned": entry.account.pinned, "size_bytes": info["size_bytes"],
                 "load_seconds": info["load_seconds"],
                 "arrivals": [[round(now - t, 6), round(s, 6), c]
                              for t, s, c in self._pending.get(name, ())],
@@ -319,7 +320,7 @@ class Reporter:
             except CacheError as exc:
                 log.warning("coordinator asks to pin %s: %s", name, exc)
                 continue
-            if not entry.pinned:
+            if not entry.account.pinned:
                 cache.set_pinned(name, True)
                 self.pinned_by_us.add(name)
         for name in sorted(self.pinned_by_us - wanted):
@@ -373,7 +374,7 @@ class Reporter:
     def _unpin(self, name: str) -> None:
         self.pinned_by_us.discard(name)
         with contextlib.suppress(CacheError):
-            if self.node.cache.entry(name).pinned:
+            if self.node.cache.entry(name).account.pinned:
                 self.node.cache.set_pinned(name, False)
 
     def _prefetch(self, name: str) -> None:

@@ -35,8 +35,10 @@ from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for
 from agent.node.batch_tuner import BatchTuner, TunerSettings
 from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batch_key,
                                  has_batch_dimension, rows_of)
-from agent.node.cache import CacheError, Entry, ModelCache, State
+from agent.node.cache import CacheError, ModelCache
+from agent.node.entry import Entry
 from agent.node.latency_stats import LatencyWindow, RateMeter
+from agent.node.lifecycle import State
 from agent.node.prediction_cache import PredictionCache, input_digest
 from agent.node.stats import ModelStats
 from agent.node.tensors import Limits
@@ -157,7 +159,7 @@ class ModelRuntime:
         self.batches += 1
         self.batch_rows += rows
         if self.cold_entry is not None:  # its reload penalty's first run, from now on
-            self.cold_entry.first_run_seconds, self.cold_entry = seconds, None
+            self.cold_entry.account.first_run_seconds, self.cold_entry = seconds, None
 
     def record(self, seconds: float) -> None:
         self.served += 1
@@ -330,12 +332,13 @@ class Serving:
                     rows: int) -> None:
         """Reject at once a request that the model's expected load time makes late, and
         start that load so that a retry finds the model ready."""
-        expected = entry.load_seconds + entry.first_run_seconds
+        expected = entry.account.load_seconds + entry.account.first_run_seconds
         if expected <= 0 or entry.state is State.FAILED:
             return  # never loaded: unknown; it is checked again once loaded
         left = expected
-        if entry.state is State.LOADING and entry.load_started is not None:
-            left = max(expected - (self.cache.clock() - entry.load_started), 0.0)
+        started = entry.life.load_started
+        if entry.state is State.LOADING and started is not None:
+            left = max(expected - (self.cache.clock() - started), 0.0)
         nothing_queued = QueueState(queued_rows=0, queued_requests=0, limit=1, workers=1,
                                     running_left=())
         try:

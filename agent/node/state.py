@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from agent.memory import write_atomic
 
-from agent.node.cache import ModelCache, State
+from agent.node.cache import ModelCache
+from agent.node.lifecycle import State
 
 log = logging.getLogger("edgeagent.state")
 FORMAT = 1
@@ -25,9 +26,10 @@ def snapshot(cache: ModelCache) -> dict[str, Any]:
             pool = cache.pool_of(entry)
             rate = pool.policy.request_rate(entry.id, now) if pool else None
             resident.append({"name": entry.name, "version": entry.version,
-                             "rate": rate or 0.0, "hits": entry.hits + entry.misses})
-    pins = {e.name: e.pinned for e in cache.entries.values()
-            if e.pinned != e.spec.config.pin}
+                             "rate": rate or 0.0,
+                             "hits": entry.stats.hits + entry.stats.misses})
+    pins = {e.name: e.account.pinned for e in cache.entries.values()
+            if e.account.pinned != e.spec.config.pin}
     return {"format": FORMAT, "resident": resident, "pins": pins,
             "footprint_factors": cache.footprints.to_json()}
 
