@@ -24,13 +24,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import ModelSpec
 from agent.coordinator.nodetypes import NodeType, parse_node_types
 from agent.coordinator.planner import Planner, PlanError
 from agent.coordinator.provisioning import InstanceType, Provisioner, ProvisioningError
 from agent.coordinator.ribbon.fleet import FleetEvaluator, PoolType
-from agent.coordinator.ribbon.search import DEFAULT_MAX_SAMPLES, METHODS, search
+from agent.coordinator.ribbon.search import search
 from agent.coordinator.ribbon.space import DEFAULT_TARGET_PERCENT
 from agent.errors import AgentError
 from agent.validation import (SchemaError, boolean, check, choice, json_object, number,
@@ -80,7 +81,7 @@ def parse_sizing_request(body: Any, config: CoordinatorConfig) -> SizingRequest:
         samples = d.get("max_samples")
         if samples is not None:
             samples = check(number(1, MAX_SAMPLES, integer=True), samples, "max_samples")
-        method = check(choice(*METHODS), d.get("method", "bo"), "method")
+        method = check(choice(*SIZE_METHODS), d.get("method", "bo"), "method")
         target = check(number(0, 100, strict_lo=True, finite=True),
                        d.get("qos_target_percent", DEFAULT_TARGET_PERCENT),
                        "qos_target_percent")
@@ -173,7 +174,7 @@ def size_fleet(planner: Planner, config: CoordinatorConfig, now: float,
         raise SizingRequestError(f"{where}: max_count allows {evaluator.space.size} pools; "
                                  f"at most {MAX_POOLS} can be searched")
     limit = request.max_samples or (min(evaluator.space.size, MAX_SAMPLES)
-                                    if request.method == "exhaustive" else DEFAULT_MAX_SAMPLES)
+                                    if request.method == "exhaustive" else SIZE_MAX_SAMPLES)
     result = search(evaluator, request.method, seed=request.seed, max_samples=limit)
     out = result.to_json()
     best = result.best
