@@ -32,8 +32,8 @@ import msgspec
 import msgspec.inspect as mi
 
 from agent.units import exact_size
-from agent.validation import (ConfigError, SchemaError, boolean, check, choice, number,
-                              only, size, string)
+from agent.validation import (ConfigError, SchemaError, boolean, check, choice, load_json,
+                              number, only, size, string)
 
 _NO_EXAMPLE = object()
 
@@ -234,7 +234,8 @@ class _Walk:
         if type(v) is not dict:
             raise SchemaError(key, f"must be {self.mapping}, got {type(v).__name__}")
         fields = [f for f in t.fields if not _unwrap(f.type)[1].get("internal")]
-        only(v, [f.encode_name for f in fields], prefix, noun=self.noun)
+        if getattr(t, "forbid_unknown_fields", True):  # a Struct may leave them out
+            only(v, [f.encode_name for f in fields], prefix, noun=self.noun)
         values = {}
         for f in fields:
             if f.encode_name in v:
@@ -343,6 +344,31 @@ def explain(cls: type, doc: Any) -> SchemaError | None:
     except SchemaError as exc:
         return exc
     return None
+
+
+@functools.cache
+def _decoder(cls: type) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(cls)
+
+
+def decode(cls: type, body: bytes | str | Any) -> Any:
+    """``body`` (JSON text, or data as parsed JSON) as a ``cls`` (a wire type), decoded
+    by msgspec straight into it. ``SchemaError`` names the first bad field (msgspec's
+    own path shows a mapping's key as ``[...]``: ``explain`` on the parsed body names it,
+    in ``agent.validation``'s words); a body that is not JSON, or nests deeper than
+    ``validation.MAX_JSON_DEPTH``, is a plain ``ValueError``."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    elif not isinstance(body, (bytes, bytearray, memoryview)):
+        try:
+            body = msgspec.json.encode(body)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(None, f"not JSON data: {exc}") from None
+    try:
+        return _decoder(cls).decode(body)
+    except msgspec.DecodeError as exc:
+        found = explain(cls, load_json(body))
+        raise found or SchemaError(None, str(exc)) from None
 
 
 # -- the example file ---------------------------------------------------------------------

@@ -99,18 +99,19 @@ def _by_kind(live: dict[str, NodeReport]) -> dict[str, list[NodeReport]]:
 
 
 def _catalogue(request_types: dict[str, NodeType] | None, config: CoordinatorConfig,
-               kinds: dict[str, list[NodeReport]]) -> dict[str, NodeType]:
+               live: dict[str, NodeReport]) -> dict[str, NodeType]:
     if request_types is not None:
         return request_types
+    kinds = {r.node_type for r in live.values() if r.node_type}
     if not kinds:
         raise SizingRequestError("from_reports: no live node states its node_type "
                                  "(coordinator.node_type in the agent config)")
-    unpriced = [k for k in kinds if k not in config.node_types]
+    unpriced = sorted(k for k in kinds if k not in config.node_types)
     if unpriced:
         raise SizingRequestError(
             f"from_reports: node type(s) {', '.join(map(repr, unpriced))} (reported by "
-            f"{', '.join(sorted({r.node for k in unpriced for r in kinds[k]}))}) have no "
-            "price: add them to node_types in the coordinator config")
+            f"{', '.join(sorted(n for n, r in live.items() if r.node_type in unpriced))}) "
+            "have no price: add them to node_types in the coordinator config")
     return {k: config.node_types[k] for k in sorted(kinds)}
 
 
@@ -149,7 +150,7 @@ def fleet_evaluator(planner: Planner, config: CoordinatorConfig, now: float,
     """The live-fleet evaluator for ``request``, from the planner's view at ``now``."""
     problem, _, live = planner.build(now)
     kinds = _by_kind(live)
-    catalogue = _catalogue(request.node_types, config, kinds)
+    catalogue = _catalogue(request.node_types, config, live)
     where = "node_types" if request.node_types is not None else "config node_types"
     types = []
     for name, t in catalogue.items():
