@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta
 
-from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LOG_LEVELS, NonNegative, Port,
-                          Positive, Text, load, setting)
+from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
+                          Port, Positive, Text, load, setting)
 from agent.validation import ConfigError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
@@ -396,7 +396,7 @@ class AgentConfig:
         "reload the last resident set on start, most popular first")] = True
     drain_seconds: Annotated[NonNegative, setting(
         "on SIGTERM, how long requests in flight may finish")] = 30.0
-    log_level: Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))] = "info"
+    log_level: LogLevel = "info"
     slo: Annotated[SloOptions, setting(
         "the latency SLO of models whose config.yaml has none")] = SloOptions(1000.0)
     batching: Annotated[ServerBatching, setting(

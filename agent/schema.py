@@ -37,15 +37,6 @@ from agent.validation import (ConfigError, SchemaError, boolean, check, choice, 
 
 _NO_EXAMPLE = object()
 
-# Value types that declarations share: their bounds (the help is per key).
-Text = Annotated[str, msgspec.Meta(min_length=1)]
-Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-Positive = Annotated[float, msgspec.Meta(gt=0)]
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
-AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
 
 def setting(help: str, *, check: Any = None, example: Any = _NO_EXAMPLE,
             commented: bool | None = None, **bounds: Any) -> msgspec.Meta:
@@ -62,6 +53,16 @@ def setting(help: str, *, check: Any = None, example: Any = _NO_EXAMPLE,
         extra["example"] = example
     return msgspec.Meta(description=help, extra=extra, **bounds)
 
+
+# Value types that declarations share: their bounds (the help is per key).
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LogLevel = Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))]
 
 #: A field of a configuration class that no file sets (filled in by code).
 INTERNAL = msgspec.Meta(extra={"internal": True})

@@ -93,12 +93,6 @@ def string(v: Any) -> str:
     return v
 
 
-def str_list(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ValueError(f"must be a list of non-empty strings, got {v!r}")
-    return tuple(v)
-
-
 def device(v: Any) -> str:
     """``cpu``, ``cuda`` (read as ``cuda:0``) or ``cuda:N``."""
     if v == "cpu" or v == "cuda" or (isinstance(v, str) and v.startswith("cuda:")

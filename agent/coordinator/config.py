@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
-from agent.schema import LOG_LEVELS, AtLeastOne, Port, Positive, Text, load, setting
+from agent.schema import AtLeastOne, LogLevel, Port, Positive, Text, load, setting
 from agent.validation import ConfigError, choice, load_yaml, string
 
 
@@ -83,7 +83,7 @@ class CoordinatorConfig:
         "agents revert directives (pins) not renewed within this")] = 60.0
     node_timeout_s: Annotated[Positive, setting(
         "a node silent this long is left out of plans")] = 60.0
-    log_level: Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))] = "info"
+    log_level: LogLevel = "info"
     node_types: Annotated[dict[str, NodeType], setting(
         "the instance catalogue for fleet sizing (POST /v1/sizing, edgeagent coordinator "
         "size) and provisioning (GET /v1/provisioning): kinds of node (agents name theirs "
