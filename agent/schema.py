@@ -212,17 +212,11 @@ class _Walk:
             hi = t.lt if t.lt is not None else t.le
             return number(lo, hi, strict_lo=t.gt is not None, strict_hi=t.lt is not None,
                           integer=isinstance(t, mi.IntType), finite=hi is not None)
-        if isinstance(t, mi.LiteralType):
-            return choice(*t.values)
         if isinstance(t, mi.StrType):
             return _string(t, extra.get("expected"))
         if isinstance(t, mi.CustomType) and issubclass(t.cls, Path):
             return self._path
-        if isinstance(t, mi.AnyType):
-            return lambda v: v
-        if isinstance(t, mi.NoneType):
-            return _null
-        raise TypeError(f"no checker for {t!r}")
+        raise TypeError(f"no checker for {t!r}: give the key one (setting(check=))")
 
     def _path(self, v: Any) -> Path:
         """A non-empty string, relative to the file's directory (``base``)."""
@@ -273,10 +267,11 @@ class _Walk:
         return self._build(t, values, key, None)
 
     def _list(self, t: Any, v: Any, key: str | None) -> Any:
-        most = f" of at most {t.max_length}" if t.max_length is not None else ""
-        if type(v) is not list or t.max_length is not None and len(v) > t.max_length:
-            raise SchemaError(key, f"must be a list{most} items, got "
-                              f"{type(v).__name__ if type(v) is not list else len(v)}")
+        if type(v) is not list:
+            raise SchemaError(key, f"must be a list, got {type(v).__name__}")
+        if t.max_length is not None and len(v) > t.max_length:
+            raise SchemaError(key, f"must be a list of at most {t.max_length} items, got "
+                              f"{len(v)}")
         items = [self.value(t.item_type, x, f"{key}[{i}]") for i, x in enumerate(v)]
         return tuple(items) if isinstance(t, mi.VarTupleType) else items
 
@@ -300,11 +295,6 @@ class _Walk:
             words = extra.get("expected")
             raise SchemaError(key, f"keys must be {words}, got {_shown(k)}" if words
                               else f"bad key {_shown(k)}: {exc}") from None
-
-
-def _null(v: Any) -> None:
-    if v is not None:
-        raise ValueError(f"must be null, got {_shown(v)}")
 
 
 def _string(t: Any, words: str | None) -> Any:
