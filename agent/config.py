@@ -1,9 +1,9 @@
 """The agent's configuration and a model's ``config.yaml``, each declared once.
 
-Every key is a dataclass field whose annotation carries its type, bounds and help
-(``agent.schema.setting``); the parser, the defaults, the documented example files
-(``configs/agent.yaml``, ``configs/model.yaml``: ``edgeagent config example``) and the
-help of ``edgeagent serve``'s flags all come from it. An unknown key or a bad value is a
+Every key is a field of a frozen msgspec Struct whose annotation carries its type,
+bounds and help (``agent.schema.setting``); the parser, the defaults, the documented
+example files (``configs/agent.yaml``, ``configs/model.yaml``: ``edgeagent config
+example``) and the help of ``edgeagent serve``'s flags all come from it. An unknown key or a bad value is a
 ``ConfigError`` naming the file and the dotted key, e.g.
 ``models/resnet/config.yaml: slo.latency_ms: must be a number > 0, got 'fast'``.
 """
@@ -11,14 +11,13 @@ help of ``edgeagent serve``'s flags all come from it. An unknown key or a bad va
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
-from msgspec import Meta
+from msgspec import Meta, field, structs
 
 from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
-                          Port, Positive, Text, load, setting)
+                          Port, Positive, Section, Text, load, setting)
 from agent.validation import ConfigError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
@@ -58,8 +57,7 @@ def host_port(v: Any) -> str:
 # -- a model's config.yaml --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OrtOptions:
+class OrtOptions(Section):
     """ONNX Runtime session options (``onnxruntime:`` in config.yaml)."""
 
     intra_op_threads: Annotated[AtLeastZero, setting(
@@ -81,8 +79,7 @@ class OrtOptions:
         = True
 
 
-@dataclass(frozen=True)
-class SyntheticOptions:
+class SyntheticOptions(Section):
     """The synthetic backend's behaviour (``synthetic:`` in config.yaml)."""
 
     base_ms: Annotated[NonNegative, setting("ms per batch")] = 1.0
@@ -92,8 +89,7 @@ class SyntheticOptions:
     load_ms: Annotated[NonNegative, setting("ms a load takes")] = 0.0
 
 
-@dataclass(frozen=True)
-class SloOptions:
+class SloOptions(Section):
     """A latency SLO: the deadline and the percentile of requests that must meet it."""
 
     latency_ms: Annotated[Positive, setting(
@@ -103,8 +99,7 @@ class SloOptions:
                                          gt=0, le=100)] = 99.0
 
 
-@dataclass(frozen=True)
-class BatchingOptions:
+class BatchingOptions(Section):
     """Batching knobs (``batching:``). In a model's config.yaml a None field means "the
     agent's value"."""
 
@@ -127,7 +122,6 @@ class BatchingOptions:
         "it)", example=1)] = None
 
 
-@dataclass(frozen=True)
 class ServerBatching(BatchingOptions):
     """The agent's batching: the value of every key a model's config.yaml leaves out."""
 
@@ -140,8 +134,7 @@ SERVER_BATCHING = ServerBatching(enabled=True, adaptive=True, window_ms_max=100.
                                  aimd_step=2, budget_fraction=0.5, workers=1)
 
 
-@dataclass(frozen=True)
-class PredictionCacheOptions:
+class PredictionCacheOptions(Section):
     """Per-model prediction cache (``prediction_cache:``); None fields: the agent's."""
 
     enabled: Annotated[bool | None, setting(
@@ -155,8 +148,7 @@ class PredictionCacheOptions:
 SERVER_PREDICTION_CACHE = PredictionCacheOptions(enabled=False, max_bytes=64 * 2**20)
 
 
-@dataclass(frozen=True)
-class WarmupOptions:
+class WarmupOptions(Section):
     """How a model is warmed up before it is reported ready (``warmup:``)."""
 
     mode: str = "default"  # default | none | file | inputs
@@ -188,8 +180,7 @@ def warmup_option(v: Any) -> WarmupOptions:
                      f"got {v!r}")
 
 
-@dataclass(frozen=True)
-class DeclaredTensor:
+class DeclaredTensor(Section):
     """An input or output as a Triton ``config.pbtxt`` declares it: OIP datatype, full
     shape (the batch dimension included as -1 where the model batches)."""
 
@@ -198,8 +189,7 @@ class DeclaredTensor:
     shape: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Section):
     """A model's settings: <repository>/<model>/config.yaml, beside its version
     directories. Every key is optional; a key left out takes the agent's value (its
     config file's key of the same name). An unknown key is an error naming the file
@@ -275,8 +265,7 @@ def default_data_dir() -> Path:
     return Path(base) / "edgeagent"
 
 
-@dataclass(frozen=True)
-class CoordinatorLink:
+class CoordinatorLink(Section):
     """Where and how often the agent reports (``coordinator:``)."""
 
     url: Annotated[str, setting("the coordinator's URL", check=http_url,
@@ -295,8 +284,7 @@ class CoordinatorLink:
         "sizing and provisioning)", example="c5.2xlarge")] = None
 
 
-@dataclass(frozen=True)
-class TfServingSettings:
+class TfServingSettings(Section):
     """How the agent reaches TensorFlow Serving (``tfserving:``)."""
 
     binary: Annotated[Text, setting(
@@ -327,8 +315,7 @@ class TfServingSettings:
         "the longest wait before a restart")] = 30.0
 
 
-@dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(Section):
     """The node agent's settings (edgeagent serve --config FILE). Every key is optional;
     command-line flags override these values. An unknown key is an error naming the file
     and the key. Relative paths are resolved from the file's directory. Sizes take bytes
@@ -437,7 +424,7 @@ class AgentConfig:
 
     def with_overrides(self, **changes: Any) -> AgentConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig:

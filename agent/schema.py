@@ -1,12 +1,12 @@
 """Typed declarations applied to what comes from outside.
 
-A declaration is a class whose fields carry their type and a ``msgspec.Meta``: bounds
-(``ge``, ``gt``, ``le``, ``lt``, ``min_length``, ``max_length``, ``pattern``), the help
-text (``description``) and, through ``setting``, what the example file shows and a
-checker for what a type cannot say (sizes such as ``2GiB``, devices). Configurations are
-frozen dataclasses (``agent.config``, ``agent.coordinator.config``); the node report is
-a tree of msgspec Structs (``agent.wire``), which msgspec decodes straight from bytes.
-From a declaration come:
+A declaration is a tree of msgspec Structs whose fields carry their type and a
+``msgspec.Meta``: bounds (``ge``, ``gt``, ``le``, ``lt``, ``min_length``, ``max_length``,
+``pattern``), the help text (``description``) and, through ``setting``, what the example
+file shows and a checker for what a type cannot say (sizes such as ``2GiB``, devices).
+Configurations are ``Section``s (``agent.config``, ``agent.coordinator.config``); the
+node report and the directives are Structs that msgspec decodes straight from bytes
+(``agent.wire``). From a declaration come:
 
 * ``load``: a configuration mapping as an instance; an unknown key or a bad value is a
   ``ConfigError`` naming the file and the dotted key in ``agent.validation``'s words
@@ -19,7 +19,6 @@ From a declaration come:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -74,14 +73,17 @@ def expected(words: str, **bounds: Any) -> msgspec.Meta:
     return msgspec.Meta(extra={"expected": words}, **bounds)
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
+class Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A configuration, or a section of one (``slo:``): frozen, its keys its fields."""
+
+
+class Setting(msgspec.Struct, frozen=True):
     """One key of a configuration declaration, as the CLI and the example file see it."""
 
     name: str
     type: Any  # msgspec.inspect type, without its Metadata
     help: str
-    default: Any  # dataclasses.MISSING when required
+    default: Any  # NODEFAULT when required
     computed: bool  # the default is made when the instance is (default_factory)
     extra: dict[str, Any]
 
@@ -101,7 +103,7 @@ class Setting:
     def shown_default(self) -> str | None:
         """The default as a file would say it; None when there is none to show (None,
         required, or made per instance)."""
-        if self.computed or self.default is None or self.default is dataclasses.MISSING:
+        if self.computed or self.default is None or self.default is msgspec.NODEFAULT:
             return None
         return _plain(self.default, self.check)
 
@@ -127,7 +129,7 @@ def _default(f: Any) -> Any:
         return f.default
     if f.default_factory is not msgspec.NODEFAULT:
         return f.default_factory()
-    return dataclasses.MISSING
+    return msgspec.NODEFAULT
 
 
 def settings(cls: type) -> dict[str, Setting]:
@@ -142,11 +144,11 @@ def settings(cls: type) -> dict[str, Setting]:
 
 
 def _section_type(t: Any) -> Any:
-    """The dataclass or Struct type of ``t`` (a union with None included), else None."""
+    """The Struct type of ``t`` (a union with None included), else None."""
     kinds = t.types if isinstance(t, mi.UnionType) else (t,)
     for k in kinds:
         k = _unwrap(k)[0]
-        if isinstance(k, (mi.DataclassType, mi.StructType)):
+        if isinstance(k, mi.StructType):
             return k
     return None
 
@@ -154,12 +156,6 @@ def _section_type(t: Any) -> Any:
 def _shown(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 60 else f"{text[:57]}..."
-
-
-def _replace(obj: Any, changes: dict[str, Any]) -> Any:
-    if isinstance(obj, msgspec.Struct):
-        return msgspec.structs.replace(obj, **changes)
-    return dataclasses.replace(obj, **changes)
 
 
 _JSON_INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
@@ -184,7 +180,7 @@ class _Walk:
             return self._union(t, v, key, base)
         if isinstance(t, mi.StructType) and t.array_like:
             return self._row(t, v, key)
-        if isinstance(t, (mi.DataclassType, mi.StructType)):
+        if isinstance(t, mi.StructType):
             return self._section(t, v, key, base)
         if isinstance(t, mi.DictType):
             return self._dict(t, v, key)
@@ -229,7 +225,7 @@ class _Walk:
         if type(v) is not dict:
             raise SchemaError(key, f"must be {self.mapping}, got {type(v).__name__}")
         fields = [f for f in t.fields if not _unwrap(f.type)[1].get("internal")]
-        if getattr(t, "forbid_unknown_fields", True):  # a Struct may leave them out
+        if self.config or t.forbid_unknown_fields:  # else a wire type leaves them out
             only(v, [f.encode_name for f in fields], prefix, noun=self.noun)
         values = {}
         for f in fields:
@@ -237,7 +233,7 @@ class _Walk:
                 below = getattr(base, f.name) if base is not None else \
                     _default(f) if self.config else None
                 values[f.name] = self.value(f.type, v[f.encode_name], prefix + f.name,
-                                            below if dataclasses.is_dataclass(below) else None)
+                                            below if isinstance(below, Section) else None)
             elif f.required and base is None:
                 raise SchemaError(prefix + f.name,
                                   f"required when {key} is given" if key else "missing")
@@ -246,7 +242,8 @@ class _Walk:
     def _build(self, t: Any, values: dict[str, Any], key: str | None, base: Any) -> Any:
         """The instance; a ValueError from its ``__post_init__`` names ``key``."""
         try:
-            return _replace(base, values) if base is not None else t.cls(**values)
+            return msgspec.structs.replace(base, **values) if base is not None \
+                else t.cls(**values)
         except SchemaError as exc:  # a rule between fields, naming one of them
             raise SchemaError(f"{key}.{exc.key}" if key and exc.key else exc.key or key,
                               exc.message) from None
@@ -411,7 +408,7 @@ def _entries(cls: type, indent: str, instance: Any) -> list[tuple[bool | None, s
         section = None if s.check else _section_type(s.type)
         if section is not None:
             inner = _entries(section.cls, indent + "  ",
-                             current if dataclasses.is_dataclass(current) else None)
+                             current if isinstance(current, Section) else None)
             if off is None:  # no default, or nothing below set: shown commented out
                 off = current is None or all(c for c, _ in inner if c is not None)
             out += [*_comment(s.help, indent), (off, f"{indent}{s.name}:"),
@@ -419,12 +416,12 @@ def _entries(cls: type, indent: str, instance: Any) -> list[tuple[bool | None, s
             continue
         overridden = instance is not None and current != s.default
         value = s.extra["example"] if "example" in s.extra and not overridden else current
-        if value is None or value is dataclasses.MISSING:
+        if value is None or value is msgspec.NODEFAULT:
             raise ValueError(f"{cls.__name__}.{s.name}: no value to show (setting(example=))")
         if s.check is size and type(value) is int:
             value = _plain(value, size)
         if off is None:  # no default: the example is shown commented out
-            off = current is None or current is dataclasses.MISSING
+            off = current is None or current is msgspec.NODEFAULT
         lines = [f"{indent}{s.name}: {_scalar(value)}"] if not isinstance(value, dict) \
             else [f"{indent}{s.name}:", *(f"{indent}  {_scalar(k)}: {_scalar(v)}"
                                           for k, v in value.items())]

@@ -1,22 +1,24 @@
 """The coordinator's configuration (``coordinator serve --config FILE``), declared once.
 
-Every key is a dataclass field whose annotation carries its type, bounds and help
-(``agent.schema.setting``): the parser, the defaults (the embedded configuration when no
-file is given), the example file (``configs/coordinator.yaml``: ``edgeagent config
-example coordinator``) and the help of ``coordinator serve``'s flags come from it.
+Every key is a field of a frozen msgspec Struct whose annotation carries its type,
+bounds and help (``agent.schema.setting``): the parser, the defaults (the embedded
+configuration when no file is given), the example file (``configs/coordinator.yaml``:
+``edgeagent config example coordinator``) and the help of ``coordinator serve``'s flags
+come from it.
 Errors name the file and key, as for the agent's config (``ConfigError``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
+from msgspec import field, structs
+
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
-from agent.schema import AtLeastOne, LogLevel, Port, Positive, Text, load, setting
+from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
 from agent.validation import ConfigError, choice, load_yaml, string
 
 
@@ -37,8 +39,7 @@ def postgresql_url(v: Any) -> str:
     return v
 
 
-@dataclass(frozen=True)
-class CoordinatorConfig:
+class CoordinatorConfig(Section):
     """The coordinator's settings (edgeagent coordinator serve --config FILE). Every key
     is optional: without a file the coordinator runs on these defaults, Faro's (a plan
     every 5 minutes over a 7-minute window at the 0.9 quantile, a 10 s reactive loop that
@@ -112,7 +113,7 @@ class CoordinatorConfig:
 
     def with_overrides(self, **changes: Any) -> CoordinatorConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def parse_coordinator_config(data: Any, file: str | Path | None = None) -> CoordinatorConfig:
