@@ -19,6 +19,8 @@ from agent import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("agent.commands.cache:cache",
               "Inspect and steer a running agent's model cache."),
+    "config": ("agent.commands.config:config",
+               "Show each configuration file's keys, or check a file."),
     "coordinator": ("agent.commands.coordinator:coordinator",
                     "Run the fleet coordinator (Faro planning) or talk to one."),
     "plan": ("agent.commands.plan:plan",

@@ -1,30 +1,30 @@
-"""Agent configuration and per-model ``config.yaml`` parsing.
+"""The agent's configuration and a model's ``config.yaml``, each declared once.
 
-Both are YAML mappings checked against a small schema: an unknown key or a bad value is
-a ``ConfigError`` naming the file and the dotted key, e.g.
+Every key is a field of a frozen msgspec Struct whose annotation carries its type,
+bounds and help (``agent.schema.setting``); the parser, the defaults, the documented
+example files (``configs/agent.yaml``, ``configs/model.yaml``: ``edgeagent config
+example``) and the help of ``edgeagent serve``'s flags all come from it. An unknown key or a bad value is a
+``ConfigError`` naming the file and the dotted key, e.g.
 ``models/resnet/config.yaml: slo.latency_ms: must be a number > 0, got 'fast'``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agent.validation import (ConfigError, boolean, check_config, choice, device, load_yaml,
-                              number, size, str_list, string)
+from msgspec import Meta, field, structs
+
+from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
+                          Port, Positive, Section, Text, load, setting)
+from agent.validation import ConfigError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
 #: What a request for a model that is not loaded does: wait for the load (``serve``,
 #: late answers count as SLO violations) or fail fast when the load outlasts its
 #: deadline (``reject``: 503 + Retry-After while the load goes on in the background).
 COLD_START = ("serve", "reject")
-
-
-# The schemas below name the shared checkers (agent.validation) by short private names.
-_bool, _choice, _device, _num = boolean, choice, device, number
-_size, _str, _str_list = size, string, str_list
 
 
 def gpu_budget(v: Any) -> int | dict[str, int]:
@@ -36,37 +36,132 @@ def gpu_budget(v: Any) -> int | dict[str, int]:
             raise ValueError(f"must be a size or cuda:N=SIZE,... pairs, got {v!r}")
         v = {name.strip(): amount.strip() for name, _, amount in pairs}
     if isinstance(v, dict):
-        if not v or any(_device(name) == "cpu" for name in v):
+        if not v or any(device(name) == "cpu" for name in v):
             raise ValueError(f"must name GPUs (cuda:N) with sizes, got {v!r}")
-        return {_device(name): _size(amount) for name, amount in v.items()}
-    return _size(v)
+        return {device(name): size(amount) for name, amount in v.items()}
+    return size(v)
 
 
-# -- per-model config.yaml -------------------------------------------------------------
-
-_ORT_SCHEMA = {
-    "intra_op_threads": _num(0, integer=True),
-    "inter_op_threads": _num(0, integer=True),
-    "graph_optimization_level": _choice("disable", "basic", "extended", "all"),
-    "execution_mode": _choice("sequential", "parallel"),
-    "allow_spinning": _bool,
-    "enable_cpu_mem_arena": _bool,
-    "enable_mem_pattern": _bool,
-}
-_SLO_SCHEMA = {"latency_ms": _num(0, strict_lo=True),
-               "percentile": _num(0, 100, strict_lo=True)}
-_BATCHING_SCHEMA = {
-    "enabled": _bool,
-    "adaptive": _bool,
-    "window_ms_max": _num(0),
-    "aimd_step": _num(1, integer=True),
-    "budget_fraction": _num(0, 1, strict_lo=True),
-    "workers": _num(1, 256, integer=True),
-}
-_PREDICTION_CACHE_SCHEMA = {"enabled": _bool, "max_bytes": _size}
+def http_url(v: Any) -> str:
+    if not string(v).startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+    return v
 
 
-def warmup_option(v: Any) -> "WarmupOptions":
+def host_port(v: Any) -> str:
+    if not string(v).rpartition(":")[2].isdigit():
+        raise ValueError(f"must be host:port, got {v!r}")
+    return v
+
+
+# -- a model's config.yaml --------------------------------------------------------------
+
+
+class OrtOptions(Section):
+    """ONNX Runtime session options (``onnxruntime:`` in config.yaml)."""
+
+    intra_op_threads: Annotated[AtLeastZero, setting(
+        "threads within one operator (0: ONNX Runtime's choice); one, as the agent runs "
+        "requests in parallel itself and spinning pools per session would fight over the "
+        "few cores of an edge box")] = 1
+    inter_op_threads: Annotated[AtLeastZero, setting(
+        "threads across operators (execution_mode: parallel)")] = 1
+    graph_optimization_level: Annotated[str, setting(
+        "graph optimizations applied at load",
+        check=choice("disable", "basic", "extended", "all"))] = "all"
+    execution_mode: Annotated[str, setting(
+        "run independent operators one after another or in parallel",
+        check=choice("sequential", "parallel"))] = "sequential"
+    allow_spinning: Annotated[bool, setting(
+        "let idle threads spin (a faster wake-up for a core kept busy)")] = False
+    enable_cpu_mem_arena: Annotated[bool, setting("ONNX Runtime's CPU memory arena")] = True
+    enable_mem_pattern: Annotated[bool, setting("ONNX Runtime's memory pattern planning")] \
+        = True
+
+
+class SyntheticOptions(Section):
+    """The synthetic backend's behaviour (``synthetic:`` in config.yaml)."""
+
+    base_ms: Annotated[NonNegative, setting("ms per batch")] = 1.0
+    per_item_ms: Annotated[NonNegative, setting("ms per row of a batch, added")] = 0.0
+    size_bytes: Annotated[int, setting("memory the model takes (bytes or a size such as "
+                                       "512MB)", check=size, example="1MB")] = 1_000_000
+    load_ms: Annotated[NonNegative, setting("ms a load takes")] = 0.0
+
+
+class SloOptions(Section):
+    """A latency SLO: the deadline and the percentile of requests that must meet it."""
+
+    latency_ms: Annotated[Positive, setting(
+        "a request's deadline in ms (a client's timeout parameter, in microseconds as "
+        "tritonclient sends it, may make it tighter)", example=100)]
+    percentile: Annotated[float, setting("the percentile of requests the deadline holds for",
+                                         gt=0, le=100)] = 99.0
+
+
+class BatchingOptions(Section):
+    """Batching knobs (``batching:``). In a model's config.yaml a None field means "the
+    agent's value"."""
+
+    enabled: Annotated[bool | None, setting(
+        "batch requests (models whose inputs and outputs all have a variable first "
+        "dimension)", example=True)] = None
+    adaptive: Annotated[bool | None, setting(
+        "an AIMD limit on the batch size and MArk's window; false: the static "
+        "max_batch_size and window_ms_max", example=True)] = None
+    window_ms_max: Annotated[NonNegative | None, setting(
+        "longest wait for a batch to fill (0: never delay a batch)", example=100)] = None
+    aimd_step: Annotated[AtLeastOne | None, setting(
+        "+rows of the limit per full batch within budget (-10 % when a batch is over it)",
+        example=2)] = None
+    budget_fraction: Annotated[Annotated[float, Meta(gt=0, le=1)] | None, setting(
+        "share of the SLO latency one batch may take (the rest: waiting behind one)",
+        example=0.5)] = None
+    workers: Annotated[Annotated[int, Meta(ge=1, le=256)] | None, setting(
+        "batches run in parallel per model at load (POST /v1/cache/NAME/workers changes "
+        "it)", example=1)] = None
+
+
+class ServerBatching(BatchingOptions):
+    """The agent's batching: the value of every key a model's config.yaml leaves out."""
+
+    max_batch_size: Annotated[AtLeastZero, setting(
+        "rows per batch at most, for models that do not set their own max_batch_size "
+        "(0 or 1: never batched)")] = 32
+
+
+SERVER_BATCHING = ServerBatching(enabled=True, adaptive=True, window_ms_max=100.0,
+                                 aimd_step=2, budget_fraction=0.5, workers=1)
+
+
+class PredictionCacheOptions(Section):
+    """Per-model prediction cache (``prediction_cache:``); None fields: the agent's."""
+
+    enabled: Annotated[bool | None, setting(
+        "cache outputs by input digest (per model version, CLOCK eviction)",
+        example=False)] = None
+    max_bytes: Annotated[int | None, setting(
+        "the cache's size per model; larger outputs are not cached", check=size,
+        example="64MiB")] = None
+
+
+SERVER_PREDICTION_CACHE = PredictionCacheOptions(enabled=False, max_bytes=64 * 2**20)
+
+
+class WarmupOptions(Section):
+    """How a model is warmed up before it is reported ready (``warmup:``)."""
+
+    mode: str = "default"  # default | none | file | inputs
+    file: str | None = None
+    inputs: tuple[Any, ...] | None = None
+
+    @property
+    def explicit(self) -> bool:
+        """A sample the user gave: its failure fails the load."""
+        return self.mode in ("file", "inputs")
+
+
+def warmup_option(v: Any) -> WarmupOptions:
     """``warmup``: ``default`` (one run on zeros shaped by the signature; a failure is
     logged and the model still loads), ``none``, ``{file: sample.json}`` (a v2 request
     body ``{"inputs": [...]}`` relative to the model directory) or ``{inputs: [...]}``
@@ -85,99 +180,7 @@ def warmup_option(v: Any) -> "WarmupOptions":
                      f"got {v!r}")
 
 
-_MODEL_SCHEMA = {
-    "backend": _choice(*BACKENDS),
-    "device": _device,
-    "slo": _SLO_SCHEMA,
-    "max_batch_size": _num(0, integer=True),
-    "batching": _BATCHING_SCHEMA,
-    "max_queue": _num(1, integer=True),
-    "max_request_rows": _num(1, integer=True),
-    "prediction_cache": _PREDICTION_CACHE_SCHEMA,
-    "pin": _bool,
-    "cold_start": _choice(*COLD_START),
-    "load_wait_max_s": _num(0),
-    "load_retry_s": _num(0),
-    "idle_unload_s": _num(0, strict_lo=True),
-    "onnxruntime": _ORT_SCHEMA,
-    "warmup": warmup_option,
-    "synthetic": {"base_ms": _num(0), "per_item_ms": _num(0), "size_bytes": _size,
-                  "load_ms": _num(0)},
-}
-
-
-@dataclass(frozen=True)
-class OrtOptions:
-    """ONNX Runtime session options (``onnxruntime:`` in config.yaml)."""
-
-    # One intra-op thread by default: the agent runs requests in parallel itself, and
-    # spinning pools per session would fight over the few cores of an edge box.
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
-    graph_optimization_level: str = "all"
-    execution_mode: str = "sequential"
-    allow_spinning: bool = False
-    enable_cpu_mem_arena: bool = True
-    enable_mem_pattern: bool = True
-
-
-@dataclass(frozen=True)
-class SyntheticOptions:
-    """The synthetic backend's behaviour (``synthetic:`` in config.yaml)."""
-
-    base_ms: float = 1.0
-    per_item_ms: float = 0.0
-    size_bytes: int = 1_000_000
-    load_ms: float = 0.0
-
-
-@dataclass(frozen=True)
-class BatchingOptions:
-    """Batching knobs (``batching:``). In a model's config.yaml a None field means "the
-    server's value"; ``max_batch_size`` is the server default for models that do not set
-    their own (a model sets it at the top level of its config.yaml)."""
-
-    enabled: bool | None = None
-    adaptive: bool | None = None        # False: a static limit (max_batch_size) and window
-    window_ms_max: float | None = None  # longest wait for a batch to fill (0: never wait)
-    aimd_step: int | None = None        # additive increase of the limit per full batch
-    budget_fraction: float | None = None  # share of the SLO latency one batch may take
-    workers: int | None = None          # workers (parallel batches) per model at load
-    max_batch_size: int | None = None
-
-
-SERVER_BATCHING = BatchingOptions(enabled=True, adaptive=True, window_ms_max=100.0,
-                                  aimd_step=2, budget_fraction=0.5, workers=1,
-                                  max_batch_size=32)
-
-
-@dataclass(frozen=True)
-class PredictionCacheOptions:
-    """Per-model prediction cache (``prediction_cache:``); None fields: the server's."""
-
-    enabled: bool | None = None
-    max_bytes: int | None = None
-
-
-SERVER_PREDICTION_CACHE = PredictionCacheOptions(enabled=False, max_bytes=64 * 2**20)
-
-
-@dataclass(frozen=True)
-class WarmupOptions:
-    """How a model is warmed up before it is reported ready (``warmup:``)."""
-
-    mode: str = "default"  # default | none | file | inputs
-    file: str | None = None
-    inputs: tuple[Any, ...] | None = None
-
-    @property
-    def explicit(self) -> bool:
-        """A sample the user gave: its failure fails the load."""
-        return self.mode in ("file", "inputs")
-
-
-@dataclass(frozen=True)
-class DeclaredTensor:
+class DeclaredTensor(Section):
     """An input or output as a Triton ``config.pbtxt`` declares it: OIP datatype, full
     shape (the batch dimension included as -1 where the model batches)."""
 
@@ -186,62 +189,61 @@ class DeclaredTensor:
     shape: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """One model's settings; ``backend`` None means "infer it from the files"; None
-    SLO, batch size and queue bound mean "the server's"."""
+class ModelConfig(Section):
+    """A model's settings: <repository>/<model>/config.yaml, beside its version
+    directories. Every key is optional; a key left out takes the agent's value (its
+    config file's key of the same name). An unknown key is an error naming the file
+    and the key."""
 
-    backend: str | None = None
-    device: str = "cpu"
-    slo_latency_ms: float | None = None
-    slo_percentile: float = 99.0
-    max_batch_size: int | None = None  # 0 or 1: never batched
-    batching: BatchingOptions = field(default_factory=BatchingOptions)
-    max_queue: int | None = None
-    max_request_rows: int | None = None  # rows per request; None: the server's
-    prediction_cache: PredictionCacheOptions = field(default_factory=PredictionCacheOptions)
-    pin: bool = False
-    cold_start: str | None = None         # serve | reject; None: the server's
-    load_wait_max_s: float | None = None  # longest wait for room; None: the server's
-    load_retry_s: float | None = None  # a failed load is retried after; None: the server's
-    idle_unload_s: float | None = None  # unload after this long unused; None: the server's
-    onnxruntime: OrtOptions = field(default_factory=OrtOptions)
-    synthetic: SyntheticOptions | None = None
-    warmup: WarmupOptions | None = None  # None: the backend's default
+    backend: Annotated[str | None, setting(
+        "the backend that serves it; left out: inferred from the files (model.onnx: "
+        "onnx, saved_model.pb: tfserving)", check=choice(*BACKENDS), example="onnx")] = None
+    device: Annotated[str, setting("cpu, cuda (cuda:0) or cuda:N", check=device)] = "cpu"
+    slo: Annotated[SloOptions | None, setting("the model's latency SLO")] = None
+    max_batch_size: Annotated[AtLeastZero | None, setting(
+        "rows per batch at most (0 or 1: never batched)", example=8)] = None
+    batching: Annotated[BatchingOptions, setting("how its requests are batched")] = \
+        field(default_factory=BatchingOptions)
+    max_queue: Annotated[AtLeastOne | None, setting(
+        "tail drop: its queue this long rejects new requests (503)", example=50)] = None
+    max_request_rows: Annotated[AtLeastOne | None, setting(
+        "rows one request may carry; more get 413", example=2048)] = None
+    prediction_cache: Annotated[PredictionCacheOptions, setting(
+        "its prediction cache")] = field(default_factory=PredictionCacheOptions)
+    pin: Annotated[bool, setting("never evict it")] = False
+    cold_start: Annotated[str | None, setting(
+        "a request while it is not loaded: serve (wait for the load) or reject (503 + "
+        "Retry-After when the load outlasts the request's deadline)",
+        check=choice(*COLD_START), example="serve")] = None
+    load_wait_max_s: Annotated[NonNegative | None, setting(
+        "its load waits this long for room, then 503", example=30)] = None
+    load_retry_s: Annotated[NonNegative | None, setting(
+        "after a failed load, requests get 503 this long before a new try",
+        example=30)] = None
+    idle_unload_s: Annotated[Positive | None, setting(
+        "unload it when unused this long", example=600)] = None
+    onnxruntime: Annotated[OrtOptions, setting("ONNX Runtime session options")] = \
+        field(default_factory=OrtOptions)
+    warmup: Annotated[WarmupOptions | None, setting(
+        "warm-up before it is ready: default (one run on zeros shaped by the signature; "
+        "a failure is logged), none, {file: sample.json} (a v2 request body in the model "
+        "directory) or {inputs: [...]} (v2 inputs); a failing sample given here fails "
+        "the load", check=warmup_option, example="default")] = None
+    synthetic: Annotated[SyntheticOptions | None, setting(
+        "what the synthetic backend pretends (backend: synthetic only)")] = None
     #: From a Triton config.pbtxt or a load's config override: the inputs/outputs it
     #: declares (checked against the model at load) and where they were said.
-    declared_inputs: tuple[DeclaredTensor, ...] | None = None
-    declared_outputs: tuple[DeclaredTensor, ...] | None = None
-    declared_in: str | None = None
+    declared_inputs: Annotated[tuple[DeclaredTensor, ...] | None, INTERNAL] = None
+    declared_outputs: Annotated[tuple[DeclaredTensor, ...] | None, INTERNAL] = None
+    declared_in: Annotated[str | None, INTERNAL] = None
 
 
 def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig:
     """A ``ModelConfig`` from a parsed config.yaml mapping (errors name ``file``/key)."""
-    d = check_config(data, _MODEL_SCHEMA, file)
-    slo = d.get("slo", {})
-    if slo and "latency_ms" not in slo:
-        raise ConfigError(file, "slo.latency_ms", "required when slo is given")
-    if "synthetic" in d and d.get("backend") != "synthetic":
+    config = load(ModelConfig, data, file)
+    if config.synthetic is not None and config.backend != "synthetic":
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
-    return ModelConfig(
-        backend=d.get("backend"),
-        device=d.get("device", "cpu"),
-        slo_latency_ms=slo.get("latency_ms"),
-        slo_percentile=slo.get("percentile", 99.0),
-        max_batch_size=d.get("max_batch_size"),
-        batching=BatchingOptions(**d.get("batching", {})),
-        max_queue=d.get("max_queue"),
-        max_request_rows=d.get("max_request_rows"),
-        prediction_cache=PredictionCacheOptions(**d.get("prediction_cache", {})),
-        pin=d.get("pin", False),
-        cold_start=d.get("cold_start"),
-        load_wait_max_s=d.get("load_wait_max_s"),
-        load_retry_s=d.get("load_retry_s"),
-        idle_unload_s=d.get("idle_unload_s"),
-        onnxruntime=OrtOptions(**d.get("onnxruntime", {})),
-        synthetic=SyntheticOptions(**d["synthetic"]) if d.get("backend") == "synthetic" else None,
-        warmup=d.get("warmup"),
-    )
+    return config
 
 
 def load_model_config(path: Path) -> ModelConfig:
@@ -251,52 +253,7 @@ def load_model_config(path: Path) -> ModelConfig:
     return parse_model_config(load_yaml(path), path)
 
 
-# -- agent config ----------------------------------------------------------------------
-
-_AGENT_SCHEMA = {
-    "host": _str,
-    "port": _num(0, 65535, integer=True),
-    "grpc_port": _num(0, 65535, integer=True),
-    "repository": _str,
-    "data_dir": _str,
-    "state_file": _str,
-    "cpu_budget": _size,
-    "gpu_budget": gpu_budget,
-    "memory_margin": _num(0, 0.9),
-    "policy": _str,
-    "admin_token_file": _str,
-    "max_request_size": _size,
-    "max_request_bytes_in_flight": _size,
-    "load_concurrency": _num(1, integer=True),
-    "max_request_rows": _num(1, integer=True),
-    "max_tensor_bytes": _size,
-    "read_timeout_s": _num(0, strict_lo=True),
-    "infer_threads": _num(1, integer=True),
-    "restore": _bool,
-    "drain_seconds": _num(0),
-    "log_level": _choice("debug", "info", "warning", "error"),
-    "slo": _SLO_SCHEMA,
-    "batching": {**_BATCHING_SCHEMA, "max_batch_size": _num(0, integer=True)},
-    "max_queue": _num(1, integer=True),
-    "cold_start": _choice(*COLD_START),
-    "load_wait_max_s": _num(0),
-    "load_retry_s": _num(0),
-    "idle_unload_s": _num(0, strict_lo=True),
-    "prediction_cache": _PREDICTION_CACHE_SCHEMA,
-    "tfserving": {
-        "binary": _str, "address": _str, "grpc_port": _num(0, 65535, integer=True),
-        "args": _str_list, "model_base_path": _str,
-        "start_timeout_seconds": _num(0, strict_lo=True),
-        "load_timeout_seconds": _num(0, strict_lo=True),
-        "unload_timeout_seconds": _num(0, strict_lo=True),
-        "request_timeout_seconds": _num(0, strict_lo=True),
-        "restart_backoff_seconds": _num(0, strict_lo=True),
-        "restart_backoff_max_seconds": _num(0, strict_lo=True),
-    },
-    "coordinator": {"url": _str, "report_interval_s": _num(0, strict_lo=True),
-                    "token_file": _str, "node_name": _str, "cores": _num(0, strict_lo=True),
-                    "node_type": _str},
-}
+# -- the agent's config -----------------------------------------------------------------
 
 
 def default_data_dir() -> Path:
@@ -308,78 +265,153 @@ def default_data_dir() -> Path:
     return Path(base) / "edgeagent"
 
 
-@dataclass(frozen=True)
-class CoordinatorLink:
-    """Where and how often the agent reports (``coordinator:``); ``cores`` None means
-    the CPUs this process may use, ``node_name`` None the host name."""
+class CoordinatorLink(Section):
+    """Where and how often the agent reports (``coordinator:``)."""
 
-    url: str
-    report_interval_s: float = 5.0
-    token_file: Path | None = None
-    node_name: str | None = None
-    cores: float | None = None
-    node_type: str | None = None  # a key of the coordinator's node_types price table
-
-
-@dataclass(frozen=True)
-class TfServingSettings:
-    """How the agent reaches TensorFlow Serving (``tfserving:``). Managed (default): the
-    agent runs ``binary`` (a path or a command, split like a shell would) with ``args``;
-    attach: ``address`` (host:port) names a server someone else runs, ``binary`` unused."""
-
-    binary: str = "tensorflow_model_server"
-    address: str | None = None
-    grpc_port: int = 0  # managed: 0 = a free port, chosen at each start
-    args: tuple[str, ...] = ()
-    model_base_path: str | None = None  # the repository root as the server sees it
-    start_timeout_seconds: float = 60.0
-    load_timeout_seconds: float = 120.0
-    unload_timeout_seconds: float = 60.0
-    request_timeout_seconds: float = 60.0
-    restart_backoff_seconds: float = 1.0  # doubles per failed restart, up to the max
-    restart_backoff_max_seconds: float = 30.0
+    url: Annotated[str, setting("the coordinator's URL", check=http_url,
+                                example="http://10.0.0.5:8100")]
+    report_interval_s: Annotated[Positive, setting("seconds between reports")] = 5.0
+    token_file: Annotated[Path | None, setting(
+        "file holding the bearer token reports carry (the coordinator's "
+        "admin_token_file)", example="/etc/edgeagent/coordinator-token")] = None
+    node_name: Annotated[Text | None, setting(
+        "this node's name; left out: the host name", example="edge-1")] = None
+    cores: Annotated[Positive | None, setting(
+        "cores this node offers the planner; left out: the CPUs this process may use",
+        example=4)] = None
+    node_type: Annotated[Text | None, setting(
+        "the kind of machine, a key of the coordinator's node_types price table (fleet "
+        "sizing and provisioning)", example="c5.2xlarge")] = None
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    """The node agent's settings. None budgets mean "from psutil / NVML minus a margin"."""
+class TfServingSettings(Section):
+    """How the agent reaches TensorFlow Serving (``tfserving:``)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    grpc_port: int = 8001  # KServe v2 gRPC (Triton's port); 0: no gRPC endpoint
-    repository: Path | None = None
-    data_dir: Path = field(default_factory=default_data_dir)
-    state_file: Path | None = None
-    cpu_budget: int | None = None
-    gpu_budget: int | dict[str, int] | None = None  # one size for all GPUs, or per cuda:N
-    memory_margin: float = 0.2
-    policy: str = "cremebrulee"
-    admin_token_file: Path | None = None
-    max_request_size: int = 64 * 2**20
-    max_request_bytes_in_flight: int = 256 * 2**20  # request bodies read and not answered
-    load_concurrency: int = 1  # loads at once: each holds its peak; windows measure cleanly
-    infer_threads: int = max(2, os.cpu_count() or 2)
-    # Rows per request; None: REQUEST_ROWS_FACTOR x the model's max_batch_size, at
-    # least MIN_REQUEST_ROWS (agent.node.serving.resolve_settings).
-    max_request_rows: int | None = None
-    max_tensor_bytes: int = 256 * 2**20  # decoded input tensors of one request, in all
-    read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
-    restore: bool = True
-    drain_seconds: float = 30.0
-    log_level: str = "info"
-    # Defaults for models whose config.yaml does not say (see ModelConfig).
-    slo_latency_ms: float = 1000.0
-    slo_percentile: float = 99.0
-    batching: BatchingOptions = SERVER_BATCHING
-    max_queue: int = 50  # tail drop bound per model queue (Faro)
-    cold_start: str = "serve"     # see COLD_START
-    load_wait_max_s: float = 30.0  # a load waits this long for room, then 503
-    load_retry_s: float = 30.0  # a failed load answers 503 this long before a new try
-    idle_unload_s: float | None = None  # unload a model unused this long; None: never
-    prediction_cache: PredictionCacheOptions = SERVER_PREDICTION_CACHE
-    tfserving: TfServingSettings = field(default_factory=TfServingSettings)
-    coordinator: CoordinatorLink | None = None  # None: run stand-alone, report nowhere
-    source: Path | None = None  # the file it came from, for SIGHUP reloads
+    binary: Annotated[Text, setting(
+        "the server the agent runs: a path or a command line (split as a shell "
+        "would)")] = "tensorflow_model_server"
+    address: Annotated[str | None, setting(
+        "attach to a server someone else runs (host:port) instead of running binary",
+        check=host_port, example="127.0.0.1:8500", commented=True)] = None
+    grpc_port: Annotated[Port, setting(
+        "the managed server's gRPC port; 0: a free port at each start")] = 0
+    args: Annotated[tuple[Text, ...], setting(
+        "more arguments for the managed server",
+        example=["--tensorflow_intra_op_parallelism=2"])] = ()
+    model_base_path: Annotated[Text | None, setting(
+        "the repository root as that server sees it", example="/models")] = None
+    start_timeout_seconds: Annotated[Positive, setting(
+        "the managed server must serve within this of its start")] = 60.0
+    load_timeout_seconds: Annotated[Positive, setting("a model's load must end within "
+                                                      "this")] = 120.0
+    unload_timeout_seconds: Annotated[Positive, setting("a model's unload must end within "
+                                                        "this")] = 60.0
+    request_timeout_seconds: Annotated[Positive, setting("a request to the server must "
+                                                         "end within this")] = 60.0
+    restart_backoff_seconds: Annotated[Positive, setting(
+        "wait before restarting a managed server that died; doubles while it keeps "
+        "dying, up to the max")] = 1.0
+    restart_backoff_max_seconds: Annotated[Positive, setting(
+        "the longest wait before a restart")] = 30.0
+
+
+class AgentConfig(Section):
+    """The node agent's settings (edgeagent serve --config FILE). Every key is optional;
+    command-line flags override these values. An unknown key is an error naming the file
+    and the key. Relative paths are resolved from the file's directory. Sizes take bytes
+    or units: 512MB, 2GiB."""
+
+    host: Annotated[Text, setting("address to listen on (0.0.0.0 for all interfaces)")] \
+        = "127.0.0.1"
+    port: Annotated[Port, setting(
+        "HTTP port: KServe v2 and TF Serving REST, cache admin, /metrics")] = 8000
+    grpc_port: Annotated[Port, setting(
+        "KServe v2 gRPC port (tritonclient.grpc), as Triton's; 0: no gRPC endpoint")] = 8001
+    repository: Annotated[Path | None, setting(
+        "model repository: <repository>/<model>/<version>/model.onnx, and a config.yaml "
+        "per model; left out: the generated demo", example="/var/lib/edgeagent/models",
+        commented=False)] = None
+    data_dir: Annotated[Path, setting(
+        "warm-restart state, learned footprint factors and the demo models; left out: "
+        "$EDGEAGENT_DATA_DIR, $STATE_DIRECTORY or ~/.local/share/edgeagent",
+        example="/var/lib/edgeagent", commented=True)] = field(default_factory=default_data_dir)
+    state_file: Annotated[Path | None, setting(
+        "the resident set kept across restarts; left out: resident.json in data_dir",
+        example="/var/lib/edgeagent/resident.json")] = None
+    cpu_budget: Annotated[int | None, setting(
+        "CPU memory for models; left out: the memory available at start minus "
+        "memory_margin (keep systemd's MemoryMax above it)", check=size, example="2GiB",
+        commented=False)] = None
+    gpu_budget: Annotated[int | dict[str, int] | None, setting(
+        "GPU memory for models: one size for every GPU (6GiB) or per device "
+        "(cuda:0=6GiB,cuda:1=4GiB, or a mapping); the CUDA context is taken off it; left "
+        "out: each GPU's memory (NVML) minus memory_margin", check=gpu_budget,
+        example="12GiB")] = None
+    memory_margin: Annotated[float, setting(
+        "share of memory left out of a budget the agent measures itself", ge=0, le=0.9)] \
+        = 0.2
+    policy: Annotated[Text, setting(
+        "eviction policy: a name (edgeagent simulate --help lists them) and :k=v "
+        "parameters")] = "cremebrulee"
+    admin_token_file: Annotated[Path | None, setting(
+        "file holding the bearer token that the admin and repository endpoints "
+        "(/v1/cache, /v2/repository) then require", example="/etc/edgeagent/admin-token")] \
+        = None
+    max_request_size: Annotated[int, setting(
+        "largest request body; larger ones get 413", check=size, example="64MiB")] \
+        = 64 * 2**20
+    max_request_bytes_in_flight: Annotated[int, setting(
+        "request bodies read and not yet answered, in all; a body that does not fit "
+        "waits for room, then 503", check=size, example="256MiB")] = 256 * 2**20
+    load_concurrency: Annotated[AtLeastOne, setting(
+        "models loading at once, each reserving its peak from the budget (one: loads "
+        "measure cleanly); raise it where loads wait on I/O (TF Serving, remote disks)")] = 1
+    infer_threads: Annotated[AtLeastOne, setting(
+        "threads running inference; left out: the CPU count, at least 2", example=4,
+        commented=True)] = max(2, os.cpu_count() or 2)
+    max_request_rows: Annotated[AtLeastOne | None, setting(
+        "rows per request (a model's config.yaml may set its own); more get 413; left "
+        "out: 64 x the model's max_batch_size, at least 1024", example=2048)] = None
+    max_tensor_bytes: Annotated[int, setting(
+        "a request's input tensors, decoded, in all; more get 413", check=size,
+        example="256MiB")] = 256 * 2**20
+    read_timeout_s: Annotated[Positive, setting(
+        "a request's headers must arrive within this of connecting (or of the last "
+        "answer: idle keep-alive connections close too), its body within this of its "
+        "headers (else 408)")] = 30.0
+    restore: Annotated[bool, setting(
+        "reload the last resident set on start, most popular first")] = True
+    drain_seconds: Annotated[NonNegative, setting(
+        "on SIGTERM, how long requests in flight may finish")] = 30.0
+    log_level: LogLevel = "info"
+    slo: Annotated[SloOptions, setting(
+        "the latency SLO of models whose config.yaml has none")] = SloOptions(1000.0)
+    batching: Annotated[ServerBatching, setting(
+        "batching of models whose config.yaml does not say")] = SERVER_BATCHING
+    max_queue: Annotated[AtLeastOne, setting(
+        "tail drop: a model queue this long rejects new requests (503)")] = 50
+    cold_start: Annotated[str, setting(
+        "a request for a model not loaded: serve (wait for the load; late answers count "
+        "as SLO violations) or reject (503 + Retry-After when the load outlasts the "
+        "request's deadline; the load goes on)", check=choice(*COLD_START))] = "serve"
+    load_wait_max_s: Annotated[NonNegative, setting(
+        "a load waits this long for room, then 503")] = 30.0
+    load_retry_s: Annotated[NonNegative, setting(
+        "after a failed load, requests get 503 this long before a new try")] = 30.0
+    idle_unload_s: Annotated[Positive | None, setting(
+        "unload a model unused this long (a model may set its own); left out: never",
+        example=600)] = None
+    prediction_cache: Annotated[PredictionCacheOptions, setting(
+        "prediction caches of models whose config.yaml does not say")] = \
+        SERVER_PREDICTION_CACHE
+    tfserving: Annotated[TfServingSettings, setting(
+        "TensorFlow Serving, for SavedModels in the repository (pip install "
+        "'edgeagent[tfserving]'). Managed (default): the agent runs binary with an empty "
+        "model list and restarts it with backoff when it dies. Attach: give address "
+        "instead of binary", commented=True)] = field(default_factory=TfServingSettings)
+    coordinator: Annotated[CoordinatorLink | None, setting(
+        "report to a fleet coordinator (edgeagent coordinator serve) and take its "
+        "directives; left out: run stand-alone")] = None
 
     @property
     def resident_state_path(self) -> Path:
@@ -390,60 +422,27 @@ class AgentConfig:
         """Where learned footprint factors are kept across restarts."""
         return self.data_dir / "footprints.json"
 
-    def with_overrides(self, **changes: Any) -> "AgentConfig":
+    def with_overrides(self, **changes: Any) -> AgentConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-_PATH_KEYS = {"repository", "data_dir", "state_file", "admin_token_file"}
+        return structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig:
-    """An ``AgentConfig`` from a parsed YAML mapping; relative paths are from ``file``'s dir."""
-    d = check_config(data, _AGENT_SCHEMA, file)
-    base = Path(file).parent if file else Path.cwd()
-    for key in _PATH_KEYS & d.keys():
-        d[key] = (base / Path(d[key]).expanduser()).resolve()
-    if "policy" in d:
+    """An ``AgentConfig`` from a parsed YAML mapping; relative paths are from ``file``'s
+    directory."""
+    config = load(AgentConfig, data, file)
+    tfserving = data.get("tfserving") if isinstance(data, dict) else None
+    if isinstance(tfserving, dict) and "address" in tfserving and "binary" in tfserving:
+        raise ConfigError(file, "tfserving.address", "give binary (the agent runs the "
+                          "server) or address (attach to a running one), not both")
+    if isinstance(data, dict) and "policy" in data:
         from cachepolicies.registry import parse_policy_spec
 
         try:
-            parse_policy_spec(d["policy"])
+            parse_policy_spec(config.policy)
         except ValueError as exc:
             raise ConfigError(file, "policy", str(exc)) from None
-    if "coordinator" in d:
-        link = d["coordinator"]
-        if "url" not in link:
-            raise ConfigError(file, "coordinator.url", "required when coordinator is given")
-        if not link["url"].startswith(("http://", "https://")):
-            raise ConfigError(file, "coordinator.url",
-                              f"must be an http:// or https:// URL, got {link['url']!r}")
-        if "token_file" in link:
-            link["token_file"] = (base / Path(link["token_file"]).expanduser()).resolve()
-        d["coordinator"] = CoordinatorLink(**link)
-    if "tfserving" in d:
-        tfs = d["tfserving"]
-        if "address" in tfs and "binary" in tfs:
-            raise ConfigError(file, "tfserving.address",
-                              "give binary (the agent runs the server) or address (attach "
-                              "to a running one), not both")
-        if "address" in tfs and not tfs["address"].rpartition(":")[2].isdigit():
-            raise ConfigError(file, "tfserving.address",
-                              f"must be host:port, got {tfs['address']!r}")
-        d["tfserving"] = TfServingSettings(**tfs)
-    if "slo" in d:
-        slo = d.pop("slo")
-        if "latency_ms" in slo:
-            d["slo_latency_ms"] = slo["latency_ms"]
-        if "percentile" in slo:
-            d["slo_percentile"] = slo["percentile"]
-    if "batching" in d:
-        d["batching"] = replace(SERVER_BATCHING, **d["batching"])
-    if "prediction_cache" in d:
-        d["prediction_cache"] = replace(SERVER_PREDICTION_CACHE, **d["prediction_cache"])
-    known = {f.name for f in fields(AgentConfig)}
-    assert set(d) <= known
-    return AgentConfig(**d, source=Path(file) if file else None)
+    return config
 
 
 def load_agent_config(path: str | Path) -> AgentConfig:

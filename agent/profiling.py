@@ -26,9 +26,10 @@ import gc
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from agent.backends import BackendError, load_measured
@@ -121,7 +122,7 @@ def _model_config(path: Path) -> ModelConfig:
             config = load_model_config(path.parent.parent / "config.yaml")
         except ConfigError as exc:
             raise ProfilingError(str(exc)) from None
-    return replace(config, backend="onnx", device="cpu")
+    return msgspec.structs.replace(config, backend="onnx", device="cpu")
 
 
 def measure_model(path: str | Path, *, name: str | None = None, runs: int = 10,

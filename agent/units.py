@@ -28,6 +28,16 @@ def parse_size(text: str | int) -> int:
     return int(round(float(match.group(1)) * _UNITS[unit]))
 
 
+def exact_size(n: int) -> str:
+    """``n`` bytes as the shortest text ``parse_size`` reads back exactly: ``64MiB``,
+    ``1MB``, ``1500``."""
+    for unit, factor in (("TiB", 2**40), ("TB", 10**12), ("GiB", 2**30), ("GB", 10**9),
+                         ("MiB", 2**20), ("MB", 10**6), ("KiB", 2**10), ("KB", 10**3)):
+        if n and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
 def format_size(n: float) -> str:
     """A short human-readable size (binary units), e.g. ``1.5GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

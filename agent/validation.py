@@ -1,11 +1,11 @@
-"""Schema checks for everything read from outside: the agent's and models' YAML config,
-the coordinator's config, node reports and directives (``agent.wire``).
+"""Checks for everything read from outside: configuration files, node reports and
+directives, request bodies, numbers in paths and headers.
 
 A *checker* takes a value and returns it (converted where that is the point, e.g. sizes)
 or raises ``ValueError`` with a message that reads after a key: ``must be a number > 0,
-got 'fast'``. A *schema* maps keys to checkers or to nested schemas; ``check_mapping``
-applies one and raises ``SchemaError`` naming the dotted key. ``ConfigError`` is the same
-for a configuration file (it names the file first).
+got 'fast'``. ``SchemaError`` is such a message with the dotted key it is about;
+``ConfigError`` the same for a configuration file (it names the file first). The
+declarations (``agent.schema``) word their errors with these checkers.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
-
-import yaml
 
 from agent.units import parse_size
 
@@ -73,10 +71,12 @@ def boolean(v: Any) -> bool:
 
 
 def choice(*options: str) -> Checker:
+    """One of ``options`` (kept as the checker's ``options``: a flag offers them)."""
     def check(v: Any) -> str:
         if v not in options:
             raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
         return v
+    check.options = options  # type: ignore[attr-defined]
     return check
 
 
@@ -91,12 +91,6 @@ def string(v: Any) -> str:
     if not isinstance(v, str) or not v:
         raise ValueError(f"must be a non-empty string, got {v!r}")
     return v
-
-
-def str_list(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ValueError(f"must be a list of non-empty strings, got {v!r}")
-    return tuple(v)
 
 
 def device(v: Any) -> str:
@@ -135,35 +129,11 @@ def only(data: dict, allowed: Iterable[str], prefix: str = "", noun: str = "key"
                               f"unknown {noun} (expected one of: {', '.join(allowed)})")
 
 
-def check_mapping(data: Any, schema: dict[str, Any], prefix: str = "") -> dict:
-    """Validate ``data`` against ``schema`` (key -> checker or nested schema dict); the
-    checked (converted) values. None reads as an empty mapping."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SchemaError(prefix.rstrip(".") or None,
-                          f"must be a mapping, got {type(data).__name__}")
-    only(data, schema, prefix)
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        rule = schema[key]
-        if isinstance(rule, dict):
-            out[key] = check_mapping(value, rule, f"{prefix}{key}.")
-        else:
-            out[key] = check(rule, value, f"{prefix}{key}")
-    return out
-
-
-def check_config(data: Any, schema: dict[str, Any], file: str | Path | None) -> dict:
-    """``check_mapping`` for a configuration file: errors are ``ConfigError`` naming it."""
-    try:
-        return check_mapping(data, schema)
-    except SchemaError as exc:
-        raise ConfigError(file, exc.key, exc.message) from None
-
-
 def load_yaml(path: Path) -> Any:
-    """A YAML file's content; ``ConfigError`` when it cannot be read or parsed."""
+    """A YAML file's content; ``ConfigError`` when it cannot be read or parsed. (PyYAML
+    is imported here: the declarations that name this module stay cheap to import.)"""
+    import yaml
+
     try:
         return yaml.safe_load(path.read_text())
     except OSError as exc:

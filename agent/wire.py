@@ -1,6 +1,10 @@
 """The wire schema between nodes and the coordinator: what a node reports
-(``POST /v1/nodes/{name}/report``) and the directives that come back, with their
-validation. Both sides import this module; neither imports the other.
+(``POST /v1/nodes/{name}/report``) and the directives that come back. Both sides import
+this module; neither imports the other.
+
+Each is declared once, as msgspec Structs whose annotations carry the bounds: msgspec
+decodes a body straight into them (``parse_report``), and a body that does not fit gets
+the first bad field named (``agent.schema.decode``).
 
 **Report** (JSON; only ``capacity`` is required; ``models`` maps names to per-model stats)::
 
@@ -43,75 +47,19 @@ models pinned forever. Both sides keep directives in a ``DirectiveBook``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
 
 from agent.errors import AgentError
-from agent.validation import (SchemaError, ascii_int, boolean, check, json_object, number,
-                              only)
+from agent.schema import decode, expected
+from agent.validation import SchemaError
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_NAMED = "1-128 letters, digits, '_', '.' or '-'"
 MAX_ARRIVALS = 2000
 MAX_STATE = 64  # characters of a model's state (shown, not planned with)
-_PERCENTILE_KEY = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
-
-
-# -- reports -----------------------------------------------------------------------------
-
-
-class ReportError(SchemaError, AgentError):
-    """A report with a missing or malformed field; the message names the field."""
-
-    status = 400
-
-
-@dataclass(frozen=True)
-class GpuCapacity:
-    device: str
-    memory_bytes: float
-
-
-@dataclass(frozen=True)
-class NodeCapacity:
-    """What a node offers the planner: cores, model memory on CPU and per GPU."""
-
-    cores: float
-    cpu_memory_bytes: float
-    gpus: tuple[GpuCapacity, ...] = ()
-
-
-@dataclass(frozen=True)
-class ModelReport:
-    """One model's state and recent stats on one node."""
-
-    name: str
-    device: str = "cpu"
-    resident: bool = False
-    pinned: bool = False
-    size_bytes: float = 0.0
-    load_seconds: float = 0.0
-    workers: int | None = None
-    arrivals: tuple[tuple[float, float, float], ...] = ()
-    batches: dict[int, tuple[float, float]] = field(default_factory=dict)  # b -> (n, s)
-    latency_ms: dict[float, float] = field(default_factory=dict)  # percentile -> ms
-    requests: float = 0.0
-    drops: float = 0.0
-
-    def busy_seconds_per_request(self) -> tuple[float, float]:
-        """(processing seconds, requests processed) summed over all batch sizes."""
-        seconds = sum(s for _, s in self.batches.values())
-        done = sum(b * n for b, (n, _) in self.batches.items())
-        return seconds, done
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    node: str
-    capacity: NodeCapacity
-    models: dict[str, ModelReport]
-    node_type: str | None = None
-
 
 # Physical bounds on every number in a report: a value past them is a broken or hostile
 # node, refused at ingestion (400) so that it never reaches the planner (1e308 arrivals
@@ -123,258 +71,125 @@ MAX_MS = 1e9                # latencies
 MAX_CORES = 1e6
 MAX_RATE = 1e9              # requests per second in one arrivals window
 
-_COUNT = number(0.0, MAX_COUNT, finite=True)
-_BYTES = number(0.0, MAX_BYTES, finite=True)
-_SECONDS = number(0.0, MAX_SECONDS, finite=True)
-_MS = number(0.0, MAX_MS, finite=True)
-_CORES = number(0.0, MAX_CORES, finite=True)
-_INTEGER = number(0, MAX_CORES, integer=True, finite=True)
+Count = Annotated[float, Meta(ge=0, le=MAX_COUNT)]
+Bytes = Annotated[float, Meta(ge=0, le=MAX_BYTES)]
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+Ms = Annotated[float, Meta(ge=0, le=MAX_MS)]
+NodeTypeName = Annotated[str, expected(_NAMED, pattern=NAME.pattern)]
+ModelName = Annotated[str, expected(f"model names of {_NAMED}", pattern=NAME.pattern)]
+BatchSize = Annotated[int, expected("batch sizes >= 1", ge=1, le=999_999_999)]
+#: ``p50``, ``p99.9``: a percentile above 0 and below 100 (``ModelReport`` checks the
+#: keys: a pattern on each would cost msgspec a call into ``re`` per key).
+_PERCENTILE = re.compile(r"^p(?!0*(?:\.0*)?$)\d{1,2}(?:\.\d+)?$")
+#: The percentile of each key agents send (``p50`` -> 50.0); others are parsed.
+_PERCENTILES = {f"p{q}": float(q) for q in (
+    *range(1, 100), 99.5, 99.9, 99.95, 99.99, 99.999)}
 
 
-# The upper bound of each checker above: a plain int or float in [0, bound] passes it
-# (nan and inf fail the comparison, bools are not int), checked without the call layers;
-# anything else takes the checker's path and its message. A fleet's reports come here
-# at thousands per second.
-_UPPER = {_COUNT: MAX_COUNT, _BYTES: MAX_BYTES, _SECONDS: MAX_SECONDS, _MS: MAX_MS}
+# -- reports -----------------------------------------------------------------------------
 
 
+class ReportError(SchemaError, AgentError):
+    """A report with a missing or malformed field; the message names the field."""
 
-def _count(value: Any, where: str, checker=_COUNT) -> float:
-    kind = type(value)
-    if (kind is float or kind is int) and 0.0 <= value <= _UPPER.get(checker, -1.0):
-        return float(value)
-    return float(check(checker, value, where))
+    status = 400
 
 
-def _obj(value: Any, where: str) -> dict:
-    if type(value) is dict:  # the common case without the call layers
-        return value
-    return check(json_object, value, where)
+class GpuCapacity(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    device: Annotated[str, expected("a device name such as cuda:0", min_length=1)]
+    memory_bytes: Bytes
 
 
-def _capacity(data: Any) -> NodeCapacity:
-    d = _obj(data, "capacity")
-    only(d, ("cores", "cpu_memory_bytes", "gpus"), "capacity.", noun="field")
-    if "cores" not in d:
-        raise ReportError("capacity.cores", "missing")
-    cores = check(_CORES, d["cores"], "capacity.cores")
-    if cores <= 0:
-        raise ReportError("capacity.cores", f"must be > 0, got {cores!r}")
-    gpus = d.get("gpus", [])
-    if not isinstance(gpus, list):
-        raise ReportError("capacity.gpus", "must be a list")
-    parsed = []
-    for i, g in enumerate(gpus):
-        g = _obj(g, f"capacity.gpus[{i}]")
-        only(g, ("device", "memory_bytes"), f"capacity.gpus[{i}].", noun="field")
-        device = g.get("device")
-        if not isinstance(device, str) or not device:
-            raise ReportError(f"capacity.gpus[{i}].device",
-                              "must be a device name such as cuda:0")
-        parsed.append(GpuCapacity(device, check(_BYTES, g.get("memory_bytes"),
-                                                f"capacity.gpus[{i}].memory_bytes")))
-    return NodeCapacity(cores, check(_BYTES, d.get("cpu_memory_bytes", 0),
-                                     "capacity.cpu_memory_bytes"), tuple(parsed))
+class NodeCapacity(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """What a node offers the planner: cores, model memory on CPU and per GPU."""
+
+    cores: Annotated[float, Meta(gt=0, le=MAX_CORES)]
+    cpu_memory_bytes: Bytes = 0.0
+    gpus: tuple[GpuCapacity, ...] = ()
 
 
-_MODEL_FIELDS = ("device", "resident", "pinned", "size_bytes", "load_seconds", "workers",
-                 "arrivals", "batches", "batch_ms", "latency_ms", "requests", "drops",
-                 "state")
+class Arrival(Struct, array_like=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """``count`` requests arrived in the ``seconds`` that ended ``age_s`` before the
+    report was sent (``[age_s, seconds, count]`` on the wire)."""
+
+    age_s: Seconds
+    seconds: Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+    count: Count
+
+    def __post_init__(self) -> None:
+        if self.count / self.seconds > MAX_RATE:
+            raise ValueError(f"{self.count:g} requests in {self.seconds:g} s is over "
+                             f"{MAX_RATE:g} per second")
 
 
-_SMALL_SIZES = {str(b): b for b in range(1, 1025)}  # the batch sizes that occur
+class BatchCount(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """Batches of one size run since the agent started, and their processing seconds."""
+
+    count: Count
+    seconds: Seconds
 
 
-def _batch_size(key: Any, where: str) -> int:
-    size = _SMALL_SIZES.get(key) if isinstance(key, str) else None
-    if size is not None:
-        return size
-    try:
-        size = ascii_int(key, "a batch size", max_digits=9)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ReportError(where, f"keys must be batch sizes >= 1, got {key!r}")
-    return size
+class ModelReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One model's state and recent stats on one node, as the node sent them."""
+
+    device: Annotated[str, expected("a device name such as cpu or cuda:0", min_length=1)] \
+        = "cpu"
+    resident: bool = False
+    pinned: bool = False
+    size_bytes: Bytes = 0.0
+    load_seconds: Seconds = 0.0
+    workers: Annotated[int, Meta(ge=0, le=int(MAX_CORES))] | None = None
+    arrivals: Annotated[tuple[Arrival, ...], Meta(max_length=MAX_ARRIVALS)] = ()
+    batches: dict[BatchSize, BatchCount] = {}
+    batch_ms: dict[BatchSize, Ms] = {}
+    latency_ms: dict[str, Ms | None] = {}  # percentile (p50, p99.9) -> ms
+    requests: Count = 0.0
+    drops: Count = 0.0
+    state: Annotated[str, Meta(max_length=MAX_STATE)] = ""
+
+    def __post_init__(self) -> None:
+        if not _PERCENTILES.keys() >= self.latency_ms.keys():  # else look at each
+            for key in self.latency_ms:
+                if not _PERCENTILE.match(key):
+                    raise SchemaError("latency_ms", "keys must be percentiles such as p50 "
+                                      f"or p99.9, got {key!r}")
+
+    def busy_seconds_per_request(self) -> tuple[float, float]:
+        """(processing seconds, requests processed) summed over all batch sizes."""
+        seconds = sum(c.seconds for c in self.batches.values())
+        done = sum(b * c.count for b, c in self.batches.items())
+        return seconds, done
 
 
-_MODEL_FIELD_SET = frozenset(_MODEL_FIELDS)
-_PLAIN_PERCENTILES = {f"p{q}": float(q) for q in (
-    *range(1, 100), 99.5, 99.9, 99.95, 99.99, 99.999)}  # keys _PERCENTILE_KEY accepts
+class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """A node's report (``POST /v1/nodes/{name}/report``); only ``capacity`` is required."""
+
+    capacity: NodeCapacity
+    models: dict[ModelName, ModelReport] = {}
+    interval_s: Seconds = 0.0
+    node_type: NodeTypeName | None = None
 
 
-def _plain_model(name: str, d: dict) -> ModelReport | None:
-    """``d`` as a ModelReport when every field is plain and in range (what agents send),
-    else None: then ``_model`` checks it field by field and names what is wrong. The
-    same rules as ``_model`` on a subset of inputs, without building a field's path per
-    value (a fleet's reports come here at thousands per second)."""
-    if not d.keys() <= _MODEL_FIELD_SET:
-        return None
-    get = d.get
-    points = []
-    arrivals = get("arrivals", [])
-    if type(arrivals) is not list or len(arrivals) > MAX_ARRIVALS:
-        return None
-    for p in arrivals:
-        if type(p) is not list or len(p) != 3:
-            return None
-        age, secs, count = p
-        if not ((type(age) is float or type(age) is int) and 0.0 <= age <= MAX_SECONDS
-                and (type(secs) is float or type(secs) is int) and 0.0 < secs <= MAX_SECONDS
-                and (type(count) is float or type(count) is int) and 0.0 <= count <= MAX_COUNT
-                and count / secs <= MAX_RATE):
-            return None
-        points.append((float(age), float(secs), float(count)))
-    batches = {}
-    raw = get("batches", {})
-    if type(raw) is not dict:
-        return None
-    for key, v in raw.items():
-        size = _SMALL_SIZES.get(key) if type(key) is str else None
-        if size is None or type(v) is not dict or len(v) != 2:
-            return None
-        n, secs = v.get("count"), v.get("seconds")
-        if not ((type(n) is float or type(n) is int) and 0.0 <= n <= MAX_COUNT
-                and (type(secs) is float or type(secs) is int) and 0.0 <= secs <= MAX_SECONDS):
-            return None
-        batches[size] = (float(n), float(secs))
-    raw = get("batch_ms", {})
-    if type(raw) is not dict:
-        return None
-    for key, v in raw.items():
-        if type(key) is not str or key not in _SMALL_SIZES \
-                or not ((type(v) is float or type(v) is int) and 0.0 <= v <= MAX_MS):
-            return None
-    latency = {}
-    raw = get("latency_ms", {})
-    if type(raw) is not dict:
-        return None
-    for key, v in raw.items():
-        q = _PLAIN_PERCENTILES.get(key) if type(key) is str else None
-        if q is None:
-            return None
-        if v is not None:
-            if not ((type(v) is float or type(v) is int) and 0.0 <= v <= MAX_MS):
-                return None
-            latency[q] = float(v)
-    device, resident, pinned = get("device", "cpu"), get("resident", False), get("pinned", False)
-    size, load, state = get("size_bytes", 0), get("load_seconds", 0), get("state", "")
-    requests, drops, workers = get("requests", 0), get("drops", 0), get("workers")
-    if not (type(device) is str and device and type(resident) is bool
-            and type(state) is str and len(state) <= MAX_STATE
-            and type(pinned) is bool
-            and (type(size) is float or type(size) is int) and 0.0 <= size <= MAX_BYTES
-            and (type(load) is float or type(load) is int) and 0.0 <= load <= MAX_SECONDS
-            and (type(requests) is float or type(requests) is int)
-            and 0.0 <= requests <= MAX_COUNT
-            and (type(drops) is float or type(drops) is int) and 0.0 <= drops <= MAX_COUNT
-            and (workers is None or type(workers) is int and 0 <= workers <= MAX_CORES)):
-        return None
-    return ModelReport(name=name, device=device, resident=resident, pinned=pinned,
-                       size_bytes=float(size), load_seconds=float(load), workers=workers,
-                       arrivals=tuple(points), batches=batches, latency_ms=latency,
-                       requests=float(requests), drops=float(drops))
-
-
-def _model(name: str, data: Any) -> ModelReport:
-    if type(data) is dict and type(name) is str and NAME.match(name):
-        plain = _plain_model(name, data)
-        if plain is not None:
-            return plain
-    where = f"models.{name}"
-    if not isinstance(name, str) or not NAME.match(name):
-        raise ReportError("models", f"bad model name {name!r}")
-    d = _obj(data, where)
-    only(d, _MODEL_FIELDS, f"{where}.", noun="field")
-    arrivals = d.get("arrivals", [])
-    if not isinstance(arrivals, list) or len(arrivals) > MAX_ARRIVALS:
-        raise ReportError(f"{where}.arrivals", f"must be a list of at most {MAX_ARRIVALS} "
-                          "[age_s, seconds, count] triples")
-    points = []
-    for i, p in enumerate(arrivals):
-        if not isinstance(p, list) or len(p) != 3:
-            raise ReportError(f"{where}.arrivals[{i}]", "must be [age_s, seconds, count]")
-        at = f"{where}.arrivals[{i}]"
-        age, secs, count = (_count(p[0], at, _SECONDS), _count(p[1], at, _SECONDS),
-                            _count(p[2], at, _COUNT))
-        if secs <= 0:
-            raise ReportError(f"{where}.arrivals[{i}]", "seconds must be > 0")
-        if count / secs > MAX_RATE:
-            raise ReportError(f"{where}.arrivals[{i}]", f"{count:g} requests in {secs:g} s "
-                              f"is over {MAX_RATE:g} per second")
-        points.append((age, secs, count))
-    batches = {}
-    for key, value in _obj(d.get("batches", {}), f"{where}.batches").items():
-        size = _batch_size(key, f"{where}.batches")
-        v = _obj(value, f"{where}.batches.{key}")
-        only(v, ("count", "seconds"), f"{where}.batches.{key}.", noun="field")
-        batches[size] = (_count(v.get("count"), f"{where}.batches.{key}.count"),
-                         _count(v.get("seconds"), f"{where}.batches.{key}.seconds", _SECONDS))
-    for key, value in _obj(d.get("batch_ms", {}), f"{where}.batch_ms").items():
-        _batch_size(key, f"{where}.batch_ms")
-        _count(value, f"{where}.batch_ms.{key}", _MS)
-    latency = {}
-    for key, value in _obj(d.get("latency_ms", {}), f"{where}.latency_ms").items():
-        m = _PERCENTILE_KEY.match(key) if isinstance(key, str) else None
-        if not m or not 0 < float(m.group(1)) < 100:
-            raise ReportError(f"{where}.latency_ms",
-                              f"keys must look like p50 or p99.9, got {key!r}")
-        if value is not None:
-            latency[float(m.group(1))] = _count(value, f"{where}.latency_ms.{key}", _MS)
-    workers = d.get("workers")
-    device = d.get("device", "cpu")
-    if not isinstance(device, str) or not device:
-        raise ReportError(f"{where}.device", f"must be cpu or cuda:N, got {device!r}")
-    state = d.get("state", "")
-    if not isinstance(state, str) or len(state) > MAX_STATE:
-        raise ReportError(f"{where}.state", f"must be a string of at most {MAX_STATE} "
-                          f"characters such as ready, got {type(state).__name__}")
-    return ModelReport(
-        name=name, device=device,
-        resident=check(boolean, d.get("resident", False), f"{where}.resident"),
-        pinned=check(boolean, d.get("pinned", False), f"{where}.pinned"),
-        size_bytes=_count(d.get("size_bytes", 0), f"{where}.size_bytes", _BYTES),
-        load_seconds=_count(d.get("load_seconds", 0), f"{where}.load_seconds", _SECONDS),
-        workers=None if workers is None else int(check(_INTEGER, workers, f"{where}.workers")),
-        arrivals=tuple(points), batches=batches, latency_ms=latency,
-        requests=_count(d.get("requests", 0), f"{where}.requests"),
-        drops=_count(d.get("drops", 0), f"{where}.drops"),
-    )
-
-
-def parse_report(node: str, data: Any) -> NodeReport:
-    """Validate a report body; ``ReportError`` names the first bad field. Every field
-    of a report is checked, so one that passes nests at most 5 deep (its JSON needs
-    no depth limit beyond the parser's own)."""
+def parse_report(node: str, body: bytes | str | Any) -> NodeReport:
+    """``node``'s report from ``body`` (JSON text, or data as parsed JSON), decoded
+    straight into the types above (``schema.decode``). ``ReportError`` names the first
+    bad field; a body that is not JSON is a plain ``ValueError``. A report that passes
+    nests at most 5 deep."""
     if not isinstance(node, str) or not NAME.match(node):
-        raise ReportError(None, f"node name must be 1-128 letters, digits, '_', '.' or '-', "
-                          f"got {node!r}")
+        raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
     try:
-        d = _obj(data, "report")
-        only(d, ("capacity", "models", "interval_s", "node_type"), noun="field")
-        if "capacity" not in d:
-            raise ReportError("capacity", "missing (cores, cpu_memory_bytes, gpus)")
-        if "interval_s" in d:
-            _count(d["interval_s"], "interval_s", _SECONDS)
-        models = {name: _model(name, m)
-                  for name, m in _obj(d.get("models", {}), "models").items()}
-        node_type = d.get("node_type")
-        if node_type is not None and (not isinstance(node_type, str)
-                                      or not NAME.match(node_type)):
-            raise ReportError("node_type", "must be 1-128 letters, digits, '_', '.' or "
-                              f"'-', got {node_type!r}")
-        return NodeReport(node, _capacity(d["capacity"]), models, node_type)
-    except ReportError:
-        raise
+        return decode(NodeReport, body)
     except SchemaError as exc:
         raise ReportError(exc.key, exc.message) from None
 
 
-def latency_points(latency_ms: dict[float, float]) -> tuple[tuple[float, float], ...]:
+def latency_points(latency_ms: dict[str, float | None]) -> tuple[tuple[float, float], ...]:
     """A model's reported latencies (``ModelReport.latency_ms``) as (percentile, ms)
-    pairs by percentile, what ``latency_at`` reads: tuples of floats, which the garbage
-    collector stops tracking (the coordinator keeps them for every node)."""
-    return tuple(sorted(latency_ms.items()))
+    pairs by percentile, what ``latency_at`` reads (unmeasured ones left out): tuples of
+    floats, which the garbage collector stops tracking (the coordinator keeps them for
+    every node)."""
+    return tuple(sorted((_PERCENTILES.get(key) or float(key[1:]), ms)
+                        for key, ms in latency_ms.items() if ms is not None))
 
 
 def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> float | None:
@@ -390,18 +205,17 @@ def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> fl
 # -- directives --------------------------------------------------------------------------
 
 
-_TTL = number(0, strict_lo=True, finite=True)
+class Directives(Struct, frozen=True, gc=False, kw_only=True):
+    """A coordinator's answer to ``node``'s report (fields it does not know are left out:
+    a newer coordinator's answer still parses)."""
 
-
-@dataclass(frozen=True)
-class Directives:
-    node: str
-    ttl_s: float
+    node: str = ""
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
     plan_id: int | None = None
-    workers: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, Annotated[int, Meta(ge=0)]] = {}
     pin: tuple[str, ...] = ()
     prefetch: tuple[str, ...] = ()
-    drop_rate: dict[str, float] = field(default_factory=dict)
+    drop_rate: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
@@ -409,32 +223,10 @@ class Directives:
                 "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate)}
 
     @classmethod
-    def from_json(cls, data: Any) -> "Directives":
-        """Parse a coordinator's answer; ValueError names what is malformed."""
-        if not isinstance(data, dict):
-            raise ValueError("directives must be a JSON object")
-        ttl = check(_TTL, data.get("ttl_s"), "ttl_s")
-        workers = data.get("workers") or {}
-        if not isinstance(workers, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                and v >= 0 for k, v in workers.items()):
-            raise ValueError("workers must map model names to integers >= 0")
-        lists = {}
-        for key in ("pin", "prefetch"):
-            value = data.get(key) or []
-            if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-                raise ValueError(f"{key} must be a list of model names")
-            lists[key] = tuple(value)
-        drops = data.get("drop_rate") or {}
-        if not isinstance(drops, dict) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-                for v in drops.values()):
-            raise ValueError("drop_rate must map model names to numbers in [0, 1]")
-        plan_id = data.get("plan_id")
-        return cls(node=str(data.get("node", "")), ttl_s=float(ttl),
-                   plan_id=plan_id if isinstance(plan_id, int) else None,
-                   workers=dict(workers), drop_rate={k: float(v) for k, v in drops.items()},
-                   **lists)
+    def from_json(cls, body: bytes | str | Any) -> Directives:
+        """A coordinator's answer (JSON text or parsed); ValueError names what is
+        malformed."""
+        return decode(cls, body)
 
 
 class DirectiveBook:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
+from agent.config import SloOptions
 from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for, predict_finish
 from tests.conftest import add_mlp, add_synthetic
 from tests.test_batching import call, start, stop, without_stalls
@@ -349,7 +350,7 @@ def test_http_requests_over_the_batch_limit_are_served_not_shed_as_late(repo, st
     # queued one as 625 batches of 32 rows (each at the 20,000-row time): seconds late.
     import concurrent.futures as cf
     add_mlp(repo, "mlp")
-    agent = start_agent(repo, slo_latency_ms=5000, max_request_rows=100_000)
+    agent = start_agent(repo, slo=SloOptions(5000), max_request_rows=100_000)
     x = np.random.default_rng(0).random((20_000, 4), np.float32)
     body = json.dumps(v2(x)).encode()
 

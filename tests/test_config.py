@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent.config import (AgentConfig, ConfigError, load_agent_config, load_model_config,
-                          parse_model_config)
+from agent.config import (AgentConfig, ConfigError, SloOptions, load_agent_config,
+                          load_model_config, parse_model_config)
 from agent.node.repository import scan_repository
 from tests.conftest import add_mlp, add_synthetic
 
@@ -14,8 +14,7 @@ def test_model_config_full(tmp_path):
                  "max_batch_size: 8\npin: true\n"
                  "onnxruntime: {intra_op_threads: 2, graph_optimization_level: basic}\n")
     cfg = load_model_config(f)
-    assert (cfg.backend, cfg.device, cfg.slo_latency_ms, cfg.slo_percentile) == \
-        ("onnx", "cuda:0", 20, 95)
+    assert (cfg.backend, cfg.device, cfg.slo) == ("onnx", "cuda:0", SloOptions(20, 95))
     assert cfg.max_batch_size == 8 and cfg.pin
     assert cfg.onnxruntime.intra_op_threads == 2
     assert cfg.onnxruntime.graph_optimization_level == "basic"

@@ -211,7 +211,7 @@ def test_directives_from_a_plans_rows():
     assert Directives.from_json(d.to_json()) == d
     typed = Plan.from_json(plan)  # the typed plan's JSON form has the same rows
     assert directive_rows(typed.to_json()) == rows
-    assert directives_from_row(rows.get("n9"), "n9", set(), 30) == Directives("n9", 30)
+    assert directives_from_row(rows.get("n9"), "n9", set(), 30) == Directives(node="n9", ttl_s=30)
 
 
 @pytest.mark.parametrize("doc, words", [
@@ -225,10 +225,10 @@ def test_directives_from_bad_json(doc, words):
 
 def test_directives_expire():
     book = DirectiveBook()
-    d = Directives("n1", ttl_s=10, workers={"a": 1})
+    d = Directives(node="n1", ttl_s=10, workers={"a": 1})
     book.issue(d, now=100)
     assert book.current("n1", 105) == d and book.expires_at("n1") == 110
     assert book.current("n1", 110) is None and book.current("n2", 100) is None
-    book.issue(Directives("n1", ttl_s=10), now=109)  # renewed in time
+    book.issue(Directives(node="n1", ttl_s=10), now=109)  # renewed in time
     assert book.current("n1", 115) is not None
     assert book.expire("n1") is not None and book.current("n1", 115) is None

@@ -13,7 +13,8 @@ from agent.cli import main
 from agent.coordinator.ribbon import search as search_module
 from agent.coordinator.ribbon.evaluators import (LookupGridEvaluator, SizingError,
                                                  parse_counts)
-from agent.coordinator.ribbon.search import METHODS, search
+from agent.coordinator.choices import SIZE_METHODS
+from agent.coordinator.ribbon.search import search
 from agent.coordinator.ribbon.space import SearchSpace, objective
 from agent.coordinator.ribbon.synthetic import make_grid, optimum
 
@@ -52,7 +53,7 @@ def test_space_grid_and_size():
         SearchSpace(("x",), (0,))
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", SIZE_METHODS)
 def test_same_seed_same_samples(method):
     config, lookup = make_grid(7)
     ev = LookupGridEvaluator.from_dicts(config, lookup)
@@ -125,7 +126,7 @@ def test_unmeasured_configurations_are_skipped_not_counted():
               "1, 1": [1.5, 99.2], "0, 2": [1.0, 70.0]}     # (2,1), (1,2), (2,2) missing
     ev = LookupGridEvaluator.from_dicts(config, lookup)
     assert ev.measure((2, 2)) is None and ev.price((2, 2)) == pytest.approx(3.0)
-    for method in METHODS:
+    for method in SIZE_METHODS:
         r = search(ev, method, seed=1, max_samples=100)
         assert r.samples <= len(lookup) and r.best.counts == (1, 1), method
         assert all(s.counts in {parse_counts(k, 2) for k in lookup} for s in r.history)
@@ -225,9 +226,3 @@ def test_cli_json_and_table(tmp_path):
     bad = CliRunner().invoke(main, ["plan", "size", "--config", str(c), "--lookup",
                                     str(tmp_path / "none.json")])
     assert bad.exit_code != 0 and "cannot read" in bad.output
-
-
-def test_cli_choices_match_the_search():
-    from agent.commands import plan
-    assert plan.SIZE_METHODS == METHODS
-    assert plan.SIZE_MAX_SAMPLES == search_module.DEFAULT_MAX_SAMPLES

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import Any, Callable
+
+import click
 
 
 def self_command() -> str:
@@ -18,3 +21,36 @@ def self_command() -> str:
         return "edgeagent"
     relative = os.path.relpath(script)
     return relative if not relative.startswith("..") else script
+
+
+def declared_option(cls: type, name: str, **overrides: Any) -> Callable:
+    """``--name`` as a click option for the configuration key ``name`` of ``cls`` (a
+    declaration, ``agent.schema``): its help, default and type come from the key (a
+    number's range, a choice, a size or device through the key's checker); ``overrides``
+    add to click's arguments (a path's ``type`` with ``exists``). The option's value is
+    None when not given: it overrides the file only then."""
+    import msgspec.inspect as mi
+
+    from agent.schema import settings
+
+    key = settings(cls)[name]
+    help = key.help[:1].upper() + key.help[1:]
+    kwargs: dict[str, Any] = {"help": f"{help} [default: {key.shown_default}]"
+                              if key.shown_default else help}
+    kind = key.value_type
+    if hasattr(key.check, "options"):  # agent.validation.choice
+        kwargs["type"] = click.Choice(key.check.options)
+    elif key.check is not None:
+        def convert(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            try:
+                return None if value is None else key.check(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+        kwargs["callback"] = convert
+    elif isinstance(kind, (mi.IntType, mi.FloatType)):
+        lo = kind.gt if kind.gt is not None else kind.ge
+        hi = kind.lt if kind.lt is not None else kind.le
+        kwargs["type"] = (click.IntRange if isinstance(kind, mi.IntType)
+                          else click.FloatRange)(lo, hi, min_open=kind.gt is not None,
+                                                 max_open=kind.lt is not None)
+    return click.option(f"--{name.replace('_', '-')}", **{**kwargs, **overrides})

@@ -12,10 +12,14 @@ from typing import Any
 
 import click
 
-from agent.commands import self_command
+from agent.commands import declared_option, self_command
+from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
+from agent.coordinator.config import (ConfigError, CoordinatorConfig,
+                                      load_coordinator_config)
 
-# asyncio, urllib, the config (yaml) and the coordinator (aiohttp, scipy) are imported
-# by the code that runs: ``--help`` and the client commands pay only for what they use.
+# asyncio, urllib, YAML and the coordinator (aiohttp, scipy) are imported by the code
+# that runs: ``--help`` and the client commands pay for the config's declaration (the
+# flags' help) and for what they use.
 
 log = logging.getLogger("edgeagent.coordinator")
 DEFAULT_URL = "http://127.0.0.1:8100"
@@ -29,7 +33,7 @@ def coordinator() -> None:
 # -- serve ------------------------------------------------------------------------------
 
 
-async def run_coordinator(config: Any, *, announce: bool = True) -> None:
+async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -> None:
     """Serve until SIGTERM/SIGINT."""
     import asyncio
     import signal
@@ -68,22 +72,17 @@ async def run_coordinator(config: Any, *, announce: bool = True) -> None:
 
 @coordinator.command("serve")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Coordinator config YAML (see configs/coordinator.yaml); default: "
-                   "the embedded defaults.")
-@click.option("--host", help="Address to listen on (default 127.0.0.1).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8100).")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the SQLite state lives (default $EDGEAGENT_COORDINATOR_DIR, "
-                   "$STATE_DIRECTORY or ~/.local/share/edgeagent-coordinator).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--report-workers", type=click.IntRange(0, 64),
-              help="Processes beside it that answer node reports on its port "
-                   "(report_workers; default 0; 1-2 for fleets past ~1,000 nodes).")
+              help="Coordinator config YAML (edgeagent config example coordinator shows "
+                   "every key); default: the embedded defaults.")
+@declared_option(CoordinatorConfig, "host")
+@declared_option(CoordinatorConfig, "port")
+@declared_option(CoordinatorConfig, "state_dir",
+                 type=click.Path(file_okay=False, path_type=Path))
+@declared_option(CoordinatorConfig, "log_level")
+@declared_option(CoordinatorConfig, "report_workers")
 def serve(config_file: str | None, host: str | None, port: int | None,
           state_dir: Path | None, log_level: str | None, report_workers: int | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
-    from agent.config import ConfigError
-    from agent.coordinator.config import load_coordinator_config
     from agent.eventloop import run_event_loop
 
     try:
@@ -232,9 +231,8 @@ def plan(replan: bool, url: str, as_json: bool, token_file: str | None) -> None:
                    "[default: the kinds the live nodes report].")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--max-samples", type=click.IntRange(min=1), default=None,
-              help="Most pools to evaluate [default: 100; exhaustive: all].")
-@click.option("--method", type=click.Choice(["bo", "random", "exhaustive"]), default="bo",
-              show_default=True)
+              help=f"Most pools to evaluate [default: {SIZE_MAX_SAMPLES}; exhaustive: all].")
+@click.option("--method", type=click.Choice(SIZE_METHODS), default="bo", show_default=True)
 @click.option("--qos-target", type=float, default=None,
               help="Share of requests within SLO to reach, percent [default: 99].")
 @_client_options

@@ -7,18 +7,8 @@ import math
 
 import click
 
-# Faro's choices and defaults, spelled out so that ``--help`` imports no scipy; each is
-# checked against its source (faro.latency, .objectives, .problem, .solver) by
-# tests/test_cli_lazy.py.
-ESTIMATORS = ("mdc", "upper")
-RHO_MAX = 0.95
-OBJECTIVES = ("sum", "fair", "fairsum", "penaltysum", "penaltyfairsum")
-DEFAULT_RATE_QUANTILE = 0.9
-METHODS = ("auto", "fast", "cobyla", "cobyla-hierarchical", "exhaustive")
-# Ribbon's search methods and default budget (agent.coordinator.ribbon.search), spelled
-# out for the same reason; tests/test_ribbon.py checks them against the source.
-SIZE_METHODS = ("bo", "random", "exhaustive")
-SIZE_MAX_SAMPLES = 100
+from agent.coordinator.choices import (DEFAULT_RATE_QUANTILE, ESTIMATORS, METHODS,
+                                      OBJECTIVES, RHO_MAX, SIZE_MAX_SAMPLES, SIZE_METHODS)
 
 
 @click.group("plan")

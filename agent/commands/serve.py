@@ -12,41 +12,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from agent.commands import self_command
+from agent.commands import declared_option, self_command
+from agent.config import AgentConfig, ConfigError, load_agent_config
 from agent.units import format_size, parse_size
 
-if TYPE_CHECKING:
-    from agent.config import AgentConfig
-
-# asyncio, the config (yaml) and the node (aiohttp, onnxruntime) are imported by
-# the code that runs: ``edgeagent serve --help`` and the other commands pay for none.
+# asyncio, YAML and the node (aiohttp, onnxruntime) are imported by the code that
+# runs: ``edgeagent serve --help`` pays for the config's declaration (its flags' help)
+# and none of them.
 
 log = logging.getLogger("edgeagent.serve")
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _gpu_size(ctx: click.Context, param: click.Parameter, value: str | None
-              ) -> int | dict[str, int] | None:
-    if value is None:
-        return None
-    from agent.config import gpu_budget
-
-    try:
-        return gpu_budget(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 def _write_demo(repository: Path) -> None:
@@ -65,8 +43,6 @@ def _write_demo(repository: Path) -> None:
 def build_config(config_file: str | None, overrides: dict[str, Any]) -> tuple[AgentConfig, bool]:
     """(config, is_demo): the file (or defaults) with flags applied; demo when no
     repository is configured anywhere."""
-    from agent.config import AgentConfig, load_agent_config
-
     config = load_agent_config(config_file) if config_file else AgentConfig()
     config = config.with_overrides(**overrides)
     demo = config.repository is None
@@ -85,7 +61,6 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import asyncio
     import signal
 
-    from agent.config import ConfigError
     from agent.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
@@ -163,34 +138,29 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
         log.info("stopped")
 
 
+_PATH_IN = {"exists": True, "path_type": Path}
+
+
 @click.command()
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Agent config YAML (see configs/agent.yaml).")
-@click.option("--repository", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Model repository directory (default: the generated demo).")
-@click.option("--host", help="Address to listen on (default 127.0.0.1).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8000).")
-@click.option("--grpc-port", type=click.IntRange(0, 65535),
-              help="KServe v2 gRPC port (default 8001, as Triton; 0: no gRPC endpoint).")
-@click.option("--cpu-budget", callback=_size, help="CPU memory for models: bytes or 2GiB.")
-@click.option("--gpu-budget", callback=_gpu_size,
-              help="GPU memory for models: one size for every GPU (6GiB) or per device "
-                   "(cuda:0=6GiB,cuda:1=4GiB); the CUDA context is taken off it.")
-@click.option("--policy", help="Eviction policy spec (default cremebrulee).")
-@click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False,
-                                                    path_type=Path),
-              help="File holding the bearer token for admin and repository endpoints.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="State and demo models (default $EDGEAGENT_DATA_DIR, $STATE_DIRECTORY "
-                   "or ~/.local/share/edgeagent).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+              help="Agent config YAML (edgeagent config example agent shows every key).")
+@declared_option(AgentConfig, "repository", type=click.Path(file_okay=False, **_PATH_IN))
+@declared_option(AgentConfig, "host")
+@declared_option(AgentConfig, "port")
+@declared_option(AgentConfig, "grpc_port")
+@declared_option(AgentConfig, "cpu_budget")
+@declared_option(AgentConfig, "gpu_budget")
+@declared_option(AgentConfig, "policy")
+@declared_option(AgentConfig, "admin_token_file",
+                 type=click.Path(dir_okay=False, **_PATH_IN))
+@declared_option(AgentConfig, "data_dir", type=click.Path(file_okay=False, path_type=Path))
+@declared_option(AgentConfig, "log_level")
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin +
     /metrics)."""
     # One policy decision per request needs no compiler: the kernels run interpreted,
     # and numba/llvmlite (~100 MiB resident) stay out of the agent (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")
-    from agent.config import ConfigError
     from agent.eventloop import run_event_loop
 
     overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}

@@ -1,20 +1,25 @@
-"""Coordinator settings: a YAML file (``configs/coordinator.yaml``) checked against a
-schema, or the embedded defaults when no file is given.
+"""The coordinator's configuration (``coordinator serve --config FILE``), declared once.
 
+Every key is a field of a frozen msgspec Struct whose annotation carries its type,
+bounds and help (``agent.schema.setting``): the parser, the defaults (the embedded
+configuration when no file is given), the example file (``configs/coordinator.yaml``:
+``edgeagent config example coordinator``) and the help of ``coordinator serve``'s flags
+come from it.
 Errors name the file and key, as for the agent's config (``ConfigError``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agent.coordinator.faro.latency import ESTIMATORS
-from agent.coordinator.faro.objectives import OBJECTIVES
+from msgspec import field, structs
+
+from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
-from agent.validation import ConfigError, check_config, choice, load_yaml, number, string
+from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
+from agent.validation import ConfigError, choice, load_yaml, string
 
 
 def default_state_dir() -> Path:
@@ -27,83 +32,97 @@ def default_state_dir() -> Path:
     return Path(base) / "edgeagent-coordinator"
 
 
-_SCHEMA = {
-    "host": string,
-    "port": number(0, 65535, integer=True),
-    "state_dir": string,
-    "admin_token_file": string,
-    "plan_interval_s": number(0, strict_lo=True),
-    "plan_window_s": number(0, strict_lo=True),
-    "rate_step_s": number(0, strict_lo=True),
-    "history_s": number(0, strict_lo=True),
-    "reactive_interval_s": number(0, strict_lo=True),
-    "reactive_patience": number(1, integer=True),
-    "objective": choice(*OBJECTIVES),
-    "estimator": choice(*ESTIMATORS),
-    "rate_quantile": number(0, 1),
-    "directive_ttl_s": number(0, strict_lo=True),
-    "node_timeout_s": number(0, strict_lo=True),
-    "log_level": choice("debug", "info", "warning", "error"),
-    "node_types": node_types_option,
-    "read_timeout_s": number(0, strict_lo=True),
-    "store": string,
-    "report_workers": number(0, 64, integer=True),
-}
+def postgresql_url(v: Any) -> str:
+    if not string(v).startswith(("postgresql://", "postgres://")):
+        raise ValueError("must be a postgresql:// URL (leave it out for the SQLite file "
+                         "in state_dir)")
+    return v
 
 
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    """The coordinator's settings; the defaults are Faro's (5-min plans over a 7-min
-    window at the 0.9 quantile, a 10 s reactive loop that acts after 3 violations)."""
+class CoordinatorConfig(Section):
+    """The coordinator's settings (edgeagent coordinator serve --config FILE). Every key
+    is optional: without a file the coordinator runs on these defaults, Faro's (a plan
+    every 5 minutes over a 7-minute window at the 0.9 quantile, a 10 s reactive loop that
+    acts after 3 violations). Flags override the file. An unknown key is an error naming
+    the file and the key. Relative paths are resolved from the file's directory."""
 
-    host: str = "127.0.0.1"
-    port: int = 8100
-    state_dir: Path = field(default_factory=default_state_dir)
-    admin_token_file: Path | None = None
-    plan_interval_s: float = 300.0
-    plan_window_s: float = 420.0
-    rate_step_s: float = 10.0  # one point of the arrival-rate series the forecast sees
-    history_s: float = 900.0  # rate history kept and fed to the forecast (Faro: 15 min)
-    reactive_interval_s: float = 10.0
-    reactive_patience: int = 3
-    objective: str = "fairsum"
-    estimator: str = "mdc"
-    rate_quantile: float = 0.9
-    directive_ttl_s: float = 60.0  # agents revert directives not renewed within this
-    node_timeout_s: float = 60.0  # a node silent this long is left out of plans
-    log_level: str = "info"
-    # the instance catalogue for sizing and provisioning: kind -> price, max count, ...
-    node_types: dict[str, NodeType] = field(default_factory=dict)
-    read_timeout_s: float = 30.0  # a request's headers, then its body, must arrive within
-    # postgresql://user@host:port/db: several coordinators share it; None: the SQLite file
-    store: str | None = None
-    # processes beside this one that answer node reports on the same port (reportworkers)
-    report_workers: int = 0
+    host: Annotated[Text, setting("address to listen on (0.0.0.0 for all interfaces)")] \
+        = "127.0.0.1"
+    port: Annotated[Port, setting("HTTP port: node reports, the catalog, plans")] = 8100
+    state_dir: Annotated[Path, setting(
+        "the SQLite (WAL) state: nodes, rate history, catalog, plans; left out: "
+        "$EDGEAGENT_COORDINATOR_DIR, $STATE_DIRECTORY or "
+        "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
+        commented=True)] = field(default_factory=default_state_dir)
+    admin_token_file: Annotated[Path | None, setting(
+        "file holding a bearer token that every endpoint but /v1/health then requires; "
+        "agents send it from their coordinator.token_file",
+        example="/etc/edgeagent-coordinator/admin-token")] = None
+    plan_interval_s: Annotated[Positive, setting(
+        "Faro's long-term plan every this many seconds ...")] = 300.0
+    plan_window_s: Annotated[Positive, setting(
+        "... for the next this many (overlapping the next plan, covering cold starts)")] \
+        = 420.0
+    rate_step_s: Annotated[Positive, setting(
+        "width of one point of the arrival-rate series the forecast sees")] = 10.0
+    history_s: Annotated[Positive, setting(
+        "rate history kept and forecast from (Faro: 15 minutes)")] = 900.0
+    reactive_interval_s: Annotated[Positive, setting(
+        "the short-term check: +1 replica after reactive_patience consecutive SLO "
+        "violations; it never scales down")] = 10.0
+    reactive_patience: Annotated[AtLeastOne, setting(
+        "consecutive violations before the reactive loop acts")] = 3
+    objective: Annotated[str, setting("what the plan maximises (Faro's objectives)",
+                                      check=choice(*OBJECTIVES))] = "fairsum"
+    estimator: Annotated[str, setting(
+        "latency estimate: mdc (relaxed M/D/c) or upper (an upper bound)",
+        check=choice(*ESTIMATORS))] = "mdc"
+    rate_quantile: Annotated[float, setting(
+        "plan for this quantile of the forecast window, not its mean", ge=0, le=1)] \
+        = DEFAULT_RATE_QUANTILE
+    directive_ttl_s: Annotated[Positive, setting(
+        "agents revert directives (pins) not renewed within this")] = 60.0
+    node_timeout_s: Annotated[Positive, setting(
+        "a node silent this long is left out of plans")] = 60.0
+    log_level: LogLevel = "info"
+    node_types: Annotated[dict[str, NodeType], setting(
+        "the instance catalogue for fleet sizing (POST /v1/sizing, edgeagent coordinator "
+        "size) and provisioning (GET /v1/provisioning): kinds of node (agents name theirs "
+        "with coordinator.node_type) and their price per hour. max_count bounds the "
+        "sizing search (default 8); launch_s is the time a new node takes to serve "
+        "(default 0). cores, cpu_memory_bytes, proc_ms ({model: ms}) and capacity_rps "
+        "(requests per second one node serves) default to what nodes of the kind report",
+        check=node_types_option, example={
+            "c5.large": {"price_per_hour": 0.085, "max_count": 10, "launch_s": 120},
+            "c5.2xlarge": {"price_per_hour": 0.34, "max_count": 4, "launch_s": 150}},
+        commented=True)] = field(default_factory=dict)
+    read_timeout_s: Annotated[Positive, setting(
+        "a request's headers, then its body, must arrive within this")] = 30.0
+    store: Annotated[str | None, setting(
+        "instead of the SQLite file: one PostgreSQL database shared by several "
+        "coordinators, one of which plans at a time (pip install 'edgeagent[postgres]'; "
+        "a password from ~/.pgpass or $PGPASSWORD)", check=postgresql_url,
+        example="postgresql://edge@db.internal:5432/fleet")] = None
+    report_workers: Annotated[int, setting(
+        "processes beside the coordinator that answer node reports on its port (one core "
+        "each): 1 or 2 for fleets of thousands of nodes", ge=0, le=64)] = 0
 
     @property
     def database(self) -> Path:
         return self.state_dir / "coordinator.sqlite3"
 
-    def with_overrides(self, **changes: Any) -> "CoordinatorConfig":
+    def with_overrides(self, **changes: Any) -> CoordinatorConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        return structs.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 def parse_coordinator_config(data: Any, file: str | Path | None = None) -> CoordinatorConfig:
     """A ``CoordinatorConfig`` from a parsed YAML mapping; relative paths are from
     ``file``'s directory."""
-    d = check_config(data, _SCHEMA, file)
-    base = Path(file).parent if file else Path.cwd()
-    for key in ("state_dir", "admin_token_file"):
-        if key in d:
-            d[key] = (base / Path(d[key]).expanduser()).resolve()
-    if "store" in d and not d["store"].startswith(("postgresql://", "postgres://")):
-        raise ConfigError(file, "store", "must be a postgresql:// URL (leave it out for "
-                          "the SQLite file in state_dir)")
-    if d.get("plan_window_s", 0) and d.get("rate_step_s", 10.0) > d["plan_window_s"]:
+    config = load(CoordinatorConfig, data, file)
+    if config.rate_step_s > config.plan_window_s:
         raise ConfigError(file, "rate_step_s", "must not exceed plan_window_s")
-    assert set(d) <= {f.name for f in fields(CoordinatorConfig)}
-    return CoordinatorConfig(**d)
+    return config
 
 
 def load_coordinator_config(path: str | Path | None) -> CoordinatorConfig:

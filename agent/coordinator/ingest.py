@@ -24,7 +24,6 @@ from agent.coordinator.catalog import CatalogError
 from agent.coordinator.plan import directives_from_row
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
-from agent.validation import load_json
 from agent.wire import (Directives, NodeReport, ReportError, latency_at, latency_points,
                         parse_report)
 
@@ -80,10 +79,12 @@ class Fleet:
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
-        and latencies read once here (``parse_report``), not at every request."""
-        self.nodes = {row.name: NodeState(row.name, row.first_seen, row.last_seen,
-                                          orjson.dumps(row.report), _stored_models(row))
-                      for row in rows}
+        and latencies read once here."""
+        self.nodes = {}
+        for row in rows:
+            raw = orjson.dumps(row.report)
+            self.nodes[row.name] = NodeState(row.name, row.first_seen, row.last_seen, raw,
+                                             _stored_models(row, raw))
         if plan is not None:
             plan.rows  # noqa: B018 - made now, not at the first report
         self.adopt(plan)
@@ -107,7 +108,7 @@ class Fleet:
         state, last = self.nodes.get(node), self._answers.get(node)
         if state is None or last is None:
             return None, None
-        directives = last[0] or Directives.from_json(orjson.loads(last[1]))  # a worker's
+        directives = last[0] or Directives.from_json(last[1])  # a worker's answer
         expires = state.last_seen + directives.ttl_s
         return (directives if now < expires else None), expires
 
@@ -167,31 +168,24 @@ class Fleet:
         return [self.nodes[name].row for name in names[:limit]]
 
 
-def _stored_models(row: NodeRow) -> ReportedModels:
-    """A stored report's models (one the wire schema no longer takes: no latencies)."""
+def _stored_models(row: NodeRow, raw: bytes) -> ReportedModels:
+    """A stored report's models (``raw``: the report as JSON; one the wire schema no
+    longer takes: no latencies)."""
     try:
-        return reported_models(parse_report(row.name, row.report))
+        return reported_models(parse_report(row.name, raw))
     except ReportError:
         return tuple((name, ()) for name in row.report.get("models") or {})
 
 
 def parse_report_body(name: str, raw: bytes) -> NodeReport:
-    """``raw`` validated as ``name``'s report. A report that passes ``parse_report``
-    nests at most 5 deep, so the body is parsed by orjson alone first (no depth walk);
-    anything that fails is parsed again by ``load_json`` and validated again, so that
-    a body too deep or not JSON gets that error, and a report its bad field's."""
+    """``raw`` validated as ``name``'s report (``wire.parse_report``: decoded straight
+    from the bytes); the errors say whose report it was, or that it is not JSON."""
     try:
-        return parse_report(name, orjson.loads(raw))
-    except Exception:  # noqa: BLE001 - every error is found again below, with its words
-        pass
-    try:
-        body = load_json(raw)
-    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
-        raise CatalogError(f"body is not valid JSON: {exc}") from None
-    try:
-        return parse_report(name, body)
+        return parse_report(name, raw)
     except ReportError as exc:
         raise ReportError(None, f"report from {name!r}: {exc}") from None
+    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
+        raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 
 def refuse_while_store_fails(healthy: bool, error: str | None) -> None:
@@ -207,7 +201,7 @@ def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> Repo
     arrival points in coordinator time (their JSON: the record is one object for the
     garbage collector to walk while it waits for the group commit, not dozens of
     containers per report) and its summary."""
-    arrivals = {m: [(now - age, seconds, count) for age, seconds, count in r.arrivals]
+    arrivals = {m: [(now - a.age_s, a.seconds, a.count) for a in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
     return ReportRecord(node, raw, orjson.dumps(arrivals), now, summarize(report))
 

@@ -50,7 +50,6 @@ from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
 from agent.coordinator.summary import expand
 from agent.errors import AgentError
-from agent.validation import load_json
 from agent.wire import NodeReport, latency_at, latency_points, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
@@ -138,8 +137,8 @@ class Planner:
         for name, seen, summary, raw in self.store.live_nodes(max(now - timeout - 1.0,
                                                                     since)):
             if now - seen <= timeout and (after is None or seen > after.get(name, -math.inf)):
-                out[name] = (seen, expand(name, summary) if summary is not None
-                             else parse_report(name, load_json(raw)))
+                out[name] = (seen, expand(summary) if summary is not None
+                             else parse_report(name, raw))
         return out
 
     def current_plan(self) -> StoredPlan | None:

@@ -24,13 +24,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import ModelSpec
 from agent.coordinator.nodetypes import NodeType, parse_node_types
 from agent.coordinator.planner import Planner, PlanError
 from agent.coordinator.provisioning import InstanceType, Provisioner, ProvisioningError
 from agent.coordinator.ribbon.fleet import FleetEvaluator, PoolType
-from agent.coordinator.ribbon.search import DEFAULT_MAX_SAMPLES, METHODS, search
+from agent.coordinator.ribbon.search import search
 from agent.coordinator.ribbon.space import DEFAULT_TARGET_PERCENT
 from agent.errors import AgentError
 from agent.validation import (SchemaError, boolean, check, choice, json_object, number,
@@ -80,7 +81,7 @@ def parse_sizing_request(body: Any, config: CoordinatorConfig) -> SizingRequest:
         samples = d.get("max_samples")
         if samples is not None:
             samples = check(number(1, MAX_SAMPLES, integer=True), samples, "max_samples")
-        method = check(choice(*METHODS), d.get("method", "bo"), "method")
+        method = check(choice(*SIZE_METHODS), d.get("method", "bo"), "method")
         target = check(number(0, 100, strict_lo=True, finite=True),
                        d.get("qos_target_percent", DEFAULT_TARGET_PERCENT),
                        "qos_target_percent")
@@ -98,18 +99,19 @@ def _by_kind(live: dict[str, NodeReport]) -> dict[str, list[NodeReport]]:
 
 
 def _catalogue(request_types: dict[str, NodeType] | None, config: CoordinatorConfig,
-               kinds: dict[str, list[NodeReport]]) -> dict[str, NodeType]:
+               live: dict[str, NodeReport]) -> dict[str, NodeType]:
     if request_types is not None:
         return request_types
+    kinds = {r.node_type for r in live.values() if r.node_type}
     if not kinds:
         raise SizingRequestError("from_reports: no live node states its node_type "
                                  "(coordinator.node_type in the agent config)")
-    unpriced = [k for k in kinds if k not in config.node_types]
+    unpriced = sorted(k for k in kinds if k not in config.node_types)
     if unpriced:
         raise SizingRequestError(
             f"from_reports: node type(s) {', '.join(map(repr, unpriced))} (reported by "
-            f"{', '.join(sorted({r.node for k in unpriced for r in kinds[k]}))}) have no "
-            "price: add them to node_types in the coordinator config")
+            f"{', '.join(sorted(n for n, r in live.items() if r.node_type in unpriced))}) "
+            "have no price: add them to node_types in the coordinator config")
     return {k: config.node_types[k] for k in sorted(kinds)}
 
 
@@ -148,7 +150,7 @@ def fleet_evaluator(planner: Planner, config: CoordinatorConfig, now: float,
     """The live-fleet evaluator for ``request``, from the planner's view at ``now``."""
     problem, _, live = planner.build(now)
     kinds = _by_kind(live)
-    catalogue = _catalogue(request.node_types, config, kinds)
+    catalogue = _catalogue(request.node_types, config, live)
     where = "node_types" if request.node_types is not None else "config node_types"
     types = []
     for name, t in catalogue.items():
@@ -173,7 +175,7 @@ def size_fleet(planner: Planner, config: CoordinatorConfig, now: float,
         raise SizingRequestError(f"{where}: max_count allows {evaluator.space.size} pools; "
                                  f"at most {MAX_POOLS} can be searched")
     limit = request.max_samples or (min(evaluator.space.size, MAX_SAMPLES)
-                                    if request.method == "exhaustive" else DEFAULT_MAX_SAMPLES)
+                                    if request.method == "exhaustive" else SIZE_MAX_SAMPLES)
     result = search(evaluator, request.method, seed=request.seed, max_samples=limit)
     out = result.to_json()
     best = result.best

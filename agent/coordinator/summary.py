@@ -9,45 +9,40 @@ coordinator sharing a PostgreSQL store) reads a few hundred bytes per node and b
 the planner's ``NodeReport`` from it without validating the report again.
 
 The format is JSON: ``[cores, cpu_memory_bytes, node_type, [[model, device, resident,
-size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...]]``.
+size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...]]``; a
+percentile is its report's key (``"p99"``; a summary written before the wire types kept
+the number, 99.0, read the same way).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import orjson
 
-from agent.wire import ModelReport, NodeCapacity, NodeReport
+from agent.wire import BatchCount, ModelReport, NodeCapacity, NodeReport
 
 
 def summarize(report: NodeReport) -> bytes:
     """The summary of a validated ``report``."""
     return orjson.dumps([
         report.capacity.cores, report.capacity.cpu_memory_bytes, report.node_type,
-        [(name, m.device, m.resident, m.size_bytes, list(m.batches.items()),
-          list(m.latency_ms.items())) for name, m in report.models.items()]])
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelReport)
-             if f.default is not dataclasses.MISSING}
+        [(name, m.device, m.resident, m.size_bytes,
+          [(b, (c.count, c.seconds)) for b, c in m.batches.items()],
+          [(q, ms) for q, ms in m.latency_ms.items() if ms is not None])
+         for name, m in report.models.items()]])
 
 
 def _model(name: str, device: str, resident: bool, size: float, batches: list,
            latency: list) -> ModelReport:
-    """A ``ModelReport`` of trusted values, its fields set at once (its frozen
-    dataclass ``__init__`` sets them one by one: a plan of 10,000 nodes makes 100,000)."""
-    model = object.__new__(ModelReport)
-    vars(model).update(_DEFAULTS, name=name, device=device, resident=resident,
-                       size_bytes=size, batches={b: (n, s) for b, (n, s) in batches},
-                       latency_ms={q: ms for q, ms in latency})
-    return model
+    """A ``ModelReport`` of trusted values."""
+    return ModelReport(device=device, resident=resident, size_bytes=size,
+                       batches={b: BatchCount(n, s) for b, (n, s) in batches},
+                       latency_ms={q if type(q) is str else f"p{q:.15g}": ms
+                                   for q, ms in latency})
 
 
-def expand(node: str, summary: bytes | str) -> NodeReport:
-    """The planner's ``NodeReport`` of ``node`` from its ``summary`` (trusted: it was
-    written from a validated report); fields the summary leaves out take their
-    defaults."""
+def expand(summary: bytes | str) -> NodeReport:
+    """The planner's ``NodeReport`` from a ``summary`` (trusted: it was written from a
+    validated report); fields the summary leaves out take their defaults."""
     cores, memory, node_type, models = orjson.loads(summary)
-    return NodeReport(node, NodeCapacity(cores, memory),
-                      {m[0]: _model(*m) for m in models}, node_type)
+    return NodeReport(capacity=NodeCapacity(cores, memory),
+                      models={m[0]: _model(*m) for m in models}, node_type=node_type)

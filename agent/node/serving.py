@@ -81,10 +81,8 @@ def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
 
     b, sb = model.batching, agent.batching
     pc, spc = model.prediction_cache, agent.prediction_cache
-    if model.slo_latency_ms is not None:
-        slo, percentile = model.slo_latency_ms / 1000, model.slo_percentile
-    else:
-        slo, percentile = agent.slo_latency_ms / 1000, agent.slo_percentile
+    model_slo = model.slo or agent.slo
+    slo, percentile = model_slo.latency_ms / 1000, model_slo.percentile
     max_batch = pick(model.max_batch_size, sb.max_batch_size)
     enabled = bool(pick(b.enabled, sb.enabled)) and max_batch >= 2
     tuner = TunerSettings(

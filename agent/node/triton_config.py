@@ -24,9 +24,10 @@ warm-up, several instance groups...) is refused with the file and the field name
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
+
+import msgspec
 
 from agent.config import DeclaredTensor, ModelConfig
 from agent.validation import ConfigError
@@ -271,8 +272,8 @@ def apply(msg: Any, config: ModelConfig, *, model: str, backend: str | None, fil
             put(changes, "device", device, config.device if config.device != "cpu" else None,
                 "instance_group[0].gpus")
     if batching:
-        changes["batching"] = dataclasses.replace(b, **batching)
-    return dataclasses.replace(config, **changes)
+        changes["batching"] = msgspec.structs.replace(b, **batching)
+    return msgspec.structs.replace(config, **changes)
 
 
 def effective_config(name: str, backend: str | None, config: ModelConfig, settings: Any,

@@ -29,9 +29,9 @@ import math
 
 from numba import njit
 
-RHO_MAX = 0.95
+from agent.coordinator.choices import ESTIMATORS, RHO_MAX
+
 UPPER_BOUND_WINDOW_S = 1.0
-ESTIMATORS = ("mdc", "upper")
 
 
 @njit(cache=True)

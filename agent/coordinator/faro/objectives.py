@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-OBJECTIVES = ("sum", "fair", "fairsum", "penaltysum", "penaltyfairsum")
+from agent.coordinator.choices import OBJECTIVES
 DROP_GRID = np.round(np.arange(0.0, 0.2000001, 0.005), 6)
 _PHI_D = np.array([0.0, 0.01, 0.05, 0.10, 0.20, 1.0])
 _PHI_V = np.array([1.0, 1.0, 0.75, 0.50, 0.0, 0.0])

@@ -21,10 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agent.coordinator.faro.latency import ESTIMATORS, RHO_MAX
-from agent.coordinator.faro.objectives import OBJECTIVES
-
-DEFAULT_RATE_QUANTILE = 0.9
+from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES, RHO_MAX
 
 
 class ProblemError(ValueError):

@@ -25,13 +25,13 @@ from typing import Callable
 
 import numpy as np
 
+from agent.coordinator.choices import METHODS
 from agent.coordinator.faro.allocator import enumerate_best, fast_allocate
 from agent.coordinator.faro.cobyla import cobyla_allocate, hierarchical_allocate
 from agent.coordinator.faro.objectives import cluster_objective, objective_weights
 from agent.coordinator.faro.problem import Problem, validate
 from agent.coordinator.faro.tables import ValueTables, build_tables
 
-METHODS = ("auto", "fast", "cobyla", "cobyla-hierarchical", "exhaustive")
 _FULL = 1.0 - 1e-12
 
 

@@ -69,11 +69,10 @@ from typing import Callable
 
 import numpy as np
 
+from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.ribbon.evaluators import Evaluator, SizingError
 from agent.coordinator.ribbon.space import SearchSpace, search_objective
 
-METHODS = ("bo", "random", "exhaustive")
-DEFAULT_MAX_SAMPLES = 100
 PRUNE_THRESHOLD = 1.0       # percentage points below the QoS target (the paper's 1 %)
 XI = 0.005                  # EI exploration margin, in objective units (range 0..1)
 GLOBAL_DIVISOR = 4.0        # initial Matérn length scale: a quarter of each type's range
@@ -209,10 +208,10 @@ def search(evaluator: Evaluator, method: str = "bo", *, seed: int = 0,
     ``until(result)``, when given, ends the search early once it returns true (benches
     stop at a known optimum: the samples before it are the same either way).
     """
-    if method not in METHODS:
-        raise SizingError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method not in SIZE_METHODS:
+        raise SizingError(f"unknown method {method!r}; choose from {', '.join(SIZE_METHODS)}")
     if max_samples is None:
-        max_samples = evaluator.space.size if method == "exhaustive" else DEFAULT_MAX_SAMPLES
+        max_samples = evaluator.space.size if method == "exhaustive" else SIZE_MAX_SAMPLES
     if max_samples < 1:
         raise SizingError("max_samples must be >= 1")
     state = _State(evaluator, method,
