@@ -159,7 +159,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin +
     /metrics)."""
     # One policy decision per request needs no compiler: the kernels run interpreted,
-    # and numba/llvmlite (~100 MiB resident) stay out of the agent (cachepolicies.jit).
+    # and numba/llvmlite stay out of the agent's memory (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")
     from agent.eventloop import run_event_loop
 
