@@ -202,8 +202,7 @@ def kill9(work: Path, args) -> dict:
 
 def onnx_crash(work: Path, args) -> dict:
     from agent.config import AgentConfig
-    from tests.conftest import AgentServer
-    from tests.test_faults import FaultyFactory
+    from tests.helpers import AgentServer, FaultyFactory
 
     repo = work / "onnx-models"
     write_repo(repo, ["m", "other"])
@@ -241,7 +240,7 @@ def tfserving_crash(work: Path, args) -> dict:
     import shutil
 
     from agent.config import AgentConfig, TfServingSettings
-    from tests.conftest import AgentServer
+    from tests.helpers import AgentServer
 
     standin = ROOT / "tests" / "tfserving_standin"
     binary = (os.environ.get("EDGEAGENT_TFSERVING_BINARY")

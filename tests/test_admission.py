@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for, predict_finish
-from tests.conftest import add_mlp, add_synthetic
-from tests.test_batching import call, start, stop, without_stalls
+from tests.helpers import (add_mlp, add_synthetic, call_model, start_serving, stop_serving,
+                           without_stalls)
 
 pytestmark = pytest.mark.usefixtures("settled_gc")  # as in the agent (see the fixture)
 
@@ -151,12 +151,12 @@ def test_admit_rules():
 
 async def test_shutdown_answers_every_queued_request(repo):
     add_synthetic(repo, "m", base_ms=200, max_batch_size=0, slo={"latency_ms": 60000})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     await cache.ensure_loaded("m")
     x = np.ones((1, 2), np.float32)
-    tasks = [asyncio.ensure_future(call(serving, "m", x)) for _ in range(6)]
+    tasks = [asyncio.ensure_future(call_model(serving, "m", x)) for _ in range(6)]
     await asyncio.sleep(0.05)
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
     done, pending = await asyncio.wait(tasks, timeout=5)
     assert not pending
     results = [t.exception() or t.result() for t in tasks]
@@ -169,33 +169,33 @@ async def test_the_batch_window_never_makes_a_request_late(repo):
     # static batching: wait up to 2 s for 64 rows; the SLO (150 ms) cuts the wait short
     add_synthetic(repo, "m", base_ms=10, max_batch_size=64, slo={"latency_ms": 150},
                   batching={"adaptive": False, "window_ms_max": 2000})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     await cache.ensure_loaded("m")
     x = np.ones((1, 2), np.float32)
     t = time.perf_counter()
-    await asyncio.gather(*(call(serving, "m", x) for _ in range(3)))
+    await asyncio.gather(*(call_model(serving, "m", x) for _ in range(3)))
     assert time.perf_counter() - t < 0.5
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_unload_closes_the_batcher_and_client_timeout_expires_in_queue(repo):
     add_synthetic(repo, "m", base_ms=100, max_batch_size=0, slo={"latency_ms": 60000})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     entry = await cache.ensure_loaded("m")
     x = np.ones((1, 2), np.float32)
-    await call(serving, "m", x)
+    await call_model(serving, "m", x)
     # second request must wait 100 ms behind the first: a 50 ms timeout cannot be met
-    first = asyncio.ensure_future(call(serving, "m", x))
+    first = asyncio.ensure_future(call_model(serving, "m", x))
     await asyncio.sleep(0.01)
     with pytest.raises(Shed) as err:
-        await call(serving, "m", x, timeout=0.05)
+        await call_model(serving, "m", x, timeout=0.05)
     assert err.value.reason == "deadline"
     await first
     await cache.evict("m")
     assert serving.runtime(entry).batcher is None
     await asyncio.sleep(0.05)
-    assert await call(serving, "m", x) is not None  # reloaded, a new batcher
-    await stop(cache, serving)
+    assert await call_model(serving, "m", x) is not None  # reloaded, a new batcher
+    await stop_serving(cache, serving)
 
 
 # -- over HTTP ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from agent.config import (AgentConfig, ConfigError, TfServingSettings, parse_age
                           parse_model_config)
 from agent.modelzoo import mlp_forward as onnx_mlp_forward
 from agent.memory import FootprintModel
-from tests.conftest import TINY_MLP, AgentServer, add_mlp
+from tests.helpers import TINY_MLP, AgentServer, add_mlp
 from tests.tfserving_standin.savedmodels import mlp_forward
 
 if importlib.util.find_spec("tensorflow") is None or \

@@ -14,81 +14,11 @@ import pytest
 
 from agent.backends.base import InvalidInput, TensorSpec
 from agent.backends.synthetic import SyntheticBackend
-from agent.config import AgentConfig
 from agent.node.admission import Shed
-from agent.node.cache import ModelCache
-from agent.node.repository import scan_repository
-from agent.node.serving import Serving
-from tests.conftest import add_synthetic
+from tests.helpers import (Recorder, add_synthetic, call_model, start_serving, stop_serving,
+                           without_stalls)
 
 pytestmark = pytest.mark.usefixtures("settled_gc")  # as in the agent (see the fixture)
-
-
-class Recorder:
-    """A backend factory that records the input shapes of every backend call."""
-
-    def __init__(self, cls=SyntheticBackend):
-        self.cls, self.calls = cls, []
-
-    def __call__(self, kind, name, version, path, config, footprints):
-        backend = self.cls(name, version, path, config, footprints)
-        calls, original = self.calls, backend.infer_async
-
-        async def infer_async(inputs, parameters, executor):
-            calls.append((name, {k: v.shape for k, v in inputs.items()}))
-            return await original(inputs, parameters, executor)
-        backend.infer_async = infer_async
-        return backend
-
-
-async def start(repo, backend_factory=None, **config):
-    kwargs = {"backend_factory": backend_factory} if backend_factory else {}
-    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, **kwargs)
-    serving = Serving(cache, AgentConfig(repository=repo, **config), None)
-    return cache, serving
-
-
-async def stop(cache, serving):
-    await serving.close()
-    await cache.close()
-
-
-async def call(serving, name, x, timeout=None, parameters=None):
-    _, out = await serving.infer(name, None, lambda e: {"X": x}, parameters or {},
-                                 arrived=serving.clock(), timeout=timeout, rows=len(x))
-    return out["Y"]
-
-
-class LagMonitor:
-    """Largest event-loop lag seen while active: a run during which the machine stalled
-    (another job's memory reclaim can freeze it for a second) says nothing about the
-    agent, and is measured again."""
-
-    def __init__(self):
-        self.worst, self._task = 0.0, None
-
-    async def _watch(self):
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(0.01)
-            self.worst = max(self.worst, time.perf_counter() - t - 0.01)
-
-    async def __aenter__(self):
-        self._task = asyncio.ensure_future(self._watch())
-        return self
-
-    async def __aexit__(self, *exc):
-        self._task.cancel()
-
-
-async def without_stalls(measure, attempts=3, max_lag=0.08):
-    """``await measure()`` again (up to ``attempts``) while the machine stalled during it."""
-    for _ in range(attempts):
-        async with LagMonitor() as lag:
-            result = await measure()
-        if lag.worst <= max_lag:
-            break
-    return result
 
 
 async def open_loop(serving, name, rate, seconds, seed=1, record_after=0.0):
@@ -100,7 +30,7 @@ async def open_loop(serving, name, rate, seconds, seed=1, record_after=0.0):
     async def one():
         t = serving.clock()
         try:
-            await call(serving, name, x)
+            await call_model(serving, name, x)
         except Shed as exc:
             shed.append((serving.clock() - t, exc))
             return
@@ -124,7 +54,7 @@ async def closed_loop(serving, name, clients, seconds):
     async def client():
         nonlocal done
         while time.perf_counter() < end:
-            await call(serving, name, x)
+            await call_model(serving, name, x)
             done += 1
     await asyncio.gather(*(client() for _ in range(clients)))
     return done / seconds
@@ -133,33 +63,33 @@ async def closed_loop(serving, name, clients, seconds):
 async def test_batches_concatenate_requests_and_split_results(repo):
     add_synthetic(repo, "m", base_ms=30, per_item_ms=0.1, max_batch_size=64)
     recorder = Recorder()
-    cache, serving = await start(repo, recorder)
+    cache, serving = await start_serving(repo, recorder)
     await cache.ensure_loaded("m")
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(24)]
-    outs = await asyncio.gather(*(call(serving, "m", x) for x in xs))
+    outs = await asyncio.gather(*(call_model(serving, "m", x) for x in xs))
     for x, y in zip(xs, outs):
         np.testing.assert_allclose(y, x.sum(axis=1, keepdims=True), rtol=1e-6)
     assert len(recorder.calls) < len(xs)  # batched: fewer backend calls than requests
     info = serving.describe(cache.entry("m"))
     assert info["mean_batch_size"] > 1.5 and info["requests_served"] == 24
     assert info["batch_limit"] >= 1 and set(info["batch_ms_by_size"])
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_requests_with_different_shapes_go_to_different_batches(repo):
     add_synthetic(repo, "m", base_ms=20, max_batch_size=64)
     recorder = Recorder()
-    cache, serving = await start(repo, recorder)
+    cache, serving = await start_serving(repo, recorder)
     await cache.ensure_loaded("m")
     xs = [np.full((1, 3 + (i % 2) * 2), i, np.float32) for i in range(20)]
-    outs = await asyncio.gather(*(call(serving, "m", x) for x in xs))
+    outs = await asyncio.gather(*(call_model(serving, "m", x) for x in xs))
     for x, y in zip(xs, outs):
         assert y.tolist() == [[float(x.sum())]]
     widths = {shape["X"][1] for _, shape in recorder.calls}
     assert widths == {3, 5}
     assert sum(shape["X"][0] for _, shape in recorder.calls) == 20
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 class NoBatchDim(SyntheticBackend):
@@ -174,15 +104,15 @@ class NoBatchDim(SyntheticBackend):
 async def test_model_without_a_batch_dimension_is_not_batched(repo):
     add_synthetic(repo, "m", base_ms=10, max_batch_size=64)
     recorder = Recorder(NoBatchDim)
-    cache, serving = await start(repo, recorder)
+    cache, serving = await start_serving(repo, recorder)
     await cache.ensure_loaded("m")
-    outs = await asyncio.gather(*(call(serving, "m", np.full((1, 2), i, np.float32))
+    outs = await asyncio.gather(*(call_model(serving, "m", np.full((1, 2), i, np.float32))
                                   for i in range(8)))
     assert [y.item() for y in outs] == [2.0 * i for i in range(8)]
     assert len(recorder.calls) == 8 and all(s["X"][0] == 1 for _, s in recorder.calls)
     info = serving.describe(cache.entry("m"))
     assert info["batching"] is False and info["batch_limit"] == 1
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 class Picky(SyntheticBackend):
@@ -197,15 +127,15 @@ class Picky(SyntheticBackend):
 
 async def test_a_failing_batch_fails_only_the_request_at_fault(repo):
     add_synthetic(repo, "m", max_batch_size=64)
-    cache, serving = await start(repo, Recorder(Picky))
+    cache, serving = await start_serving(repo, Recorder(Picky))
     await cache.ensure_loaded("m")
     xs = [np.full((1, 2), np.nan if i == 5 else i, np.float32) for i in range(12)]
-    results = await asyncio.gather(*(call(serving, "m", x) for x in xs),
+    results = await asyncio.gather(*(call_model(serving, "m", x) for x in xs),
                                    return_exceptions=True)
     assert isinstance(results[5], InvalidInput)
     assert [r.item() for i, r in enumerate(results) if i != 5] == \
         [2.0 * i for i in range(12) if i != 5]
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 class Scalar(SyntheticBackend):
@@ -218,24 +148,24 @@ class Scalar(SyntheticBackend):
 
 async def test_outputs_that_ignore_the_batch_turn_batching_off(repo):
     add_synthetic(repo, "m", max_batch_size=64)
-    cache, serving = await start(repo, Recorder(Scalar))
+    cache, serving = await start_serving(repo, Recorder(Scalar))
     await cache.ensure_loaded("m")
-    outs = await asyncio.gather(*(call(serving, "m", np.full((1, 2), i, np.float32))
+    outs = await asyncio.gather(*(call_model(serving, "m", np.full((1, 2), i, np.float32))
                                   for i in range(6)))
     assert [y.item() for y in outs] == [2.0 * i for i in range(6)]
     assert serving.describe(cache.entry("m"))["batching"] is False
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_worker_count_changes_at_runtime(repo):
     add_synthetic(repo, "m", base_ms=150, max_batch_size=0)  # not batched
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     entry = await cache.ensure_loaded("m")
     x = np.ones((1, 2), np.float32)
 
     async def burst():
         t = time.perf_counter()
-        await asyncio.gather(*(call(serving, "m", x) for _ in range(4)))
+        await asyncio.gather(*(call_model(serving, "m", x) for _ in range(4)))
         return time.perf_counter() - t
     assert await burst() >= 0.55                      # one worker: 4 × 150 ms in a row
     serving.set_workers(entry, 4)
@@ -245,14 +175,14 @@ async def test_worker_count_changes_at_runtime(repo):
     await asyncio.sleep(0.05)
     assert len(serving.runtime(entry).batcher._workers) == 1
     assert await burst() >= 0.55
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_aimd_settles_at_n_star_under_steady_load(repo):
     # budget = 0.5 × 120 ms = 60 ms; n* = floor((60 − 10) / 4) = 12
     add_synthetic(repo, "m", base_ms=10, per_item_ms=4, max_batch_size=64,
                   slo={"latency_ms": 120}, batching={"aimd_step": 2})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     entry = await cache.ensure_loaded("m")
     rt = serving.runtime(entry)
     samples = []
@@ -272,7 +202,7 @@ async def test_aimd_settles_at_n_star_under_steady_load(repo):
     assert sorted(samples)[len(samples) // 2] in range(10, 15), samples
     assert sum(10 <= s <= 14 for s in samples) >= 0.8 * len(samples), samples
     assert max(samples) <= 16
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_delayed_batching_pays_for_a_high_base_and_is_unused_for_a_low_one(repo):
@@ -282,7 +212,7 @@ async def test_delayed_batching_pays_for_a_high_base_and_is_unused_for_a_low_one
         add_synthetic(repo, name + "-greedy", base_ms=base, per_item_ms=per_item,
                       max_batch_size=64, slo={"latency_ms": 200},
                       batching={"window_ms_max": 0})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     rate = {}
     for name in ("high", "high-greedy", "low", "low-greedy"):
         await cache.ensure_loaded(name)
@@ -293,14 +223,14 @@ async def test_delayed_batching_pays_for_a_high_base_and_is_unused_for_a_low_one
     assert high["batch_window_ms"] > 0 and low["batch_window_ms"] == 0, (high, low)
     assert rate["high"] >= 1.12 * rate["high-greedy"], rate
     assert rate["low"] >= 0.85 * rate["low-greedy"], rate
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_p99_within_slo_under_a_load_the_model_sustains(repo):
     # n* = 12 → ~200 req/s at most; offer half of it
     add_synthetic(repo, "m", base_ms=10, per_item_ms=4, max_batch_size=64,
                   slo={"latency_ms": 120})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     entry = await cache.ensure_loaded("m")
     latencies, shed, total = await without_stalls(
         lambda: open_loop(serving, "m", 100, 3.0, record_after=0.5))
@@ -308,13 +238,13 @@ async def test_p99_within_slo_under_a_load_the_model_sustains(repo):
     assert np.percentile(latencies, 99) <= 0.120, np.percentile(latencies, [50, 99])
     info = serving.describe(entry)
     assert info["latency_ms"]["p99"] <= 120 * 1.1 and info["mean_batch_size"] > 1
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 async def test_overload_is_shed_at_once_and_nothing_hangs(repo):
     add_synthetic(repo, "m", base_ms=10, per_item_ms=4, max_batch_size=64,
                   slo={"latency_ms": 120})
-    cache, serving = await start(repo)
+    cache, serving = await start_serving(repo)
     entry = await cache.ensure_loaded("m")
     await open_loop(serving, "m", 200, 0.8)  # learn the profile first
     before = []
@@ -332,4 +262,4 @@ async def test_overload_is_shed_at_once_and_nothing_hangs(repo):
     assert len(latencies) / 2.0 >= 120  # the model keeps serving near its capacity
     info = serving.describe(entry)
     assert info["drops_total"] - before[-1] == len(shed) and info["queue_length"] == 0
-    await stop(cache, serving)
+    await stop_serving(cache, serving)

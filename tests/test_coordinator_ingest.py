@@ -18,7 +18,7 @@ import pytest
 from agent.coordinator.ingest import Fleet, ReportWriter, reported_models
 from agent.coordinator.store import ReportRecord, Store
 from agent.wire import parse_report
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
+from tests.helpers import REPORT
 
 
 def post(url: str, body: dict) -> tuple[int, dict, dict]:

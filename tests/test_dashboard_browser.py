@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import Browser
-from tests.conftest import TINY_MLP, add_mlp, add_synthetic
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 (fixture)
+from tests.helpers import REPORT, TINY_MLP, add_mlp, add_synthetic
 
 BINARY = Browser.find()
 pytestmark = pytest.mark.skipif(
@@ -136,7 +135,7 @@ def test_agent_page_asks_for_the_admin_token(repo, start_agent, tmp_path):
     run(scenario())
 
 
-def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_path):  # noqa: F811
+def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_path):
     co = start_coordinator()
     assert co.request("PUT", "/v1/models/a", {"slo_ms": 100})[0] == 201
     assert co.request("PUT", "/v1/models/b", {"slo_ms": 250, "percentile": 95})[0] == 201
@@ -200,7 +199,7 @@ def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_
     run(scenario())
 
 
-def test_a_slow_server_is_refreshed_less_often(start_coordinator, tmp_path):  # noqa: F811
+def test_a_slow_server_is_refreshed_less_often(start_coordinator, tmp_path):
     """The page waits ten times as long as its last refresh took where that is longer
     than ?refresh= (at 10,000 nodes a refresh costs the coordinator ~0.1-0.4 s). The
     server is made slow by delaying the page's own fetch by 400 ms: the page's pace

@@ -18,7 +18,7 @@ import pytest
 
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
-from tests.conftest import add_synthetic
+from tests.helpers import add_synthetic
 
 MB = 1_000_000
 
