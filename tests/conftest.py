@@ -1,10 +1,20 @@
-"""Shared fixtures (helpers that are not fixtures: tests/helpers.py)."""
+"""Shared fixtures (helpers that are not fixtures: tests/helpers.py).
+
+The policy kernels run interpreted in the test processes, as ``edgeagent serve`` runs
+them (``EDGEAGENT_JIT=0``, set here before anything imports ``cachepolicies``; the choice
+is made once per process); tests about the compiled kernels run those in a child
+process (``helpers.run_pytest_compiled``). ``EDGEAGENT_JIT=1 pytest`` compiles
+everywhere."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+os.environ.setdefault("EDGEAGENT_JIT", "0")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 
 @pytest.fixture

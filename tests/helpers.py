@@ -1,6 +1,7 @@
 """What several test modules share that is not a fixture (fixtures are in conftest.py):
 model repositories written on the fly, real servers (in-process and as processes), request
-bodies, waiting, ports, in-process serving, fault doubles and the planner's fake clock."""
+bodies, waiting, ports, in-process serving, fault doubles, the planner's fake clock, and pytest in a
+child process with compiled policy kernels."""
 
 from __future__ import annotations
 
@@ -468,3 +469,20 @@ def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12,
             arrivals = {m: [(clock.t, dt, r * dt)] for m, r in node_rates.items()}
             store.record_report(name, node_report(node_models, cores), arrivals, clock.t,
                                 keep_s=120)
+
+
+# -- the compiled policy kernels ------------------------------------------------------------
+
+
+def run_pytest_compiled(*args: str, timeout: float = 600) -> None:
+    """pytest ``args`` in a child process whose policy kernels are compiled
+    (``EDGEAGENT_JIT=1``, numba): the test processes run them interpreted, as ``edgeagent
+    serve`` does (conftest.py), and the choice is made once per process
+    (``cachepolicies.jit``). Fails with the child's report."""
+    env = {**os.environ, "EDGEAGENT_JIT": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
