@@ -42,6 +42,9 @@ from agent.backends.tfserving_process import ManagedServer  # noqa: E402
 from agent.backends.tfserving_protos import (from_tensor_proto, protos,  # noqa: E402
                                              to_tensor_proto)
 
+#: one test process builds the SavedModels and starts the module's servers
+pytestmark = pytest.mark.xdist_group("tfserving")
+
 HERE = Path(__file__).parent
 STANDIN = HERE / "tfserving_standin" / "server.py"
 REAL_BINARY = (os.environ.get("EDGEAGENT_TFSERVING_BINARY")
