@@ -1,7 +1,8 @@
-"""What several test modules share that is not a fixture (fixtures are in conftest.py):
-model repositories written on the fly, real servers (in-process and as processes), request
-bodies, waiting, ports, in-process serving, fault doubles, the planner's fake clock, and pytest in a
-child process with compiled policy kernels."""
+"""What several test modules (and some bench scripts) share that is not a fixture
+(fixtures are in conftest.py): model repositories written on the fly, real servers
+(in-process and as processes), request bodies, waiting, ports, in-process serving, load
+generators, fault doubles, the planner's fake clock, and pytest in a child process with
+compiled policy kernels."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from agent.modelzoo import write_mlp
@@ -194,7 +197,7 @@ class CoordinatorServer(ThreadedServer):
         super().__init__(create_app(config, **kwargs))
         self.co = self.app[COORDINATOR]
 
-    def request(self, method, path, body=None, token=None, raw=None):
+    def request(self, method, path, body=None, token=None, raw=None, timeout=30):
         """(status, parsed JSON) for one request."""
         data = raw if raw is not None else (json.dumps(body).encode()
                                             if body is not None else None)
@@ -204,7 +207,7 @@ class CoordinatorServer(ThreadedServer):
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
@@ -385,6 +388,135 @@ async def without_stalls(measure, attempts=3, max_lag=0.08):
         if lag.worst <= max_lag:
             break
     return result
+
+
+# -- load: open loops (Poisson arrivals) and closed loops ----------------------------------
+
+
+async def open_loop(serving, name, rate, seconds, seed=1, record_after=0.0):
+    """Poisson arrivals of 1-row requests at ``rate`` per second through ``serving``:
+    (latencies of the successes after ``record_after`` s, (seconds, Shed) of each 503,
+    requests sent)."""
+    from agent.node.admission import Shed
+
+    rng, x = random.Random(seed), np.ones((1, 4), np.float32)
+    latencies, shed = [], []
+    begin = serving.clock()
+
+    async def one():
+        t = serving.clock()
+        try:
+            await call_model(serving, name, x)
+        except Shed as exc:
+            shed.append((serving.clock() - t, exc))
+            return
+        if t - begin >= record_after:
+            latencies.append(serving.clock() - t)
+
+    tasks, nxt, end = [], time.perf_counter(), time.perf_counter() + seconds
+    while nxt < end:
+        nxt += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+        tasks.append(asyncio.ensure_future(one()))
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return latencies, shed, len(tasks)
+
+
+async def closed_loop(serving, name, clients, seconds):
+    """``clients`` clients sending 1-row requests back to back through ``serving`` (one
+    that is shed waits 10 ms): requests answered per second."""
+    from agent.node.admission import Shed
+
+    done, x = 0, np.ones((1, 4), np.float32)
+    end = time.perf_counter() + seconds
+
+    async def client():
+        nonlocal done
+        while time.perf_counter() < end:
+            try:
+                await call_model(serving, name, x)
+            except Shed:
+                await asyncio.sleep(0.01)
+                continue
+            done += 1
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / seconds
+
+
+async def http_open_loop(url, rate, seconds, seed=0):
+    """Poisson arrivals of 1-row v2 requests at ``rate`` per second to ``url`` over HTTP:
+    ([(status, seconds, headers, body)], requests sent)."""
+    import aiohttp
+
+    rng = np.random.default_rng(seed)
+    body = json.dumps(v2_body([1.0, 1.0], shape=(1, 2))).encode()
+    results = []
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one():
+            t = time.perf_counter()
+            async with session.post(url, data=body) as r:
+                payload = await r.json()
+                results.append((r.status, time.perf_counter() - t, dict(r.headers), payload))
+        tasks, nxt = [], time.perf_counter()
+        end = nxt + seconds
+        while nxt < end:
+            nxt += rng.exponential(1 / rate)
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return results, len(tasks)
+
+
+def zipf_workload(seed=5, models=12, requests=240, rate=12.0):
+    """A trace for a live agent and the simulator alike: Zipf (s = 0.9) over ``models``
+    synthetic models, Poisson arrivals at ``rate``; (names, sizes, load seconds, exec
+    seconds, trace, profiles)."""
+    from cachepolicies.traces import make_profiles, make_trace
+
+    rng = np.random.default_rng(seed)
+    names = [f"m{i:02d}" for i in range(models)]
+    sizes = rng.integers(10, 40, models) * 1_000_000
+    loads = rng.uniform(0.2, 0.5, models)
+    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
+    weights = 1 / np.arange(1, models + 1) ** 0.9
+    picks = rng.choice(models, requests, p=weights / weights.sum())
+    times = np.cumsum(rng.exponential(1 / rate, requests))
+    profiles = make_profiles(names, sizes, loads, execs)
+    trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
+    return names, sizes, loads, execs, trace, profiles
+
+
+def add_workload_models(repo, names, sizes, loads, execs) -> None:
+    """``zipf_workload``'s models as synthetic models in ``repo``: one worker per request
+    (none waits for a worker, as in the simulator's queueing with many workers)."""
+    for name, size, load, exe in zip(names, sizes, loads, execs):
+        add_synthetic(repo, name, size_bytes=int(size), load_ms=float(load) * 1000,
+                      base_ms=float(exe) * 1000, max_batch_size=0, slo={"latency_ms": 60000},
+                      batching={"workers": 64})
+
+
+async def replay_live(url, trace, names):
+    """Send each request of ``trace`` to the agent at ``url`` at its trace time (open
+    loop); [(response seconds, status)]."""
+    import aiohttp
+
+    results = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+
+        async def one(at, model):
+            await asyncio.sleep(max(at - (time.perf_counter() - start), 0))
+            sent = time.perf_counter()
+            async with session.post(f"{url}/v2/models/{model}/infer", json=BODY) as r:
+                await r.read()
+                results.append((time.perf_counter() - sent, r.status))
+
+        await asyncio.gather(*(one(float(t), names[m]) for t, m in
+                               zip(trace.timestamps, trace.model_ids)))
+    return results
 
 
 # -- a runtime that fails on demand ---------------------------------------------------------

@@ -6,15 +6,14 @@ import asyncio
 import json
 import time
 
-import aiohttp
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
 from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for, predict_finish
-from tests.helpers import (add_mlp, add_synthetic, call_model, start_serving, stop_serving,
-                           without_stalls)
+from tests.helpers import (add_mlp, add_synthetic, call_model, http_open_loop, start_serving,
+                           stop_serving, without_stalls)
 
 pytestmark = pytest.mark.usefixtures("settled_gc")  # as in the agent (see the fixture)
 
@@ -209,29 +208,6 @@ def v2(x, **parameters):
     return doc
 
 
-async def http_open_loop(url, rate, seconds, seed=0):
-    """Open-loop Poisson load over HTTP: list of (status, seconds, headers, body)."""
-    rng = np.random.default_rng(seed)
-    body = json.dumps(v2(np.ones((1, 2), np.float32))).encode()
-    results = []
-    timeout = aiohttp.ClientTimeout(total=20)
-    async with aiohttp.ClientSession(timeout=timeout,
-                                     connector=aiohttp.TCPConnector(limit=0)) as session:
-        async def one():
-            t = time.perf_counter()
-            async with session.post(url, data=body) as r:
-                payload = await r.json()
-                results.append((r.status, time.perf_counter() - t, dict(r.headers), payload))
-        tasks, nxt = [], time.perf_counter()
-        end = nxt + seconds
-        while nxt < end:
-            nxt += rng.exponential(1 / rate)
-            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
-            tasks.append(asyncio.ensure_future(one()))
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    return results, len(tasks)
-
-
 async def test_http_overload_gets_503_with_retry_after_and_nothing_hangs(repo, start_agent):
     # budget 100 ms → n* = floor((100 − 40) / 8) = 7 → ~70 req/s at most
     add_synthetic(repo, "m", base_ms=40, per_item_ms=8, max_batch_size=32,
@@ -245,8 +221,7 @@ async def test_http_overload_gets_503_with_retry_after_and_nothing_hangs(repo, s
     shed = [r for r in results if r[0] == 503]
     assert len(ok) + len(shed) == sent and len(shed) >= 0.3 * sent
     assert all(int(h["Retry-After"]) >= 1 and "error" in b for _, _, h, b in shed)
-    assert np.median([t for _, t, _, _ in shed]) < 0.05       # rejected at once
-    assert np.percentile([t for _, t, _, _ in ok], 99) <= 0.2 * 1.3
+    # how soon the 503s come and the p99 of the 200s: bench/serving_slo.py
     status, _, info = agent.request("GET", "/v1/cache/m")
     for key in ("batch_limit", "batch_window_ms", "mean_batch_size", "queue_length",
                 "arrival_rate", "batch_ms_by_size", "latency_ms", "slo_violations",

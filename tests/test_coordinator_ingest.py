@@ -129,7 +129,8 @@ def test_planning_process_is_restarted_when_it_dies(start_coordinator):
     assert proc.pid != threading.get_native_id() and proc.is_alive()
     proc.kill()
     proc.join()
-    status, second = co.request("POST", "/v1/plan")
+    # a new planning process starts (spawned: a loaded box may take a while to import it)
+    status, second = co.request("POST", "/v1/plan", timeout=120)
     assert status == 200 and second["id"] == first["id"] + 1
     status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
     assert directives["plan_id"] == second["id"] and "a" in directives["workers"]
