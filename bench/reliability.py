@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import (RssSampler, free_port, start_agent_process,  # noqa: E402
+from bench.pressure import (RssSampler, start_agent_process,  # noqa: E402
                             stop_process, wait_http)
 
 MODELS = ["mlp0", "mlp1", "mlp2"]
@@ -331,7 +331,7 @@ def main() -> None:
                       outputs=2, seed=i)
             if name != "mlp2":  # the large-body phases; mlp2 keeps the default limit
                 (repo / name / "config.yaml").write_text("max_request_rows: 2000000\n")
-        config = {"repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
+        config = {"repository": str(repo), "data_dir": str(work / "data"),
                   "cpu_budget": "512MiB", "log_level": "warning", "grpc_port": 0}
         log = work / "agent.log"
         mix = still = memory = baseline = None
