@@ -34,12 +34,14 @@ run: $(RUN_STAMP)
 	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):$(GRPC_PORT)"
 	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
-# The quick suite, in parallel (pytest-xdist: TEST_WORKERS processes; tests that share an
-# expensive fixture carry an xdist_group mark and run in one of them). The slow tests
-# (`-m slow`: the soak) run on their own: `make test-slow`; .ci/run runs both.
+# The quick suite, in parallel: pytest-xdist, TEST_WORKERS processes, each test module
+# whole in one of them (--dist loadfile: a module's fixtures, such as the TF Serving
+# servers or the PostgreSQL cluster, are built once, and its tests run in their order).
+# The slow tests (`-m slow`: the soak) run on their own: `make test-slow`; .ci/run runs
+# both.
 TEST_WORKERS ?= 4
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -42,9 +42,6 @@ from agent.backends.tfserving_process import ManagedServer  # noqa: E402
 from agent.backends.tfserving_protos import (from_tensor_proto, protos,  # noqa: E402
                                              to_tensor_proto)
 
-#: one test process builds the SavedModels and starts the module's servers
-pytestmark = pytest.mark.xdist_group("tfserving")
-
 HERE = Path(__file__).parent
 STANDIN = HERE / "tfserving_standin" / "server.py"
 REAL_BINARY = (os.environ.get("EDGEAGENT_TFSERVING_BINARY")
@@ -513,6 +510,7 @@ def test_repository_unload_unloads_from_the_server(agent):
 
 def test_server_crash_gives_503_then_restarts_and_restores(agent, savedmodels):
     x = np.ones((1, 4), np.float32)
+    assert v2_infer(agent, "onnxmlp", x)[0] == 200  # resident, whatever ran before
     assert v2_infer(agent, "tfmlp", x)[0] == 200
     host = agent.node.tfserving
     old_pid, restarts = host.pid(), host.server.restarts

@@ -19,8 +19,6 @@ import pytest
 from tests.helpers import REPORT, CoordinatorProcess, request, reserved_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-#: one test process starts the session's cluster (``postgres``) for these and the store's
-pytestmark = pytest.mark.xdist_group("postgres")
 
 
 @pytest.fixture

@@ -13,10 +13,6 @@ from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.store import PostgresStore, open_store
 
-#: one test process starts the session's cluster (``postgres``) for these and
-#: test_coordinator_postgres.py's
-pytestmark = pytest.mark.xdist_group("postgres")
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def path(request, tmp_path):

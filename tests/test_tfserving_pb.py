@@ -24,8 +24,6 @@ from agent.backends.tfserving_pb import (POOL, tensorflow_error_pb2,  # noqa: E4
                                          tensorflow_pb2, tensorflow_serving_pb2)
 
 ROOT = Path(__file__).resolve().parent.parent
-#: one test process imports upstream's protos (TensorFlow) for the module's tests
-pytestmark = pytest.mark.xdist_group("tfserving_pb")
 UPSTREAM = ("tensorflow_serving.apis.predict_pb2", "tensorflow_serving.apis.get_model_metadata_pb2",
             "tensorflow_serving.apis.get_model_status_pb2",
             "tensorflow_serving.apis.model_management_pb2",
