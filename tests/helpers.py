@@ -301,10 +301,12 @@ class CoordinatorProcess:
         return [n["name"] for n in self.get("/v1/nodes")[1]]
 
     def stop(self) -> None:
+        """SIGTERM, as systemd stops it (it writes what it answered first); SIGKILL only
+        after a minute."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
