@@ -17,6 +17,15 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """In the controller of a parallel run (pytest-xdist), before its workers start: a
+    fresh checkout's numba kernels compiled once (``helpers.warm_kernel_caches``)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from tests.helpers import warm_kernel_caches
+
+        warm_kernel_caches()
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     path = tmp_path / "models"

@@ -197,8 +197,9 @@ class CoordinatorServer(ThreadedServer):
         super().__init__(create_app(config, **kwargs))
         self.co = self.app[COORDINATOR]
 
-    def request(self, method, path, body=None, token=None, raw=None, timeout=30):
-        """(status, parsed JSON) for one request."""
+    def request(self, method, path, body=None, token=None, raw=None):
+        """(status, parsed JSON) for one request (a plan may take a while on a loaded
+        box: it waits up to 120 s)."""
         data = raw if raw is not None else (json.dumps(body).encode()
                                             if body is not None else None)
         headers = {"Content-Type": "application/json"}
@@ -207,7 +208,7 @@ class CoordinatorServer(ThreadedServer):
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=120) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
@@ -603,6 +604,43 @@ def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12,
             arrivals = {m: [(clock.t, dt, r * dt)] for m, r in node_rates.items()}
             store.record_report(name, node_report(node_models, cores), arrivals, clock.t,
                                 keep_s=120)
+
+
+# -- numba's kernels ------------------------------------------------------------------------
+
+#: Compile (or load) the kernels most tests reach: Faro's solver (the coordinator's
+#: planning), and every policy with the simulator's compiled loop.
+_WARM_KERNELS = ("""
+from agent.coordinator.faro import Capacity, ModelSpec, Problem, solve
+solve(Problem(Capacity(8, 1e12), (ModelSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
+""", """
+from cachepolicies import POLICY_NAMES
+from cachepolicies.registry import prime_policy
+from cachepolicies.simulator import simulate
+from cachepolicies.traces import make_profiles, make_trace
+profiles = make_profiles(["a", "b", "c"], [10, 10, 10], [1.0, 2.0, 3.0], [0.1, 0.1, 0.1])
+trace = make_trace([0.0, 1.0, 2.0, 3.0], ["a", "b", "c", "a"], profiles)
+for name in POLICY_NAMES:
+    prime_policy(name)
+    simulate(trace, profiles, 20, name, seed=1)
+""")
+
+
+def warm_kernel_caches() -> None:
+    """Compile numba's kernels into their on-disk caches (beside the sources) once, in
+    two children side by side, where a fresh checkout has none: the test processes
+    started afterwards load them instead of each compiling the same kernels at once
+    (~25 s of CPU per process and package)."""
+    if any(p for d in ("agent/coordinator/faro", "cachepolicies")
+           for p in (ROOT / d / "__pycache__").glob("*.nbi")):
+        return
+    env = {**os.environ, "EDGEAGENT_JIT": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    children = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
+                for code in _WARM_KERNELS]
+    for child in children:
+        child.wait(600)
 
 
 # -- the compiled policy kernels ------------------------------------------------------------

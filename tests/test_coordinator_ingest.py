@@ -130,7 +130,7 @@ def test_planning_process_is_restarted_when_it_dies(start_coordinator):
     proc.kill()
     proc.join()
     # a new planning process starts (spawned: a loaded box may take a while to import it)
-    status, second = co.request("POST", "/v1/plan", timeout=120)
+    status, second = co.request("POST", "/v1/plan")
     assert status == 200 and second["id"] == first["id"] + 1
     status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)
     assert directives["plan_id"] == second["id"] and "a" in directives["workers"]
