@@ -26,6 +26,20 @@ def pytest_configure(config):
         warm_kernel_caches()
 
 
+def _closed_after(make):
+    """A fixture's body: yield ``start`` (``make``, keeping what it returns), then close
+    every server it started."""
+    servers = []
+
+    def start(*args, **kwargs):
+        servers.append(make(*args, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     path = tmp_path / "models"
@@ -55,18 +69,12 @@ def start_agent(tmp_path):
     from agent.config import AgentConfig
     from tests.helpers import AgentServer
 
-    servers = []
-
     def start(repo, budget=200_000_000, **config):
         cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=budget,
                           infer_threads=2, **config)
-        server = AgentServer(cfg, budgets={"cpu": budget})
-        servers.append(server)
-        return server
+        return AgentServer(cfg, budgets={"cpu": budget})
 
-    yield start
-    for server in servers:
-        server.close()
+    yield from _closed_after(start)
 
 
 @pytest.fixture
@@ -76,19 +84,13 @@ def start_coordinator(tmp_path):
     from agent.coordinator.config import CoordinatorConfig
     from tests.helpers import CoordinatorServer
 
-    servers = []
-
     def start(**config):
         config.setdefault("state_dir", tmp_path / "coordinator")
         kwargs = {k: config.pop(k) for k in ("clock", "start_loops") if k in config}
         kwargs.setdefault("start_loops", False)
-        server = CoordinatorServer(CoordinatorConfig(**config), **kwargs)
-        servers.append(server)
-        return server
+        return CoordinatorServer(CoordinatorConfig(**config), **kwargs)
 
-    yield start
-    for server in servers:
-        server.close()
+    yield from _closed_after(start)
 
 
 @pytest.fixture
