@@ -12,7 +12,7 @@ PORT ?= 8000
 GRPC_PORT ?= 8001
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test bench clean protos
+.PHONY: run test test-slow bench clean protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,17 @@ run: $(RUN_STAMP)
 	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):$(GRPC_PORT)"
 	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
+# The quick suite, in parallel: pytest-xdist, TEST_WORKERS processes, each test module
+# whole in one of them (--dist loadfile: a module's fixtures, such as the TF Serving
+# servers or the PostgreSQL cluster, are built once, and its tests run in their order).
+# The slow tests (`-m slow`: the soak) run on their own: `make test-slow`; .ci/run runs
+# both.
+TEST_WORKERS ?= 4
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+
+test-slow: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 # The committed gRPC modules, regenerated from their .proto files by the pinned
 # grpcio-tools in a throwaway venv: KServe v2 in agent/node/protos/ and TF Serving's in

@@ -40,7 +40,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -157,12 +156,6 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
 # -- the coordinator ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 120):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
@@ -206,9 +199,10 @@ def database_cpu_seconds() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def start_coordinator(state: Path, store: str | None, port: int,
-                      reactive_s: float, report_workers: int = 0) -> subprocess.Popen:
-    config = {"port": port, "state_dir": str(state), "log_level": "warning",
+def start_coordinator(state: Path, store: str | None, reactive_s: float,
+                      report_workers: int = 0) -> tuple[subprocess.Popen, str]:
+    """The coordinator on a port the OS picks: (process, the URL it announced), ready."""
+    config = {"port": 0, "state_dir": str(state), "log_level": "warning",
               "reactive_interval_s": reactive_s}
     if report_workers:  # (a tree before report workers refuses the key)
         config["report_workers"] = report_workers
@@ -217,11 +211,17 @@ def start_coordinator(state: Path, store: str | None, port: int,
     (state / "coordinator.yaml").write_text(json.dumps(config))
     proc = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()",
                              "coordinator", "serve", "--config", str(state / "coordinator.yaml")],
-                            cwd=ROOT, stdout=subprocess.DEVNULL)
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "edgeagent coordinator listening on URL ..."
+    if "listening on " not in line:
+        proc.kill()
+        raise RuntimeError(f"the coordinator did not start: {line!r}")
+    url = line.split("listening on ")[1].split()[0]
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # the rest, unread
     for _ in range(600):
         try:
-            request(f"http://127.0.0.1:{port}/v1/health", timeout=1)
-            return proc
+            request(f"{url}/v1/health", timeout=1)
+            return proc, url
         except OSError:
             if proc.poll() is not None:
                 break
@@ -289,11 +289,10 @@ def print_timeline(results: list[dict], wall0: float, plan_span: tuple[float, fl
 
 
 def run(nodes: int, args: argparse.Namespace) -> dict:
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        co = start_coordinator(Path(tmp), args.store, port, args.reactive_interval,
-                               args.report_workers)
-        url = f"http://127.0.0.1:{port}"
+        co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
+                                    args.report_workers)
+        port = int(url.rsplit(":", 1)[1])
         try:
             for m in range(args.catalog):
                 request(f"{url}/v1/models/m{m}", "PUT", {"slo_ms": 200})

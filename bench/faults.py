@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import (agent_command, free_port, get_json,  # noqa: E402
+from bench.pressure import (agent_command, announced_url, get_json,  # noqa: E402
                             start_agent_process, stop_process, wait_http)
 
 BODY = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
@@ -158,11 +158,11 @@ def kill9(work: Path, args) -> dict:
     names = [f"mlp{i}" for i in range(6)]
     repo = work / "models"
     write_repo(repo, names)
-    port = free_port()
-    config = {"repository": str(repo), "data_dir": str(work / "data"), "port": port,
+    config = {"repository": str(repo), "data_dir": str(work / "data"),
               "grpc_port": 0, "cpu_budget": "256MiB", "log_level": "info"}
     log = work / "kill9.log"
     proc, base = start_agent_process(work, config, log)
+    config["port"] = int(base.rsplit(":", 1)[1])  # the restart takes the same port
     wait_http(base + "/v2/health/ready", proc, 120, log)
     hot = names[:3]
     for name in hot:
@@ -202,8 +202,7 @@ def kill9(work: Path, args) -> dict:
 
 def onnx_crash(work: Path, args) -> dict:
     from agent.config import AgentConfig
-    from tests.conftest import AgentServer
-    from tests.test_faults import FaultyFactory
+    from tests.helpers import AgentServer, FaultyFactory
 
     repo = work / "onnx-models"
     write_repo(repo, ["m", "other"])
@@ -241,7 +240,7 @@ def tfserving_crash(work: Path, args) -> dict:
     import shutil
 
     from agent.config import AgentConfig, TfServingSettings
-    from tests.conftest import AgentServer
+    from tests.helpers import AgentServer
 
     standin = ROOT / "tests" / "tfserving_standin"
     binary = (os.environ.get("EDGEAGENT_TFSERVING_BINARY")
@@ -299,24 +298,24 @@ def tfserving_crash(work: Path, args) -> dict:
 
 
 def coordinator_down(work: Path, args) -> dict:
-    cport = free_port()
-    curl = f"http://127.0.0.1:{cport}"
     clog = work / "coordinator.log"
 
-    def start_coordinator() -> subprocess.Popen:
-        out = open(clog, "a")
-        proc = subprocess.Popen(agent_command(None) + [
-            "coordinator", "serve", "--port", str(cport), "--state-dir",
-            str(work / "coordinator")], stdout=out, stderr=subprocess.STDOUT)
-        wait_http(curl + "/v1/health", proc, 60, clog)
-        return proc
+    def start_coordinator(port: int) -> tuple[subprocess.Popen, str]:
+        """The coordinator on ``port`` (0: the OS picks): (process, its URL)."""
+        offset = clog.stat().st_size if clog.exists() else 0
+        with open(clog, "a") as out:
+            proc = subprocess.Popen(agent_command(None) + [
+                "coordinator", "serve", "--port", str(port), "--state-dir",
+                str(work / "coordinator")], stdout=out, stderr=subprocess.STDOUT)
+        url = announced_url(proc, clog, offset, 60)
+        wait_http(url + "/v1/health", proc, 60, clog)
+        return proc, url
 
     (work / "coordinator").mkdir()
-    coordinator = start_coordinator()
+    coordinator, curl = start_coordinator(0)  # restarted on the same port below
     repo = work / "co-models"
     write_repo(repo, ["a", "b"])
-    port = free_port()
-    config = {"repository": str(repo), "data_dir": str(work / "co-data"), "port": port,
+    config = {"repository": str(repo), "data_dir": str(work / "co-data"),
               "grpc_port": 0, "cpu_budget": "256MiB", "log_level": "info",
               "coordinator": {"url": curl, "node_name": "n1", "report_interval_s": 1.0}}
     log = work / "co-agent.log"
@@ -335,7 +334,7 @@ def coordinator_down(work: Path, args) -> dict:
             time.sleep(args.coordinator_down)
             before = get_json(base + "/v1/coordinator")
             back_at = time.perf_counter()
-            coordinator = start_coordinator()
+            coordinator, _ = start_coordinator(int(curl.rsplit(":", 1)[1]))
             end = time.monotonic() + 120
             while time.monotonic() < end:
                 status = get_json(base + "/v1/coordinator")

@@ -16,7 +16,6 @@ MLP, 1 x 16 FP32 in) and ``large`` (an MLP, 64 x 1024 FP32 in: 256 KiB a request
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,28 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.modelzoo import write_mlp  # noqa: E402
+from bench.pressure import free_port  # noqa: E402
 
 MODELS = {"small": (dict(inputs=16, hidden=64, layers=2, outputs=4, seed=0), 1),
           "large": (dict(inputs=1024, hidden=64, layers=2, outputs=4, seed=1), 64)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_agent(repo: Path, data: Path) -> tuple[subprocess.Popen, int, int]:
-    http, grpc_port = free_port(), free_port()
+    """The agent on an HTTP port the OS picks (read back from its announcement) and a
+    gRPC port picked here (``--grpc-port 0`` turns gRPC off): (process, http, grpc)."""
+    grpc_port = free_port()
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
-         "--port", str(http), "--grpc-port", str(grpc_port), "--data-dir", str(data),
+         "--port", "0", "--grpc-port", str(grpc_port), "--data-dir", str(data),
          "--cpu-budget", "1GiB", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening on" not in line:
         raise SystemExit(f"the agent did not start: {line}")
-    return proc, http, grpc_port
+    return proc, int(line.split()[3].rsplit(":", 1)[1]), grpc_port
 
 
 def make_call(protocol: str, port: int, model: str, x: np.ndarray):

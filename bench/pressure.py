@@ -211,9 +211,32 @@ def lru_loads(order: list[str], capacity: int) -> int:
 # -- processes ---------------------------------------------------------------------------
 
 def free_port() -> int:
+    """A loopback port free now, for a child that must be told its port before it starts
+    and cannot report one it picked (the peers; a gRPC port, as ``--grpc-port 0`` turns
+    gRPC off). Another process may bind it first: this project's servers bind port 0
+    and announce their URL instead (``announced_url``). The benches' only copy."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def announced_url(proc: subprocess.Popen, log: Path, offset: int = 0,
+                  timeout: float = 120) -> str:
+    """The URL that ``edgeagent serve`` or ``edgeagent coordinator serve`` (``proc``,
+    its stdout in ``log`` from byte ``offset``) announced: "... listening on URL"."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            for line in f.read().decode(errors="replace").splitlines():
+                if "listening on " in line:
+                    return line.split("listening on ")[1].split()[0]
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited with {proc.returncode} before it listened:\n"
+                               f"{tail}")
+        time.sleep(0.05)
+    raise RuntimeError(f"no 'listening on' in {log} within {timeout:.0f} s")
 
 
 class RssSampler:
@@ -296,17 +319,19 @@ def get_json(url: str, timeout: float = 10):
 
 def start_agent_process(work: Path, config: dict, log: Path, agent_src: str | None = None
                         ) -> tuple[subprocess.Popen, str]:
-    """``edgeagent serve`` on ``config`` (written to ``work/agent.yaml``; it names the
-    ``port``), its output appended to ``log``: (process, base URL). Not waited for.
-    ``agent_src``: run the agent of another tree (``agent_command``)."""
+    """``edgeagent serve`` on ``config`` (written to ``work/agent.yaml``; without a
+    ``port``, the OS picks one), its output appended to ``log``: (process, the base URL
+    it announced). Not waited for beyond that announcement. ``agent_src``: run the
+    agent of another tree (``agent_command``)."""
     import yaml
 
-    (work / "agent.yaml").write_text(yaml.safe_dump(config))
+    (work / "agent.yaml").write_text(yaml.safe_dump({"port": 0, **config}))
+    offset = log.stat().st_size if log.exists() else 0
     with open(log, "a") as out:
         proc = subprocess.Popen(agent_command(agent_src) + ["serve", "--config",
                                                             str(work / "agent.yaml")],
                                 stdout=out, stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{config['port']}"
+    return proc, announced_url(proc, log, offset)
 
 
 def agent_command(agent_src: str | None) -> list[str]:
@@ -484,8 +509,7 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
     sequence = request_sequence(sc, len(models), seed, args.zipf_s)
     slo_s = (sc.slo_ms or 1000.0) / 1000
 
-    port = free_port()
-    cfg = {"host": "127.0.0.1", "port": port, "repository": str(repo),
+    cfg = {"host": "127.0.0.1", "port": 0, "repository": str(repo),
            "data_dir": str(run_dir / "data"), "cpu_budget": budget, "restore": False,
            "infer_threads": 2, "log_level": "info", "drain_seconds": 5}
     if sc.slo_ms is not None:
@@ -495,9 +519,9 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(agent_command(args.agent_src) + [
-            "serve", "--config", str(run_dir / "agent.yaml"), "--port", str(port)],
+            "serve", "--config", str(run_dir / "agent.yaml")],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=run_dir)
-    base = f"http://127.0.0.1:{port}"
+    base = announced_url(proc, log)
     info = {"scenario": sc.name, "system": "edgeagent", "title": sc.title,
             "models": len(models), "model_bytes_total": sum(m.file_bytes for m in models),
             "budget_bytes": budget}

@@ -153,6 +153,9 @@ except ImportError:  # ray mode, or run without mlserver
 
 
 def free_port() -> int:
+    """A loopback port free now, for MLServer, which must be told its ports before it
+    starts. A copy of bench/pressure.py's: this script imports nothing from the project
+    (it runs in the peers' own environment)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

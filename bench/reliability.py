@@ -11,7 +11,8 @@ subprocess on loopback) with real ONNX MLPs. Prints figures; not a test.
    from a process of its own, while idle (the baseline, same run) and while a ~30 MB v2
    JSON request (1.4 M rows x 4) is decoded, run and encoded (``--health-runs`` times);
    p50 / p99 / max and the ratio of the p99s. ``--baseline-src DIR`` times the same on
-   the agent of another tree, after this one.
+   the agent of another tree, after this one. Target: max under 0.5 s
+   (tests/test_limits.py held it as an assertion until a loaded box broke it).
 3. Memory: the agent's RSS (process and its children: the decoding child counts; the
    agent process alone too) after warm-up, its peak during a burst of ``--burst`` large requests (~8 MB JSON each, 2 at a
    time), and after the burst settles; the 40,000-row request of the issue (413 under the
@@ -41,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import (RssSampler, free_port, start_agent_process,  # noqa: E402
+from bench.pressure import (RssSampler, start_agent_process,  # noqa: E402
                             stop_process, wait_http)
 
 MODELS = ["mlp0", "mlp1", "mlp2"]
@@ -330,7 +331,7 @@ def main() -> None:
                       outputs=2, seed=i)
             if name != "mlp2":  # the large-body phases; mlp2 keeps the default limit
                 (repo / name / "config.yaml").write_text("max_request_rows: 2000000\n")
-        config = {"repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
+        config = {"repository": str(repo), "data_dir": str(work / "data"),
                   "cpu_budget": "512MiB", "log_level": "warning", "grpc_port": 0}
         log = work / "agent.log"
         mix = still = memory = baseline = None

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.pressure import (RssSampler, free_port, get_json,  # noqa: E402
+from bench.pressure import (RssSampler, get_json,  # noqa: E402
                             start_agent_process, stop_process, wait_http)
 from bench.reliability import FAMILIES, hostile_request  # noqa: E402
 
@@ -105,7 +105,7 @@ def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float =
         budget = int(file_bytes / models * hold * 1.6)  # ~1.6x a file resident
         log = work / "agent.log"
         proc, base = start_agent_process(work, {
-            "repository": str(repo), "data_dir": str(work / "data"), "port": free_port(),
+            "repository": str(repo), "data_dir": str(work / "data"),
             "cpu_budget": budget, "log_level": "warning", "slo": {"latency_ms": 30000},
             "grpc_port": 0}, log)
         samples: list[tuple[float, int]] = []

@@ -1,37 +1,43 @@
-"""Shared fixtures. Node-agent helpers: small model repositories written on the fly."""
+"""Shared fixtures (helpers that are not fixtures: tests/helpers.py).
+
+The policy kernels run interpreted in the test processes, as ``edgeagent serve`` runs
+them (``EDGEAGENT_JIT=0``, set here before anything imports ``cachepolicies``; the choice
+is made once per process); tests about the compiled kernels run those in a child
+process (``helpers.run_pytest_compiled``). ``EDGEAGENT_JIT=1 pytest`` compiles
+everywhere."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
-import yaml
+os.environ.setdefault("EDGEAGENT_JIT", "0")
 
-from agent.modelzoo import write_mlp
+from pathlib import Path  # noqa: E402
 
-#: A small real MLP used across node tests (a few KB; loads in milliseconds).
-TINY_MLP = dict(inputs=4, hidden=16, layers=1, outputs=2, seed=11)
+import pytest  # noqa: E402
 
 
-def add_synthetic(repo: Path, name: str, *, size_bytes: int = 10_000_000, load_ms: float = 0,
-                  base_ms: float = 0, per_item_ms: float = 0, **extra) -> Path:
-    """A synthetic model directory (only a config.yaml)."""
-    d = repo / name
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = {"backend": "synthetic",
-           "synthetic": {"base_ms": base_ms, "per_item_ms": per_item_ms,
-                         "size_bytes": size_bytes, "load_ms": load_ms}, **extra}
-    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return d
+def pytest_configure(config):
+    """In the controller of a parallel run (pytest-xdist), before its workers start: a
+    fresh checkout's numba kernels compiled once (``helpers.warm_kernel_caches``)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from tests.helpers import warm_kernel_caches
+
+        warm_kernel_caches()
 
 
-def add_mlp(repo: Path, name: str, version: int = 1, config: dict | None = None,
-            **shape) -> Path:
-    """A real ONNX MLP at ``repo/name/version/model.onnx`` (TINY_MLP by default)."""
-    write_mlp(repo / name / str(version) / "model.onnx", **{**TINY_MLP, **shape})
-    if config is not None:
-        (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
-    return repo / name
+def _closed_after(make):
+    """A fixture's body: yield ``start`` (``make``, keeping what it returns), then close
+    every server it started."""
+    servers = []
+
+    def start(*args, **kwargs):
+        servers.append(make(*args, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture
@@ -57,95 +63,50 @@ def settled_gc():
     gc.set_threshold(*thresholds)
 
 
-class ThreadedServer:
-    """A real aiohttp app on 127.0.0.1 in a background thread (own event loop), so that
-    blocking clients such as ``tritonclient.http`` can call it from the test."""
-
-    def __init__(self, app):
-        import asyncio
-        import threading
-
-        from aiohttp import web
-
-        self.loop = asyncio.new_event_loop()
-        self.app = app
-        self.runner = web.AppRunner(app, access_log=None)
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.closed = False
-        self.call(self._start())
-
-    async def _start(self):
-        from aiohttp import web
-
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def call(self, coro, timeout=60):
-        import asyncio
-
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self):
-        if self.closed:
-            return
-        self.closed = True
-        self.call(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
-
-
-class AgentServer(ThreadedServer):
-    """A real agent on 127.0.0.1 (see ``ThreadedServer``), started and ready."""
-
-    def __init__(self, config, **node_kwargs):
-        from agent.node.app import NODE, create_app, prepare_process
-
-        prepare_process()  # as ``edgeagent serve`` does
-        super().__init__(create_app(config, **node_kwargs))
-        self.node = self.app[NODE]
-        self.call(self.node.wait_ready())
-
-    def request(self, method, path, body=None, headers=None):
-        """(status, headers, parsed JSON or raw bytes) for one HTTP request."""
-        import json
-        import urllib.error
-        import urllib.request
-
-        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                status, hdrs, raw = resp.status, dict(resp.headers), resp.read()
-        except urllib.error.HTTPError as err:
-            status, hdrs, raw = err.code, dict(err.headers), err.read()
-        try:
-            return status, hdrs, json.loads(raw)
-        except ValueError:
-            return status, hdrs, raw
-
 @pytest.fixture
 def start_agent(tmp_path):
     """start_agent(repo, budget=..., **config) -> AgentServer; stopped after the test."""
     from agent.config import AgentConfig
-
-    servers = []
+    from tests.helpers import AgentServer
 
     def start(repo, budget=200_000_000, **config):
         cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=budget,
                           infer_threads=2, **config)
-        server = AgentServer(cfg, budgets={"cpu": budget})
-        servers.append(server)
-        return server
+        return AgentServer(cfg, budgets={"cpu": budget})
 
-    yield start
-    for server in servers:
-        server.close()
+    yield from _closed_after(start)
+
+
+@pytest.fixture
+def start_coordinator(tmp_path):
+    """start_coordinator(**config) -> CoordinatorServer (planning loops off unless
+    ``start_loops=True``); stopped after the test."""
+    from agent.coordinator.config import CoordinatorConfig
+    from tests.helpers import CoordinatorServer
+
+    def start(**config):
+        config.setdefault("state_dir", tmp_path / "coordinator")
+        kwargs = {k: config.pop(k) for k in ("clock", "start_loops") if k in config}
+        kwargs.setdefault("start_loops", False)
+        return CoordinatorServer(CoordinatorConfig(**config), **kwargs)
+
+    yield from _closed_after(start)
+
+
+@pytest.fixture
+def planner_setup(tmp_path):
+    """(store, planner, clock): a planner on a fresh SQLite store and a fake clock."""
+    from agent.coordinator.config import CoordinatorConfig
+    from agent.coordinator.planner import Planner
+    from agent.coordinator.store import Store
+    from tests.helpers import Clock
+
+    clock = Clock()
+    config = CoordinatorConfig(state_dir=tmp_path, rate_step_s=5, history_s=120,
+                               plan_window_s=30, node_timeout_s=30, reactive_patience=3)
+    store = Store(config.database, rate_step_s=config.rate_step_s)
+    yield store, Planner(store, config, clock=clock), clock
+    store.close()
 
 
 @pytest.fixture(scope="session")

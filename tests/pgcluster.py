@@ -1,14 +1,13 @@
-"""A throwaway PostgreSQL cluster for tests: ``initdb`` in a temporary directory, a
-free TCP port on loopback and the unix socket in the same directory, ``pg_ctl`` to stop
-and start it. As root (CI, this box) the server runs as ``nobody``: postgres refuses
-to run as root."""
+"""A throwaway PostgreSQL cluster for tests: ``initdb`` in a temporary directory, no TCP
+listener, only a unix socket in that directory (so clusters of parallel test processes
+never share an address), ``pg_ctl`` to stop and start it. As root (CI, this box) the
+server runs as ``nobody``: postgres refuses to run as root."""
 
 from __future__ import annotations
 
 import glob
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -25,19 +24,12 @@ def find_bindir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     """One cluster in ``root`` (started by ``start``)."""
 
     def __init__(self, bindir: Path, root: Path) -> None:
         self.bindir, self.root = bindir, root
         self.data, self.log = root / "data", root / "server.log"
-        self.port = free_port()
         self.as_user = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
         self._databases = 0
 
@@ -57,7 +49,7 @@ class Cluster:
         # fsync off: a test cluster; a fast stop still writes everything committed
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                   "-w", "-t", "60", "-o",
-                  f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                  f"-k {self.root} -c listen_addresses='' "
                   "-c fsync=off -c max_connections=200", "start")
 
     def stop(self, mode: str = "fast") -> None:
@@ -71,7 +63,7 @@ class Cluster:
             self.start()
 
     def url(self, db: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+        return f"postgresql://postgres@/{db}?host={self.root}"
 
     def new_database(self) -> str:
         """A fresh, empty database; its URL."""

@@ -9,7 +9,7 @@ from agent.backends.onnx import OnnxBackend, cuda_options, onnx_weight_bytes
 from agent.config import parse_model_config
 from agent.modelzoo import mlp_forward, mlp_param_bytes
 from agent.memory import FootprintModel
-from tests.conftest import TINY_MLP, add_mlp
+from tests.helpers import TINY_MLP, add_mlp
 
 
 def backend(repo, config=None, name="m"):

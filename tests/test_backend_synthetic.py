@@ -9,7 +9,7 @@ from agent.config import parse_model_config
 from agent.node.cache import ModelCache, State
 from agent.memory import FootprintModel
 from agent.node.repository import scan_repository
-from tests.conftest import add_synthetic
+from tests.helpers import add_synthetic
 
 
 async def test_synthetic_infer_does_not_hold_the_event_loop(repo):

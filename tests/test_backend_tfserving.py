@@ -29,7 +29,7 @@ from agent.config import (AgentConfig, ConfigError, TfServingSettings, parse_age
                           parse_model_config)
 from agent.modelzoo import mlp_forward as onnx_mlp_forward
 from agent.memory import FootprintModel
-from tests.conftest import TINY_MLP, AgentServer, add_mlp
+from tests.helpers import TINY_MLP, AgentServer, add_mlp
 from tests.tfserving_standin.savedmodels import mlp_forward
 
 if importlib.util.find_spec("tensorflow") is None or \
@@ -510,6 +510,7 @@ def test_repository_unload_unloads_from_the_server(agent):
 
 def test_server_crash_gives_503_then_restarts_and_restores(agent, savedmodels):
     x = np.ones((1, 4), np.float32)
+    assert v2_infer(agent, "onnxmlp", x)[0] == 200  # resident, whatever ran before
     assert v2_infer(agent, "tfmlp", x)[0] == 200
     host = agent.node.tfserving
     old_pid, restarts = host.pid(), host.server.restarts

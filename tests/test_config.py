@@ -5,7 +5,7 @@ import pytest
 from agent.config import (AgentConfig, ConfigError, SloOptions, load_agent_config,
                           load_model_config, parse_model_config)
 from agent.node.repository import scan_repository
-from tests.conftest import add_mlp, add_synthetic
+from tests.helpers import add_mlp, add_synthetic
 
 
 def test_model_config_full(tmp_path):

@@ -8,58 +8,9 @@ import urllib.request
 
 import pytest
 
-from agent.coordinator.app import COORDINATOR, Coordinator, create_app
-from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.app import Coordinator
 from agent.coordinator.store import StoredPlan
-from tests.conftest import ThreadedServer
-
-
-class CoordinatorServer(ThreadedServer):
-    """A real coordinator on 127.0.0.1 in a background thread (see ``ThreadedServer``)."""
-
-    def __init__(self, config: CoordinatorConfig, **kwargs):
-        super().__init__(create_app(config, **kwargs))
-        self.co = self.app[COORDINATOR]
-
-    def request(self, method, path, body=None, token=None, raw=None):
-        """(status, parsed JSON) for one request."""
-        data = raw if raw is not None else (json.dumps(body).encode()
-                                            if body is not None else None)
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
-
-
-@pytest.fixture
-def start_coordinator(tmp_path):
-    servers = []
-
-    def start(**config):
-        config.setdefault("state_dir", tmp_path / "coordinator")
-        kwargs = {k: config.pop(k) for k in ("clock", "start_loops") if k in config}
-        kwargs.setdefault("start_loops", False)
-        server = CoordinatorServer(CoordinatorConfig(**config), **kwargs)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-REPORT = {"capacity": {"cores": 4, "cpu_memory_bytes": 1_000_000_000},
-          "models": {"a": {"resident": True, "size_bytes": 1000,
-                           "arrivals": [[1.0, 5.0, 100]],
-                           "batches": {"1": {"count": 100, "seconds": 2.0}},
-                           "latency_ms": {"p50": 20, "p99": 40}},
-                     "b": {"resident": False}}}
+from tests.helpers import REPORT
 
 
 def test_health_and_empty_state(start_coordinator):

@@ -8,7 +8,7 @@ import json
 from click.testing import CliRunner
 
 from agent.cli import main
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
+from tests.helpers import REPORT
 
 
 def run(*args, env=None):
@@ -17,7 +17,7 @@ def run(*args, env=None):
     return result.exit_code, result.output
 
 
-def test_models_set_ls_rm(start_coordinator):  # noqa: F811
+def test_models_set_ls_rm(start_coordinator):
     co = start_coordinator()
     code, out = run("models", "set", "resnet", "--slo-ms", "150", "--percentile", "99.9",
                     "--priority", "2", "--url", co.url)
@@ -37,7 +37,7 @@ def test_models_set_ls_rm(start_coordinator):  # noqa: F811
     assert code == 1 and "404: model 'bert' is not in the catalog" in out
 
 
-def test_errors_are_readable(start_coordinator, tmp_path):  # noqa: F811
+def test_errors_are_readable(start_coordinator, tmp_path):
     co = start_coordinator()
     code, out = run("models", "set", "a", "--slo-ms", "-5", "--url", co.url)
     assert code == 1 and "400: field 'slo_ms' must be a number > 0" in out
@@ -51,7 +51,7 @@ def test_errors_are_readable(start_coordinator, tmp_path):  # noqa: F811
     assert code == 1 and "objective: must be one of" in out
 
 
-def test_nodes_and_plan(start_coordinator, tmp_path):  # noqa: F811
+def test_nodes_and_plan(start_coordinator, tmp_path):
     token = tmp_path / "token"
     token.write_text("tok\n")
     co = start_coordinator(admin_token_file=token)

@@ -11,21 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agent.config import AgentConfig, CoordinatorLink
-from tests.conftest import AgentServer, add_synthetic
-from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
+from tests.helpers import BODY, AgentServer, add_synthetic, wait_for
 
-BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
 TTL = 1.5
-
-
-def wait_for(predicate, timeout=15.0, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def infer(agent, model):
@@ -34,7 +22,7 @@ def infer(agent, model):
     return doc
 
 
-def test_coordinator_and_two_agents(start_coordinator, tmp_path):  # noqa: F811
+def test_coordinator_and_two_agents(start_coordinator, tmp_path):
     co = start_coordinator(directive_ttl_s=TTL, rate_step_s=0.5, plan_window_s=2,
                            history_s=30, node_timeout_s=30)
     repo = tmp_path / "models"

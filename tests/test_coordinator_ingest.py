@@ -18,7 +18,7 @@ import pytest
 from agent.coordinator.ingest import Fleet, ReportWriter, reported_models
 from agent.coordinator.store import ReportRecord, Store
 from agent.wire import parse_report
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
+from tests.helpers import REPORT
 
 
 def post(url: str, body: dict) -> tuple[int, dict, dict]:
@@ -129,6 +129,7 @@ def test_planning_process_is_restarted_when_it_dies(start_coordinator):
     assert proc.pid != threading.get_native_id() and proc.is_alive()
     proc.kill()
     proc.join()
+    # a new planning process starts (spawned: a loaded box may take a while to import it)
     status, second = co.request("POST", "/v1/plan")
     assert status == 200 and second["id"] == first["id"] + 1
     status, directives = co.request("POST", "/v1/nodes/n1/report", REPORT)

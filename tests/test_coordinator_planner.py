@@ -11,43 +11,9 @@ from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import Capacity, ModelSpec, Problem, forecast, solve
 from agent.coordinator.plan import Plan, directive_rows, directives_from_row
-from agent.coordinator.planner import PlanError, Planner, PlannerLoops, rate_series
-from agent.coordinator.store import Store
+from agent.coordinator.planner import PlanError, PlannerLoops, rate_series
 from agent.wire import DirectiveBook, Directives
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def report(models: dict, cores: float = 4, memory: float = 1e9) -> dict:
-    return {"capacity": {"cores": cores, "cpu_memory_bytes": memory}, "models": models}
-
-
-@pytest.fixture
-def setup(tmp_path):
-    clock = Clock()
-    config = CoordinatorConfig(state_dir=tmp_path, rate_step_s=5, history_s=120,
-                               plan_window_s=30, node_timeout_s=30, reactive_patience=3)
-    store = Store(config.database, rate_step_s=config.rate_step_s)
-    yield store, Planner(store, config, clock=clock), clock
-    store.close()
-
-
-def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12, dt=5.0,
-         cores=4, also=()):
-    """``steps`` reports ``dt`` apart, each with ``rate × dt`` arrivals per model; ``also``:
-    more (node, rates, models) reporting at the same times."""
-    for _ in range(steps):
-        clock.t += dt
-        for name, node_rates, node_models in ((node, rates, models), *also):
-            arrivals = {m: [(clock.t, dt, r * dt)] for m, r in node_rates.items()}
-            store.record_report(name, report(node_models, cores), arrivals, clock.t,
-                                keep_s=120)
+from tests.helpers import feed, node_report
 
 
 def test_rate_series_spreads_intervals_over_bins():
@@ -61,8 +27,8 @@ def test_rate_series_spreads_intervals_over_bins():
     assert rate_series([], end=10, step=5, span=10).size == 0
 
 
-def test_plan_matches_solve_on_the_same_problem(setup):
-    store, planner, clock = setup
+def test_plan_matches_solve_on_the_same_problem(planner_setup):
+    store, planner, clock = planner_setup
     store.put_model(ModelSLO("a", slo_ms=120, percentile=99), 0)
     store.put_model(ModelSLO("b", slo_ms=400, priority=2, proc_ms=30), 0)
     store.put_model(ModelSLO("c", slo_ms=100), 0)  # on no node: not planned
@@ -101,8 +67,8 @@ def test_plan_matches_solve_on_the_same_problem(setup):
     assert stored.plan["models"]["a"]["unplaced"] == 0
 
 
-def test_placement_is_stable_across_plans(setup):
-    store, planner, clock = setup
+def test_placement_is_stable_across_plans(planner_setup):
+    store, planner, clock = planner_setup
     store.put_model(ModelSLO("a", slo_ms=200), 0)
     feed(store, clock, "n1", {"a": 20.0}, {"a": {"resident": True}},
          also=[("n2", {"a": 20.0}, {"a": {}})])
@@ -112,8 +78,8 @@ def test_placement_is_stable_across_plans(setup):
     assert second.plan["assignment"] == first and second.plan["moves"]["started"] == 0
 
 
-def test_plan_errors(setup):
-    store, planner, clock = setup
+def test_plan_errors(planner_setup):
+    store, planner, clock = planner_setup
     with pytest.raises(PlanError, match="no live nodes"):
         planner.plan_now()
     feed(store, clock, "n1", {}, {"a": {}}, steps=1)
@@ -128,8 +94,8 @@ def test_plan_errors(setup):
     assert planner.last_error and store.current_plan() is None
 
 
-def test_reactive_adds_after_three_violations_and_never_scales_down(setup):
-    store, planner, clock = setup
+def test_reactive_adds_after_three_violations_and_never_scales_down(planner_setup):
+    store, planner, clock = planner_setup
     store.put_model(ModelSLO("a", slo_ms=100), 0)
     store.put_model(ModelSLO("b", slo_ms=100), 0)
     fast = {"a": {"batches": {"1": {"count": 100, "seconds": 1.0}}}, "b": {}}
@@ -140,7 +106,7 @@ def test_reactive_adds_after_three_violations_and_never_scales_down(setup):
     def tick(latency_ms, models=("a",), fresh=True):
         clock.t += 10
         if fresh:
-            store.record_report("n1", report({m: {"latency_ms": {"p99": latency_ms},
+            store.record_report("n1", node_report({m: {"latency_ms": {"p99": latency_ms},
                                                   "batches": fast["a"]["batches"]}
                                               for m in ("a", "b") if m in models}
                                              | {m: {} for m in ("a", "b") if m not in models}),
@@ -171,8 +137,8 @@ def test_reactive_adds_after_three_violations_and_never_scales_down(setup):
     assert planner.plan_now().plan["models"]["a"]["replicas"] == start
 
 
-async def test_loops_plan_as_soon_as_possible_and_on_schedule(setup):
-    store, planner, clock = setup
+async def test_loops_plan_as_soon_as_possible_and_on_schedule(planner_setup):
+    store, planner, clock = planner_setup
     planner.config = CoordinatorConfig(state_dir=planner.config.state_dir,
                                        plan_interval_s=0.2, reactive_interval_s=0.05)
     loops = PlannerLoops(planner)

@@ -11,9 +11,7 @@ import pytest
 
 from agent.config import AgentConfig, CoordinatorLink
 from agent.node.reporter import histogram_quantile
-from tests.conftest import AgentServer, add_synthetic
-from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
-from tests.test_coordinator_e2e import BODY, wait_for
+from tests.helpers import BODY, AgentServer, add_synthetic, wait_for
 
 UNREACHABLE = "http://127.0.0.1:9"
 
@@ -56,7 +54,7 @@ def test_no_section_no_reporter(repo, start_agent):
     assert agent.request("GET", "/v1/coordinator")[2] == {"configured": False}
 
 
-def test_token_and_stats(tmp_path, repo, start_coordinator):  # noqa: F811
+def test_token_and_stats(tmp_path, repo, start_coordinator):
     add_synthetic(repo, "m", base_ms=5)
     token = tmp_path / "token"
     token.write_text("tok\n")

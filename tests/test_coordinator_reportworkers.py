@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from tests.test_coordinator_api import REPORT
-from tests.test_coordinator_postgres import CoordinatorProcess, wait_for
+from tests.helpers import REPORT, CoordinatorProcess, wait_for
 
 TOKEN = "s3cret-token"
 
@@ -186,17 +185,18 @@ def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
     import subprocess
     import sys
 
-    from tests.pgcluster import free_port
-
-    port = free_port()
     cli = [sys.executable, "-c", "from agent.cli import main; main()", "coordinator",
-           "serve", "--port", str(port), "--state-dir", str(tmp_path / "s"),
+           "serve", "--port", "0", "--state-dir", str(tmp_path / "s"),
            "--log-level", "warning"]
     refused = subprocess.run([*cli, "--report-workers", "-1"], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "--report-workers" in refused.stderr
-    proc = subprocess.Popen([*cli, "--report-workers", "1"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([*cli, "--report-workers", "1"], stdout=subprocess.PIPE,
+                            text=True)
     try:
+        line = proc.stdout.readline()  # the port the OS gave it, which its worker shares
+        assert "listening on" in line, line
+        port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
         wait_for(lambda: len(listeners(port)) == 1 and proc.pid not in listeners(port), 60,
                  "one worker, and not the coordinator")
         assert call(port, "GET", "/v1/health", token=None) == (200, {"ok": True,

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from tests.conftest import add_mlp
-from tests.test_coordinator_api import start_coordinator  # noqa: F401 (fixture)
+from tests.helpers import add_mlp
 
 
 def test_page_files_stay_on_the_server(repo, start_agent):
@@ -41,7 +40,7 @@ def test_memory_endpoint_is_public_and_matches_the_cache(repo, start_agent, tmp_
     assert used == info["size_bytes"] > 0 and info["memory"]["used_bytes"] == used
 
 
-def test_coordinator_page_needs_no_token_but_its_api_does(tmp_path, start_coordinator):  # noqa: F811
+def test_coordinator_page_needs_no_token_but_its_api_does(tmp_path, start_coordinator):
     token = tmp_path / "co-token"
     token.write_text("t0ken")
     co = start_coordinator(admin_token_file=token)

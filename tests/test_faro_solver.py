@@ -1,7 +1,6 @@
 """Faro solvers: value tables, brute-force optimality, shrinking, scale, COBYLA paths."""
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -118,16 +117,10 @@ def large_problem(n, seed=0):
     return models
 
 
-def test_thousand_models_solve_under_one_second():
-    warm = Problem(Capacity(300, 1e12), tuple(large_problem(100, seed=1)))
-    solve(warm)  # excludes numba compilation / cache loading from the timing
+def test_thousand_models_solve_within_the_capacity():
+    """How long it takes (the target: under a second) is bench/faro_solver.py's."""
     problem = Problem(Capacity(3000, 1e12), tuple(large_problem(1000)), objective="fairsum")
-    start = time.perf_counter()
     result = solve(problem)
-    elapsed = time.perf_counter() - start
-    print(f"\n1,000 models / 3,000 replicas: {elapsed:.3f} s, solver {result.solver}, "
-          f"objective {result.objective:.3f}")
-    assert elapsed < 1.0
     assert sum(result.replicas.values()) <= 3000
 
 

@@ -7,33 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from agent.backends import make_backend
 from agent.config import AgentConfig, CoordinatorLink
-from tests.conftest import AgentServer, add_mlp, add_synthetic
-from tests.test_coordinator_e2e import BODY, wait_for
-from tests.test_node_process import Agent
+from tests.helpers import (BODY, Agent, AgentServer, CoordinatorProcess, FaultyFactory,
+                           add_mlp, add_synthetic, reserved_port, wait_for)
 
-EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 MLP_BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
                         "data": [0.5, 1.0, 1.5, 2.0]}]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict, timeout: float = 10) -> tuple[int, dict, dict]:
@@ -51,84 +36,35 @@ def post(url: str, body: dict, timeout: float = 10) -> tuple[int, dict, dict]:
 def test_kill_9_then_restart_restores_the_resident_set(repo, tmp_path):
     for name in ("a", "b", "c"):
         add_mlp(repo, name, seed=ord(name))
-    port = free_port()
-    agent = Agent(repo, tmp_path / "data", "--port", str(port))
-    for name in ("a", "b"):
-        assert post(f"{agent.url}/v2/models/{name}/infer", MLP_BODY)[0] == 200
-    state = tmp_path / "data" / "resident.json"
-    agent.wait_for(lambda: state.exists() and {r["name"] for r in json.loads(
-        state.read_text())["resident"]} == {"a", "b"})  # written soon after each load
-    agent.proc.send_signal(signal.SIGKILL)
-    assert agent.proc.wait(10) == -signal.SIGKILL
-    # The outage: a client is refused at once, it does not hang.
-    started = time.monotonic()
-    try:
-        post(f"{agent.url}/v2/models/a/infer", MLP_BODY, timeout=5)
-        raise AssertionError("a dead agent answered")
-    except urllib.error.URLError as exc:
-        assert isinstance(exc.reason, ConnectionRefusedError), exc
-    assert time.monotonic() - started < 1.0
-    restarted = time.monotonic()
-    agent = Agent(repo, tmp_path / "data", "--port", str(port))  # returns once ready
-    try:
-        assert time.monotonic() - restarted < 30
-        assert agent.states() == {"a": "ready", "b": "ready", "c": "unloaded"}
-        for name in ("a", "b", "c"):
+    with reserved_port() as port:  # restarted on its port; nothing else takes it meanwhile
+        agent = Agent(repo, tmp_path / "data", "--port", str(port))
+        for name in ("a", "b"):
             assert post(f"{agent.url}/v2/models/{name}/infer", MLP_BODY)[0] == 200
-    finally:
-        assert agent.stop() == 0
+        state = tmp_path / "data" / "resident.json"
+        agent.wait_for(lambda: state.exists() and {r["name"] for r in json.loads(
+            state.read_text())["resident"]} == {"a", "b"})  # written soon after each load
+        agent.proc.send_signal(signal.SIGKILL)
+        assert agent.proc.wait(10) == -signal.SIGKILL
+        # The outage: a client is refused at once, it does not hang (until its timeout).
+        started = time.monotonic()
+        try:
+            post(f"{agent.url}/v2/models/a/infer", MLP_BODY, timeout=5)
+            raise AssertionError("a dead agent answered")
+        except urllib.error.URLError as exc:
+            assert isinstance(exc.reason, ConnectionRefusedError), exc
+        assert time.monotonic() - started < 4.0
+        restarted = time.monotonic()
+        agent = Agent(repo, tmp_path / "data", "--port", str(port))  # returns once ready
+        try:
+            assert time.monotonic() - restarted < 30
+            assert agent.states() == {"a": "ready", "b": "ready", "c": "unloaded"}
+            for name in ("a", "b", "c"):
+                assert post(f"{agent.url}/v2/models/{name}/infer", MLP_BODY)[0] == 200
+        finally:
+            assert agent.stop() == 0
 
 
 # -- a runtime that fails mid-run ----------------------------------------------------------
-
-
-class FailingSession:
-    """A real ONNX Runtime session whose next ``fail`` runs raise ORT's own
-    RuntimeException. A double because ONNX Runtime cannot be made to fail on demand with
-    a valid model and input (a real one is a device error or a failed allocation deep in a
-    kernel); the exception is ORT's class, so the backend classifies what ORT raises."""
-
-    def __init__(self, real, faults: dict) -> None:
-        self.real, self.faults = real, faults
-
-    def run(self, outputs, feed, *args):
-        from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
-
-        with self.faults["lock"]:
-            fail = self.faults["left"] > 0
-            self.faults["left"] -= fail
-        if fail:
-            time.sleep(0.05)  # mid-run: requests batched with it fail with it
-            raise RuntimeException("Non-zero status code returned while running Gemm node. "
-                                   "Name:'gemm0' Status Message: injected fault")
-        return self.real.run(outputs, feed, *args)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
-class FaultyFactory:
-    """``make_backend`` with the ``FailingSession`` double around model ``name``'s
-    session after each load; counts the loads."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.loads = name, 0
-        self.faults = {"left": 0, "lock": threading.Lock()}
-
-    def __call__(self, kind, name, *args, **kwargs):
-        backend = make_backend(kind, name, *args, **kwargs)
-        if name != self.name:
-            return backend
-        real_load, factory = backend.load, self
-
-        def load(*a, **k):
-            result = real_load(*a, **k)
-            backend.session = FailingSession(backend.session, factory.faults)
-            factory.loads += 1
-            return result
-
-        backend.load = load
-        return backend
 
 
 def test_runtime_failure_mid_run_answers_503_then_reloads(repo, tmp_path):
@@ -174,69 +110,45 @@ def test_runtime_failure_mid_run_answers_503_then_reloads(repo, tmp_path):
 # -- the coordinator down ------------------------------------------------------------------
 
 
-class Coordinator:
-    """``edgeagent coordinator serve`` as a real process on ``port``."""
-
-    def __init__(self, port: int, state_dir: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [EDGEAGENT, "coordinator", "serve", "--port", str(port), "--state-dir",
-             str(state_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ})
-        wait_for(self.up, timeout=30)
-
-    def up(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/v1/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def nodes(self) -> list[str]:
-        with urllib.request.urlopen(self.url + "/v1/nodes", timeout=5) as r:
-            return [n["node"] if "node" in n else n["name"] for n in json.loads(r.read())]
-
-
 def test_coordinator_down_agent_serves_backs_off_logs_once_and_resumes(
         repo, tmp_path, caplog):
     add_synthetic(repo, "m")
-    port = free_port()
     state_dir = tmp_path / "coordinator"
-    state_dir.mkdir()
-    coordinator = Coordinator(port, state_dir)
-    cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=50_000_000,
-                      infer_threads=2,
-                      coordinator=CoordinatorLink(url=coordinator.url, node_name="n1",
-                                                  report_interval_s=0.2))
-    agent = AgentServer(cfg, budgets={"cpu": 50_000_000})
-    caplog.set_level(logging.DEBUG, logger="edgeagent")
-    try:
-        wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] >= 1)
-        assert "n1" in coordinator.nodes()
-        coordinator.proc.send_signal(signal.SIGKILL)
-        coordinator.proc.wait(10)
-        down = time.monotonic()
-        served = 0
-        while time.monotonic() - down < 4:  # the agent serves throughout
-            assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
-            served += 1
-            time.sleep(0.02)
-        status = agent.request("GET", "/v1/coordinator")[2]
-        failures = status["failures"]
-        # Backing off: 0.4, 0.8, 1.6, 3.2 s (at most 16 intervals) - not one try per 0.2 s.
-        assert 2 <= failures <= 5, status
-        warnings = [r for r in caplog.records
-                    if r.levelno >= logging.WARNING and "report to" in r.getMessage()]
-        assert len(warnings) == 1, [r.getMessage() for r in warnings]
-        coordinator = Coordinator(port, state_dir)
-        reports = status["reports"]
-        wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] > reports,
-                 timeout=10)
-        assert agent.request("GET", "/v1/coordinator")[2]["failures"] == 0
-        assert "n1" in coordinator.nodes()
-        assert any("reachable again" in r.getMessage() for r in caplog.records)
-        assert served > 50
-    finally:
-        agent.close()
-        coordinator.proc.send_signal(signal.SIGTERM)
-        coordinator.proc.wait(20)
+    with reserved_port() as port:  # the agent reports to this URL before and after
+        coordinator = CoordinatorProcess(None, state_dir, port=port)
+        cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=50_000_000,
+                          infer_threads=2,
+                          coordinator=CoordinatorLink(url=coordinator.url, node_name="n1",
+                                                      report_interval_s=0.2))
+        agent = AgentServer(cfg, budgets={"cpu": 50_000_000})
+        caplog.set_level(logging.DEBUG, logger="edgeagent")
+        try:
+            wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] >= 1)
+            assert "n1" in coordinator.nodes()
+            coordinator.proc.send_signal(signal.SIGKILL)
+            coordinator.proc.wait(10)
+            coordinator.stop()
+            down = time.monotonic()
+            served = 0
+            while time.monotonic() - down < 4:  # the agent serves throughout
+                assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
+                served += 1
+                time.sleep(0.02)
+            status = agent.request("GET", "/v1/coordinator")[2]
+            failures = status["failures"]
+            # Backing off: 0.4, 0.8, 1.6, 3.2 s (at most 16 intervals) - not one try per 0.2 s.
+            assert 2 <= failures <= 5, status
+            warnings = [r for r in caplog.records
+                        if r.levelno >= logging.WARNING and "report to" in r.getMessage()]
+            assert len(warnings) == 1, [r.getMessage() for r in warnings]
+            coordinator = CoordinatorProcess(None, state_dir, port=port)
+            reports = status["reports"]
+            wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] > reports,
+                     timeout=10)
+            assert agent.request("GET", "/v1/coordinator")[2]["failures"] == 0
+            assert "n1" in coordinator.nodes()
+            assert any("reachable again" in r.getMessage() for r in caplog.records)
+            assert served > 50
+        finally:
+            agent.close()
+            coordinator.stop()

@@ -18,8 +18,7 @@ from agent.coordinator.nodetypes import parse_node_types
 from agent.coordinator.ribbon.fleet import FleetEvaluator, PoolType
 from agent.coordinator.ribbon.search import search
 from agent.wire import parse_report
-from tests.conftest import AgentServer, add_synthetic
-from tests.test_coordinator_api import start_coordinator  # noqa: F401 - fixture
+from tests.helpers import AgentServer, add_synthetic
 
 CATALOGUE = parse_node_types({
     "small": {"price_per_hour": 0.10, "max_count": 8, "launch_s": 60},
@@ -49,7 +48,7 @@ def report(kind: str | None, share: float, cores=None) -> dict:
 
 
 @pytest.fixture
-def fleet(start_coordinator, tmp_path):  # noqa: F811
+def fleet(start_coordinator, tmp_path):
     """A coordinator with the catalogue, models a and b, and three reporting nodes:
     two small, one big."""
     started = []
@@ -140,7 +139,7 @@ def test_sizing_bad_requests_are_400_naming_the_field(fleet, body, words):
     assert status == 400 and words in doc["error"], doc
 
 
-def test_sizing_refusals(start_coordinator, fleet):  # noqa: F811
+def test_sizing_refusals(start_coordinator, fleet):
     co = start_coordinator(node_types=CATALOGUE)
     status, doc = co.request("POST", "/v1/sizing", {"from_reports": True})
     assert status == 409 and "no live nodes" in doc["error"]
@@ -154,7 +153,7 @@ def test_sizing_refusals(start_coordinator, fleet):  # noqa: F811
     assert co.request("POST", "/v1/sizing", {"from_reports": True})[0] == 200
 
 
-def test_sizing_needs_the_admin_token(start_coordinator, tmp_path):  # noqa: F811
+def test_sizing_needs_the_admin_token(start_coordinator, tmp_path):
     token = tmp_path / "token"
     token.write_text("tok\n")
     co = start_coordinator(admin_token_file=token, node_types=CATALOGUE)
@@ -167,7 +166,7 @@ def test_sizing_needs_the_admin_token(start_coordinator, tmp_path):  # noqa: F81
     assert co.request("GET", "/v1/provisioning", token="tok")[0] == 200
 
 
-def test_provisioning(fleet, start_coordinator):  # noqa: F811
+def test_provisioning(fleet, start_coordinator):
     co = fleet()
     status, doc = co.request("GET", "/v1/provisioning")
     assert status == 200, doc
@@ -263,7 +262,7 @@ def test_fleet_evaluator_scores_pools_with_faro():
                 assert heavy.score(more).qos_percent >= heavy.score(c).qos_percent - 1
 
 
-def test_two_real_agents_reporting_then_sizing(start_coordinator, tmp_path):  # noqa: F811
+def test_two_real_agents_reporting_then_sizing(start_coordinator, tmp_path):
     """Real agents on loopback state their node_type; their own measurements and
     arrivals size the fleet."""
     co = start_coordinator(node_types=CATALOGUE, rate_step_s=0.5, plan_window_s=2,

@@ -17,8 +17,7 @@ import time
 import pytest
 
 from agent.memory import write_atomic
-from tests.conftest import AgentServer, add_mlp
-from tests.test_node_api import _v2
+from tests.helpers import AgentServer, add_mlp, v2_body
 
 
 class FullDisk:
@@ -77,14 +76,14 @@ def test_agent_keeps_serving_on_a_full_disk(repo, tmp_path, caplog):
         try:
             for _ in range(3):
                 status, _, reply = agent.request("POST", "/v2/models/mlp/infer",
-                                                 _v2([1, 2, 3, 4]))
+                                                 v2_body([1, 2, 3, 4]))
                 assert status == 200, reply
             deadline = time.monotonic() + 10  # the state is written 0.2 s after a load
             while not any("cannot write state file" in r.getMessage()
                           for r in caplog.records) and time.monotonic() < deadline:
                 time.sleep(0.05)
             agent.request("POST", "/v2/repository/models/mlp/unload")
-            assert agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))[0] == 200
+            assert agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))[0] == 200
         finally:
             agent.close()  # persists once more, on the full disk
     messages = [r.getMessage() for r in caplog.records]

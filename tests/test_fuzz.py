@@ -20,9 +20,7 @@ import urllib.parse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import add_mlp
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
-from tests.test_node_api import _v2
+from tests.helpers import REPORT, add_mlp, v2_body
 
 EXAMPLES = int(os.environ.get("EDGEAGENT_FUZZ_EXAMPLES", "100"))
 
@@ -38,7 +36,7 @@ HEADER_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_si
 
 #: A valid body per route (the fuzzer mutates it), by the end of the route's path.
 VALID_BODIES = [
-    (r"/infer$", _v2([1, 2, 3, 4])),
+    (r"/infer$", v2_body([1, 2, 3, 4])),
     (r":predict$", {"instances": [[1, 2, 3, 4]]}),
     (r"/repository/index$", {"ready": True}),
     (r"/workers$", {"workers": 2}),
@@ -151,12 +149,12 @@ def test_fuzz_every_agent_endpoint(repo, start_agent):
         check_answer(*_send(agent, method, path, body, headers), f"{method} {path}")
 
     one()
-    status, _, reply = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+    status, _, reply = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
     assert status == 200, reply  # the agent still serves
     assert agent.request("GET", "/v2/health/ready")[0] == 200
 
 
-def test_fuzz_every_coordinator_endpoint(start_coordinator):  # noqa: F811
+def test_fuzz_every_coordinator_endpoint(start_coordinator):
     co = start_coordinator()
     routes = _routes(co.app)
 

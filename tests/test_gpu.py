@@ -32,7 +32,7 @@ from agent.backends import onnx as onnx_backend
 from agent.config import AgentConfig, ConfigError, parse_agent_config, parse_model_config
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, MemoryMeter, MiB,
                           gpu_budgets)
-from tests.conftest import add_mlp
+from tests.helpers import add_mlp
 
 GiB = 2**30
 OUR_PID = os.getpid()

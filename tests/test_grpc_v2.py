@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward
 from agent.node.grpc_v2 import start_grpc
-from tests.conftest import add_mlp, add_synthetic
+from tests.helpers import add_mlp, add_synthetic, reserved_port
 from tests.triton_models import write_simple
 
 #: ~4 MB of weights: the measured footprints of two such models are close, so a budget
@@ -555,12 +555,6 @@ def test_generated_code_imports_without_warnings():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_process(repo, tmp_path, *flags):
     return subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
@@ -573,30 +567,32 @@ def test_edgeagent_serve_grpc_port(repo, tmp_path):
     beside HTTP; SIGTERM stops both."""
     import signal
 
-    port = _free_port()
-    proc = _serve_process(_repo(repo), tmp_path, "--grpc-port", str(port))
-    try:
-        lines = [proc.stdout.readline() for _ in range(2)]
-        assert "listening on" in lines[0], "".join(lines) + proc.stderr.read()
-        assert lines[1].split()[-1] == f"127.0.0.1:{port}"
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.time() + 30
-        while not client.is_server_ready():
-            assert time.time() < deadline
-            time.sleep(0.1)
-        inputs, a, b = _simple_inputs()
-        np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT1"), a - b)
-        http = lines[0].split()[3]
-        import urllib.request
-        with urllib.request.urlopen(f"{http}/v1/cache/simple", timeout=10) as resp:
-            assert b'"ready"' in resp.read()  # the same node answers both protocols
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    with socket.socket() as s:  # the port was given back: nothing listens on it (the
-        # closed connections' TIME_WAIT would refuse a bind without SO_REUSEADDR)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
+    with reserved_port() as port:  # --grpc-port 0 disables gRPC: a port of our own
+        proc = _serve_process(_repo(repo), tmp_path, "--grpc-port", str(port))
+        try:
+            lines = [proc.stdout.readline() for _ in range(2)]
+            assert "listening on" in lines[0], "".join(lines) + proc.stderr.read()
+            assert lines[1].split()[-1] == f"127.0.0.1:{port}"
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            deadline = time.time() + 30
+            while not client.is_server_ready():
+                assert time.time() < deadline
+                time.sleep(0.1)
+            inputs, a, b = _simple_inputs()
+            np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT1"),
+                                          a - b)
+            http = lines[0].split()[3]
+            import urllib.request
+            with urllib.request.urlopen(f"{http}/v1/cache/simple", timeout=10) as resp:
+                assert b'"ready"' in resp.read()  # the same node answers both protocols
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        with socket.socket() as s:  # the port was given back: nothing listens on it (the
+            # closed connections' TIME_WAIT would refuse a bind without SO_REUSEADDR)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
 
 
 def test_grpc_port_in_use_fails_the_start_and_zero_disables(repo, tmp_path):

@@ -9,9 +9,7 @@ import copy
 import pytest
 
 from agent.validation import ascii_int, load_json
-from tests.conftest import add_mlp
-from tests.test_coordinator_api import REPORT, start_coordinator  # noqa: F401 - fixture
-from tests.test_node_api import _v2
+from tests.helpers import REPORT, add_mlp, v2_body
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 DEEP_OBJECT = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
@@ -59,7 +57,7 @@ def agent(repo, start_agent):
 
 
 def _v2_with(**changes):
-    body = _v2([1, 2, 3, 4])
+    body = v2_body([1, 2, 3, 4])
     for key, value in changes.items():
         if key.startswith("input_"):
             body["inputs"][0][key[6:]] = value
@@ -74,14 +72,14 @@ HOSTILE_AGENT = [
     ("/v2/models/mlp/infer",
      b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, '
      + BIG_INT + b"]}]}", None, "4300 digits"),
-    ("/v2/models/mlp/versions/%C2%B2/infer", _v2([1, 2, 3, 4]), None, "versions are integers"),
-    ("/v2/models/mlp/versions/%D9%A3/infer", _v2([1, 2, 3, 4]), None, "versions are integers"),
+    ("/v2/models/mlp/versions/%C2%B2/infer", v2_body([1, 2, 3, 4]), None, "versions are integers"),
+    ("/v2/models/mlp/versions/%D9%A3/infer", v2_body([1, 2, 3, 4]), None, "versions are integers"),
     ("/v1/models/mlp/versions/%C2%B2:predict", {"instances": [[1, 2, 3, 4]]}, None,
      "versions are integers"),
     ("/v1/models/mlp:predict", DEEP, None, "nested deeper than"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4]), {"Inference-Header-Content-Length": "²"},
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3, 4]), {"Inference-Header-Content-Length": "²"},
      "Inference-Header-Content-Length"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4]),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3, 4]),
      {"Inference-Header-Content-Length": "9" * 40}, "Inference-Header-Content-Length"),
     ("/v2/models/mlp/infer", _v2_with(outputs=[{"name": "Y", "parameters": [1]}]), None,
      "'parameters' must be an object"),
@@ -108,7 +106,7 @@ def test_hostile_agent_request_is_a_4xx_naming_the_problem(agent, path, body, he
     assert 400 <= status < 500 and words in reply["error"], (status, reply)
     if not warm:  # nothing loaded by a refused request
         assert agent.request("GET", "/v1/cache")[2] == before
-    ok, _, _ = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+    ok, _, _ = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
     assert ok == 200  # the agent still serves
 
 
@@ -187,7 +185,7 @@ def test_corrupt_model_is_remembered_as_failed_for_load_retry_s(repo, start_agen
     (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model at all")
     agent = start_agent(repo, load_retry_s=2.0)
     started = time.monotonic()
-    status, headers, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+    status, headers, reply = agent.request("POST", "/v2/models/broken/infer", v2_body([1, 2, 3, 4]))
     assert status == 503 and int(headers["Retry-After"]) >= 1, reply
     assert "model broken:1 failed to load" in reply["error"], reply
     assert "broken/1/model.onnx" in reply["error"]
@@ -195,16 +193,16 @@ def test_corrupt_model_is_remembered_as_failed_for_load_retry_s(repo, start_agen
     entry = _cache_entry(agent, "broken")
     assert entry["state"] == "failed" and entry["load_attempts"] == 1
     assert str(tmp_path) not in entry["error"]
-    for path, body in [("/v2/models/broken/infer", _v2([1, 2, 3, 4])),
+    for path, body in [("/v2/models/broken/infer", v2_body([1, 2, 3, 4])),
                        ("/v1/models/broken:predict", {"instances": [[1, 2, 3, 4]]})]:
         status, headers, reply = agent.request("POST", path, body)
         assert status == 503 and "Retry-After" in headers and "next try" in reply["error"]
     assert _cache_entry(agent, "broken")["load_attempts"] == 1  # not re-loaded
-    assert agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))[0] == 200
+    assert agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))[0] == 200
     # the file is mended; after the window a request tries again, and is served
     add_mlp(repo, "broken")
     time.sleep(max(0.0, started + 2.2 - time.monotonic()))
-    status, _, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+    status, _, reply = agent.request("POST", "/v2/models/broken/infer", v2_body([1, 2, 3, 4]))
     assert status == 200, reply
     entry = _cache_entry(agent, "broken")
     assert entry["state"] == "ready" and entry["load_attempts"] == 2 and entry["error"] is None
@@ -220,12 +218,12 @@ def test_failed_load_window_per_model_and_explicit_load(repo, start_agent):
     (repo / "held" / "1" / "model.onnx").write_bytes(b"\x08\x07garbage")
     agent = start_agent(repo, load_retry_s=600)
     for attempt in (1, 2):  # a window of 0: every request tries again
-        status, _, reply = agent.request("POST", "/v2/models/broken/infer", _v2([1, 2, 3, 4]))
+        status, _, reply = agent.request("POST", "/v2/models/broken/infer", v2_body([1, 2, 3, 4]))
         assert status == 503 and "model broken:1 failed to load" in reply["error"]
         assert _cache_entry(agent, "broken")["load_attempts"] == attempt
-    status, headers, _ = agent.request("POST", "/v2/models/held/infer", _v2([1, 2, 3, 4]))
+    status, headers, _ = agent.request("POST", "/v2/models/held/infer", v2_body([1, 2, 3, 4]))
     assert status == 503
-    status, headers, reply = agent.request("POST", "/v2/models/held/infer", _v2([1, 2, 3, 4]))
+    status, headers, reply = agent.request("POST", "/v2/models/held/infer", v2_body([1, 2, 3, 4]))
     assert status == 503 and 590 <= int(headers["Retry-After"]) <= 600, reply
     assert _cache_entry(agent, "held")["load_attempts"] == 1
     # an explicit load (the operator's) tries again at once
@@ -252,13 +250,13 @@ def test_client_disconnects_are_logged_at_info_without_a_trace(repo, start_agent
     import logging
     import time
 
-    from tests.conftest import add_synthetic
+    from tests.helpers import add_synthetic
 
     add_mlp(repo, "mlp")
     add_synthetic(repo, "slow", base_ms=400, size_bytes=1000)
     agent = start_agent(repo)
-    body = json.dumps(_v2([1, 2, 3, 4])).encode()
-    slow = json.dumps(_v2([1], shape=(1, 1))).encode()
+    body = json.dumps(v2_body([1, 2, 3, 4])).encode()
+    slow = json.dumps(v2_body([1], shape=(1, 1))).encode()
     head = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
     with caplog.at_level(logging.DEBUG):
@@ -268,17 +266,17 @@ def test_client_disconnects_are_logged_at_info_without_a_trace(repo, start_agent
         _raw(agent, b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\n"
              b"Content-Length: 500\r\n\r\n{\"instances\": [[1, 2")
         time.sleep(0.8)  # the slow answer is written to a closed connection
-        status, _, _ = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+        status, _, _ = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
         assert status == 200  # the agent still serves
         assert agent.request("POST", "/v2/models/slow/infer",
-                             _v2([1], shape=(1, 1)))[0] == 200
+                             v2_body([1], shape=(1, 1)))[0] == 200
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert not loud, [(r.name, r.levelname, r.getMessage()) for r in loud]
     gone = [r for r in caplog.records if "client went away" in r.getMessage()]
     assert gone and all(r.levelno == logging.INFO for r in gone)
 
 
-def test_coordinator_client_disconnect_is_quiet(start_coordinator, caplog):  # noqa: F811
+def test_coordinator_client_disconnect_is_quiet(start_coordinator, caplog):
     import logging
 
     co = start_coordinator()

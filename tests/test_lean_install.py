@@ -18,7 +18,7 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import TINY_MLP, add_mlp
+from tests.helpers import TINY_MLP, add_mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKER = '''

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.node.metrics import ENDPOINTS
-from tests.conftest import TINY_MLP, add_mlp
+from tests.helpers import TINY_MLP, add_mlp
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "edgeagent.json"
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")

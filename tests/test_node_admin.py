@@ -5,7 +5,7 @@ import concurrent.futures as cf
 import numpy as np
 
 from agent.modelzoo import mlp_forward
-from tests.conftest import add_mlp, add_synthetic
+from tests.helpers import add_mlp, add_synthetic
 
 FIELDS = {"name", "version", "backend", "device", "state", "size_bytes", "size_estimated",
           "load_seconds", "loads", "hits", "misses", "evictions", "last_used",

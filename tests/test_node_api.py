@@ -7,7 +7,7 @@ import tritonclient.http as tc
 from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward, write_echo
-from tests.conftest import TINY_MLP, add_mlp, add_synthetic
+from tests.helpers import TINY_MLP, add_mlp, add_synthetic, v2_body
 
 
 @pytest.fixture
@@ -104,26 +104,22 @@ def test_tf_serving_rest_row_and_columnar(agent):
         {"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]
 
 
-def _v2(data, datatype="FP32", shape=(1, 4), name="X"):
-    return {"inputs": [{"name": name, "datatype": datatype, "shape": list(shape), "data": data}]}
-
-
 BAD_V2 = [
     ("/v2/models/mlp/infer", b"{not json", "malformed JSON"),
     ("/v2/models/mlp/infer", b"[1, 2]", "JSON object"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4], datatype="FP64"), "datatype FP64"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4], datatype="FLOAT9"), "unknown datatype"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3], shape=(1, 3)), "shape [1, 3]"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3], shape=(1, 4)), "3 elements"),
-    ("/v2/models/mlp/infer", _v2(["a", "b", "c", "d"]), "must be numbers"),
-    ("/v2/models/mlp/infer", _v2([[1, 2], [3]], shape=(2, 2)), "ragged"),
-    ("/v2/models/mlp/infer", _v2([1, 2, 3, 4], name="Z"), "unknown input 'Z'"),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3, 4], datatype="FP64"), "datatype FP64"),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3, 4], datatype="FLOAT9"), "unknown datatype"),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3], shape=(1, 3)), "shape [1, 3]"),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3], shape=(1, 4)), "3 elements"),
+    ("/v2/models/mlp/infer", v2_body(["a", "b", "c", "d"]), "must be numbers"),
+    ("/v2/models/mlp/infer", v2_body([[1, 2], [3]], shape=(2, 2)), "ragged"),
+    ("/v2/models/mlp/infer", v2_body([1, 2, 3, 4], name="Z"), "unknown input 'Z'"),
     ("/v2/models/mlp/infer", {"inputs": []}, "non-empty list"),
-    ("/v2/models/mlp/infer", {**_v2([1, 2, 3, 4]), "outputs": [{"name": "Q"}]},
+    ("/v2/models/mlp/infer", {**v2_body([1, 2, 3, 4]), "outputs": [{"name": "Q"}]},
      "unknown output 'Q'"),
-    ("/v2/models/nope/infer", _v2([1, 2, 3, 4]), "unknown model 'nope'"),
-    ("/v2/models/mlp/versions/9/infer", _v2([1, 2, 3, 4]), "no version 9"),
-    ("/v2/models/mlp/versions/x/infer", _v2([1, 2, 3, 4]), "versions are integers"),
+    ("/v2/models/nope/infer", v2_body([1, 2, 3, 4]), "unknown model 'nope'"),
+    ("/v2/models/mlp/versions/9/infer", v2_body([1, 2, 3, 4]), "no version 9"),
+    ("/v2/models/mlp/versions/x/infer", v2_body([1, 2, 3, 4]), "versions are integers"),
     ("/v1/models/mlp:predict", b"{", "malformed JSON"),
     ("/v1/models/mlp:predict", {"instances": [[1, 2, 3]]}, "shape [1, 3]"),
     ("/v1/models/mlp:predict", {"instances": [["a", "b", "c", "d"]]}, "expected numbers"),
@@ -140,7 +136,7 @@ def test_bad_input_is_a_4xx_naming_the_problem(agent, path, body, words, warm):
         agent.request("POST", "/v2/repository/models/mlp/load")
     status, _, reply = agent.request("POST", path, body)
     assert 400 <= status < 500 and words in reply["error"], reply
-    ok, _, _ = agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
+    ok, _, _ = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
     assert ok == 200  # the agent still serves
 
 
@@ -163,7 +159,7 @@ def test_payload_over_limit_is_413(repo, start_agent):
     add_mlp(repo, "mlp")
     agent = start_agent(repo, max_request_size=10_000)
     status, _, body = agent.request("POST", "/v2/models/mlp/infer",
-                                    _v2([0.0] * 4000, shape=(1000, 4)))
+                                    v2_body([0.0] * 4000, shape=(1000, 4)))
     assert status == 413 and "10000 bytes" in body["error"]
     assert agent.request("GET", "/v2/health/live")[0] == 200
 
@@ -174,9 +170,9 @@ def test_unknown_route_is_json_404(agent):
 
 
 def test_metrics(agent):
-    agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
-    agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3, 4]))
-    agent.request("POST", "/v2/models/mlp/infer", _v2([1, 2, 3]))
+    agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
+    agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
+    agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3]))
     status, _, text = agent.request("GET", "/metrics")
     text = text.decode()
     assert status == 200

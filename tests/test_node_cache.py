@@ -11,7 +11,7 @@ from agent.node.cache import (CacheBusy, LoadFailed, ModelCache, ModelInUse, Mod
                               State, UnknownModel)
 from agent.memory import tune_malloc
 from agent.node.repository import scan_repository
-from tests.conftest import add_mlp, add_synthetic
+from tests.helpers import add_mlp, add_synthetic
 
 MB = 1_000_000
 

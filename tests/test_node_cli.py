@@ -5,7 +5,7 @@ import json
 from click.testing import CliRunner
 
 from agent.cli import main
-from tests.conftest import add_synthetic
+from tests.helpers import add_synthetic
 
 
 def test_cache_cli(repo, start_agent, tmp_path):

@@ -1,61 +1,15 @@
 """`edgeagent serve` as a real process: signals, warm restart, sd_notify."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import add_mlp, add_synthetic
-
-EDGEAGENT = [str(Path(sys.executable).with_name("edgeagent"))]
-
-
-class Agent:
-    def __init__(self, repo, data_dir, *extra, env=None):
-        self.proc = subprocess.Popen(
-            EDGEAGENT + ["serve", "--repository", str(repo), "--port", "0", "--grpc-port", "0",
-                         "--data-dir", str(data_dir), "--cpu-budget", "500MB", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, **(env or {})})
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, line + self.proc.stderr.read()
-        self.url = line.split()[3]
-        self.err: list[str] = []
-        threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
-        self.wait_for(lambda: self.get("/v2/health/ready") is not None)
-
-    def get(self, path, method="GET", timeout=10):
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError:
-            return None
-
-    def states(self):
-        return {m["name"]: m["state"] for m in self.get("/v1/cache")}
-
-    @staticmethod
-    def wait_for(pred, timeout=20):
-        end = time.time() + timeout
-        while time.time() < end:
-            if pred():
-                return
-            time.sleep(0.05)
-        raise AssertionError("condition not met in time")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(30)
+from tests.helpers import EDGEAGENT, Agent, add_mlp, add_synthetic
 
 
 def test_sighup_rescan_picks_up_a_new_model(repo, tmp_path):
@@ -145,9 +99,9 @@ def test_sd_notify_ready_and_watchdog(repo, tmp_path):
 def test_bad_config_is_reported_not_served(tmp_path):
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("prot: 8000\n")
-    run = subprocess.run(EDGEAGENT + ["serve", "--config", str(cfg)], capture_output=True,
+    run = subprocess.run([EDGEAGENT, "serve", "--config", str(cfg)], capture_output=True,
                          text=True, timeout=30)
     assert run.returncode != 0 and f"{cfg}: prot: unknown key" in run.stderr
-    run = subprocess.run(EDGEAGENT + ["serve", "--cpu-budget", "lots"], capture_output=True,
+    run = subprocess.run([EDGEAGENT, "serve", "--cpu-budget", "lots"], capture_output=True,
                          text=True, timeout=30)
     assert run.returncode != 0 and "bad size 'lots'" in run.stderr

@@ -11,7 +11,7 @@ from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.faro import solver as faro_solver
 from agent.coordinator.planner import PlanError, check_spec
 from agent.coordinator.faro import ModelSpec, ProblemError
-from tests.test_coordinator_planner import feed, report, setup  # noqa: F401 - fixture
+from tests.helpers import feed, node_report
 
 
 def _fleet(store, clock):
@@ -22,11 +22,11 @@ def _fleet(store, clock):
          {"a": {"resident": True}, "b": {}, "bad": {}})
 
 
-def test_arrivals_of_1e308_leave_that_model_out(setup):  # noqa: F811
-    store, planner, clock = setup
+def test_arrivals_of_1e308_leave_that_model_out(planner_setup):
+    store, planner, clock = planner_setup
     _fleet(store, clock)
     # a poisoned arrival count straight into the store (HTTP would refuse it: 400)
-    store.record_report("n1", report({"a": {}, "b": {}, "bad": {}}),
+    store.record_report("n1", node_report({"a": {}, "b": {}, "bad": {}}),
                         {"bad": [(clock.t, 5.0, 1e308)], "a": [(clock.t, 5.0, 100.0)]},
                         clock.t, keep_s=120)
     clock.t += 1
@@ -40,8 +40,8 @@ def test_arrivals_of_1e308_leave_that_model_out(setup):  # noqa: F811
     assert sum(row.get("a", 0) for row in plan["assignment"].values()) >= 1
 
 
-def test_a_model_the_solver_cannot_take_is_left_out(setup, monkeypatch):  # noqa: F811
-    store, planner, clock = setup
+def test_a_model_the_solver_cannot_take_is_left_out(planner_setup, monkeypatch):
+    store, planner, clock = planner_setup
     _fleet(store, clock)
     clock.t += 1
     real = faro_solver.solve
@@ -59,8 +59,8 @@ def test_a_model_the_solver_cannot_take_is_left_out(setup, monkeypatch):  # noqa
     assert planner.last_error is None
 
 
-def test_a_failure_of_the_whole_fleet_is_still_a_plan_error(setup, monkeypatch):  # noqa: F811
-    store, planner, clock = setup
+def test_a_failure_of_the_whole_fleet_is_still_a_plan_error(planner_setup, monkeypatch):
+    store, planner, clock = planner_setup
     _fleet(store, clock)
     clock.t += 1
     real = faro_solver.solve
@@ -75,11 +75,11 @@ def test_a_failure_of_the_whole_fleet_is_still_a_plan_error(setup, monkeypatch):
         planner.plan_now()
 
 
-def test_every_model_left_out_is_a_plan_error_naming_them(setup):  # noqa: F811
-    store, planner, clock = setup
+def test_every_model_left_out_is_a_plan_error_naming_them(planner_setup):
+    store, planner, clock = planner_setup
     store.put_model(ModelSLO("bad", slo_ms=200), 0)
     feed(store, clock, "n1", {"bad": 1.0}, {"bad": {}})
-    store.record_report("n1", report({"bad": {}}), {"bad": [(clock.t, 5.0, 1e308)]},
+    store.record_report("n1", node_report({"bad": {}}), {"bad": [(clock.t, 5.0, 1e308)]},
                         clock.t, keep_s=120)
     clock.t += 1
     with pytest.raises(PlanError, match="every model was left out of the plan: bad: "):

@@ -1,5 +1,8 @@
 """The compiled side of the policies: ids, array growth, the kernels' arithmetic and RNG,
-and the simulator's compiled loop deciding exactly as the policies' Python verbs."""
+and the simulator's compiled loop deciding exactly as the policies' Python verbs.
+
+The test process runs the kernels interpreted (``edgeagent serve``'s mode, conftest.py);
+the last test runs every test here again in a child process that compiles them."""
 
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from hypothesis import strategies as st
 from cachepolicies import POLICY_NAMES, kernels, make_policy
 from cachepolicies import simulator as simulator_module
 from cachepolicies.base import INITIAL_CAPACITY, Ids
+from cachepolicies.jit import COMPILED
 from cachepolicies.rates import CumulativeRate, DecayedRate
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
+from tests.helpers import run_pytest_compiled
 
 
 def drive(policy, trace, size_of, capacity, evictable=None):
@@ -179,6 +184,8 @@ def test_interning_numpy_arrays_matches_the_keys():
         assert sorted(set(got.tolist())) == list(range(len(set(keys.tolist()))))
 
 
+@pytest.mark.skipif(not COMPILED, reason="numba's on-disk caches: the compiled child runs it "
+                    "(test_every_test_here_with_compiled_kernels)")
 def test_kernel_caches_are_stamped_with_the_whole_package(tmp_path):
     for dispatcher in (kernels.access, kernels.choose, kernels.grow_state):
         assert dispatcher._cache._cache_file._source_stamp == kernels._STAMP
@@ -248,3 +255,10 @@ def test_the_compiled_loop_decides_as_the_python_verbs(
         assert policies[0].resident() == policies[1].resident()
         assert [policies[0].priority(k, end) for k in range(12)] == [
             policies[1].priority(k, end) for k in range(12)]
+
+
+@pytest.mark.skipif(COMPILED, reason="this process compiles its kernels: the tests above did")
+def test_every_test_here_with_compiled_kernels():
+    """The tests above again with the kernels compiled (numba: the simulator's mode)."""
+    run_pytest_compiled(__file__, "--deselect",
+                        f"{__file__}::test_every_test_here_with_compiled_kernels")

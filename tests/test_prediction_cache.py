@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from agent.node.prediction_cache import ENTRY_OVERHEAD, PredictionCache, input_digest
-from tests.conftest import add_synthetic
-from tests.test_batching import Recorder, call, start, stop
+from tests.helpers import Recorder, add_synthetic, call_model, start_serving, stop_serving
 
 
 def value(n_floats):
@@ -120,27 +119,27 @@ async def test_hits_skip_the_backend_and_unload_invalidates(repo):
                                                            "max_bytes": "1MB"})
     add_synthetic(repo, "plain", base_ms=5)
     recorder = Recorder()
-    cache, serving = await start(repo, recorder)
+    cache, serving = await start_serving(repo, recorder)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    first = await call(serving, "m", x)
-    again = await asyncio.gather(*(call(serving, "m", x) for _ in range(5)))
+    first = await call_model(serving, "m", x)
+    again = await asyncio.gather(*(call_model(serving, "m", x) for _ in range(5)))
     assert len(recorder.calls) == 1                     # five hits, no backend call
     assert all(np.array_equal(a, first) for a in again)
-    await call(serving, "m", x + 1)                     # another input: computed
+    await call_model(serving, "m", x + 1)                     # another input: computed
     assert len(recorder.calls) == 2
-    await call(serving, "m", x, parameters={"timeout": 10**7})  # not a backend parameter
+    await call_model(serving, "m", x, parameters={"timeout": 10**7})  # not a backend parameter
     assert len(recorder.calls) == 2
     info = serving.describe(cache.entry("m"))["prediction_cache"]
     assert (info["hits"], info["misses"], info["entries"]) == (6, 2, 2)
     await cache.evict("m")                              # unload: invalidated
     assert serving.runtime(cache.entry("m")).prediction_cache.describe()["entries"] == 0
-    await call(serving, "m", x)
+    await call_model(serving, "m", x)
     assert len(recorder.calls) == 3
-    await call(serving, "plain", x)
-    await call(serving, "plain", x)
+    await call_model(serving, "plain", x)
+    await call_model(serving, "plain", x)
     assert sum(name == "plain" for name, _ in recorder.calls) == 2  # off by default
     assert serving.describe(cache.entry("plain"))["prediction_cache"] is None
-    await stop(cache, serving)
+    await stop_serving(cache, serving)
 
 
 def test_prediction_cache_counters_in_metrics(repo, start_agent):

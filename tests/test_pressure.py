@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from tests.conftest import add_mlp, add_synthetic
+from tests.helpers import add_mlp, add_synthetic
 
 MB = 1_000_000
 

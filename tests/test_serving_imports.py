@@ -18,7 +18,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import TINY_MLP, add_mlp, add_synthetic
+from tests.helpers import TINY_MLP, add_mlp, add_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("numba", "llvmlite", "pandas", "scipy", "sklearn", "matplotlib", "pyarrow", "onnx",
@@ -85,32 +85,41 @@ import json, random, sys
 from cachepolicies import jit
 from cachepolicies.registry import make_policy
 rng = random.Random(7)
-requests = [(rng.randrange(40), i * 0.3 + rng.random()) for i in range(2000)]
+uniform = [(rng.randrange(40), i * 0.3 + rng.random()) for i in range(2000)]
 sizes = {k: rng.randrange(1, 100) for k in range(40)}
+traces = {  # (key, time) requests: even popularity, a heavy tail, a working set that moves
+    "uniform": uniform,
+    "heavy-tailed": [(min(int(rng.paretovariate(0.6)), 40) - 1, i * 0.1) for i in range(3000)],
+    "shifting": [(((i // 300) * 5 + rng.randrange(16)) % 40, i * 0.5) for i in range(2400)],
+}
 out = {"compiled": jit.COMPILED, "numba": "numba" in sys.modules}
-for spec in sys.argv[1:]:
-    future = [key for key, _ in requests]
-    policy, resident, used, victims = make_policy(spec, future=future), set(), 0, []
-    for key, now in requests:
-        policy.record_access(key, now)
-        if key in resident:
-            continue
-        if used + sizes[key] > 500:
-            chosen = policy.choose_victims(used + sizes[key] - 500, now, lambda k: k % 7 != 0)
-            for v in chosen:
-                policy.remove(v)
-                resident.discard(v)
-                used -= sizes[v]
-            victims.append([str(v) for v in chosen] + [policy.priority(key, now)])
-        policy.admit(key, sizes[key], sizes[key] / 100, now)
-        resident.add(key)
-        used += sizes[key]
-    out[spec] = victims
+for trace, requests in traces.items():
+    for spec in sys.argv[1:]:
+        future = [key for key, _ in requests]
+        policy, resident, used, victims = make_policy(spec, future=future), set(), 0, []
+        for key, now in requests:
+            policy.record_access(key, now)
+            if key in resident:
+                continue
+            if used + sizes[key] > 500:
+                chosen = policy.choose_victims(used + sizes[key] - 500, now,
+                                               lambda k: k % 7 != 0)
+                for v in chosen:
+                    policy.remove(v)
+                    resident.discard(v)
+                    used -= sizes[v]
+                victims.append([str(v) for v in chosen] + [policy.priority(key, now)])
+            policy.admit(key, sizes[key], sizes[key] / 100, now)
+            resident.add(key)
+            used += sizes[key]
+        out[f"{trace} {spec}"] = victims
 print(json.dumps(out))
 '''
 
 
 def test_interpreted_kernels_decide_as_compiled():
+    """Production's mode (interpreted) against the simulator's (compiled), decision by
+    decision, on three traces of different shape."""
     specs = ["lru", "cremebrulee", "cremebrulee:rate=cumulative", "gdsf", "random:seed=3",
              "popularity", "beladymin", "cremebrulee-oracle"]
     runs = {}
@@ -121,6 +130,8 @@ def test_interpreted_kernels_decide_as_compiled():
         runs[jit] = json.loads(done.stdout)
     assert (runs["0"]["compiled"], runs["0"]["numba"]) == (False, False)
     assert (runs["1"]["compiled"], runs["1"]["numba"]) == (True, True)
-    for spec in specs:
-        assert len(runs["0"][spec]) > 100, spec  # the budget forces many evictions
-        assert runs["0"][spec] == runs["1"][spec], spec
+    for trace in ("uniform", "heavy-tailed", "shifting"):
+        for spec in specs:
+            run = f"{trace} {spec}"
+            assert len(runs["0"][run]) > 100, run  # the budget forces many evictions
+            assert runs["0"][run] == runs["1"][run], run

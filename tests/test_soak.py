@@ -1,13 +1,19 @@
 """The 3-minute soak of issue 13, in the suite (``bench/soak.py --minutes 30`` is the long
 one): a real agent process, 200 real ONNX MLPs on a budget that holds about 10, 8
 concurrent clients with a Zipf mix and 10 % hostile requests. Every request is answered,
-none with a 5xx other than 503/507, and the agent's memory stays flat."""
+none with a 5xx other than 503/507, and the agent's memory stays flat.
+
+Marked slow: ``make test`` leaves it out, ``make test-slow`` (and CI, after ``make test``)
+runs it."""
 
 from __future__ import annotations
+
+import pytest
 
 from bench.soak import run_soak
 
 
+@pytest.mark.slow
 def test_three_minute_soak_loses_nothing_and_keeps_memory_flat():
     out = run_soak(minutes=3, models=200, hold=10, hostile=0.1, seed=7)
     assert out["agent_alive"]

@@ -14,7 +14,7 @@ import tritonclient.http as tc
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import add_synthetic
+from tests.helpers import add_synthetic
 from tests.triton_models import write_triton_examples
 
 # Field names of Triton's statistics extension (docs/protocol/extension_statistics.md).

@@ -1,0 +1,660 @@
+"""What several test modules (and some bench scripts) share that is not a fixture
+(fixtures are in conftest.py): model repositories written on the fly, real servers
+(in-process and as processes), request bodies, waiting, ports, in-process serving, load
+generators, fault doubles, the planner's fake clock, and pytest in a child process with
+compiled policy kernels."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from agent.modelzoo import write_mlp
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The console script of the venv running the tests (with PYTHONPATH, this checkout's code).
+EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
+
+# -- model repositories ---------------------------------------------------------------------
+
+#: A small real MLP used across node tests (a few KB; loads in milliseconds).
+TINY_MLP = dict(inputs=4, hidden=16, layers=1, outputs=2, seed=11)
+
+
+def add_synthetic(repo: Path, name: str, *, size_bytes: int = 10_000_000, load_ms: float = 0,
+                  base_ms: float = 0, per_item_ms: float = 0, **extra) -> Path:
+    """A synthetic model directory (only a config.yaml)."""
+    d = repo / name
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"backend": "synthetic",
+           "synthetic": {"base_ms": base_ms, "per_item_ms": per_item_ms,
+                         "size_bytes": size_bytes, "load_ms": load_ms}, **extra}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return d
+
+
+def add_mlp(repo: Path, name: str, version: int = 1, config: dict | None = None,
+            **shape) -> Path:
+    """A real ONNX MLP at ``repo/name/version/model.onnx`` (TINY_MLP by default)."""
+    write_mlp(repo / name / str(version) / "model.onnx", **{**TINY_MLP, **shape})
+    if config is not None:
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
+    return repo / name
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+#: One row for a synthetic model (input X of 2 floats).
+BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
+
+#: A node report with one resident measured model ("a") and one absent ("b").
+REPORT = {"capacity": {"cores": 4, "cpu_memory_bytes": 1_000_000_000},
+          "models": {"a": {"resident": True, "size_bytes": 1000,
+                           "arrivals": [[1.0, 5.0, 100]],
+                           "batches": {"1": {"count": 100, "seconds": 2.0}},
+                           "latency_ms": {"p50": 20, "p99": 40}},
+                     "b": {"resident": False}}}
+
+
+def v2_body(data, datatype="FP32", shape=(1, 4), name="X") -> dict:
+    """A KServe v2 infer request with one input tensor."""
+    return {"inputs": [{"name": name, "datatype": datatype, "shape": list(shape),
+                        "data": data}]}
+
+
+def request(url: str, method: str = "GET", body=None, timeout: float = 10):
+    """(status, parsed JSON, headers) for one JSON request."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), dict(err.headers)
+
+
+# -- waiting and ports ----------------------------------------------------------------------
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
+             step: float = 0.05) -> Any:
+    """``predicate()``'s first true value, polled every ``step`` s for ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A loopback TCP port that stays this test's while the block runs, for a server that
+    must be told its port before it starts (a gRPC port, a restart on the same port), or
+    for an address where nothing listens. A socket holds it, bound and never listening,
+    with SO_REUSEADDR and SO_REUSEPORT: servers (which set either) may bind it beside
+    the holder, while the kernel hands it to no other bind to port 0 and no outgoing
+    connection. Prefer port 0 and reading back the bound port where a server can."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
+
+
+# -- real servers in this process -----------------------------------------------------------
+
+
+class ThreadedServer:
+    """A real aiohttp app on 127.0.0.1 in a background thread (own event loop), so that
+    blocking clients such as ``tritonclient.http`` can call it from the test."""
+
+    def __init__(self, app):
+        from aiohttp import web
+
+        self.loop = asyncio.new_event_loop()
+        self.app = app
+        self.runner = web.AppRunner(app, access_log=None)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.closed = False
+        self.call(self._start())
+
+    async def _start(self):
+        from aiohttp import web
+
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def call(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class AgentServer(ThreadedServer):
+    """A real agent on 127.0.0.1 (see ``ThreadedServer``), started and ready."""
+
+    def __init__(self, config, **node_kwargs):
+        from agent.node.app import NODE, create_app, prepare_process
+
+        prepare_process()  # as ``edgeagent serve`` does
+        super().__init__(create_app(config, **node_kwargs))
+        self.node = self.app[NODE]
+        self.call(self.node.wait_ready())
+
+    def request(self, method, path, body=None, headers=None):
+        """(status, headers, parsed JSON or raw bytes) for one HTTP request."""
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, hdrs, raw = resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            status, hdrs, raw = err.code, dict(err.headers), err.read()
+        try:
+            return status, hdrs, json.loads(raw)
+        except ValueError:
+            return status, hdrs, raw
+
+
+class CoordinatorServer(ThreadedServer):
+    """A real coordinator on 127.0.0.1 in a background thread (see ``ThreadedServer``)."""
+
+    def __init__(self, config, **kwargs):
+        from agent.coordinator.app import COORDINATOR, create_app
+
+        super().__init__(create_app(config, **kwargs))
+        self.co = self.app[COORDINATOR]
+
+    def request(self, method, path, body=None, token=None, raw=None):
+        """(status, parsed JSON) for one request (a plan may take a while on a loaded
+        box: it waits up to 120 s)."""
+        data = raw if raw is not None else (json.dumps(body).encode()
+                                            if body is not None else None)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+# -- real servers as processes --------------------------------------------------------------
+
+
+class Agent:
+    """``edgeagent serve`` in its own process on ports the OS picks (``extra`` flags come
+    last and override), ready; ``url`` as it announced it."""
+
+    def __init__(self, repo, data_dir, *extra, env=None):
+        self.proc = subprocess.Popen(
+            [EDGEAGENT, "serve", "--repository", str(repo), "--port", "0", "--grpc-port", "0",
+             "--data-dir", str(data_dir), "--cpu-budget", "500MB", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})})
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, line + self.proc.stderr.read()
+        self.url = line.split()[3]
+        self.err: list[str] = []
+        threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
+        self.wait_for(lambda: self.get("/v2/health/ready") is not None)
+
+    def get(self, path, method="GET", timeout=10):
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError:
+            return None
+
+    def states(self):
+        return {m["name"]: m["state"] for m in self.get("/v1/cache")}
+
+    @staticmethod
+    def wait_for(pred, timeout=20):
+        return wait_for(pred, timeout)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+class CoordinatorProcess:
+    """``edgeagent coordinator serve`` in its own process, on ``store`` (None: the SQLite
+    file in ``state``), on the port in ``config`` (default 0: the OS picks, read back from
+    the URL it announces), ready."""
+
+    def __init__(self, store: str | None, state: Path, **config) -> None:
+        state.mkdir(parents=True, exist_ok=True)
+        cfg = {"port": 0, "state_dir": str(state), "log_level": "warning",
+               "reactive_interval_s": 1, "plan_interval_s": 3600,
+               **({"store": store} if store else {}), **config}
+        (state / "coordinator.yaml").write_text(json.dumps(cfg))
+        self.log_path = state / "coordinator.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from agent.cli import main; main()", "coordinator",
+             "serve", "--config", str(state / "coordinator.yaml")], cwd=ROOT,
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = wait_for(self._announced, 60, "the coordinator announces its URL")
+        self.port = int(self.url.rsplit(":", 1)[1])
+        wait_for(self.up, 60, "the coordinator answers /v1/health")
+
+    def _announced(self) -> str | None:
+        assert self.proc.poll() is None, self.log_path.read_text()
+        for line in self.log_path.read_text().splitlines():
+            if "coordinator listening on " in line:
+                return line.split("listening on ")[1].split()[0]
+        return None
+
+    def up(self) -> bool:
+        try:
+            return request(f"{self.url}/v1/health", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str):
+        return request(self.url + path)[:2]
+
+    def post(self, path: str, body=None):
+        return request(self.url + path, "POST", body)
+
+    def plans(self) -> bool:
+        return self.get("/v1/health")[1]["planner"]
+
+    def nodes(self) -> list[str]:
+        return [n["name"] for n in self.get("/v1/nodes")[1]]
+
+    def stop(self) -> None:
+        """SIGTERM, as systemd stops it (it writes what it answered first); SIGKILL only
+        after a minute."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# -- in-process serving (a ModelCache and Serving, no HTTP) ---------------------------------
+
+
+class Recorder:
+    """A backend factory that records the input shapes of every backend call."""
+
+    def __init__(self, cls=None):
+        from agent.backends.synthetic import SyntheticBackend
+
+        self.cls, self.calls = cls or SyntheticBackend, []
+
+    def __call__(self, kind, name, version, path, config, footprints):
+        backend = self.cls(name, version, path, config, footprints)
+        calls, original = self.calls, backend.infer_async
+
+        async def infer_async(inputs, parameters, executor):
+            calls.append((name, {k: v.shape for k, v in inputs.items()}))
+            return await original(inputs, parameters, executor)
+        backend.infer_async = infer_async
+        return backend
+
+
+async def start_serving(repo, backend_factory=None, **config):
+    """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
+    from agent.config import AgentConfig
+    from agent.node.cache import ModelCache
+    from agent.node.repository import scan_repository
+    from agent.node.serving import Serving
+
+    kwargs = {"backend_factory": backend_factory} if backend_factory else {}
+    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, **kwargs)
+    serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    return cache, serving
+
+
+async def stop_serving(cache, serving):
+    await serving.close()
+    await cache.close()
+
+
+async def call_model(serving, name, x, timeout=None, parameters=None):
+    """Model ``name``'s output Y for input X = ``x`` through ``serving``."""
+    _, out = await serving.infer(name, None, lambda e: {"X": x}, parameters or {},
+                                 arrived=serving.clock(), timeout=timeout, rows=len(x))
+    return out["Y"]
+
+
+class LagMonitor:
+    """Largest event-loop lag seen while active: a run during which the machine stalled
+    (another job's memory reclaim can freeze it for a second) says nothing about the
+    agent, and is measured again."""
+
+    def __init__(self):
+        self.worst, self._task = 0.0, None
+
+    async def _watch(self):
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.worst = max(self.worst, time.perf_counter() - t - 0.01)
+
+    async def __aenter__(self):
+        self._task = asyncio.ensure_future(self._watch())
+        return self
+
+    async def __aexit__(self, *exc):
+        self._task.cancel()
+
+
+async def without_stalls(measure, attempts=3, max_lag=0.08):
+    """``await measure()`` again (up to ``attempts``) while the machine stalled during it."""
+    for _ in range(attempts):
+        async with LagMonitor() as lag:
+            result = await measure()
+        if lag.worst <= max_lag:
+            break
+    return result
+
+
+# -- load: open loops (Poisson arrivals) and closed loops ----------------------------------
+
+
+async def open_loop(serving, name, rate, seconds, seed=1, record_after=0.0):
+    """Poisson arrivals of 1-row requests at ``rate`` per second through ``serving``:
+    (latencies of the successes after ``record_after`` s, (seconds, Shed) of each 503,
+    requests sent)."""
+    from agent.node.admission import Shed
+
+    rng, x = random.Random(seed), np.ones((1, 4), np.float32)
+    latencies, shed = [], []
+    begin = serving.clock()
+
+    async def one():
+        t = serving.clock()
+        try:
+            await call_model(serving, name, x)
+        except Shed as exc:
+            shed.append((serving.clock() - t, exc))
+            return
+        if t - begin >= record_after:
+            latencies.append(serving.clock() - t)
+
+    tasks, nxt, end = [], time.perf_counter(), time.perf_counter() + seconds
+    while nxt < end:
+        nxt += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+        tasks.append(asyncio.ensure_future(one()))
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return latencies, shed, len(tasks)
+
+
+async def closed_loop(serving, name, clients, seconds):
+    """``clients`` clients sending 1-row requests back to back through ``serving`` (one
+    that is shed waits 10 ms): requests answered per second."""
+    from agent.node.admission import Shed
+
+    done, x = 0, np.ones((1, 4), np.float32)
+    end = time.perf_counter() + seconds
+
+    async def client():
+        nonlocal done
+        while time.perf_counter() < end:
+            try:
+                await call_model(serving, name, x)
+            except Shed:
+                await asyncio.sleep(0.01)
+                continue
+            done += 1
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return done / seconds
+
+
+async def http_open_loop(url, rate, seconds, seed=0):
+    """Poisson arrivals of 1-row v2 requests at ``rate`` per second to ``url`` over HTTP:
+    ([(status, seconds, headers, body)], requests sent)."""
+    import aiohttp
+
+    rng = np.random.default_rng(seed)
+    body = json.dumps(v2_body([1.0, 1.0], shape=(1, 2))).encode()
+    results = []
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one():
+            t = time.perf_counter()
+            async with session.post(url, data=body) as r:
+                payload = await r.json()
+                results.append((r.status, time.perf_counter() - t, dict(r.headers), payload))
+        tasks, nxt = [], time.perf_counter()
+        end = nxt + seconds
+        while nxt < end:
+            nxt += rng.exponential(1 / rate)
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    return results, len(tasks)
+
+
+def zipf_workload(seed=5, models=12, requests=240, rate=12.0):
+    """A trace for a live agent and the simulator alike: Zipf (s = 0.9) over ``models``
+    synthetic models, Poisson arrivals at ``rate``; (names, sizes, load seconds, exec
+    seconds, trace, profiles)."""
+    from cachepolicies.traces import make_profiles, make_trace
+
+    rng = np.random.default_rng(seed)
+    names = [f"m{i:02d}" for i in range(models)]
+    sizes = rng.integers(10, 40, models) * 1_000_000
+    loads = rng.uniform(0.2, 0.5, models)
+    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
+    weights = 1 / np.arange(1, models + 1) ** 0.9
+    picks = rng.choice(models, requests, p=weights / weights.sum())
+    times = np.cumsum(rng.exponential(1 / rate, requests))
+    profiles = make_profiles(names, sizes, loads, execs)
+    trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
+    return names, sizes, loads, execs, trace, profiles
+
+
+def add_workload_models(repo, names, sizes, loads, execs) -> None:
+    """``zipf_workload``'s models as synthetic models in ``repo``: one worker per request
+    (none waits for a worker, as in the simulator's queueing with many workers)."""
+    for name, size, load, exe in zip(names, sizes, loads, execs):
+        add_synthetic(repo, name, size_bytes=int(size), load_ms=float(load) * 1000,
+                      base_ms=float(exe) * 1000, max_batch_size=0, slo={"latency_ms": 60000},
+                      batching={"workers": 64})
+
+
+async def replay_live(url, trace, names):
+    """Send each request of ``trace`` to the agent at ``url`` at its trace time (open
+    loop); [(response seconds, status)]."""
+    import aiohttp
+
+    results = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+
+        async def one(at, model):
+            await asyncio.sleep(max(at - (time.perf_counter() - start), 0))
+            sent = time.perf_counter()
+            async with session.post(f"{url}/v2/models/{model}/infer", json=BODY) as r:
+                await r.read()
+                results.append((time.perf_counter() - sent, r.status))
+
+        await asyncio.gather(*(one(float(t), names[m]) for t, m in
+                               zip(trace.timestamps, trace.model_ids)))
+    return results
+
+
+# -- a runtime that fails on demand ---------------------------------------------------------
+
+
+class FailingSession:
+    """A real ONNX Runtime session whose next ``fail`` runs raise ORT's own
+    RuntimeException. A double because ONNX Runtime cannot be made to fail on demand with
+    a valid model and input (a real one is a device error or a failed allocation deep in a
+    kernel); the exception is ORT's class, so the backend classifies what ORT raises."""
+
+    def __init__(self, real, faults: dict) -> None:
+        self.real, self.faults = real, faults
+
+    def run(self, outputs, feed, *args):
+        from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
+
+        with self.faults["lock"]:
+            fail = self.faults["left"] > 0
+            self.faults["left"] -= fail
+        if fail:
+            time.sleep(0.05)  # mid-run: requests batched with it fail with it
+            raise RuntimeException("Non-zero status code returned while running Gemm node. "
+                                   "Name:'gemm0' Status Message: injected fault")
+        return self.real.run(outputs, feed, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class FaultyFactory:
+    """``make_backend`` with the ``FailingSession`` double around model ``name``'s
+    session after each load; counts the loads."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.loads = name, 0
+        self.faults = {"left": 0, "lock": threading.Lock()}
+
+    def __call__(self, kind, name, *args, **kwargs):
+        from agent.backends import make_backend
+
+        backend = make_backend(kind, name, *args, **kwargs)
+        if name != self.name:
+            return backend
+        real_load, factory = backend.load, self
+
+        def load(*a, **k):
+            result = real_load(*a, **k)
+            backend.session = FailingSession(backend.session, factory.faults)
+            factory.loads += 1
+            return result
+
+        backend.load = load
+        return backend
+
+
+# -- the planner on a fake clock ------------------------------------------------------------
+
+
+class Clock:
+    """A clock that moves only when a test sets ``t``."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def node_report(models: dict, cores: float = 4, memory: float = 1e9) -> dict:
+    """A node report's body with these ``models``."""
+    return {"capacity": {"cores": cores, "cpu_memory_bytes": memory}, "models": models}
+
+
+def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12, dt=5.0,
+         cores=4, also=()):
+    """``steps`` reports ``dt`` apart, each with ``rate × dt`` arrivals per model; ``also``:
+    more (node, rates, models) reporting at the same times."""
+    for _ in range(steps):
+        clock.t += dt
+        for name, node_rates, node_models in ((node, rates, models), *also):
+            arrivals = {m: [(clock.t, dt, r * dt)] for m, r in node_rates.items()}
+            store.record_report(name, node_report(node_models, cores), arrivals, clock.t,
+                                keep_s=120)
+
+
+# -- numba's kernels ------------------------------------------------------------------------
+
+#: Compile (or load) the kernels most tests reach: Faro's solver (the coordinator's
+#: planning), and every policy with the simulator's compiled loop.
+_WARM_KERNELS = ("""
+from agent.coordinator.faro import Capacity, ModelSpec, Problem, solve
+solve(Problem(Capacity(8, 1e12), (ModelSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
+""", """
+from cachepolicies import POLICY_NAMES
+from cachepolicies.registry import prime_policy
+from cachepolicies.simulator import simulate
+from cachepolicies.traces import make_profiles, make_trace
+profiles = make_profiles(["a", "b", "c"], [10, 10, 10], [1.0, 2.0, 3.0], [0.1, 0.1, 0.1])
+trace = make_trace([0.0, 1.0, 2.0, 3.0], ["a", "b", "c", "a"], profiles)
+for name in POLICY_NAMES:
+    prime_policy(name)
+    simulate(trace, profiles, 20, name, seed=1)
+""")
+
+
+def warm_kernel_caches() -> None:
+    """Compile numba's kernels into their on-disk caches (beside the sources) once, in
+    two children side by side, where a fresh checkout has none: the test processes
+    started afterwards load them instead of each compiling the same kernels at once
+    (~25 s of CPU per process and package)."""
+    if any(p for d in ("agent/coordinator/faro", "cachepolicies")
+           for p in (ROOT / d / "__pycache__").glob("*.nbi")):
+        return
+    env = {**os.environ, "EDGEAGENT_JIT": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    children = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
+                for code in _WARM_KERNELS]
+    for child in children:
+        child.wait(600)
+
+
+# -- the compiled policy kernels ------------------------------------------------------------
+
+
+def run_pytest_compiled(*args: str, timeout: float = 600) -> None:
+    """pytest ``args`` in a child process whose policy kernels are compiled
+    (``EDGEAGENT_JIT=1``, numba): the test processes run them interpreted, as ``edgeagent
+    serve`` does (conftest.py), and the choice is made once per process
+    (``cachepolicies.jit``). Fails with the child's report."""
+    env = {**os.environ, "EDGEAGENT_JIT": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
