@@ -17,7 +17,7 @@ from agent.node.entry import Entry
 from agent.node.lifecycle import (AT_REST, TRANSITIONS, IllegalTransition, Lifecycle, State,
                                   transition)
 from agent.node.repository import scan_repository
-from tests.conftest import add_synthetic
+from tests.helpers import add_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The cache and the modules split out of it.
