@@ -68,6 +68,9 @@ async def test_model_in_use_is_not_evicted(repo):
     assert cache.pools["cpu"].reserved == 0  # a waiting load holds nothing
     with pytest.raises(ModelInUse):
         await cache.evict("a")
+    # b has asked for room by now (it waits): 0.2 s more and its wait is >= 0.2 s, however
+    # late a loaded box let it ask (the first 0.2 s may have gone to pricing it)
+    await asyncio.sleep(0.2)
     cache.release(a)                         # ... and gets a's room as soon as a is idle
     b = await asyncio.wait_for(waiting, 5)
     assert b.state is State.READY and cache.entry("a").state is State.UNLOADED
