@@ -272,7 +272,7 @@ class CoordinatorProcess:
             [sys.executable, "-c", "from agent.cli import main; main()", "coordinator",
              "serve", "--config", str(state / "coordinator.yaml")], cwd=ROOT,
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = wait_for(self._announced, 60, "the coordinator announces its URL")
+        self.url = wait_for(self._announced, 120, "the coordinator announces its URL")
         self.port = int(self.url.rsplit(":", 1)[1])
         wait_for(self.up, 60, "the coordinator answers /v1/health")
 
