@@ -159,11 +159,12 @@ def verify_failure(exc: BaseException, ca_file: Path | None) -> str | None:
     ``not trusted by ca_file X``), from an exception that holds an
     ``ssl.SSLCertVerificationError``; None for any other failure."""
     found, todo = None, [exc]
-    while todo and found is None:  # aiohttp wraps it (certificate_error)
+    while todo and found is None:  # aiohttp (certificate_error), urllib (reason) wrap it
         seen = todo.pop()
         if isinstance(getattr(seen, "verify_code", None), int):
             found = seen
-        todo += [e for e in (getattr(seen, "certificate_error", None), seen.__cause__)
+        todo += [e for e in (getattr(seen, "certificate_error", None),
+                             getattr(seen, "reason", None), seen.__cause__)
                  if isinstance(e, BaseException)]
     if found is None:
         return None

@@ -315,3 +315,21 @@ def test_the_coordinator_link_checks_its_files_at_start(pki, repo, tmp_path):
     assert done.returncode != 0
     assert f"{missing}: coordinator.ca_file: no such file" in done.stderr
 
+
+
+def test_the_cli_talks_https_with_ca_file_cert_and_key(pki, repo, start_agent):
+    add_synthetic(repo, "m")
+    agent = start_agent(repo, tls=settings(pki, client_ca_file=pki["ca"].cert_file,
+                                           client_auth="require"))
+
+    def cache_ls(*flags):
+        return subprocess.run([EDGEAGENT, "cache", "--url", agent.url, "--json", *flags,
+                               "ls"], capture_output=True, text=True, timeout=60)
+
+    good = cache_ls("--ca-file", str(pki["ca"].cert_file), "--cert",
+                    str(pki["client"].cert_file), "--key", str(pki["client"].key_file))
+    assert good.returncode == 0, good.stderr
+    assert [m["name"] for m in json.loads(good.stdout)] == ["m"]
+    foreign = cache_ls("--ca-file", str(pki["foreign"].cert_file))
+    assert foreign.returncode != 0
+    assert f"not trusted by ca_file {pki['foreign'].cert_file}" in foreign.stderr

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from agent.commands import declared_option, self_command
+from agent.commands import declared_option, self_command, tls_options
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
                                       load_coordinator_config)
@@ -152,6 +152,7 @@ def _client_options(f: Any) -> Any:
     f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
                      help="Admin bearer token file (or $EDGEAGENT_COORDINATOR_TOKEN).")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(f)
+    f = tls_options(f)
     return click.option(
         "--url", default=lambda: os.environ.get("EDGEAGENT_COORDINATOR_URL", DEFAULT_URL),
         show_default="$EDGEAGENT_COORDINATOR_URL or " + DEFAULT_URL,
