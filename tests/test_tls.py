@@ -333,3 +333,21 @@ def test_the_cli_talks_https_with_ca_file_cert_and_key(pki, repo, start_agent):
     foreign = cache_ls("--ca-file", str(pki["foreign"].cert_file))
     assert foreign.returncode != 0
     assert f"not trusted by ca_file {pki['foreign'].cert_file}" in foreign.stderr
+
+
+def test_exposure_needs_tls_and_a_token_beyond_loopback(pki, tmp_path):
+    from agent.config import AgentConfig
+    from agent.coordinator.config import CoordinatorConfig
+    from agent.exposure import exposure_error
+
+    token = tmp_path / "token"
+    token.write_text("x" * 40)
+    for cls in (AgentConfig, CoordinatorConfig):
+        for host in ("127.0.0.1", "::1", "localhost"):
+            assert exposure_error(cls(host=host)) is None
+        assert "--insecure" in exposure_error(cls(host="0.0.0.0"))
+        assert "a token" in exposure_error(cls(host="10.1.2.3", tls=settings(pki)))
+        assert "tls" in exposure_error(cls(host="edge.example", admin_token_file=token))
+        assert exposure_error(cls(host="0.0.0.0", tls=settings(pki),
+                                  admin_token_file=token)) is None
+        assert exposure_error(cls(host="0.0.0.0", insecure=True)) is None
