@@ -54,6 +54,7 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpauth import bearer_auth, read_token, token_matches
+from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -68,6 +69,7 @@ class Coordinator:
                  start_loops: bool = True) -> None:
         self.config = config
         self.clock = clock
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.admin_token = read_token(config.admin_token_file)
         self.store = open_store(config)
         self.fleet = Fleet(config.directive_ttl_s)
@@ -82,6 +84,13 @@ class Coordinator:
         self.workers = ReportWorkers(config, apply=self.take_answered)
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
+
+    def reload(self) -> None:
+        """SIGHUP: the TLS files read again, here and in every report worker (a bad file
+        raises ``ValueError`` and the running certificates stay)."""
+        if self.tls is not None:
+            self.tls.reload()
+            self.workers.reload()
 
     def adopt(self, plan: StoredPlan | None) -> None:
         """Serve ``plan`` unless a newer one is served; the report workers too."""

@@ -15,7 +15,9 @@ stays with one). A worker
   coordinator records the node, writes it with its own group commit and shows the
   directives issued (``GET /v1/nodes``) as for a report it answered itself;
 * forwards every other request to the coordinator, as it came, over a loopback
-  listener of the coordinator's own (the token is checked there).
+  listener of the coordinator's own (the token is checked there);
+* serves the coordinator's ``tls:`` with a context of its own, read again when the
+  coordinator, on SIGHUP, says ``reload``.
 
 A worker that dies is started again (its agents reconnect, to any listener). On stop,
 workers close their listeners and hand over the rest of what they answered before the
@@ -44,6 +46,7 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
 from agent.httpauth import bearer_auth, read_token
 from agent.httpbody import body_timeout_middleware, request_body
+from agent.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 
@@ -67,7 +70,7 @@ class _Worker:
     def __init__(self, index: int) -> None:
         self.index = index
         self.proc: Any = None
-        self.down: Any = None  # coordinator -> worker: plans, store health, stop
+        self.down: Any = None  # coordinator -> worker: plans, store health, reload, stop
         self.send_lock = threading.Lock()
         self.closed = threading.Event()  # the worker handed over its last batch
         self.listening = threading.Event()  # the worker listens on the port
@@ -173,6 +176,12 @@ class ReportWorkers:
         await asyncio.gather(*(loop.run_in_executor(None, w.send, message)
                                for w in self.workers if w.proc is not None))
 
+    def reload(self) -> None:
+        """Tell every worker to read its TLS files again (the coordinator's SIGHUP)."""
+        for worker in self.workers:
+            if worker.proc is not None:
+                worker.send(("reload",))
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Stop every worker; return once each handed over its last batch (or
         ``timeout_s`` passed: then it is killed)."""
@@ -201,6 +210,7 @@ class _WorkerState:
 
     def __init__(self, config: CoordinatorConfig, internal_url: str) -> None:
         self.fleet = Fleet(config.directive_ttl_s)
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.token = read_token(config.admin_token_file)
         self.internal_url = internal_url
         self.healthy, self.error = True, None
@@ -214,6 +224,11 @@ class _WorkerState:
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
             _, self.healthy, self.error = message
+        elif message[0] == "reload" and self.tls is not None:
+            try:
+                self.tls.reload()
+            except ValueError as exc:
+                log.error("reload: keeping the running certificates: %s", exc)
 
 
 WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
@@ -300,7 +315,8 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
         loop.add_signal_handler(sig, lambda: None)
     state.session = ClientSession(internal_url, timeout=ClientTimeout(total=None))
     runner, _ = await listen(_worker_app(config, state), config.host, port, backlog=4096,
-                             reuse_port=True)
+                             reuse_port=True,
+                             ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 
     sending = threading.Lock()  # one message on the pipe at a time
