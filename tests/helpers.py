@@ -32,6 +32,34 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The console script of the venv running the tests (with PYTHONPATH, this checkout's code).
 EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 
+#: The packages the default install leaves out (pyproject's extras and the tests' own):
+#: ``edgeagent serve`` and the agent's commands import none of them.
+HEAVY = ("numba", "llvmlite", "pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "onnx",
+         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving")
+_BLOCKER = """
+import sys, importlib.abc
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {names!r}:
+            print(f"BLOCKED import {{name}}", file=sys.stderr, flush=True)
+            raise ImportError(f"No module named {{name!r}} (blocked)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def without_packages(site: Path, names: tuple[str, ...] = HEAVY) -> dict[str, str]:
+    """The environment of a child process (this checkout's code) in which ``names`` are
+    not installed, as on an install without them: a ``sitecustomize`` in ``site`` refuses
+    each import and reports it on stderr (``BLOCKED import x``)."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(names=tuple(names)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("EDGEAGENT_JIT", None)
+    return env
+
+
 # -- model repositories ---------------------------------------------------------------------
 
 #: A small real MLP used across node tests (a few KB; loads in milliseconds).

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from agent.commands import declared_option, self_command
+from agent.commands import ExtraCommand, declared_option, self_command
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
                                       load_coordinator_config)
@@ -70,7 +70,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
         log.info("stopped")
 
 
-@coordinator.command("serve")
+@coordinator.command("serve", cls=ExtraCommand, extra="coordinator")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Coordinator config YAML (edgeagent config example coordinator shows "
                    "every key); default: the embedded defaults.")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agent.commands import ExtraGroup
 from agent.units import format_size
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ NAMINGS = ("distinct", "real")
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-@click.group("workload")
+@click.group("workload", cls=ExtraGroup, extra="sim")
 def workload() -> None:
     """Make request traces and model profiles (the Azure Functions trace method)."""
 
