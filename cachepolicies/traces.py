@@ -27,7 +27,7 @@ import csv
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -394,30 +394,38 @@ def _diagnose(source: str, header: list[str], types: dict[str, pa.DataType]) -> 
     import pyarrow as pa
 
     numeric = {header.index(n): n for n, t in types.items() if pa.types.is_floating(t)}
+    for line, row in csv_rows(source, len(header)):
+        if isinstance(row, str):
+            raise SimulationInputError(source, row, line=line)
+        for i, name in numeric.items():
+            text = row[i]
+            if text == "":
+                continue
+            try:
+                float(text)
+            except ValueError:
+                raise SimulationInputError(
+                    source, f"{text!r} is not a number", line=line, column=name
+                ) from None
+            if text != text.strip():
+                raise SimulationInputError(
+                    source, f"{text!r} has spaces around the number", line=line, column=name
+                )
+
+
+def csv_rows(source: str | Path, fields: int) -> Iterator[tuple[int, list[str] | str]]:
+    """(line, row) for each row after the header, read by Python's csv module (the
+    readers' slow path, for the line of a problem): the row, or what is wrong with its
+    number of fields ("empty row", "3 fields, the header has 4")."""
     with open(source, newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
-        next(reader)
+        next(reader, None)
         for row in reader:
-            line = reader.line_num
-            if len(row) != len(header):
-                problem = (
-                    "empty row" if not row else f"{len(row)} fields, the header has {len(header)}"
-                )
-                raise SimulationInputError(source, problem, line=line)
-            for i, name in numeric.items():
-                text = row[i]
-                if text == "":
-                    continue
-                try:
-                    float(text)
-                except ValueError:
-                    raise SimulationInputError(
-                        source, f"{text!r} is not a number", line=line, column=name
-                    ) from None
-                if text != text.strip():
-                    raise SimulationInputError(
-                        source, f"{text!r} has spaces around the number", line=line, column=name
-                    )
+            if len(row) == fields:
+                yield reader.line_num, row
+            else:
+                yield reader.line_num, ("empty row" if not row
+                                        else f"{len(row)} fields, the header has {fields}")
 
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:
@@ -448,6 +456,7 @@ __all__ = [
     "Trace",
     "check_capacity",
     "cremebrulee_profiles_path",
+    "csv_rows",
     "load_penalty",
     "make_profiles",
     "make_trace",

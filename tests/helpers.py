@@ -60,6 +60,33 @@ def without_packages(site: Path, names: tuple[str, ...] = HEAVY) -> dict[str, st
     return env
 
 
+def ask_the_demo(edgeagent: str, data_dir: Path, env: dict[str, str],
+                 cwd: Path | None = None) -> tuple[dict, bytes, int, str]:
+    """``edgeagent serve`` with no repository (``make run``: it writes the demo), asked
+    the README's classifier request and its page ``/``, then stopped: (the prediction,
+    the page, the exit status, stderr)."""
+    proc = subprocess.Popen([edgeagent, "serve", "--port", "0", "--grpc-port", "0",
+                             "--data-dir", str(data_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        line = proc.stdout.readline()
+        if line.startswith("generating the demo"):
+            line = proc.stdout.readline()
+        assert "listening on" in line, line + proc.stderr.read()
+        url = line.split()[3]
+        body = json.dumps({"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}).encode()
+        req = urllib.request.Request(f"{url}/v1/models/classifier:predict", data=body,
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            (answer,) = json.loads(resp.read())["predictions"]
+        with urllib.request.urlopen(f"{url}/", timeout=30) as resp:
+            page = resp.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    return answer, page, proc.returncode, err
+
+
 # -- model repositories ---------------------------------------------------------------------
 
 #: A small real MLP used across node tests (a few KB; loads in milliseconds).

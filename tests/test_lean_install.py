@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from agent.commands import EXTRA_MODULES
-from tests.helpers import EDGEAGENT, HEAVY, TINY_MLP, add_mlp, without_packages
+from tests.helpers import (EDGEAGENT, HEAVY, TINY_MLP, add_mlp, ask_the_demo,
+                           without_packages)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -134,24 +135,8 @@ def test_the_agents_commands_need_no_extra(tmp_path, repo):
 def test_demo_is_written_and_served_without_the_extras(tmp_path):
     """``make run``'s path on the default install: no repository, so the agent writes
     the demo (no onnx, no skl2onnx) and answers the classifier."""
-    env = without_packages(tmp_path / "site")
-    proc = subprocess.Popen([EDGEAGENT, "serve", "--port", "0", "--grpc-port", "0",
-                             "--data-dir", str(tmp_path / "data")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = proc.stdout.readline()
-        if line.startswith("generating the demo"):
-            line = proc.stdout.readline()
-        assert "listening on" in line, line + proc.stderr.read()
-        url = line.split()[3]
-        body = json.dumps({"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}).encode()
-        req = urllib.request.Request(f"{url}/v1/models/classifier:predict", data=body,
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            (answer,) = json.loads(resp.read())["predictions"]
-        assert answer["label"] in (0, 1, 2)
-        assert abs(sum(answer["probabilities"]) - 1) < 1e-5
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert "BLOCKED" not in err, err[-3000:]
+    answer, _, status, err = ask_the_demo(EDGEAGENT, tmp_path / "data",
+                                          without_packages(tmp_path / "site"))
+    assert answer["label"] in (0, 1, 2)
+    assert abs(sum(answer["probabilities"]) - 1) < 1e-5
+    assert status == 0 and "BLOCKED" not in err, err[-3000:]

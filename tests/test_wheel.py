@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tarfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import HEAVY, ROOT
+from tests.helpers import HEAVY, ROOT, ask_the_demo
 
 pytestmark = pytest.mark.slow
 
@@ -101,25 +99,8 @@ def test_a_command_of_an_extra_gives_the_hint(venv):
 
 
 def test_the_wheel_serves_the_demo(venv, tmp_path):
-    proc = subprocess.Popen([str(venv / "bin" / "edgeagent"), "serve", "--port", "0",
-                             "--grpc-port", "0", "--data-dir", str(tmp_path / "data")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_clean_env(), cwd=tmp_path)
-    try:
-        line = proc.stdout.readline()
-        if line.startswith("generating the demo"):
-            line = proc.stdout.readline()
-        assert "listening on" in line, line + proc.stderr.read()
-        url = line.split()[3]
-        body = json.dumps({"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}).encode()
-        req = urllib.request.Request(f"{url}/v1/models/classifier:predict", data=body,
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            (answer,) = json.loads(resp.read())["predictions"]
-        assert answer["label"] in (0, 1, 2)
-        with urllib.request.urlopen(f"{url}/", timeout=30) as resp:  # the packaged page
-            assert b"<html" in resp.read().lower()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err[-3000:]
+    answer, page, status, err = ask_the_demo(str(venv / "bin" / "edgeagent"),
+                                             tmp_path / "data", _clean_env(), cwd=tmp_path)
+    assert answer["label"] in (0, 1, 2)
+    assert b"<html" in page.lower()  # the packaged dashboard
+    assert status == 0, err[-3000:]

@@ -14,6 +14,7 @@ from typing import Iterator, TextIO
 
 import numpy as np
 
+from cachepolicies.traces import csv_rows
 from cachepolicies.workloads.errors import WorkloadError
 from cachepolicies.workloads.invocations import InvocationCounts
 
@@ -157,20 +158,15 @@ def _diagnose(path: Path, header: list[str], wanted: list[str]) -> None:
     """Find the first bad cell with Python's csv module and raise naming its line and
     column (the slow path: only for a file the fast one refused)."""
     positions = {name: header.index(name) for name in (*ID_COLUMNS, *wanted)}
-    with open(path, newline="", encoding="utf-8-sig", errors="replace") as stream:
-        reader = csv.reader(stream)
-        next(reader)
-        for row in reader:
-            line = reader.line_num
-            if len(row) != len(header):
-                raise WorkloadError(f"{path}: line {line}: {len(row)} fields, the header "
-                                    f"has {len(header)}")
-            for name in ID_COLUMNS:
-                if row[positions[name]].strip() == "":
-                    raise WorkloadError(f"{path}: line {line}, column {name!r}: empty value")
-            for name in wanted:
-                text = row[positions[name]]
-                if not (text.isascii() and text.isdigit() and int(text) <= _MAX_COUNT):
-                    shown = "empty" if text.strip() == "" else repr(text)
-                    raise WorkloadError(f"{path}: line {line}, column {name!r}: count {shown} "
-                                        f"is not a non-negative integer")
+    for line, row in csv_rows(path, len(header)):
+        if isinstance(row, str):
+            raise WorkloadError(f"{path}: line {line}: {row}")
+        for name in ID_COLUMNS:
+            if row[positions[name]].strip() == "":
+                raise WorkloadError(f"{path}: line {line}, column {name!r}: empty value")
+        for name in wanted:
+            text = row[positions[name]]
+            if not (text.isascii() and text.isdigit() and int(text) <= _MAX_COUNT):
+                shown = "empty" if text.strip() == "" else repr(text)
+                raise WorkloadError(f"{path}: line {line}, column {name!r}: count {shown} "
+                                    f"is not a non-negative integer")
