@@ -15,9 +15,9 @@ URL := http://$(HOST):$(PORT)
 
 .PHONY: run test test-slow bench clean protos dist
 
+# The venv's own pip (ensurepip's) installs all this project needs: no upgrade to wait for.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
