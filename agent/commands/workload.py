@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from cachepolicies.workloads import InvocationCounts, Workload
 
 # cachepolicies.workloads' choices, spelled out so that ``--help`` imports no numpy or
-# pandas (the commands import the workloads when they run); tests/test_cli_lazy.py
+# pyarrow (the commands import the workloads when they run); tests/test_cli_lazy.py
 # checks them against the source.
 ASSOCIATIONS = ("uniform", "round-robin", "quantiles", "quantiles-r")
 NAMINGS = ("distinct", "real")
