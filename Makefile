@@ -1,8 +1,9 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only: the node agent (no simulator,
 # coordinator or TensorFlow); `make test` adds the test extra (which brings the sim,
-# coordinator and postgres extras) and bench. `make dist` builds the sdist and wheel. `make run PORT=8010 GRPC_PORT=8011 HOST=0.0.0.0` picks the
-# address (GRPC_PORT=0: no gRPC endpoint).
+# coordinator and postgres extras) and bench. `make dist` builds the sdist and wheel.
+# `make run PORT=8010 GRPC_PORT=8011 HOST=0.0.0.0` picks the address (GRPC_PORT=0: no
+# gRPC endpoint).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
