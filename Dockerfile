@@ -1,7 +1,8 @@
-# The node agent in a container: the default install (ONNX; no TensorFlow), a non-root
-# user, the model repository and the agent's state on volumes. Serves the generated demo
-# when started without --repository (see docs/operations.md, "Docker"). The agent runs its policy
-# kernels interpreted (no numba compile); NUMBA_CACHE_DIR is for `edgeagent simulate`.
+# The node agent in a container: the default install (the agent alone: ONNX Runtime, no
+# simulator, coordinator or TensorFlow), a non-root user, the model repository and the
+# agent's state on volumes. Serves the generated demo when started without --repository
+# (see docs/operations.md, "Docker"). The coordinator has its own image:
+# Dockerfile.coordinator.
 #   docker build -t edgeagent .
 #   docker run --rm -p 8000:8000 -v "$PWD/models:/models:ro" edgeagent --repository /models
 FROM python:3.11-slim
@@ -10,8 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    EDGEAGENT_DATA_DIR=/var/lib/edgeagent \
-    NUMBA_CACHE_DIR=/opt/edgeagent/numba-cache
+    EDGEAGENT_DATA_DIR=/var/lib/edgeagent
 
 WORKDIR /opt/edgeagent/src
 COPY pyproject.toml README.md ./
@@ -20,8 +20,8 @@ COPY cachepolicies ./cachepolicies
 RUN pip install . \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/edgeagent \
                --create-home edgeagent \
-    && mkdir -p /models "$NUMBA_CACHE_DIR" \
-    && chown -R edgeagent:edgeagent /var/lib/edgeagent "$NUMBA_CACHE_DIR" \
+    && mkdir -p /models \
+    && chown -R edgeagent:edgeagent /var/lib/edgeagent \
     && cd / && rm -rf /opt/edgeagent/src
 
 WORKDIR /var/lib/edgeagent

@@ -1,8 +1,10 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
-# `make run` installs the default dependencies only (no TensorFlow); `make test` adds the
-# test, bench and tfserving extras. `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the
-# address (GRPC_PORT=0: no gRPC endpoint); a non-loopback HOST needs TLS and a token, or
-# ARGS=--insecure for the demo in the clear (`make run HOST=0.0.0.0 ARGS=--insecure`).
+# `make run` installs the default dependencies only: the node agent (no simulator,
+# coordinator or TensorFlow); `make test` adds the test extra (which brings the sim,
+# coordinator and postgres extras) and bench. `make dist` builds the sdist and wheel.
+# `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the address (GRPC_PORT=0: no
+# gRPC endpoint); a non-loopback HOST needs TLS and a token, or ARGS=--insecure for the
+# demo in the clear (`make run HOST=0.0.0.0 ARGS=--insecure`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,11 +16,11 @@ GRPC_PORT ?= 8001
 ARGS ?=
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test test-slow bench clean protos
+.PHONY: run test test-slow bench clean protos dist
 
+# The venv's own pip (ensurepip's) installs all this project needs: no upgrade to wait for.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
@@ -26,7 +28,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 # The extras are a superset of the default install: the run stamp is good after this too.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,bench,tfserving]'
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	touch $(TEST_STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
@@ -60,5 +62,13 @@ protos:
 	build/protoc-venv/bin/python agent/backends/tfserving_pb/regenerate.py
 	rm -rf build/protoc-venv
 
+# dist/edgeagent-VERSION.tar.gz and its wheel (built from the sdist, so the sdist is
+# complete): `pip install dist/edgeagent-*.whl` on a box gets the agent
+# (docs/operations.md, "Install"; tests/test_wheel.py installs it in a fresh venv).
+dist: | $(BIN)/python
+	$(BIN)/python -m pip install -q build
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -2,7 +2,7 @@
 
 Commands are imported lazily (click's lazy group): ``edgeagent --help`` imports no
 command module, and ``edgeagent CMD ...`` imports only CMD's, whose heavy imports
-(scipy, pandas, numba kernels, onnxruntime, aiohttp) in turn wait for the code that
+(scipy, pyarrow, numba kernels, onnxruntime, aiohttp) in turn wait for the code that
 runs. ``bench/cli_startup.py`` measures it; ``tests/test_cli_lazy.py`` keeps it so.
 """
 

@@ -1,10 +1,11 @@
 """Real ONNX models written locally, deterministically (nothing is downloaded).
 
-``write_mlp`` builds a Gemm/Relu multilayer perceptron with the ``onnx`` helpers; its
-weights come from ``numpy.random.default_rng(seed)``, so ``mlp_forward`` recomputes the
-exact reference output in numpy. ``write_sklearn_classifier`` exports a scikit-learn
-logistic regression through ``skl2onnx``. ``write_demo_repository`` lays out the demo
-model repository ``edgeagent serve`` uses when given no repository.
+``write_mlp`` builds a Gemm/Relu multilayer perceptron; its weights come from
+``numpy.random.default_rng(seed)``, so ``mlp_forward`` recomputes the exact reference
+output in numpy. ``write_classifier`` writes a softmax regression trained in numpy on
+generated clusters. ``write_demo_repository`` lays out the demo model repository
+``edgeagent serve`` uses when given no repository. The files are encoded by
+``agent.onnxfile``: the default install writes them without the ``onnx`` package.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from agent import onnxfile
+
 _OPSET = 17
 _IR_VERSION = 8  # readable by every onnxruntime >= 1.15
+_FLOAT = onnxfile.ELEM_TYPES["float32"]
 
 
 def mlp_weights(
@@ -59,86 +63,79 @@ def write_mlp(path: str | Path, *, inputs: int, hidden: int, layers: int, output
     ``layers`` hidden layers of width ``hidden`` with ReLU, then a linear output layer.
     Parents of ``path`` are created. Same arguments, same bytes.
     """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     weights = mlp_weights(inputs=inputs, hidden=hidden, layers=layers, outputs=outputs,
                           seed=seed)
     nodes, inits = [], []
     current = "X"
     for i, (w, b) in enumerate(weights):
-        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"B{i}")]
+        inits += [onnxfile.tensor(f"W{i}", w), onnxfile.tensor(f"B{i}", b)]
         last = i == len(weights) - 1
         out = "Y" if last else f"G{i}"
-        nodes.append(helper.make_node("Gemm", [current, f"W{i}", f"B{i}"], [out], name=f"gemm{i}"))
+        nodes.append(onnxfile.node("Gemm", [current, f"W{i}", f"B{i}"], [out], name=f"gemm{i}"))
         if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"H{i}"], name=f"relu{i}"))
+            nodes.append(onnxfile.node("Relu", [out], [f"H{i}"], name=f"relu{i}"))
             current = f"H{i}"
-    graph = helper.make_graph(
-        nodes, "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", inputs])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", outputs])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, producer_name="edgeagent.modelzoo",
-                              opset_imports=[helper.make_opsetid("", _OPSET)])
-    model.ir_version = _IR_VERSION
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, model.SerializeToString())
-    return path
+    return _write(path, graph_name="mlp", nodes=nodes, initializers=inits,
+                  inputs=[onnxfile.value_info("X", _FLOAT, ["N", inputs])],
+                  outputs=[onnxfile.value_info("Y", _FLOAT, ["N", outputs])])
 
 
-def write_sklearn_classifier(path: str | Path, *, features: int = 8, classes: int = 3,
-                             seed: int = 0) -> Path:
-    """Train a logistic regression on generated data and export it with skl2onnx.
+def classifier_weights(*, features: int, classes: int,
+                       seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(W [features, classes], b [classes], x, y): a softmax regression fitted by
+    gradient descent to ``classes`` generated clusters of points ``x`` labelled ``y``."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((classes, features)) * 2
+    y = rng.integers(0, classes, 300)
+    x = (centres[y] + rng.standard_normal((len(y), features))).astype(np.float32)
+    w, b = np.zeros((features, classes)), np.zeros(classes)
+    onehot = np.eye(classes)[y]
+    for _ in range(300):
+        logits = x @ w + b
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        w -= 0.5 * x.T @ (p - onehot) / len(y)
+        b -= 0.5 * (p - onehot).mean(axis=0)
+    return w.astype(np.float32), b.astype(np.float32), x, y
+
+
+def write_classifier(path: str | Path, *, features: int = 8, classes: int = 3,
+                     seed: int = 0) -> Path:
+    """The softmax regression of ``classifier_weights``.
 
     Input ``X [N, features]`` float32; outputs ``label`` int64 [N] and
-    ``probabilities`` float32 [N, classes] (no ZipMap, so both are plain tensors).
+    ``probabilities`` float32 [N, classes] (plain tensors).
     """
-    from skl2onnx import to_onnx
-    from sklearn.datasets import make_classification
-    from sklearn.linear_model import LogisticRegression
-
-    x, y = make_classification(n_samples=300, n_features=features, n_informative=features,
-                               n_redundant=0, n_classes=classes, random_state=seed)
-    clf = LogisticRegression(max_iter=500).fit(x.astype(np.float32), y)
-    model = to_onnx(clf, x[:1].astype(np.float32), target_opset={"": _OPSET, "ai.onnx.ml": 3},
-                    options={id(clf): {"zipmap": False}})
-    model.ir_version = _IR_VERSION
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, model.SerializeToString())
-    return path
+    w, b, _, _ = classifier_weights(features=features, classes=classes, seed=seed)
+    axis = onnxfile.attribute("axis", 1)
+    nodes = [onnxfile.node("Gemm", ["X", "W", "B"], ["logits"], name="linear"),
+             onnxfile.node("Softmax", ["logits"], ["probabilities"], name="softmax",
+                           attributes=[axis]),
+             onnxfile.node("ArgMax", ["logits"], ["label"], name="argmax",
+                           attributes=[axis, onnxfile.attribute("keepdims", 0)])]
+    return _write(path, graph_name="classifier", nodes=nodes,
+                  initializers=[onnxfile.tensor("W", w), onnxfile.tensor("B", b)],
+                  inputs=[onnxfile.value_info("X", _FLOAT, ["N", features])],
+                  outputs=[onnxfile.value_info("label", onnxfile.ELEM_TYPES["int64"], ["N"]),
+                           onnxfile.value_info("probabilities", _FLOAT, ["N", classes])])
 
 
-#: ``write_echo`` inputs: name -> (ONNX element type name, OIP datatype).
-ECHO_TYPES = {"f32": ("FLOAT", "FP32"), "f64": ("DOUBLE", "FP64"), "i32": ("INT32", "INT32"),
-              "i64": ("INT64", "INT64"), "b": ("BOOL", "BOOL"), "s": ("STRING", "BYTES")}
+#: ``write_echo`` inputs: name -> (element type, ``onnxfile.ELEM_TYPES``' key; OIP datatype).
+ECHO_TYPES = {"f32": ("float32", "FP32"), "f64": ("float64", "FP64"),
+              "i32": ("int32", "INT32"), "i64": ("int64", "INT64"), "b": ("bool", "BOOL"),
+              "s": ("string", "BYTES")}
 
 
 def write_echo(path: str | Path) -> Path:
     """A model with one input per ``ECHO_TYPES`` entry (``in_<k>``, shape [N, -1]),
     each returned unchanged as ``out_<k>``: exercises every tensor datatype."""
-    import onnx
-    from onnx import TensorProto, helper
-
     ins, outs, nodes = [], [], []
-    for key, (onnx_type, _) in ECHO_TYPES.items():
-        elem = getattr(TensorProto, onnx_type)
-        ins.append(helper.make_tensor_value_info(f"in_{key}", elem, ["N", "K"]))
-        outs.append(helper.make_tensor_value_info(f"out_{key}", elem, ["N", "K"]))
-        nodes.append(helper.make_node("Identity", [f"in_{key}"], [f"out_{key}"]))
-    model = helper.make_model(helper.make_graph(nodes, "echo", ins, outs),
-                              producer_name="edgeagent.modelzoo",
-                              opset_imports=[helper.make_opsetid("", _OPSET)])
-    model.ir_version = _IR_VERSION
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, model.SerializeToString())
-    return path
+    for key, (elem_type, _) in ECHO_TYPES.items():
+        elem = onnxfile.ELEM_TYPES[elem_type]
+        ins.append(onnxfile.value_info(f"in_{key}", elem, ["N", "K"]))
+        outs.append(onnxfile.value_info(f"out_{key}", elem, ["N", "K"]))
+        nodes.append(onnxfile.node("Identity", [f"in_{key}"], [f"out_{key}"]))
+    return _write(path, graph_name="echo", nodes=nodes, inputs=ins, outputs=outs)
 
 
 #: The demo zoo: name -> MLP shape. Together larger than ``DEMO_BUDGET``: the demo evicts.
@@ -161,7 +158,7 @@ def write_demo_repository(root: str | Path) -> Path:
             write_mlp(target, **shape)
     target = root / "classifier" / "1" / "model.onnx"
     if not target.exists():
-        write_sklearn_classifier(target)
+        write_classifier(target)
         (root / "classifier" / "config.yaml").write_text("pin: true\n")
     synthetic = root / "synthetic-sleepy" / "config.yaml"
     if not synthetic.exists():
@@ -171,6 +168,17 @@ def write_demo_repository(root: str | Path) -> Path:
             "synthetic: {base_ms: 5, per_item_ms: 0.5, size_bytes: 1000000, load_ms: 200}\n"
         )
     return root
+
+
+def _write(path: str | Path, **graph) -> Path:
+    """The model of ``graph`` (``onnxfile.model``'s arguments) written to ``path``, its
+    parents created."""
+    data = onnxfile.model(**graph, ir_version=_IR_VERSION, opset=_OPSET,
+                          producer="edgeagent.modelzoo")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, data)
+    return path
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

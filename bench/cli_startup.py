@@ -5,12 +5,19 @@ Medians of ``--reps`` runs, interleaved so that a busy machine slows both alike.
 (issue 14): every ratio <= 3. Runs the ``edgeagent`` console script next to this
 interpreter (``.venv/bin/edgeagent``), as a user does.
 
+Then (where the sim extra is installed) the start-up that ``cachepolicies/jit.py``'s
+patch of numba's cache loading saves: ``edgeagent simulate --demo`` with its kernels
+cached, as shipped and with numba's own ``Cache.load_overload`` put back (issue 28: the
+patch stays, numba pinned to the tested range), wall time and peak RSS.
+
     .venv/bin/python bench/cli_startup.py [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +35,48 @@ def wall(command: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
+
+
+# `edgeagent simulate --demo` in a child; argv[1] "numba": numba's own cache loading.
+SIMULATE = """
+import sys
+if sys.argv[1] == "numba":
+    from numba.core.caching import Cache
+    own = Cache.load_overload
+    import cachepolicies.jit
+    Cache.load_overload = own
+from agent.cli import main
+main(["simulate", "--demo", "--no-progress"], standalone_mode=False)
+"""
+
+
+def peak_rss_mib(command: list[str]) -> float:
+    """The peak RSS of one run of ``command`` (its own rusage, from wait4)."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, command)
+    return usage.ru_maxrss / 1024
+
+
+def simulate_startup(reps: int) -> None:
+    if importlib.util.find_spec("numba") is None:
+        print("simulate: the sim extra is not installed, skipped")
+        return
+    cases = {mode: [sys.executable, "-c", SIMULATE, mode] for mode in ("shipped", "numba")}
+    wall(cases["shipped"])  # compile and cache the kernels once
+    times: dict[str, list[float]] = {mode: [] for mode in cases}
+    for _ in range(reps):
+        for mode, command in cases.items():
+            times[mode].append(wall(command))
+    rss = peak_rss_mib(cases["shipped"]), peak_rss_mib(cases["numba"])
+    print(f"edgeagent simulate --demo, kernels cached, median of {reps}:")
+    for (mode, samples), peak in zip(times.items(), rss):
+        label = ("as shipped (jit.py's lean cache load)" if mode == "shipped"
+                 else "numba's own cache load")
+        print(f"  {label:<40} {statistics.median(samples) * 1e3:6.0f} ms"
+              f"  (peak RSS {peak:.0f} MiB)")
 
 
 def main() -> None:
@@ -57,6 +106,7 @@ def main() -> None:
         print(f"{'edgeagent ' + label:<30} {median * 1e3:9.0f} {median / base:6.2f}")
     print(f"worst ratio {worst:.2f} (target <= {TARGET:g}): "
           f"{'met' if worst <= TARGET else 'NOT met'}")
+    simulate_startup(args.reps)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,17 @@ import csv
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
 
 from cachepolicies.pool import miss_penalty
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# pyarrow (the sim extra) is imported by the readers: the profiles and traces written by
+# the agent's own commands (edgeagent profile) need none of it.
 
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
@@ -104,6 +109,8 @@ def load_penalty(
 # -- profiles -----------------------------------------------------------------------------
 def read_profiles(path: str | Path) -> Profiles:
     """Parse and validate a profiles CSV file."""
+    import pyarrow as pa
+
     source = str(path)
     header = _read_header(source, PROFILE_COLUMNS)
     optional = [c for c in OPTIONAL_PROFILE_COLUMNS if c in header]
@@ -220,6 +227,8 @@ def _check_non_negative(
 # -- trace ----------------------------------------------------------------------------------
 def read_trace(path: str | Path, profiles: Profiles) -> Trace:
     """Parse and validate a trace CSV file; every model must be in ``profiles``."""
+    import pyarrow as pa
+
     source = str(path)
     header = _read_header(source, TRACE_COLUMNS)
     # The reader dictionary-encodes the names as it parses (no string column, and no
@@ -352,6 +361,9 @@ def _read_table(
     source: str, header: list[str], types: dict[str, pa.DataType], nullable: set[str] = frozenset()
 ) -> pa.Table:
     """The ``types`` columns of a CSV file as an Arrow table, parsed multi-threaded in C."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
     try:
         table = pacsv.read_csv(
             source,
@@ -379,31 +391,41 @@ def _read_table(
 
 def _diagnose(source: str, header: list[str], types: dict[str, pa.DataType]) -> None:
     """Find the first malformed row with Python's csv module and raise a precise error."""
+    import pyarrow as pa
+
     numeric = {header.index(n): n for n, t in types.items() if pa.types.is_floating(t)}
+    for line, row in csv_rows(source, len(header)):
+        if isinstance(row, str):
+            raise SimulationInputError(source, row, line=line)
+        for i, name in numeric.items():
+            text = row[i]
+            if text == "":
+                continue
+            try:
+                float(text)
+            except ValueError:
+                raise SimulationInputError(
+                    source, f"{text!r} is not a number", line=line, column=name
+                ) from None
+            if text != text.strip():
+                raise SimulationInputError(
+                    source, f"{text!r} has spaces around the number", line=line, column=name
+                )
+
+
+def csv_rows(source: str | Path, fields: int) -> Iterator[tuple[int, list[str] | str]]:
+    """(line, row) for each row after the header, read by Python's csv module (the
+    readers' slow path, for the line of a problem): the row, or what is wrong with its
+    number of fields ("empty row", "3 fields, the header has 4")."""
     with open(source, newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
-        next(reader)
+        next(reader, None)
         for row in reader:
-            line = reader.line_num
-            if len(row) != len(header):
-                problem = (
-                    "empty row" if not row else f"{len(row)} fields, the header has {len(header)}"
-                )
-                raise SimulationInputError(source, problem, line=line)
-            for i, name in numeric.items():
-                text = row[i]
-                if text == "":
-                    continue
-                try:
-                    float(text)
-                except ValueError:
-                    raise SimulationInputError(
-                        source, f"{text!r} is not a number", line=line, column=name
-                    ) from None
-                if text != text.strip():
-                    raise SimulationInputError(
-                        source, f"{text!r} has spaces around the number", line=line, column=name
-                    )
+            if len(row) == fields:
+                yield reader.line_num, row
+            else:
+                yield reader.line_num, ("empty row" if not row
+                                        else f"{len(row)} fields, the header has {fields}")
 
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:
@@ -416,6 +438,8 @@ def _to_numpy(array: pa.Array) -> np.ndarray:
     """``array`` as numpy: a fixed-width numeric array without nulls read off its data
     buffer, others by ``to_numpy``. (pyarrow's conversions import pandas, where it is
     installed, to look for pandas types: half a second of a simulation's start-up.)"""
+    import pyarrow as pa
+
     if array.null_count == 0 and (pa.types.is_floating(array.type)
                                   or pa.types.is_integer(array.type)):
         dtype = np.dtype(array.type.to_pandas_dtype())
@@ -432,6 +456,7 @@ __all__ = [
     "Trace",
     "check_capacity",
     "cremebrulee_profiles_path",
+    "csv_rows",
     "load_penalty",
     "make_profiles",
     "make_trace",

@@ -32,6 +32,61 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The console script of the venv running the tests (with PYTHONPATH, this checkout's code).
 EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 
+#: The packages the default install leaves out (pyproject's extras and the tests' own):
+#: ``edgeagent serve`` and the agent's commands import none of them.
+HEAVY = ("numba", "llvmlite", "pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "onnx",
+         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving")
+_BLOCKER = """
+import sys, importlib.abc
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {names!r}:
+            print(f"BLOCKED import {{name}}", file=sys.stderr, flush=True)
+            raise ImportError(f"No module named {{name!r}} (blocked)", name=name)
+        return None
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def without_packages(site: Path, names: tuple[str, ...] = HEAVY) -> dict[str, str]:
+    """The environment of a child process (this checkout's code) in which ``names`` are
+    not installed, as on an install without them: a ``sitecustomize`` in ``site`` refuses
+    each import and reports it on stderr (``BLOCKED import x``)."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_BLOCKER.format(names=tuple(names)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("EDGEAGENT_JIT", None)
+    return env
+
+
+def ask_the_demo(edgeagent: str, data_dir: Path, env: dict[str, str],
+                 cwd: Path | None = None) -> tuple[dict, bytes, int, str]:
+    """``edgeagent serve`` with no repository (``make run``: it writes the demo), asked
+    the README's classifier request and its page ``/``, then stopped: (the prediction,
+    the page, the exit status, stderr)."""
+    proc = subprocess.Popen([edgeagent, "serve", "--port", "0", "--grpc-port", "0",
+                             "--data-dir", str(data_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        line = proc.stdout.readline()
+        if line.startswith("generating the demo"):
+            line = proc.stdout.readline()
+        assert "listening on" in line, line + proc.stderr.read()
+        url = line.split()[3]
+        body = json.dumps({"instances": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}).encode()
+        req = urllib.request.Request(f"{url}/v1/models/classifier:predict", data=body,
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            (answer,) = json.loads(resp.read())["predictions"]
+        with urllib.request.urlopen(f"{url}/", timeout=30) as resp:
+            page = resp.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    return answer, page, proc.returncode, err
+
+
 # -- model repositories ---------------------------------------------------------------------
 
 #: A small real MLP used across node tests (a few KB; loads in milliseconds).

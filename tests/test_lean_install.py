@@ -1,15 +1,17 @@
-"""The default install has no TensorFlow (pyproject's dependencies; ``make run``): the
-agent must import, start and serve ONNX models without ever importing it.
+"""The default install is the node agent (pyproject's dependencies; ``make run``): no
+TensorFlow, nothing of the sim and coordinator extras. The agent's commands and the demo
+work without them; a command that needs an extra says which in one line.
 
-The test venv has TensorFlow (the tfserving extra), so the child process gets a
-``sitecustomize`` that makes ``tensorflow`` and ``tensorflow_serving`` unimportable and
-reports every attempt on stderr.
+The test venv has everything (the test extra), so each child process gets a
+``sitecustomize`` that makes the left-out packages unimportable and reports every
+attempt on stderr (``tests.helpers.without_packages``). test_wheel.py installs the
+real wheel into a fresh venv.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,19 +20,14 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import TINY_MLP, add_mlp
+import pytest
+
+from agent.commands import EXTRA_MODULES
+from tests.helpers import (EDGEAGENT, HEAVY, TINY_MLP, add_mlp, ask_the_demo,
+                           without_packages)
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKER = '''
-import sys, importlib.abc
-class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_serving"):
-            print(f"BLOCKED import {name}", file=sys.stderr, flush=True)
-            raise ImportError(f"No module named {name!r} (blocked)", name=name)
-        return None
-sys.meta_path.insert(0, _NoTensorFlow())
-'''
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def test_default_dependencies_have_no_tensorflow():
@@ -45,11 +42,7 @@ def test_default_dependencies_have_no_tensorflow():
 
 def test_serve_onnx_without_tensorflow(repo, tmp_path):
     add_mlp(repo, "mlp")
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCKER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = without_packages(tmp_path / "site", ("tensorflow", "tensorflow_serving"))
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
          "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "data"),
@@ -79,3 +72,71 @@ def test_serve_onnx_without_tensorflow(repo, tmp_path):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert "BLOCKED" not in err, err[-3000:]
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def _modules(distributions: set[str]) -> set[str]:
+    return {{"scikit-learn": "sklearn"}.get(d, d).replace("-", "_") for d in distributions}
+
+
+def test_default_install_leaves_the_heavy_packages_out():
+    assert not _modules(_requirement_names(PROJECT["dependencies"])) & set(HEAVY)
+    extras = PROJECT["optional-dependencies"]
+    assert "pandas" not in _requirement_names(sum(extras.values(), []))  # one CSV engine
+    tested = " ".join(extras["test"])
+    assert all("edgeagent[sim,coordinator,postgres]" in text
+               for text in (tested, " ".join(extras["all"])))
+
+
+def test_each_commands_extra_is_pyprojects():
+    """``EXTRA_MODULES`` (what the hint checks) is each extra's list in pyproject.toml."""
+    extras = PROJECT["optional-dependencies"]
+    for extra, modules in EXTRA_MODULES.items():
+        assert _modules(_requirement_names(extras[extra])) == set(modules), extra
+
+
+def _edgeagent(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([EDGEAGENT, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, extra", [
+    (["simulate", "--help"], "sim"), (["simulate", "--demo"], "sim"),
+    (["workload", "synthetic", "--functions", "3"], "sim"), (["workload", "--help"], "sim"),
+    (["plan", "latency", "--proc-ms", "5"], "coordinator"), (["plan", "--help"], "coordinator"),
+    (["coordinator", "serve", "--help"], "coordinator"),
+])
+def test_a_command_without_its_extra_says_which_in_one_line(tmp_path, args, extra):
+    done = _edgeagent(without_packages(tmp_path / "site", EXTRA_MODULES[extra][-1:]), *args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if not line.startswith("BLOCKED")]
+    assert said.endswith(f"pip install 'edgeagent[{extra}]'"), said
+    assert done.stdout == ""
+
+
+def test_the_agents_commands_need_no_extra(tmp_path, repo):
+    """serve, cache, profile, config and the coordinator's client commands, with every
+    left-out package blocked: each runs, none tries to import one."""
+    add_mlp(repo, "mlp")
+    env = without_packages(tmp_path / "site")
+    for args in (["--help"], ["serve", "--help"], ["cache", "--help"],
+                 ["config", "example", "agent"], ["coordinator", "nodes", "--help"],
+                 ["profile", "measure", "--runs", "2", str(repo)]):
+        done = _edgeagent(env, *args)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+        assert "BLOCKED" not in done.stderr, (args, done.stderr[-2000:])
+    assert done.stdout.splitlines()[0].startswith("model,size_bytes")  # the profiles CSV
+    assert done.stdout.splitlines()[1].startswith("mlp,")
+
+
+def test_demo_is_written_and_served_without_the_extras(tmp_path):
+    """``make run``'s path on the default install: no repository, so the agent writes
+    the demo (no onnx, no skl2onnx) and answers the classifier."""
+    answer, _, status, err = ask_the_demo(EDGEAGENT, tmp_path / "data",
+                                          without_packages(tmp_path / "site"))
+    assert answer["label"] in (0, 1, 2)
+    assert abs(sum(answer["probabilities"]) - 1) < 1e-5
+    assert status == 0 and "BLOCKED" not in err, err[-3000:]

@@ -1,7 +1,8 @@
 """The serving agent stays lean (issue 14): ``edgeagent serve`` answers requests and
 evicts models without importing numba/llvmlite (the policy kernels run interpreted,
-``cachepolicies.jit``), pandas, scipy, scikit-learn, matplotlib, pyarrow or the onnx
-package — those belong to the simulator, the planner and the model zoo.
+``cachepolicies.jit``) or any other package the default install leaves out
+(``tests.helpers.HEAVY``: pandas, pyarrow, scipy, scikit-learn, matplotlib, onnx,
+skl2onnx, tqdm, ...) — those belong to the simulator, the coordinator and the tests.
 
 The child gets a ``sitecustomize`` that blocks those imports and reports each attempt on
 stderr; the test then drives real inference and eviction through it. A second check runs
@@ -18,21 +19,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.helpers import TINY_MLP, add_mlp, add_synthetic
+from tests.helpers import TINY_MLP, add_mlp, add_synthetic, without_packages
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("numba", "llvmlite", "pandas", "scipy", "sklearn", "matplotlib", "pyarrow", "onnx",
-         "tensorflow")
-BLOCKER = f'''
-import sys, importlib.abc
-class _Heavy(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {HEAVY!r}:
-            print(f"BLOCKED import {{name}}", file=sys.stderr, flush=True)
-            raise ImportError(f"No module named {{name!r}} (blocked)", name=name)
-        return None
-sys.meta_path.insert(0, _Heavy())
-'''
 
 
 def _post(url: str, body: dict) -> dict:
@@ -46,12 +35,7 @@ def test_serving_and_evicting_imports_no_heavy_package(repo, tmp_path):
     add_mlp(repo, "mlp")
     for name in ("a", "b", "c"):
         add_synthetic(repo, name, size_bytes=10_000_000)
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCKER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("EDGEAGENT_JIT", None)
+    env = without_packages(tmp_path / "site")
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository", str(repo),
          "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp_path / "data"),

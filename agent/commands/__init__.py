@@ -2,12 +2,58 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 from typing import Any, Callable
 
 import click
+
+#: Each extra of pyproject.toml -> the modules it brings that its commands import
+#: (tests/test_extras.py holds them to pyproject's lists).
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "sim": ("numba", "pyarrow", "tqdm", "matplotlib"),
+    "coordinator": ("numba", "scipy", "sklearn", "threadpoolctl"),
+}
+
+
+def require_extra(extra: str) -> None:
+    """Exit 1 with one line naming ``pip install 'edgeagent[extra]'`` when a module of
+    ``extra`` is not installed (the default install is the node agent alone)."""
+    missing = [name for name in EXTRA_MODULES[extra] if not _installed(name)]
+    if missing:
+        click.echo(f"Error: this command needs the {extra} extra ({', '.join(missing)} "
+                   f"not installed): pip install 'edgeagent[{extra}]'", err=True)
+        sys.exit(1)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken half-install
+        return False
+
+
+class _NeedsExtra:
+    """A click command or group (``extra=`` in its decorator) that checks its extra before
+    it parses its arguments, so ``--help`` too gives the one line, never a traceback."""
+
+    def __init__(self, *args: Any, extra: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extra = extra
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        require_extra(self.extra)
+        return super().parse_args(ctx, args)
+
+
+class ExtraCommand(_NeedsExtra, click.Command):
+    """``@click.command(cls=ExtraCommand, extra="sim")``."""
+
+
+class ExtraGroup(_NeedsExtra, click.Group):
+    """``@click.group(cls=ExtraGroup, extra="coordinator")``."""
 
 
 def self_command() -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from agent.commands import declared_option, self_command, tls_options
+from agent.commands import ExtraCommand, declared_option, self_command, tls_options
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
                                       load_coordinator_config)
@@ -90,7 +90,7 @@ def store_verification_warning(store: str | None) -> str | None:
     """A warning for a PostgreSQL store on another host whose server certificate is not
     verified (libpq's default sslmode, prefer, accepts any); None otherwise. It names
     the host and sslmode, never the password."""
-    if store is None:
+    if store is None or not store.startswith(("postgresql:", "postgres:")):
         return None
     from psycopg.conninfo import conninfo_to_dict
 
@@ -110,7 +110,7 @@ def store_verification_warning(store: str | None) -> str | None:
             "/path/to/ca.crt to the store URL; docs/operations.md, TLS)")
 
 
-@coordinator.command("serve")
+@coordinator.command("serve", cls=ExtraCommand, extra="coordinator")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Coordinator config YAML (edgeagent config example coordinator shows "
                    "every key); default: the embedded defaults.")

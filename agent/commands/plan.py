@@ -7,11 +7,12 @@ import math
 
 import click
 
+from agent.commands import ExtraGroup
 from agent.coordinator.choices import (DEFAULT_RATE_QUANTILE, ESTIMATORS, METHODS,
                                       OBJECTIVES, RHO_MAX, SIZE_MAX_SAMPLES, SIZE_METHODS)
 
 
-@click.group("plan")
+@click.group("plan", cls=ExtraGroup, extra="coordinator")
 def plan() -> None:
     """Plan replicas per model under latency SLOs and cluster limits (Faro)."""
 

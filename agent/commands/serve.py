@@ -29,8 +29,8 @@ log = logging.getLogger("edgeagent.serve")
 
 
 def _write_demo(repository: Path) -> None:
-    """Generate the demo repository in a child process: scikit-learn and skl2onnx (tens of
-    MB) then never enter the agent's own memory."""
+    """Generate the demo repository in a child process: the weights it computes (over a
+    hundred MB) then never enter the agent's own memory."""
     import subprocess
 
     code = ("import sys; from agent.modelzoo import write_demo_repository; "

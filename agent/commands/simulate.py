@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agent.commands import ExtraCommand
 from agent.units import parse_size
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ DEMO_CAPACITIES = ("4GB", "8GB", "12GB", "16GB")
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-@click.command("simulate")
+@click.command("simulate", cls=ExtraCommand, extra="sim")
 @click.option("--trace", "trace_path", type=_PATH_IN, help="Trace CSV: timestamp,model.")
 @click.option("--profiles", "profiles_path", type=_PATH_IN,
               help="Profiles CSV: model,size_bytes,load_seconds,exec_seconds "

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agent.commands import ExtraGroup
 from agent.units import format_size
 
 if TYPE_CHECKING:
     from cachepolicies.workloads import InvocationCounts, Workload
 
 # cachepolicies.workloads' choices, spelled out so that ``--help`` imports no numpy or
-# pandas (the commands import the workloads when they run); tests/test_cli_lazy.py
+# pyarrow (the commands import the workloads when they run); tests/test_cli_lazy.py
 # checks them against the source.
 ASSOCIATIONS = ("uniform", "round-robin", "quantiles", "quantiles-r")
 NAMINGS = ("distinct", "real")
@@ -30,7 +31,7 @@ NAMINGS = ("distinct", "real")
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
-@click.group("workload")
+@click.group("workload", cls=ExtraGroup, extra="sim")
 def workload() -> None:
     """Make request traces and model profiles (the Azure Functions trace method)."""
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 import csv
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 import numpy as np
-import pandas as pd
 
+from cachepolicies.traces import csv_rows
 from cachepolicies.workloads.errors import WorkloadError
 from cachepolicies.workloads.invocations import InvocationCounts
 
 ID_COLUMNS = ("HashOwner", "HashApp", "HashFunction", "Trigger")
 HTTP_TRIGGER = "http"
-_CHUNK_ROWS = 8192
 _MAX_COUNT = np.iinfo(np.int32).max
 
 
@@ -46,12 +45,10 @@ def read_azure_invocations(path: str | Path, *, trigger: str | None = HTTP_TRIGG
                             f"does not fit the file's {n_minutes} minutes")
     wanted = [str(m + 1) for m in range(start_minute, end)]
     try:
-        chunks = pd.read_csv(path, usecols=[*ID_COLUMNS, *wanted],
-                             dtype={c: str for c in ID_COLUMNS}, na_filter=False,
-                             chunksize=_CHUNK_ROWS, encoding="utf-8-sig")
-        parts = [_parse_chunk(path, chunk, wanted, trigger) for chunk in chunks]
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path}: not a valid CSV: {exc}") from None
+        parts = list(_read_batches(path, wanted, trigger))
+    except _BadCell:
+        _diagnose(path, header, wanted)
+        raise WorkloadError(f"{path}: not a valid CSV") from None
     if not parts:
         empty = np.empty(0, dtype=object)
         return InvocationCounts(empty, empty, empty, empty,
@@ -123,54 +120,53 @@ def _check_header(path: Path, header: list[str]) -> int:
     return len(minute_labels)
 
 
-def _parse_chunk(path: Path, chunk: pd.DataFrame, wanted: list[str],
-                 trigger: str | None) -> tuple[np.ndarray, ...]:
-    ids = []
-    for name in ID_COLUMNS:
-        values = chunk[name].to_numpy(dtype=object)
-        blank = np.flatnonzero(chunk[name].str.strip().to_numpy() == "")
-        if len(blank):
-            raise WorkloadError(f"{path}: line {_line(chunk, blank[0])}, column {name!r}: "
-                                f"empty value")
-        ids.append(values)
-    counts = _counts(path, chunk, wanted)
-    keep = slice(None) if trigger is None else ids[3] == trigger
-    return (*(values[keep] for values in ids), counts[keep])
+class _BadCell(Exception):
+    """A batch holds a value the fast path does not take: ``_diagnose`` names it."""
 
 
-def _counts(path: Path, chunk: pd.DataFrame, wanted: list[str]) -> np.ndarray:
-    """The chunk's counts as int32; raises naming the first bad cell."""
-    block = chunk[wanted]
-    if all(dtype.kind in "iu" for dtype in block.dtypes):
-        values = block.to_numpy()
-        if not len(values) or (values.min() >= 0 and values.max() <= _MAX_COUNT):
-            return values.astype(np.int32)
-    columns = []
-    first_bad: tuple[int, str, object] | None = None
-    for name in wanted:
-        series = chunk[name]
-        if series.dtype.kind in "iu":
-            values = series.to_numpy()
-            bad = (values < 0) | (values > _MAX_COUNT)
-        else:
-            numbers = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(numbers) | (numbers < 0) | (numbers % 1 != 0) \
-                    | (numbers > _MAX_COUNT)
-            values = np.where(bad, 0, numbers)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            if first_bad is None or row < first_bad[0]:
-                first_bad = (row, name, series.iloc[row])
-        columns.append(values.astype(np.int32))
-    if first_bad is not None:
-        row, name, value = first_bad
-        shown = "empty" if str(value).strip() == "" else repr(str(value))
-        raise WorkloadError(f"{path}: line {_line(chunk, row)}, column {name!r}: count {shown} "
-                            f"is not a non-negative integer")
-    return np.stack(columns, axis=1) if columns else np.zeros((len(chunk), 0), np.int32)
+def _read_batches(path: Path, wanted: list[str],
+                  trigger: str | None) -> Iterator[tuple[np.ndarray, ...]]:
+    """(owners, apps, functions, triggers, int32 counts) per batch of rows of the trigger,
+    parsed by pyarrow's streaming CSV reader (only the window's columns); raises
+    ``_BadCell`` on anything but non-blank ids and counts in 0..2**31-1."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    types = {**{c: pa.string() for c in ID_COLUMNS}, **{c: pa.int64() for c in wanted}}
+    try:
+        reader = pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(
+            column_types=types, include_columns=list(types), null_values=[""],
+            strings_can_be_null=False))
+        for batch in reader:
+            ids = [batch.column(name).to_numpy(zero_copy_only=False) for name in ID_COLUMNS]
+            if any(not value.strip() for values in ids for value in values):
+                raise _BadCell
+            columns = [batch.column(name) for name in wanted]
+            if any(column.null_count for column in columns):
+                raise _BadCell
+            counts = (np.stack([column.to_numpy() for column in columns], axis=1) if columns
+                      else np.zeros((batch.num_rows, 0), np.int64))
+            if counts.size and (counts.min() < 0 or counts.max() > _MAX_COUNT):
+                raise _BadCell
+            keep = slice(None) if trigger is None else ids[3] == trigger
+            yield (*(values[keep] for values in ids), counts[keep].astype(np.int32))
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        raise _BadCell from None
 
 
-def _line(chunk: pd.DataFrame, position: int) -> int:
-    """The 1-based file line of the chunk's row ``position`` (line 1 is the header)."""
-    return int(chunk.index[position]) + 2
+def _diagnose(path: Path, header: list[str], wanted: list[str]) -> None:
+    """Find the first bad cell with Python's csv module and raise naming its line and
+    column (the slow path: only for a file the fast one refused)."""
+    positions = {name: header.index(name) for name in (*ID_COLUMNS, *wanted)}
+    for line, row in csv_rows(path, len(header)):
+        if isinstance(row, str):
+            raise WorkloadError(f"{path}: line {line}: {row}")
+        for name in ID_COLUMNS:
+            if row[positions[name]].strip() == "":
+                raise WorkloadError(f"{path}: line {line}, column {name!r}: empty value")
+        for name in wanted:
+            text = row[positions[name]]
+            if not (text.isascii() and text.isdigit() and int(text) <= _MAX_COUNT):
+                shown = "empty" if text.strip() == "" else repr(text)
+                raise WorkloadError(f"{path}: line {line}, column {name!r}: count {shown} "
+                                    f"is not a non-negative integer")
