@@ -57,7 +57,7 @@ def test_no_section_no_reporter(repo, start_agent):
 def test_token_and_stats(tmp_path, repo, start_coordinator):
     add_synthetic(repo, "m", base_ms=5)
     token = tmp_path / "token"
-    token.write_text("tok\n")
+    token.write_text("tok-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token)
     agent = start(tmp_path, repo, co.url)  # no token: refused, and says why
     try:
@@ -72,7 +72,7 @@ def test_token_and_stats(tmp_path, repo, start_coordinator):
             assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
 
         def all_in():
-            status, node = co.request("GET", "/v1/nodes/n1", token="tok")
+            status, node = co.request("GET", "/v1/nodes/n1", token="tok-0123456789abcdef0123456789abcdef")
             batches = node.get("models", {}).get("m", {}).get("batches") if status == 200 \
                 else None
             return batches and batches["1"]["count"] == 20 and node

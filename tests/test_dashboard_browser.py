@@ -109,7 +109,7 @@ def test_agent_page_shows_the_cache_and_a_load_after_its_refresh(repo, start_age
 def test_agent_page_asks_for_the_admin_token(repo, start_agent, tmp_path):
     add_mlp(repo, "classifier")
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret-token\n")
+    token_file.write_text("s3cret-token-0123456789abcdef0123456789abcdef\n")
     agent = start_agent(repo, admin_token_file=token_file)
     assert agent.request("GET", "/")[0] == 200  # the page itself needs no token
     assert agent.request("GET", "/v1/cache")[0] == 401

@@ -34,11 +34,11 @@ def coordinator() -> None:
 
 
 async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -> None:
-    """Serve until SIGTERM/SIGINT."""
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the token files."""
     import asyncio
     import signal
 
-    from agent.coordinator.app import create_app, start_report_workers
+    from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
     from agent.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
@@ -51,6 +51,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[COORDINATOR].reload)  # tokens re-read
     log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs; "
              "%d report workers)", url, config.database, config.plan_interval_s,
              config.plan_window_s, config.reactive_interval_s, config.report_workers)
@@ -64,7 +65,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
         await stop.wait()
     finally:
         notify("STOPPING=1")
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await runner.cleanup()  # stops the planning loops, closes the database
         log.info("stopped")

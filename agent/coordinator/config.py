@@ -18,6 +18,7 @@ from msgspec import field, structs
 
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
+from agent.authconfig import AuthSettings
 from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
 from agent.validation import ConfigError, choice, load_yaml, string
 
@@ -58,6 +59,9 @@ class CoordinatorConfig(Section):
         "file holding a bearer token that every endpoint but /v1/health then requires; "
         "agents send it from their coordinator.token_file",
         example="/etc/edgeagent-coordinator/admin-token")] = None
+    auth: Annotated[AuthSettings, setting(
+        "scoped tokens: admin (everything), read (GET endpoints, the dashboard), report "
+        "(a node's own report; give its node)")] = field(default_factory=AuthSettings)
     plan_interval_s: Annotated[Positive, setting(
         "Faro's long-term plan every this many seconds ...")] = 300.0
     plan_window_s: Annotated[Positive, setting(
