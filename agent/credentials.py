@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from agent.wire import NAME
+
 #: What a credential may do. ``admin`` may do everything the others may.
 SCOPES = ("admin", "read", "infer", "report")
 #: Shorter tokens are refused at start: a guessable token is no token.
 MIN_TOKEN_LENGTH = 32
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ENTRY_KEYS = ("name", "sha256", "scopes", "not_after", "node")
 
 
@@ -57,6 +58,11 @@ class Credential:
         if self.node is not None:
             out["node"] = self.node
         return out
+
+
+def node_credential(node: str, digest: str) -> Credential:
+    """The credential a node obtained by joining (its hash kept in the store)."""
+    return Credential(f"node:{node}", digest, frozenset({"report"}), node=node)
 
 
 def token_hash(token: str) -> str:
@@ -113,7 +119,7 @@ def parse_entry(entry: Any, where: str) -> Credential:
         raise CredentialError(f"{where}: unknown key(s) {unknown}; an entry has "
                               f"{list(_ENTRY_KEYS)}")
     name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise CredentialError(f"{where}: name must be letters, digits, '.', '_', '-', "
                               f"got {name!r}")
     digest = entry.get("sha256")
@@ -127,7 +133,7 @@ def parse_entry(entry: Any, where: str) -> Credential:
         raise CredentialError(f"{where} ({name}): scopes must be a list of {SCOPES}, "
                               f"got {entry.get('scopes')!r}")
     node = entry.get("node")
-    if node is not None and (not isinstance(node, str) or not _NAME.fullmatch(node)):
+    if node is not None and (not isinstance(node, str) or not NAME.fullmatch(node)):
         raise CredentialError(f"{where} ({name}): node must be a node name, got {node!r}")
     if "report" in scopes and node is None:
         raise CredentialError(f"{where} ({name}): a report credential names its node "

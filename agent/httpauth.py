@@ -125,6 +125,11 @@ class Guard:
         verdict = self.judge(header, need, peer_name)
         if verdict.status == 200:
             return verdict
+        return self.refused(verdict, peer, need)
+
+    def refused(self, verdict: Verdict, peer: str, need: Need) -> Verdict:
+        """A refusal (401 or 403) of ``peer``, counted and logged; 429 instead once
+        the peer spent its burst of failures."""
         wait = self.throttle.retry_after(peer)
         if wait:
             return self._fail("throttled", peer, need, Verdict(

@@ -8,7 +8,7 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
                                           (?limit=N&after=NAME: a page)
-    DELETE /v1/nodes/{name}               forget a node
+    DELETE /v1/nodes/{name}               forget a node (and revoke its credential)
     GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
                                           and the latency they measured
     PUT    /v1/models/{name}              set a model's SLO (catalog.py)
@@ -16,6 +16,8 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
+    POST   /v1/join-tokens, /v1/join      a node's own credential (api_join)
+    GET    /metrics                       failed authentications (Prometheus text)
     GET    /                              the dashboard page (agent.dashboard)
 
 With tokens (``admin_token_file``, ``auth.token_file``) every path but ``/v1/health`` and
@@ -42,7 +44,7 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
-from agent.coordinator import api_fleet
+from agent.coordinator import api_fleet, api_join
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
@@ -56,7 +58,7 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.credentials import Credentials, load_credentials
+from agent.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.httpauth import Guard, Need, request_peer, scoped_auth
 from agent.validation import ascii_int, load_json, only
 
@@ -72,9 +74,13 @@ class Coordinator:
                  start_loops: bool = True) -> None:
         self.config = config
         self.clock = clock
-        #: The tokens accepted and the failed-auth throttle and counts.
-        self.guard = Guard(Credentials(self.file_credentials()))
         self.store = open_store(config)
+        #: The tokens accepted (the token files' and the nodes' own, from the store)
+        #: and the failed-auth throttle and counts.
+        self.file_creds = self.file_credentials()
+        self._node_creds_seen: tuple | None = None
+        self.node_creds: list[Credential] = self._node_credentials_step() or []
+        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]))
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
@@ -88,21 +94,44 @@ class Coordinator:
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
 
-    def file_credentials(self) -> list:
+    def file_credentials(self) -> list[Credential]:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
 
     def reload(self) -> None:
         """SIGHUP: re-read the token files; the report workers take them too. A file
         that cannot be read keeps the tokens in use (logged)."""
         try:
-            creds = self.file_credentials()
+            self.file_creds = self.file_credentials()
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the tokens in use: %s", exc)
             return
-        self.guard.credentials.replace(creds)
-        log.info("SIGHUP: %d tokens accepted", len(creds))
+        log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
+        self._accept()
+
+    def _accept(self) -> None:
+        """Accept the file and node credentials held now, here and in the workers."""
+        self.guard.credentials.replace([*self.file_creds, *self.node_creds])
         if self.workers.workers:
             self.spawn(self.workers.push_credentials(self.guard.credentials.creds))
+
+    def _node_credentials_step(self) -> list[Credential] | None:
+        """(In a worker thread) the nodes' credentials in the store when they changed
+        since last read (by this coordinator or another on the same database)."""
+        seen = self.store.node_credentials_version()
+        if seen == self._node_creds_seen:
+            return None
+        creds = [node_credential(node, digest) for node, digest in
+                 self.store.node_credentials()]
+        self._node_creds_seen = seen
+        return creds
+
+    async def refresh_node_credentials(self) -> None:
+        """Accept the nodes' credentials as the store holds them now."""
+        creds = await asyncio.get_running_loop().run_in_executor(
+            None, self._node_credentials_step)
+        if creds is not None:
+            self.node_creds = creds
+            self._accept()
 
     def adopt(self, plan: StoredPlan | None) -> None:
         """Serve ``plan`` unless a newer one is served; the report workers too."""
@@ -140,6 +169,7 @@ class Coordinator:
             await asyncio.sleep(self.follow_interval_s)
             try:
                 leading, plan = await loop.run_in_executor(None, self._follow_step)
+                await self.refresh_node_credentials()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the store is down: try again
@@ -320,6 +350,8 @@ async def node_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     co.writer.forget(name)
     stored = co.store.delete_node(name)
+    if co.store.revoke_node_credential(name):  # a deleted node must join again
+        await co.refresh_node_credentials()
     if not co.fleet.forget(name) and not stored:
         return json_error(404, f"unknown node {name!r}")
     return web.json_response({"deleted": name})
@@ -457,6 +489,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_get("/metrics", metrics)
     r.add_post("/v1/plan", plan_post)
     api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
+    api_join.add_routes(app, COORDINATOR)  # POST /v1/join-tokens, /v1/join
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
