@@ -29,4 +29,4 @@ class AgentAuthSettings(AuthSettings):
     protect: Annotated[tuple[Group, ...], setting(
         "with tokens, also require them for these groups, open by default (Triton's "
         "restricted APIs): read (/metrics and statistics), infer (inference and model "
-        "metadata)", example=["read", "infer"])] = ()
+        "metadata)", example=["read", "infer"], commented=True)] = ()

@@ -119,28 +119,30 @@ class Guard:
 
     def authorize(self, header: str, need: Need, *, peer: str,
                   peer_name: str | None = None) -> Verdict:
-        """``judge``; a failure is counted against the peer, logged, and once the peer
-        spent its burst of failures answered 429 instead. A valid credential is never
-        throttled: nodes behind one NAT are not locked out by a failing neighbour."""
+        """``judge``; a failure is ``refused``. A valid credential is never throttled:
+        nodes behind one NAT are not locked out by a failing neighbour."""
         verdict = self.judge(header, need, peer_name)
         if verdict.status == 200:
             return verdict
         return self.refused(verdict, peer, need)
 
     def refused(self, verdict: Verdict, peer: str, need: Need) -> Verdict:
-        """A refusal (401 or 403) of ``peer``, counted and logged; 429 instead once
-        the peer spent its burst of failures."""
+        """A refusal of ``peer``, counted and logged. A 401 (no or an unknown token:
+        guessing) also spends the peer's burst of failures, after which it is 429; a
+        403 comes from a known credential and stays 403."""
+        if verdict.status != 401:
+            return self._fail("forbidden", peer, need, verdict)
         wait = self.throttle.retry_after(peer)
         if wait:
             return self._fail("throttled", peer, need, Verdict(
                 429, f"too many failed authentications from {peer}; retry in {wait} s",
                 wait))
         self.throttle.failed(peer)
-        reason = "unauthenticated" if verdict.status == 401 else "forbidden"
-        return self._fail(reason, peer, need, verdict)
+        return self._fail("unauthenticated", peer, need, verdict)
 
     def _fail(self, reason: str, peer: str, need: Need, verdict: Verdict) -> Verdict:
         self.failures[reason] += 1
+        log.debug("auth refused from %s: %d %s", peer, verdict.status, verdict.message)
         now = time.monotonic()
         if now - self._warned_at >= WARN_EVERY_S:
             more = f" ({self._unwarned} more failures since the last warning)" \

@@ -56,8 +56,9 @@ class CoordinatorConfig(Section):
         "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
         commented=True)] = field(default_factory=default_state_dir)
     admin_token_file: Annotated[Path | None, setting(
-        "file holding a bearer token that every endpoint but /v1/health then requires; "
-        "agents send it from their coordinator.token_file",
+        "file holding a bearer token with scope admin (every endpoint); with any token "
+        "every endpoint but /v1/health needs one; agents had better report with a node "
+        "token each (auth.token_file, or edgeagent token join)",
         example="/etc/edgeagent-coordinator/admin-token")] = None
     auth: Annotated[AuthSettings, setting(
         "scoped tokens: admin (everything), read (GET endpoints, the dashboard), report "
