@@ -326,3 +326,25 @@ def test_a_client_certificate_names_its_node(start_coordinator, tokens, tmp_path
     assert call("DELETE", "/v1/nodes/edge-1")[0] == 403
     assert call("POST", "/v1/plan")[0] == 403
     assert call("GET", "/v1/nodes")[0] == 403
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0", "--grpc-port", "0"],
+                                     ["coordinator", "serve", "--port", "0"]])
+def test_a_short_token_refuses_to_start(tmp_path, command):
+    import subprocess
+
+    from tests.helpers import EDGEAGENT
+
+    short = tmp_path / "token"
+    short.write_text("s3cret\n")
+    if command[0] == "serve":
+        command = [*command, "--admin-token-file", str(short), "--data-dir",
+                   str(tmp_path / "d")]
+    else:
+        (tmp_path / "co.yaml").write_text(json.dumps({
+            "admin_token_file": str(short), "state_dir": str(tmp_path / "co")}))
+        command = [*command, "--config", str(tmp_path / "co.yaml")]
+    done = subprocess.run([EDGEAGENT, *command], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "6 characters long; tokens must have at least 32" in done.stderr
+    assert "s3cret" not in done.stderr + done.stdout

@@ -285,3 +285,35 @@ def test_sentinel_secrets_appear_nowhere(repo, tmp_path):
     for secret in secrets:
         assert secret not in text
         assert secret[:-1] not in text and secret[8:] not in text
+
+
+def test_workers_pass_the_real_peer_on_for_the_throttle(tmp_path):
+    """Through the report workers, 50 bad tokens from 127.0.0.2 on fresh connections:
+    429 after the burst (the coordinator throttles the peer the workers name, which a
+    client cannot fake), while a good reader on 127.0.0.1 gets 200 throughout."""
+    read = new_token()
+    co = fleet(tmp_path, write(tmp_path / "tokens.yaml", [entry("dash", read, ["read"])]))
+
+    def from_2(headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", co.port, timeout=30,
+                                          source_address=("127.0.0.2", 0))
+        conn.request("GET", "/v1/nodes", headers={
+            "Authorization": f"Bearer {new_token()}", **(headers or {})})
+        answer = conn.getresponse()
+        answer.read()
+        conn.close()
+        return answer.status, answer.getheader("Retry-After")
+
+    try:
+        bad, good = [], []
+        for _ in range(50):
+            bad.append(from_2())
+            good.append(call(co.port, "GET", "/v1/nodes", token=read)[0])
+        assert [s for s, _ in bad[:20]] == [401] * 20
+        assert {s for s, _ in bad[25:]} == {429} and all(int(r) >= 1 for _, r in bad[25:])
+        assert set(good) == {200}
+        # a client's own peer header is dropped by the worker: still throttled
+        assert from_2({"X-Edgeagent-Peer": "127.0.0.9",
+                       "X-Edgeagent-Forward-Key": "guess"})[0] == 429
+    finally:
+        co.stop()

@@ -625,3 +625,41 @@ def test_grpc_port_config_key(tmp_path):
     for bad in (70000, -1, "x", 1.5):
         with pytest.raises(ConfigError, match="grpc_port"):
             parse_agent_config({"grpc_port": bad})
+
+
+def test_scoped_tokens_over_grpc(repo, serve, tmp_path):
+    """No or an unknown token: UNAUTHENTICATED; a token without the scope:
+    PERMISSION_DENIED; with auth.protect the data plane needs an infer token."""
+    import yaml
+
+    from agent.authconfig import AgentAuthSettings
+    from agent.credentials import new_token, token_hash
+
+    read, infer = new_token(), new_token()
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([
+        {"name": "r", "sha256": token_hash(read), "scopes": ["read"]},
+        {"name": "i", "sha256": token_hash(infer), "scopes": ["infer"]}]))
+    agent = serve(_repo(repo), auth=AgentAuthSettings(token_file=tokens,
+                                                      protect=("infer",)))
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    inputs, a, b = _simple_inputs()
+
+    def code(call):
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        return err.value.status()
+
+    assert code(lambda: client.infer("simple", inputs)) == "StatusCode.UNAUTHENTICATED"
+    assert code(lambda: client.infer("simple", inputs, headers={
+        "authorization": f"Bearer {new_token()}"})) == "StatusCode.UNAUTHENTICATED"
+    assert code(lambda: client.infer("simple", inputs, headers={
+        "authorization": f"Bearer {read}"})) == "StatusCode.PERMISSION_DENIED"
+    assert code(lambda: client.get_model_repository_index(headers={
+        "authorization": f"Bearer {infer}"})) == "StatusCode.PERMISSION_DENIED"
+    assert code(lambda: client.get_model_config("simple", headers={
+        "authorization": f"Bearer {infer}"})) == "StatusCode.PERMISSION_DENIED"
+    out = client.infer("simple", inputs, headers={"authorization": f"Bearer {infer}"})
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), a + b)
+    assert client.get_model_config("simple", headers={"authorization": f"Bearer {read}"})
+    assert client.is_server_live()  # health needs nothing
