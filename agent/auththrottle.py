@@ -1,4 +1,5 @@
-"""Failed-authentication throttle (no or unknown tokens: guesses): a token bucket per peer address, bounded in size.
+"""Failed-authentication throttle (no or unknown tokens: guesses): a token bucket per
+peer address, bounded in size.
 
 A peer may fail ``burst`` times at once and then ``per_s`` times a second; past that
 it is answered 429 with ``Retry-After`` until its bucket refills. Only peers that
