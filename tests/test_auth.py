@@ -348,3 +348,28 @@ def test_a_short_token_refuses_to_start(tmp_path, command):
     assert done.returncode != 0
     assert "6 characters long; tokens must have at least 32" in done.stderr
     assert "s3cret" not in done.stderr + done.stdout
+
+
+def test_coordinators_on_one_database_agree_on_node_credentials(start_coordinator,
+                                                                 postgres, tokens, tmp_path):
+    """A node that joined through one coordinator reports through another on the same
+    PostgreSQL store within a couple of its follow intervals; a revocation likewise."""
+    import time
+
+    from tests.helpers import wait_for
+
+    url = postgres.new_database()
+    a = start_coordinator(store=url, auth=AuthSettings(token_file=tokens),
+                          state_dir=tmp_path / "a")
+    b = start_coordinator(store=url, auth=AuthSettings(token_file=tokens),
+                          state_dir=tmp_path / "b")
+    made = a.request("POST", "/v1/join-tokens", {"node": "edge-7"}, token=ADMIN)[1]
+    node_token = a.request("POST", "/v1/join", token=made["token"])[1]["token"]
+    started = time.monotonic()
+    wait_for(lambda: b.request("POST", "/v1/nodes/edge-7/report", REPORT,
+                               token=node_token)[0] == 200, 10, "b accepts the node")
+    assert time.monotonic() - started < 3 * b.co.follow_interval_s
+    assert b.request("POST", "/v1/nodes/edge-1/report", REPORT, token=node_token)[0] == 403
+    assert a.request("DELETE", "/v1/nodes/edge-7", token=ADMIN)[0] == 200
+    wait_for(lambda: b.request("POST", "/v1/nodes/edge-7/report", REPORT,
+                               token=node_token)[0] == 401, 10, "b drops the node")

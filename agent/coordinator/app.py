@@ -350,9 +350,10 @@ async def node_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     co.writer.forget(name)
     stored = co.store.delete_node(name)
-    if co.store.revoke_node_credential(name):  # a deleted node must join again
+    revoked = co.store.revoke_node_credential(name)  # a deleted node must join again
+    if revoked:
         await co.refresh_node_credentials()
-    if not co.fleet.forget(name) and not stored:
+    if not co.fleet.forget(name) and not stored and not revoked:
         return json_error(404, f"unknown node {name!r}")
     return web.json_response({"deleted": name})
 
