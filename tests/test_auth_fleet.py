@@ -306,14 +306,21 @@ def test_workers_pass_the_real_peer_on_for_the_throttle(tmp_path):
 
     try:
         bad, good = [], []
+        started = time.monotonic()
         for _ in range(50):
             bad.append(from_2())
             good.append(call(co.port, "GET", "/v1/nodes", token=read)[0])
-        assert [s for s, _ in bad[:20]] == [401] * 20
-        assert {s for s, _ in bad[25:]} == {429} and all(int(r) >= 1 for _, r in bad[25:])
+        took = time.monotonic() - started
+        refused = [s for s, _ in bad]
+        # a burst of 20 failures, then 2 a second (however slowly a loaded box ran)
+        assert refused[:20] == [401] * 20 and set(refused) == {401, 429}
+        assert refused.count(401) <= 20 + 2 * took + 1, (took, refused)
+        assert all(int(r) >= 1 for s, r in bad if s == 429)
         assert set(good) == {200}
-        # a client's own peer header is dropped by the worker: still throttled
-        assert from_2({"X-Edgeagent-Peer": "127.0.0.9",
-                       "X-Edgeagent-Forward-Key": "guess"})[0] == 429
+        # a client's own peer header is dropped by the worker: still throttled (as
+        # 127.0.0.9 it would have a fresh burst of 20: five 401s)
+        spoofed = [from_2({"X-Edgeagent-Peer": "127.0.0.9",
+                           "X-Edgeagent-Forward-Key": "guess"})[0] for _ in range(5)]
+        assert 429 in spoofed, spoofed
     finally:
         co.stop()
