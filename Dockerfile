@@ -30,4 +30,9 @@ VOLUME ["/models", "/var/lib/edgeagent"]
 EXPOSE 8000 8001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
+# The container's port is published by docker (-p), so the agent binds every interface:
+# the demo runs with --insecure (no TLS, no token); arguments given to `docker run`
+# replace it, and then the agent refuses to start without tls and admin_token_file
+# (a config file) unless they say --insecure again (docs/operations.md, Security).
 ENTRYPOINT ["edgeagent", "serve", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["--insecure"]

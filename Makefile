@@ -1,7 +1,8 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only (no TensorFlow); `make test` adds the
-# test, bench and tfserving extras. `make run PORT=8010 GRPC_PORT=8011 HOST=0.0.0.0` picks the
-# address (GRPC_PORT=0: no gRPC endpoint).
+# test, bench and tfserving extras. `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the
+# address (GRPC_PORT=0: no gRPC endpoint); a non-loopback HOST needs TLS and a token, or
+# ARGS=--insecure for the demo in the clear (`make run HOST=0.0.0.0 ARGS=--insecure`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,6 +11,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8000
 GRPC_PORT ?= 8001
+ARGS ?=
 URL := http://$(HOST):$(PORT)
 
 .PHONY: run test test-slow bench clean protos
@@ -32,7 +34,7 @@ run: $(RUN_STAMP)
 	@echo "  curl -s $(URL)/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
 	@echo "  $(BIN)/edgeagent cache ls --url $(URL)"
 	@echo "  KServe v2 gRPC (tritonclient.grpc) on $(HOST):$(GRPC_PORT)"
-	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
+	$(BIN)/edgeagent serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT) $(ARGS)
 
 # The quick suite, in parallel: pytest-xdist, TEST_WORKERS processes, each test module
 # whole in one of them (--dist loadfile: a module's fixtures, such as the TF Serving

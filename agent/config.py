@@ -19,6 +19,7 @@ from msgspec import Meta, field, structs
 from agent.authconfig import AgentAuthSettings
 from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
                           Port, Positive, Section, Text, load, setting)
+from agent.tls import TlsSettings
 from agent.validation import ConfigError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
@@ -290,6 +291,14 @@ class CoordinatorLink(Section):
     node_type: Annotated[Text | None, setting(
         "the kind of machine, a key of the coordinator's node_types price table (fleet "
         "sizing and provisioning)", example="c5.2xlarge")] = None
+    ca_file: Annotated[Path | None, setting(
+        "CA certificates (PEM) an https:// coordinator's certificate must chain to; left "
+        "out: the system's", example="/etc/edgeagent/tls/fleet-ca.crt")] = None
+    cert_file: Annotated[Path | None, setting(
+        "this node's client certificate (PEM) for a coordinator that asks for one",
+        example="/etc/edgeagent/tls/node.crt")] = None
+    key_file: Annotated[Path | None, setting(
+        "its private key (PEM)", example="/etc/edgeagent/tls/node.key")] = None
 
 
 class TfServingSettings(Section):
@@ -329,10 +338,15 @@ class AgentConfig(Section):
     and the key. Relative paths are resolved from the file's directory. Sizes take bytes
     or units: 512MB, 2GiB."""
 
-    host: Annotated[Text, setting("address to listen on (0.0.0.0 for all interfaces)")] \
-        = "127.0.0.1"
+    host: Annotated[Text, setting(
+        "address to listen on (0.0.0.0 for all interfaces: then tls and admin_token_file, "
+        "or insecure)")] = "127.0.0.1"
     port: Annotated[Port, setting(
         "HTTP port: KServe v2 and TF Serving REST, cache admin, /metrics")] = 8000
+    tls: Annotated[TlsSettings | None, setting(
+        "TLS on the HTTP and gRPC ports (re-read on SIGHUP); left out: plain text")] = None
+    insecure: Annotated[bool, setting(
+        "listen on a non-loopback host without tls and admin_token_file")] = False
     grpc_port: Annotated[Port, setting(
         "KServe v2 gRPC port (tritonclient.grpc), as Triton's; 0: no gRPC endpoint")] = 8001
     repository: Annotated[Path | None, setting(

@@ -29,20 +29,22 @@ def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
 
 
 async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
-                 reuse_port: bool = False, **runner_kwargs: Any) -> tuple[Any, str]:
+                 reuse_port: bool = False, ssl_context: Any = None,
+                 **runner_kwargs: Any) -> tuple[Any, str]:
     """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL).
     ``backlog``: connections waiting to be accepted (a fleet reconnecting at once needs
     more than the default; the kernel caps it at net.core.somaxconn). ``reuse_port``:
     other processes of this user may listen on the same port (``SO_REUSEPORT``; the
-    kernel spreads connections over them)."""
+    kernel spreads connections over them). ``ssl_context``: HTTPS (``agent.tls``)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None)
+    site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None,
+                       ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
-    return runner, f"http://{host}:{bound}"
+    return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"
 
 
 #: A busy server's garbage collector thresholds: a young collection after 50,000 net

@@ -18,7 +18,9 @@ not the planning child) and that CPU per ingested report | client CPU | the 1-mi
 before -> after (the box may be shared: a load above its cores starves the coordinator).
 
 ``--report-workers N`` runs the coordinator with that many report workers (its
-``report_workers``); ``--dashboard S`` keeps the dashboard open (its requests every S
+``report_workers``); ``--tls`` serves it over TLS (a CA and a certificate made on the
+fly; every node's connection verifies it, one handshake per node as the reporter's
+kept connection; the warm-up is longer by a second per 250 nodes, for the handshakes); ``--dashboard S`` keeps the dashboard open (its requests every S
 s, or ten times as long as the last refresh took where that is longer, as the page
 waits; each refresh timed); ``--timeline MS`` also prints each second whose slowest report
 took over MS ms (stalls show their period: a plan, a collection). The client
@@ -27,6 +29,7 @@ would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --tls
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
@@ -47,6 +50,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -82,7 +86,7 @@ def node_body(i: int, models: int, catalog: int, interval: float) -> bytes:
 
 
 async def _node(i: int, port: int, body: bytes, interval: float, start: float,
-                measure: tuple[float, float], stats: dict) -> None:
+                measure: tuple[float, float], stats: dict, tls: Any = None) -> None:
     head = (f"POST /v1/nodes/node-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     request = head + body
@@ -100,7 +104,7 @@ async def _node(i: int, port: int, body: bytes, interval: float, start: float,
                 stats["late"] += 1
         try:
             if writer is None:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
             writer.write(request)
             status_line = await reader.readline()
             length = 0
@@ -129,17 +133,19 @@ async def _node(i: int, port: int, body: bytes, interval: float, start: float,
 
 
 def client(ids: list[int], port: int, models: int, catalog: int, interval: float,
-           t0: float, warmup: float, duration: float, out: "mp.Queue") -> None:
+           t0: float, warmup: float, duration: float, out: "mp.Queue",
+           ca_file: str | None = None) -> None:
     """One client process: its nodes' loops; puts its counts, latencies and CPU."""
     bodies = {i: node_body(i, models, catalog, interval) for i in ids}
+    tls = tls_context(ca_file)
     stats = {"offered": 0, "ok": 0, "errors": 0, "late": 0, "latency": []}
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time() + (t0 - time.time())
         measure = (start + warmup, start + warmup + duration)
-        await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats)
-                               for i in ids))
+        await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats,
+                                     tls) for i in ids))
 
     gc.freeze()  # this client's own collector pauses (5,000 connections' objects, over
     gc.disable()  # 100 ms each) would show as report latency: none for a short run
@@ -156,11 +162,21 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
 # -- the coordinator ----------------------------------------------------------------------
 
 
-def request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 120):
+def tls_context(ca_file: str | None) -> Any:
+    """A client context trusting ``ca_file`` (None: plain HTTP)."""
+    if ca_file is None:
+        return None
+    from agent.tls import client_context
+
+    return client_context(Path(ca_file))
+
+
+def request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 120,
+            ca_file: str | None = None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=tls_context(ca_file)) as resp:
         return resp.status, json.loads(resp.read())
 
 
@@ -200,10 +216,14 @@ def database_cpu_seconds() -> float:
 
 
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
-                      report_workers: int = 0) -> tuple[subprocess.Popen, str]:
-    """The coordinator on a port the OS picks: (process, the URL it announced), ready."""
+                      report_workers: int = 0, tls: dict | None = None,
+                      ca_file: str | None = None) -> tuple[subprocess.Popen, str]:
+    """The coordinator on a port the OS picks: (process, the URL it announced), ready;
+    ``tls``: its ``tls:`` section, ``ca_file`` what verifies it."""
     config = {"port": 0, "state_dir": str(state), "log_level": "warning",
               "reactive_interval_s": reactive_s}
+    if tls:
+        config["tls"] = tls
     if report_workers:  # (a tree before report workers refuses the key)
         config["report_workers"] = report_workers
     if store and store != "sqlite":
@@ -220,7 +240,7 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
     threading.Thread(target=proc.stdout.read, daemon=True).start()  # the rest, unread
     for _ in range(600):
         try:
-            request(f"{url}/v1/health", timeout=1)
+            request(f"{url}/v1/health", timeout=1, ca_file=ca_file)
             return proc, url
         except OSError:
             if proc.poll() is not None:
@@ -230,13 +250,13 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
     raise RuntimeError("the coordinator did not start")
 
 
-def _time_plan(url: str, timed: dict) -> None:
+def _time_plan(url: str, timed: dict, ca_file: str | None) -> None:
     """``POST /v1/plan``: its seconds, wall-clock span and replicas (or why not) into
     ``timed``."""
     t = time.perf_counter()
     timed["span"] = [time.time(), float("inf")]
     try:
-        status, plan = request(f"{url}/v1/plan", "POST")
+        status, plan = request(f"{url}/v1/plan", "POST", ca_file=ca_file)
         timed["span"][1] = time.time()
         timed["plan_s"] = time.perf_counter() - t
         timed["replicas"] = sum(m["replicas"] for m in plan["models"].values())
@@ -252,7 +272,7 @@ DASHBOARD_PATHS = "/v1/nodes?limit=100,/v1/models,/v1/plan"
 
 
 def _dashboard(url: str, paths: list[str], every: float, until: float,
-               seen: list[tuple[float, int]]) -> None:
+               seen: list[tuple[float, int]], ca_file: str | None) -> None:
     """An open dashboard page: GET ``paths`` every ``every`` s, or ten times as long as
     the last refresh took where that is longer (after the last refresh ended, as the
     page's timer) until ``until``; each refresh's seconds and bytes into ``seen``. One
@@ -262,7 +282,8 @@ def _dashboard(url: str, paths: list[str], every: float, until: float,
         t, size = time.perf_counter(), 0
         for path in paths:
             try:
-                with urllib.request.urlopen(url + path, timeout=120) as resp:
+                with urllib.request.urlopen(url + path, timeout=120,
+                                            context=tls_context(ca_file)) as resp:
                     size += len(resp.read())
             except urllib.error.HTTPError as err:  # /v1/plan: 404 before a first plan
                 size += len(err.read())
@@ -288,21 +309,36 @@ def print_timeline(results: list[dict], wall0: float, plan_span: tuple[float, fl
                   f"max={xs[-1]:>7.1f}{'  (planning)' if planning else ''}")
 
 
+def make_certificates(directory: Path) -> tuple[dict, str]:
+    """(the coordinator's ``tls:`` section, the CA file that verifies it), made here."""
+    from tests.helpers import issue_cert, make_ca
+
+    ca = make_ca(directory)
+    server = issue_cert(ca, directory, "coordinator")
+    return {"cert_file": str(server.cert_file), "key_file": str(server.key_file)}, \
+        str(ca.cert_file)
+
+
 def run(nodes: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
+        tls, ca_file = make_certificates(Path(tmp)) if args.tls else (None, None)
         co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
-                                    args.report_workers)
+                                    args.report_workers, tls, ca_file)
         port = int(url.rsplit(":", 1)[1])
         try:
             for m in range(args.catalog):
-                request(f"{url}/v1/models/m{m}", "PUT", {"slo_ms": 200})
-            warmup = args.interval * 2  # everyone reported twice, connections open
+                request(f"{url}/v1/models/m{m}", "PUT", {"slo_ms": 200}, ca_file=ca_file)
+            # everyone reported twice, connections open (with TLS, the whole fleet's
+            # handshakes at once, as after a coordinator restart, settle first: the
+            # window measures the steady state of kept connections)
+            warmup = args.interval * 2 + (nodes / 250 if args.tls else 0.0)
             t0 = time.time() + 2.0
             out: mp.Queue = mp.get_context("fork").Queue()
             procs = [mp.get_context("fork").Process(
                 target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
                                      args.catalog, args.interval, t0, warmup,
-                                     args.duration, out)) for p in range(args.procs)]
+                                     args.duration, out, ca_file))
+                for p in range(args.procs)]
             for p in procs:
                 p.start()
             time.sleep(max(0.0, t0 + warmup - time.time()))
@@ -311,10 +347,10 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             if args.dashboard:
                 threading.Thread(target=_dashboard, daemon=True, args=(
                     url, args.dashboard_paths.split(","), args.dashboard,
-                    wall0 + args.duration, refreshes)).start()
+                    wall0 + args.duration, refreshes, ca_file)).start()
             time.sleep(args.duration / 2)
             timed: dict = {}
-            planning = threading.Thread(target=_time_plan, args=(url, timed))
+            planning = threading.Thread(target=_time_plan, args=(url, timed, ca_file))
             planning.start()
             time.sleep(max(0.0, wall0 + args.duration - time.time()))
             co_cpu = cpu_seconds(co.pid) - co_cpu0  # over the measured window only
@@ -371,6 +407,8 @@ def main() -> None:
                         help="the coordinator's reactive_interval_s (default 10, its own)")
     parser.add_argument("--report-workers", type=int, default=0,
                         help="the coordinator's report_workers (default 0)")
+    parser.add_argument("--tls", action="store_true",
+                        help="serve over TLS (certificates made on the fly)")
     parser.add_argument("--timeline", type=float, default=None, metavar="MS",
                         help="also print each second whose slowest report took over MS ms")
     parser.add_argument("--dashboard", type=float, default=None, metavar="S",
@@ -394,7 +432,7 @@ def main() -> None:
     groups = Path("/proc/sys/kernel/sched_autogroup_enabled")
     print(f"store={args.store} interval={args.interval:g}s models/report={args.models} "
           f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()} "
-          f"reactive_interval_s={args.reactive_interval:g} autogroups="
+          f"reactive_interval_s={args.reactive_interval:g} tls={args.tls} autogroups="
           f"{groups.read_text().strip() if groups.exists() else '-'} "
           f"({autogroup.read_text().strip() if autogroup.exists() else '-'})")
     print(f"{'nodes':>6} | {'offered/s':>9} | {'ingested/s':>10} | {'errors':>6} | "

@@ -79,13 +79,14 @@ def v2_body(data, datatype="FP32", shape=(1, 4), name="X") -> dict:
                         "data": data}]}
 
 
-def request(url: str, method: str = "GET", body=None, timeout: float = 10):
-    """(status, parsed JSON, headers) for one JSON request."""
+def request(url: str, method: str = "GET", body=None, timeout: float = 10, context=None):
+    """(status, parsed JSON, headers) for one JSON request (``context``: an
+    ``ssl.SSLContext`` for https)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, json.loads(resp.read()), dict(resp.headers)
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read()), dict(err.headers)
@@ -121,17 +122,86 @@ def reserved_port() -> Iterator[int]:
         yield holder.getsockname()[1]
 
 
+# -- certificates made on the fly -----------------------------------------------------------
+
+
+class Issued:
+    """A certificate and its key, as objects and as PEM files (``cert_file``,
+    ``key_file``); a CA's ``cert_file`` is what a peer trusts."""
+
+    def __init__(self, cert, key, directory: Path, name: str) -> None:
+        from cryptography.hazmat.primitives import serialization
+
+        self.cert, self.key, self.name = cert, key, name
+        self.cert_file, self.key_file = directory / f"{name}.crt", directory / f"{name}.key"
+        self.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self.key_file.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+
+
+def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=None,
+                 not_after=None, hosts=()):
+    """(certificate, key): EC P-256, signed by ``issuer`` (None: by itself)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    builder = (x509.CertificateBuilder().subject_name(name)
+               .issuer_name(issuer.cert.subject if issuer else name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(not_before or now - datetime.timedelta(hours=1))
+               .not_valid_after(not_after or now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address(h)) if h[0].isdigit() else x509.DNSName(h)
+             for h in hosts]), critical=False)
+    if ca:
+        builder = builder.add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            key_encipherment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+    return builder.sign(issuer.key if issuer else key, hashes.SHA256()), key
+
+
+def make_ca(directory: Path, name: str = "test-ca") -> Issued:
+    """A self-signed CA whose files are written to ``directory``."""
+    return Issued(*_certificate(name, None, ca=True), directory, name)
+
+
+def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_after=None,
+               hosts=("127.0.0.1", "localhost")) -> Issued:
+    """A leaf certificate for ``name`` signed by ``ca``, valid for ``hosts`` (server
+    and client use alike); ``not_after`` in the past: an expired one."""
+    if not_after is not None and not_before is None:
+        import datetime
+
+        not_before = not_after - datetime.timedelta(days=1)
+    return Issued(*_certificate(name, ca, ca=False, not_before=not_before,
+                                not_after=not_after, hosts=hosts), directory, name)
+
+
 # -- real servers in this process -----------------------------------------------------------
 
 
 class ThreadedServer:
     """A real aiohttp app on 127.0.0.1 in a background thread (own event loop), so that
-    blocking clients such as ``tritonclient.http`` can call it from the test."""
+    blocking clients such as ``tritonclient.http`` can call it from the test; HTTPS with
+    ``ssl_context``."""
 
-    def __init__(self, app):
+    def __init__(self, app, ssl_context=None):
         from aiohttp import web
 
         self.loop = asyncio.new_event_loop()
+        self.ssl_context = ssl_context
         self.app = app
         self.runner = web.AppRunner(app, access_log=None)
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -143,10 +213,10 @@ class ThreadedServer:
         from aiohttp import web
 
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     def call(self, coro, timeout=60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -167,8 +237,12 @@ class AgentServer(ThreadedServer):
     def __init__(self, config, **node_kwargs):
         from agent.node.app import NODE, create_app, prepare_process
 
+        from agent.tls import ServerTls
+
         prepare_process()  # as ``edgeagent serve`` does
-        super().__init__(create_app(config, **node_kwargs))
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
+        super().__init__(create_app(config, **node_kwargs),
+                         ssl_context=self.tls.context if self.tls else None)
         self.node = self.app[NODE]
         self.call(self.node.wait_ready())
 
@@ -194,7 +268,9 @@ class CoordinatorServer(ThreadedServer):
     def __init__(self, config, **kwargs):
         from agent.coordinator.app import COORDINATOR, create_app
 
-        super().__init__(create_app(config, **kwargs))
+        app = create_app(config, **kwargs)
+        tls = app[COORDINATOR].tls
+        super().__init__(app, ssl_context=tls.context if tls else None)
         self.co = self.app[COORDINATOR]
 
     def request(self, method, path, body=None, token=None, raw=None):
@@ -258,9 +334,11 @@ class Agent:
 class CoordinatorProcess:
     """``edgeagent coordinator serve`` in its own process, on ``store`` (None: the SQLite
     file in ``state``), on the port in ``config`` (default 0: the OS picks, read back from
-    the URL it announces), ready."""
+    the URL it announces), ready; ``context``: the ``ssl.SSLContext`` its https URL
+    takes."""
 
-    def __init__(self, store: str | None, state: Path, **config) -> None:
+    def __init__(self, store: str | None, state: Path, *, context=None, **config) -> None:
+        self.context = context
         state.mkdir(parents=True, exist_ok=True)
         cfg = {"port": 0, "state_dir": str(state), "log_level": "warning",
                "reactive_interval_s": 1, "plan_interval_s": 3600,
@@ -272,7 +350,7 @@ class CoordinatorProcess:
             [sys.executable, "-c", "from agent.cli import main; main()", "coordinator",
              "serve", "--config", str(state / "coordinator.yaml")], cwd=ROOT,
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = wait_for(self._announced, 60, "the coordinator announces its URL")
+        self.url = wait_for(self._announced, 120, "the coordinator announces its URL")
         self.port = int(self.url.rsplit(":", 1)[1])
         wait_for(self.up, 60, "the coordinator answers /v1/health")
 
@@ -285,15 +363,15 @@ class CoordinatorProcess:
 
     def up(self) -> bool:
         try:
-            return request(f"{self.url}/v1/health", timeout=2)[0] == 200
+            return request(f"{self.url}/v1/health", timeout=2, context=self.context)[0] == 200
         except OSError:
             return False
 
     def get(self, path: str):
-        return request(self.url + path)[:2]
+        return request(self.url + path, context=self.context)[:2]
 
     def post(self, path: str, body=None):
-        return request(self.url + path, "POST", body)
+        return request(self.url + path, "POST", body, context=self.context)
 
     def plans(self) -> bool:
         return self.get("/v1/health")[1]["planner"]

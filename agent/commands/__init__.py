@@ -54,3 +54,22 @@ def declared_option(cls: type, name: str, **overrides: Any) -> Callable:
                           else click.FloatRange)(lo, hi, min_open=kind.gt is not None,
                                                  max_open=kind.lt is not None)
     return click.option(f"--{name.replace('_', '-')}", **{**kwargs, **overrides})
+
+
+def tls_options(f: Callable) -> Callable:
+    """``--ca-file``, ``--cert``, ``--key`` for a client command: how an https:// server
+    is verified and which certificate this client shows (kept in the click context's
+    ``meta``, where ``agent.commands.http.call_json`` finds them)."""
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            ctx.meta[f"tls.{param.name}"] = value
+
+    for flag, name, help in (
+            ("--key", "key_file", "This client's private key (PEM), with --cert."),
+            ("--cert", "cert_file", "This client's certificate (PEM) for a server that "
+                                    "asks for one (client_auth)."),
+            ("--ca-file", "ca_file", "CA certificates (PEM) an https:// server's "
+                                     "certificate must chain to [default: the system's].")):
+        f = click.option(flag, name, type=click.Path(exists=True, dir_okay=False),
+                         default=None, expose_value=False, callback=keep, help=help)(f)
+    return f

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from agent.commands import tls_options
 from agent.units import format_size
 
 
@@ -62,6 +63,7 @@ def _show(ctx: click.Context, doc: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Admin bearer token file (or $EDGEAGENT_TOKEN).")
+@tls_options
 @click.pass_context
 def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
     """Inspect and steer a running agent's model cache."""

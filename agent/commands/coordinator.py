@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from agent.commands import declared_option, self_command
+from agent.commands import declared_option, self_command, tls_options
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
                                       load_coordinator_config)
@@ -34,7 +34,7 @@ def coordinator() -> None:
 
 
 async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -> None:
-    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the token files."""
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the token and TLS files."""
     import asyncio
     import signal
 
@@ -43,15 +43,30 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     from agent.node.sdnotify import notify
 
     app = create_app(config)
+    co = app[COORDINATOR]
+    warning = store_verification_warning(config.store)
+    if warning:
+        log.warning("%s", warning)
     runner, url = await listen(app, config.host, config.port, backlog=4096,  # a fleet
-                               reuse_port=config.report_workers > 0)
+                               reuse_port=config.report_workers > 0,
+                               ssl_context=co.tls.context if co.tls else None)
     await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
     settle_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, app[COORDINATOR].reload)  # tokens re-read
+
+    def reload() -> None:
+        notify("RELOADING=1")
+        try:
+            co.reload()
+            log.info("SIGHUP: reloaded")
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: keeping what runs: %s", exc)
+        notify("READY=1")
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs; "
              "%d report workers)", url, config.database, config.plan_interval_s,
              config.plan_window_s, config.reactive_interval_s, config.report_workers)
@@ -71,6 +86,30 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
         log.info("stopped")
 
 
+def store_verification_warning(store: str | None) -> str | None:
+    """A warning for a PostgreSQL store on another host whose server certificate is not
+    verified (libpq's default sslmode, prefer, accepts any); None otherwise. It names
+    the host and sslmode, never the password."""
+    if store is None:
+        return None
+    from psycopg.conninfo import conninfo_to_dict
+
+    from agent.exposure import is_loopback
+
+    try:
+        params = conninfo_to_dict(store)
+    except Exception:  # noqa: BLE001 - a bad URL fails at connect, with psycopg's words
+        return None
+    hosts = [h for h in str(params.get("host") or "").split(",") if h]
+    remote = [h for h in hosts if not h.startswith("/") and not is_loopback(h)]
+    sslmode = params.get("sslmode") or os.environ.get("PGSSLMODE") or "prefer"
+    if not remote or sslmode in ("verify-ca", "verify-full"):
+        return None
+    return (f"store: PostgreSQL on {', '.join(remote)} with sslmode={sslmode}: the "
+            "server's certificate is not verified (add ?sslmode=verify-full&sslrootcert="
+            "/path/to/ca.crt to the store URL; docs/operations.md, TLS)")
+
+
 @coordinator.command("serve")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Coordinator config YAML (edgeagent config example coordinator shows "
@@ -81,17 +120,23 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
                  type=click.Path(file_okay=False, path_type=Path))
 @declared_option(CoordinatorConfig, "log_level")
 @declared_option(CoordinatorConfig, "report_workers")
+@declared_option(CoordinatorConfig, "insecure", is_flag=True, flag_value=True, default=None)
 def serve(config_file: str | None, host: str | None, port: int | None,
-          state_dir: Path | None, log_level: str | None, report_workers: int | None) -> None:
+          state_dir: Path | None, log_level: str | None, report_workers: int | None,
+          insecure: bool | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
     from agent.eventloop import run_event_loop
+    from agent.exposure import exposure_error
 
     try:
         config = load_coordinator_config(config_file).with_overrides(
             host=host, port=port, state_dir=state_dir.resolve() if state_dir else None,
-            log_level=log_level, report_workers=report_workers)
+            log_level=log_level, report_workers=report_workers, insecure=insecure)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    refused = exposure_error(config)
+    if refused:
+        raise click.ClickException(refused)
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -107,6 +152,7 @@ def _client_options(f: Any) -> Any:
     f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
                      help="Admin bearer token file (or $EDGEAGENT_COORDINATOR_TOKEN).")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(f)
+    f = tls_options(f)
     return click.option(
         "--url", default=lambda: os.environ.get("EDGEAGENT_COORDINATOR_URL", DEFAULT_URL),
         show_default="$EDGEAGENT_COORDINATOR_URL or " + DEFAULT_URL,

@@ -18,6 +18,7 @@ import click
 
 from agent.commands import declared_option, self_command
 from agent.config import AgentConfig, ConfigError, load_agent_config
+from agent.exposure import exposure_error
 from agent.units import format_size, parse_size
 
 # asyncio, YAML and the node (aiohttp, onnxruntime) are imported by the code that
@@ -64,17 +65,20 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     from agent.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
+    from agent.tls import ServerTls
 
+    tls = ServerTls(config.tls) if config.tls is not None else None
     app = create_app(config)
     node = app[NODE]
     runner, url = await listen(app, config.host, config.port,
-                               shutdown_timeout=config.drain_seconds)
+                               shutdown_timeout=config.drain_seconds,
+                               ssl_context=tls.context if tls else None)
     grpc_server = None
     if config.grpc_port:  # KServe v2 gRPC on the same event loop, over the same node
         from agent.node.grpc_v2 import start_grpc
 
         try:
-            grpc_server = await start_grpc(node, config.host, config.grpc_port)
+            grpc_server = await start_grpc(node, config.host, config.grpc_port, tls)
         except OSError:
             await runner.cleanup()
             raise
@@ -90,8 +94,10 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
                 node.reload(new)
             else:
                 node.rescan()
+            if tls is not None:  # the same files again: new handshakes get them
+                tls.reload()
             log.info("SIGHUP: configuration reloaded")
-        except (ConfigError, OSError) as exc:
+        except (ConfigError, OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the running configuration: %s", exc)
         notify("READY=1")
 
@@ -155,6 +161,7 @@ _PATH_IN = {"exists": True, "path_type": Path}
                  type=click.Path(dir_okay=False, **_PATH_IN))
 @declared_option(AgentConfig, "data_dir", type=click.Path(file_okay=False, path_type=Path))
 @declared_option(AgentConfig, "log_level")
+@declared_option(AgentConfig, "insecure", is_flag=True, flag_value=True, default=None)
 def serve(config_file: str | None, **flags: Any) -> None:
     """Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin +
     /metrics)."""
@@ -175,6 +182,9 @@ def serve(config_file: str | None, **flags: Any) -> None:
         config, demo = build_config(config_file, overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    refused = exposure_error(config)
+    if refused:
+        raise click.ClickException(refused)
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if demo and not (config.repository / ".complete").exists():

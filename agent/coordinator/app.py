@@ -60,6 +60,7 @@ from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.httpauth import Guard, Need, request_peer, scoped_auth
+from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -74,6 +75,7 @@ class Coordinator:
                  start_loops: bool = True) -> None:
         self.config = config
         self.clock = clock
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.store = open_store(config)
         #: The tokens accepted (the token files' and the nodes' own, from the store)
         #: and the failed-auth throttle and counts.
@@ -98,15 +100,19 @@ class Coordinator:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the token files; the report workers take them too. A file
-        that cannot be read keeps the tokens in use (logged)."""
+        """SIGHUP: the token files and the TLS files read again, here and in every
+        report worker. A token file that cannot be read keeps the tokens in use
+        (logged); a bad TLS file raises ``ValueError`` and the running certificates
+        stay."""
         try:
             self.file_creds = self.file_credentials()
+            log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
+            self._accept()
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the tokens in use: %s", exc)
-            return
-        log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
-        self._accept()
+        if self.tls is not None:
+            self.tls.reload()
+            self.workers.reload()
 
     def _accept(self) -> None:
         """Accept the file and node credentials held now, here and in the workers."""

@@ -20,6 +20,7 @@ from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTI
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.authconfig import AuthSettings
 from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
+from agent.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, string
 
 
@@ -47,9 +48,15 @@ class CoordinatorConfig(Section):
     acts after 3 violations). Flags override the file. An unknown key is an error naming
     the file and the key. Relative paths are resolved from the file's directory."""
 
-    host: Annotated[Text, setting("address to listen on (0.0.0.0 for all interfaces)")] \
-        = "127.0.0.1"
+    host: Annotated[Text, setting(
+        "address to listen on (0.0.0.0 for all interfaces: then tls and admin_token_file, "
+        "or insecure)")] = "127.0.0.1"
     port: Annotated[Port, setting("HTTP port: node reports, the catalog, plans")] = 8100
+    tls: Annotated[TlsSettings | None, setting(
+        "TLS on the port, for the coordinator and its report workers (re-read on "
+        "SIGHUP); left out: plain text")] = None
+    insecure: Annotated[bool, setting(
+        "listen on a non-loopback host without tls and admin_token_file")] = False
     state_dir: Annotated[Path, setting(
         "the SQLite (WAL) state: nodes, rate history, catalog, plans; left out: "
         "$EDGEAGENT_COORDINATOR_DIR, $STATE_DIRECTORY or "

@@ -19,7 +19,9 @@ stays with one). A worker
 * forwards every other request to the coordinator, as it came, over a loopback
   listener of the coordinator's own (the token is checked there), with the real peer
   address and certificate name in headers the coordinator trusts only with the forward
-  key it gave the worker (``agent.httpauth.FORWARD_KEY``).
+  key it gave the worker (``agent.httpauth.FORWARD_KEY``);
+* serves the coordinator's ``tls:`` with a context of its own, read again when the
+  coordinator, on SIGHUP, says ``reload``.
 
 A worker that dies is started again (its agents reconnect, to any listener). On stop,
 workers close their listeners and hand over the rest of what they answered before the
@@ -51,6 +53,7 @@ from agent.credentials import Credential, Credentials
 from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
                             certificate_name, scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
+from agent.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 
@@ -75,7 +78,7 @@ class _Worker:
     def __init__(self, index: int) -> None:
         self.index = index
         self.proc: Any = None
-        self.down: Any = None  # coordinator -> worker: plans, store health, stop
+        self.down: Any = None  # coordinator -> worker: plans, store health, reload, stop
         self.send_lock = threading.Lock()
         self.closed = threading.Event()  # the worker handed over its last batch
         self.listening = threading.Event()  # the worker listens on the port
@@ -195,6 +198,12 @@ class ReportWorkers:
         await asyncio.gather(*(loop.run_in_executor(None, w.send, message)
                                for w in self.workers if w.proc is not None))
 
+    def reload(self) -> None:
+        """Tell every worker to read its TLS files again (the coordinator's SIGHUP)."""
+        for worker in self.workers:
+            if worker.proc is not None:
+                worker.send(("reload",))
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Stop every worker; return once each handed over its last batch (or
         ``timeout_s`` passed: then it is killed)."""
@@ -224,6 +233,7 @@ class _WorkerState:
     def __init__(self, config: CoordinatorConfig, internal_url: str, forward_key: str
                  ) -> None:
         self.fleet = Fleet(config.directive_ttl_s)
+        self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.guard = Guard(Credentials())
         self.internal_url, self.forward_key = internal_url, forward_key
         self.healthy, self.error = True, None
@@ -239,6 +249,11 @@ class _WorkerState:
             _, self.healthy, self.error = message
         elif message[0] == "credentials":
             self.guard.credentials.replace(message[1])
+        elif message[0] == "reload" and self.tls is not None:
+            try:
+                self.tls.reload()
+            except ValueError as exc:
+                log.error("reload: keeping the running certificates: %s", exc)
 
 
 WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
@@ -334,7 +349,8 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
         loop.add_signal_handler(sig, lambda: None)
     state.session = ClientSession(internal_url, timeout=ClientTimeout(total=None))
     runner, _ = await listen(_worker_app(config, state), config.host, port, backlog=4096,
-                             reuse_port=True)
+                             reuse_port=True,
+                             ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 
     sending = threading.Lock()  # one message on the pipe at a time

@@ -52,6 +52,7 @@ from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter
 from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, from_bytes_elements,
                                 to_bytes_elements)
+from agent.tls import ServerTls
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:
@@ -411,10 +412,12 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-async def start_grpc(node: Node, host: str, port: int) -> GrpcServer:
+async def start_grpc(node: Node, host: str, port: int,
+                     tls: ServerTls | None = None) -> GrpcServer:
     """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
-    port) on the running event loop. OSError when the address cannot be bound (never
-    shared: SO_REUSEPORT is off, so a second agent on the same port fails to start)."""
+    port) on the running event loop, over ``tls`` when given (its reloads reach new
+    connections). OSError when the address cannot be bound (never shared: SO_REUSEPORT
+    is off, so a second agent on the same port fails to start)."""
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", node.config.max_request_size),
@@ -423,7 +426,8 @@ async def start_grpc(node: Node, host: str, port: int) -> GrpcServer:
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.grpc_credentials()) if tls \
+            else server.add_insecure_port(address)
     except RuntimeError as exc:
         bound, why = 0, str(exc)
     else:

@@ -48,6 +48,7 @@ from agent.node.cache import CacheError
 from agent.node.join import report_token
 from agent.node.lifecycle import State
 from agent.node.state import read_state, write_state
+from agent.tls import client_context, verify_failure
 from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives
 
@@ -147,8 +148,16 @@ class Reporter:
     async def start(self) -> None:
         self._revert_saved_pins()
         self._previous, self._previous_at = self.sampler.sample(), self.clock()
+        link = self.link
+        ssl_context = client_context(link.ca_file, link.cert_file, link.key_file,
+                                     prefix="coordinator.") \
+            if link.url.startswith("https://") else None
+        # one session, its connection kept between reports: one TLS handshake, not one
+        # per report (idle for two intervals at most before it is closed)
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval)))
+            timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval)),
+            connector=aiohttp.TCPConnector(ssl=ssl_context or True, limit=4,
+                                           keepalive_timeout=max(15.0, 2 * self.interval)))
         self._task = asyncio.get_running_loop().create_task(self._run())
         log.info("reporting to %s every %gs as node %r", self.link.url, self.interval,
                  self.name)
@@ -178,7 +187,8 @@ class Reporter:
                 raise
             except Exception as exc:  # noqa: BLE001 - never let reporting hurt serving
                 self.failures += 1
-                self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self.last_error = verify_failure(exc, self.link.ca_file) or (
+                    f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 delay = min(self.max_backoff, self.interval * 2 ** min(self.failures, 10))
                 (log.warning if self.failures == 1 else log.debug)(
                     "report to %s failed (%d in a row, next try in %.1fs): %s",
