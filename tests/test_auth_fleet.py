@@ -324,3 +324,48 @@ def test_workers_pass_the_real_peer_on_for_the_throttle(tmp_path):
         assert 429 in spoofed, spoofed
     finally:
         co.stop()
+
+
+def test_over_mtls_a_node_certificate_posts_only_its_own_report(tmp_path):
+    """mTLS through two report workers: a node's certificate (DNS SAN edge-1) posts its
+    report and gets 403 every time for another node's and for the admin endpoints."""
+    from agent.tls import client_context
+    from tests.helpers import issue_cert, make_ca
+
+    ca = make_ca(tmp_path, "fleet-ca")
+    server = issue_cert(ca, tmp_path, "server")
+    node = issue_cert(ca, tmp_path, "edge-1", hosts=("edge-1",))
+    admin = new_token()
+    tokens = write(tmp_path / "tokens.yaml", [entry("ops", admin, ["admin"])])
+    context = client_context(ca.cert_file, node.cert_file, node.key_file)
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=2, context=context,
+                            auth={"token_file": str(tokens)}, reactive_interval_s=3600,
+                            tls={"cert_file": str(server.cert_file),
+                                 "key_file": str(server.key_file),
+                                 "client_ca_file": str(ca.cert_file),
+                                 "client_auth": "require"})
+
+    def call_tls(method, path, body=None, token=None):
+        conn = http.client.HTTPSConnection("127.0.0.1", co.port, context=context,
+                                           timeout=30)
+        headers = {"Content-Type": "application/json",
+                   **({"Authorization": f"Bearer {token}"} if token else {})}
+        try:
+            conn.request(method, path, json.dumps(body) if body is not None else None,
+                         headers)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 2, 60, "two workers listen")
+        assert call_tls("POST", "/v1/nodes/edge-1/report", REPORT) == 200
+        spoofed = [call_tls("POST", "/v1/nodes/edge-2/report", REPORT) for _ in range(60)]
+        assert set(spoofed) == {403}  # 0 successes, on whichever listener
+        for method, path, body in (("PUT", "/v1/models/m", {"slo_ms": 100}),
+                                   ("DELETE", "/v1/nodes/edge-1", None),
+                                   ("POST", "/v1/plan", None)):
+            assert {call_tls(method, path, body) for _ in range(4)} == {403}, path
+        assert call_tls("GET", "/v1/nodes", token=admin) == 200  # a token goes first
+    finally:
+        co.stop()
