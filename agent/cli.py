@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "/metrics)."),
     "simulate": ("agent.commands.simulate:simulate_command",
                  "Simulate model-level caching: load delay per policy and capacity."),
+    "token": ("agent.commands.token:token",
+              "Make bearer tokens: scoped tokens for token files, join tokens for new nodes."),
     "workload": ("agent.commands.workload:workload",
                  "Make request traces and model profiles (the Azure Functions trace method)."),
 }

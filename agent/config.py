@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 from msgspec import Meta, field, structs
 
+from agent.authconfig import AgentAuthSettings
 from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
                           Port, Positive, Section, Text, load, setting)
 from agent.tls import TlsSettings
@@ -273,8 +274,15 @@ class CoordinatorLink(Section):
                                 example="http://10.0.0.5:8100")]
     report_interval_s: Annotated[Positive, setting("seconds between reports")] = 5.0
     token_file: Annotated[Path | None, setting(
-        "file holding the bearer token reports carry (the coordinator's "
-        "admin_token_file)", example="/etc/edgeagent/coordinator-token")] = None
+        "file holding the bearer token reports carry: this node's report token (or the "
+        "coordinator's admin token)", example="/etc/edgeagent/coordinator-token")] = None
+    join_token_file: Annotated[Path | None, setting(
+        "file holding a one-time join token (edgeagent token join): the agent trades it "
+        "once for its own node credential, written to credential_file",
+        example="/etc/edgeagent/join-token")] = None
+    credential_file: Annotated[Path | None, setting(
+        "where the node credential obtained with join_token_file is kept (mode 0600); "
+        "reports carry it once it exists", example="/var/lib/edgeagent/node-token")] = None
     node_name: Annotated[Text | None, setting(
         "this node's name; left out: the host name", example="edge-1")] = None
     cores: Annotated[Positive | None, setting(
@@ -423,6 +431,9 @@ class AgentConfig(Section):
         "'edgeagent[tfserving]'). Managed (default): the agent runs binary with an empty "
         "model list and restarts it with backoff when it dies. Attach: give address "
         "instead of binary", commented=True)] = field(default_factory=TfServingSettings)
+    auth: Annotated[AgentAuthSettings, setting(
+        "scoped tokens (admin, read, infer) and the endpoint groups they guard")] = \
+        field(default_factory=AgentAuthSettings)
     coordinator: Annotated[CoordinatorLink | None, setting(
         "report to a fleet coordinator (edgeagent coordinator serve) and take its "
         "directives; left out: run stand-alone")] = None

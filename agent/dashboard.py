@@ -3,7 +3,7 @@
 Plain HTML, CSS and scripts from ``agent/static`` (package data: an install carries
 them): no build step, nothing fetched from elsewhere (a Content-Security-Policy of
 ``'self'`` holds the page to it). The page polls the server's own JSON API; where that
-needs the admin token the page asks for it and keeps it in the tab's
+needs a token (a read token will do) the page asks for it and keeps it in the tab's
 ``sessionStorage``. The page and its files never need the token.
 
 A shared leaf: ``agent.node.app`` and ``agent.coordinator.app`` call ``add_dashboard``.

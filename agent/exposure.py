@@ -17,9 +17,14 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve anywhere
 
 
+def has_token(config: Any) -> bool:
+    """Whether ``config`` names a token file (``admin_token_file`` or ``auth.token_file``)."""
+    return config.admin_token_file is not None or config.auth.token_file is not None
+
+
 def has_credentials(config: Any) -> bool:
     """Whether ``config`` (the agent's or the coordinator's) has TLS and a token."""
-    return config.tls is not None and config.admin_token_file is not None
+    return config.tls is not None and has_token(config)
 
 
 def exposure_error(config: Any) -> str | None:
@@ -29,7 +34,8 @@ def exposure_error(config: Any) -> str | None:
         return None
     missing = " and ".join(what for what, given in (
         ("tls (cert_file, key_file)", config.tls is not None),
-        ("a token (admin_token_file)", config.admin_token_file is not None)) if not given)
+        ("a token (admin_token_file or auth.token_file)", has_token(config)))
+        if not given)
     return (f"refusing to listen on {config.host} without {missing}: anyone who reaches "
             "it could use it. Configure them, bind 127.0.0.1, or pass --insecure "
             "(config key insecure: true) to serve in the clear anyway")

@@ -344,9 +344,9 @@ def test_http_requests_over_the_batch_limit_are_served_not_shed_as_late(repo, st
 def test_workers_endpoint_and_cli(repo, start_agent, tmp_path):
     add_synthetic(repo, "m")
     token = tmp_path / "token"
-    token.write_text("tok")
+    token.write_text("tok-0123456789abcdef0123456789abcdef")
     agent = start_agent(repo, admin_token_file=token)
-    auth = {"Authorization": "Bearer tok"}
+    auth = {"Authorization": "Bearer tok-0123456789abcdef0123456789abcdef"}
     assert agent.request("POST", "/v1/cache/m/workers", {"workers": 3})[0] == 401
     status, _, body = agent.request("POST", "/v1/cache/m/workers", {"workers": 3}, auth)
     assert status == 200 and body["workers"] == 3

@@ -121,7 +121,7 @@ def test_report_registers_node_and_plan_gives_directives(start_coordinator):
 
 def test_admin_token(start_coordinator, tmp_path):
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token)
     assert co.request("GET", "/v1/health")[0] == 200
     for method, path, body in [("GET", "/v1/nodes", None), ("GET", "/v1/plan", None),
@@ -130,8 +130,8 @@ def test_admin_token(start_coordinator, tmp_path):
         status, doc = co.request(method, path, body)
         assert status == 401 and "Bearer" in doc["error"]
     assert co.request("GET", "/v1/nodes", token="wrong")[0] == 401
-    assert co.request("GET", "/v1/nodes", token="s3cret") == (200, [])
-    assert co.request("POST", "/v1/nodes/n/report", REPORT, token="s3cret")[0] == 200
+    assert co.request("GET", "/v1/nodes", token="s3cret-0123456789abcdef0123456789abcdef") == (200, [])
+    assert co.request("POST", "/v1/nodes/n/report", REPORT, token="s3cret-0123456789abcdef0123456789abcdef")[0] == 200
 
 
 def test_a_plan_is_shown_from_its_stored_text_with_its_id():

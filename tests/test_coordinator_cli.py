@@ -53,12 +53,12 @@ def test_errors_are_readable(start_coordinator, tmp_path):
 
 def test_nodes_and_plan(start_coordinator, tmp_path):
     token = tmp_path / "token"
-    token.write_text("tok\n")
+    token.write_text("tok-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token)
     code, out = run("models", "ls", "--url", co.url)
     assert code == 1 and "401" in out
     auth = ["--url", co.url, "--token-file", str(token)]
-    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="tok")[0] == 200
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="tok-0123456789abcdef0123456789abcdef")[0] == 200
     run("models", "set", "a", "--slo-ms", "100", *auth)
     code, out = run("nodes", *auth)
     assert code == 0 and out.splitlines()[1].split()[:2] == ["n1", "yes"]

@@ -198,21 +198,21 @@ def test_reports_that_skip_the_middlewares_keep_their_checks(start_coordinator, 
     """A report whose body has all arrived skips the middleware chain: the token is
     still checked; one whose body is still coming takes the chain (its read timeout)."""
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token, read_timeout_s=1.0)
     assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="wrong")[0] == 401
-    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="s3cret")[0] == 200
+    assert co.request("POST", "/v1/nodes/n1/report", REPORT, token="s3cret-0123456789abcdef0123456789abcdef")[0] == 200
     body = json.dumps(REPORT).encode()
-    head = (f"POST /v1/nodes/n2/report HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret"
+    head = (f"POST /v1/nodes/n2/report HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-0123456789abcdef0123456789abcdef"
             f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     answer = _exchange(co.url, [head + body[:10], body[10:]], pause=0.3)  # in time
     assert answer.startswith(b"HTTP/1.1 200") and b'"node":"n2"' in answer, answer
     answer = _exchange(co.url, [head + body[:10], body[10:]], pause=1.6)  # too slow
     assert answer.startswith(b"HTTP/1.1 408"), answer
-    answer = _exchange(co.url, [head.replace(b"s3cret", b"nope") + body[:10], body[10:]],
+    answer = _exchange(co.url, [head.replace(b"s3cret-0123456789abcdef0123456789abcdef", b"nope") + body[:10], body[10:]],
                        pause=0.3)
     assert answer.startswith(b"HTTP/1.1 401"), answer
-    assert sorted(n["name"] for n in co.request("GET", "/v1/nodes", token="s3cret")[1]) \
+    assert sorted(n["name"] for n in co.request("GET", "/v1/nodes", token="s3cret-0123456789abcdef0123456789abcdef")[1]) \
         == ["n1", "n2"]
 
 

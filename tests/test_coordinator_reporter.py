@@ -57,7 +57,7 @@ def test_no_section_no_reporter(repo, start_agent):
 def test_token_and_stats(tmp_path, repo, start_coordinator):
     add_synthetic(repo, "m", base_ms=5)
     token = tmp_path / "token"
-    token.write_text("tok\n")
+    token.write_text("tok-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token)
     agent = start(tmp_path, repo, co.url)  # no token: refused, and says why
     try:
@@ -72,7 +72,7 @@ def test_token_and_stats(tmp_path, repo, start_coordinator):
             assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200
 
         def all_in():
-            status, node = co.request("GET", "/v1/nodes/n1", token="tok")
+            status, node = co.request("GET", "/v1/nodes/n1", token="tok-0123456789abcdef0123456789abcdef")
             batches = node.get("models", {}).get("m", {}).get("batches") if status == 200 \
                 else None
             return batches and batches["1"]["count"] == 20 and node
@@ -103,5 +103,46 @@ def test_pins_from_before_a_restart_are_reverted(tmp_path, repo):
         assert agent.request("GET", "/v1/cache/mine")[2]["pinned"] is True
         time.sleep(0.1)
         assert json.loads((data / "coordinator-pins.json").read_text())["pins"] == []
+    finally:
+        agent.close()
+
+
+def test_join_once_then_report_with_the_node_credential(tmp_path, repo, start_coordinator):
+    """A used-up join token: the reporter says why and writes nothing; a fresh one: the
+    agent joins once, keeps its credential (0600) and reports with it, also after a
+    restart (the join token is gone by then)."""
+    import yaml
+
+    from agent.authconfig import AuthSettings
+    from agent.credentials import new_token, token_hash
+
+    add_synthetic(repo, "m")
+    admin = new_token()
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([{"name": "ops", "sha256": token_hash(admin),
+                                       "scopes": ["admin"]}]))
+    co = start_coordinator(auth=AuthSettings(token_file=tokens))
+    join_file, cred = tmp_path / "join", tmp_path / "state" / "node-token"
+    join_file.write_text(new_token())  # never made by the coordinator
+    agent = start(tmp_path, repo, co.url, join_token_file=join_file, credential_file=cred)
+    try:
+        status = wait_for(lambda: (lambda s: s["failures"] and s)(
+            agent.request("GET", "/v1/coordinator")[2]))
+        assert "joining the coordinator failed: 401" in status["last_error"]
+        assert not cred.exists()
+    finally:
+        agent.close()
+    made = co.request("POST", "/v1/join-tokens", {"node": "n1"}, token=admin)[1]
+    join_file.write_text(made["token"])
+    agent = start(tmp_path, repo, co.url, join_token_file=join_file, credential_file=cred)
+    try:
+        wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] >= 2)
+        assert cred.stat().st_mode & 0o777 == 0o600
+        assert co.co.store.node_credentials() == [("n1", token_hash(cred.read_text().strip()))]
+    finally:
+        agent.close()
+    agent = start(tmp_path, repo, co.url, join_token_file=join_file, credential_file=cred)
+    try:  # the join token is used up: the kept credential is what reports carry
+        wait_for(lambda: agent.request("GET", "/v1/coordinator")[2]["reports"] >= 2)
     finally:
         agent.close()

@@ -158,3 +158,27 @@ def test_question_marks_and_percents_inside_sql_text_are_kept(path):
            "  , 'it''s ?'")
     assert [tuple(r) for r in s._query(sql, (7,))] == [("why? 100%", 7, "it's ?")]
     s.close()
+
+
+def test_node_credentials_and_join_tokens(path):
+    """A join token is redeemed once and only before it expires; a node's credential is
+    replaced by its next and revoked with the node; another store on the same database
+    (another coordinator) sees each change in the version it polls."""
+    s, other = Store(path), Store(path)
+    s.add_join_token("a" * 64, "edge-1", not_after=100.0)
+    s.add_join_token("b" * 64, "edge-2", not_after=10.0)
+    assert other.redeem_join_token("b" * 64, now=11.0) is None  # expired
+    assert other.redeem_join_token("a" * 64, now=50.0) == "edge-1"
+    assert s.redeem_join_token("a" * 64, now=50.0) is None  # used
+    seen = other.node_credentials_version()
+    s.set_node_credential("edge-1", "c" * 64, now=50.0)
+    assert other.node_credentials_version() != seen
+    assert other.node_credentials() == [("edge-1", "c" * 64)]
+    seen = other.node_credentials_version()
+    s.set_node_credential("edge-1", "d" * 64, now=51.0)
+    assert other.node_credentials_version() != seen
+    assert other.node_credentials() == [("edge-1", "d" * 64)]
+    assert s.revoke_node_credential("edge-1") and not s.revoke_node_credential("edge-1")
+    assert other.node_credentials() == []
+    s.close()
+    other.close()

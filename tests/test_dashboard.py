@@ -25,26 +25,27 @@ def test_page_files_stay_on_the_server(repo, start_agent):
         assert status == 404 and "error" in body, bad
 
 
-def test_memory_endpoint_is_public_and_matches_the_cache(repo, start_agent, tmp_path):
+def test_memory_endpoint_needs_a_token_and_matches_the_cache(repo, start_agent, tmp_path):
     add_mlp(repo, "classifier")
     token = tmp_path / "token"
-    token.write_text("s3cret")
+    token.write_text("s3cret-0123456789abcdef0123456789abcdef")
     agent = start_agent(repo, admin_token_file=token)
-    status, _, memory = agent.request("GET", "/v1/memory")
+    auth = {"Authorization": "Bearer s3cret-0123456789abcdef0123456789abcdef"}
+    assert agent.request("GET", "/v1/memory")[0] == 401  # with tokens: scope read
+    status, _, memory = agent.request("GET", "/v1/memory", headers=auth)
     assert status == 200 and memory["cpu"]["budget_bytes"] == 200_000_000
     assert memory["cpu"]["used_bytes"] == 0 and memory["cpu"]["waiting_loads"] == 0
-    auth = {"Authorization": "Bearer s3cret"}
     assert agent.request("POST", "/v2/repository/models/classifier/load", headers=auth)[0] == 200
-    used = agent.request("GET", "/v1/memory")[2]["cpu"]["used_bytes"]
+    used = agent.request("GET", "/v1/memory", headers=auth)[2]["cpu"]["used_bytes"]
     info = agent.request("GET", "/v1/cache/classifier", headers=auth)[2]
     assert used == info["size_bytes"] > 0 and info["memory"]["used_bytes"] == used
 
 
 def test_coordinator_page_needs_no_token_but_its_api_does(tmp_path, start_coordinator):
     token = tmp_path / "co-token"
-    token.write_text("t0ken")
+    token.write_text("t0ken-0123456789abcdef0123456789abcdef")
     co = start_coordinator(admin_token_file=token)
     with urllib.request.urlopen(co.url + "/", timeout=10) as resp:
         assert resp.status == 200 and b"coordinator" in resp.read()
     assert co.request("GET", "/v1/nodes")[0] == 401
-    assert co.request("GET", "/v1/nodes", token="t0ken")[0] == 200
+    assert co.request("GET", "/v1/nodes", token="t0ken-0123456789abcdef0123456789abcdef")[0] == 200

@@ -1,6 +1,6 @@
 """The dashboard pages in a real headless Chromium (Debian's ``chromium``, over the
 DevTools protocol): the agent's page lists the models and shows a load done through
-the API after its refresh; with an admin token the page asks for it; the coordinator's
+the API after its refresh; with tokens the page asks for one (a read token will do); the coordinator's
 page lists nodes, the plan and predicted vs measured latency. Screenshots are taken
 (``EDGEAGENT_DASHBOARD_PNG=docs/dashboard.png`` also saves the agent's there)."""
 
@@ -106,11 +106,21 @@ def test_agent_page_shows_the_cache_and_a_load_after_its_refresh(repo, start_age
         shutil.copyfile(shot, target)
 
 
-def test_agent_page_asks_for_the_admin_token(repo, start_agent, tmp_path):
+READ_TOKEN = "read-token-0123456789abcdef0123456789abcdef"
+
+
+def test_agent_page_asks_for_a_token_and_works_with_a_read_token(repo, start_agent,
+                                                                 tmp_path):
+    import yaml
+
+    from agent.authconfig import AgentAuthSettings
+    from agent.credentials import token_hash
+
     add_mlp(repo, "classifier")
-    token_file = tmp_path / "token"
-    token_file.write_text("s3cret-token\n")
-    agent = start_agent(repo, admin_token_file=token_file)
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([{"name": "dash", "scopes": ["read"],
+                                       "sha256": token_hash(READ_TOKEN)}]))
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))
     assert agent.request("GET", "/")[0] == 200  # the page itself needs no token
     assert agent.request("GET", "/v1/cache")[0] == 401
 
@@ -127,7 +137,7 @@ def test_agent_page_asks_for_the_admin_token(repo, start_agent, tmp_path):
             await browser.wait_for("!document.getElementById('token-form').hidden")
             await browser.evaluate(
                 "(() => { const f = document.getElementById('token-form');"
-                " f.elements.token.value = 's3cret-token'; f.requestSubmit(); })()")
+                f" f.elements.token.value = '{READ_TOKEN}'; f.requestSubmit(); }})()")
             await browser.wait_for(ROW.format("classifier", "state") + " === 'unloaded'")
             assert await browser.evaluate("document.getElementById('token-form').hidden")
             assert page_errors(browser) == []

@@ -155,15 +155,15 @@ def test_sizing_refusals(start_coordinator, fleet):
 
 def test_sizing_needs_the_admin_token(start_coordinator, tmp_path):
     token = tmp_path / "token"
-    token.write_text("tok\n")
+    token.write_text("tok-0123456789abcdef0123456789abcdef\n")
     co = start_coordinator(admin_token_file=token, node_types=CATALOGUE)
     assert co.request("POST", "/v1/sizing", {"from_reports": True})[0] == 401
     assert co.request("GET", "/v1/provisioning")[0] == 401
-    assert co.request("PUT", "/v1/models/a", {"slo_ms": 100}, token="tok")[0] == 201
-    assert co.request("POST", "/v1/nodes/b1/report", report("big", 1.0), token="tok")[0] == 200
-    status, doc = co.request("POST", "/v1/sizing", {"from_reports": True}, token="tok")
+    assert co.request("PUT", "/v1/models/a", {"slo_ms": 100}, token="tok-0123456789abcdef0123456789abcdef")[0] == 201
+    assert co.request("POST", "/v1/nodes/b1/report", report("big", 1.0), token="tok-0123456789abcdef0123456789abcdef")[0] == 200
+    status, doc = co.request("POST", "/v1/sizing", {"from_reports": True}, token="tok-0123456789abcdef0123456789abcdef")
     assert status == 200 and doc["types"] == ["big"] and doc["best"] == [1]
-    assert co.request("GET", "/v1/provisioning", token="tok")[0] == 200
+    assert co.request("GET", "/v1/provisioning", token="tok-0123456789abcdef0123456789abcdef")[0] == 200
 
 
 def test_provisioning(fleet, start_coordinator):

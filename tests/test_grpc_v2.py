@@ -374,18 +374,18 @@ def test_the_calls_deadline_bounds_the_request(repo, serve):
 
 def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-0123456789abcdef0123456789abcdef\n")
     agent = serve(_repo(repo), admin_token_file=token)
     client = grpcclient.InferenceServerClient(agent.grpc_url)
-    auth = {"authorization": "Bearer s3cret"}
+    auth = {"authorization": "Bearer s3cret-0123456789abcdef0123456789abcdef"}
     for call in (lambda h: client.get_model_repository_index(headers=h),
                  lambda h: client.load_model("simple", headers=h),
                  lambda h: client.unload_model("simple", headers=h)):
-        for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": "s3cret-0123456789abcdef0123456789abcdef"}):
             with pytest.raises(InferenceServerException) as err:
                 call(headers)
             assert err.value.status() == "StatusCode.UNAUTHENTICATED"
-            assert "authorization" in err.value.message()
+            assert "authorization" in err.value.message().lower()
     index = client.get_model_repository_index(headers=auth, as_json=True)["models"]
     assert {m["name"] for m in index} == {"simple", "simple_string", "mlp0", "mlp1", "mlp2"}
     assert {m["state"] for m in index} == {"UNAVAILABLE"}
@@ -401,7 +401,7 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     assert err.value.status() == "StatusCode.NOT_FOUND"
     # Triton's config override (parameters.config), as over HTTP
     client.load_model("simple", headers=auth, config='{"max_batch_size": 16}')
-    assert client.get_model_config("simple").config.max_batch_size == 16
+    assert client.get_model_config("simple", headers=auth).config.max_batch_size == 16
     for params, words in (({"config": '"parameters": {"config": {}}'}, ["config"]),
                           ({"config": "{}", "files": {"file:1/model.onnx": b"x"}},
                            ["unsupported load parameter", "file:1/model.onnx"])):
@@ -410,7 +410,7 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
         assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
         for word in ["failed to load", *words]:
             assert word in err.value.message(), err.value.message()
-    assert client.get_model_config("simple").config.max_batch_size == 16  # kept
+    assert client.get_model_config("simple", headers=auth).config.max_batch_size == 16  # kept
     # The data plane needs no token.
     inputs, a, b = _simple_inputs()
     np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
@@ -625,3 +625,41 @@ def test_grpc_port_config_key(tmp_path):
     for bad in (70000, -1, "x", 1.5):
         with pytest.raises(ConfigError, match="grpc_port"):
             parse_agent_config({"grpc_port": bad})
+
+
+def test_scoped_tokens_over_grpc(repo, serve, tmp_path):
+    """No or an unknown token: UNAUTHENTICATED; a token without the scope:
+    PERMISSION_DENIED; with auth.protect the data plane needs an infer token."""
+    import yaml
+
+    from agent.authconfig import AgentAuthSettings
+    from agent.credentials import new_token, token_hash
+
+    read, infer = new_token(), new_token()
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([
+        {"name": "r", "sha256": token_hash(read), "scopes": ["read"]},
+        {"name": "i", "sha256": token_hash(infer), "scopes": ["infer"]}]))
+    agent = serve(_repo(repo), auth=AgentAuthSettings(token_file=tokens,
+                                                      protect=("infer",)))
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    inputs, a, b = _simple_inputs()
+
+    def code(call):
+        with pytest.raises(InferenceServerException) as err:
+            call()
+        return err.value.status()
+
+    assert code(lambda: client.infer("simple", inputs)) == "StatusCode.UNAUTHENTICATED"
+    assert code(lambda: client.infer("simple", inputs, headers={
+        "authorization": f"Bearer {new_token()}"})) == "StatusCode.UNAUTHENTICATED"
+    assert code(lambda: client.infer("simple", inputs, headers={
+        "authorization": f"Bearer {read}"})) == "StatusCode.PERMISSION_DENIED"
+    assert code(lambda: client.get_model_repository_index(headers={
+        "authorization": f"Bearer {infer}"})) == "StatusCode.PERMISSION_DENIED"
+    assert code(lambda: client.get_model_config("simple", headers={
+        "authorization": f"Bearer {infer}"})) == "StatusCode.PERMISSION_DENIED"
+    out = client.infer("simple", inputs, headers={"authorization": f"Bearer {infer}"})
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), a + b)
+    assert client.get_model_config("simple", headers={"authorization": f"Bearer {read}"})
+    assert client.is_server_live()  # health needs nothing

@@ -109,7 +109,7 @@ def test_model_that_can_never_fit(repo, start_agent):
 def test_admin_token_is_enforced(repo, start_agent, tmp_path):
     add_synthetic(repo, "s")
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    token_file.write_text("s3cret-0123456789abcdef0123456789abcdef\n")
     agent = start_agent(repo, admin_token_file=token_file)
     for method, path in [("GET", "/v1/cache"), ("GET", "/v1/cache/s"),
                          ("POST", "/v1/cache/s/pin"), ("POST", "/v2/repository/index"),
@@ -118,7 +118,7 @@ def test_admin_token_is_enforced(repo, start_agent, tmp_path):
         assert status == 401 and "Bearer" in body["error"], path
         status, _, _ = agent.request(method, path, headers={"Authorization": "Bearer wrong"})
         assert status == 401
-        status, _, _ = agent.request(method, path, headers={"Authorization": "Bearer s3cret"})
+        status, _, _ = agent.request(method, path, headers={"Authorization": "Bearer s3cret-0123456789abcdef0123456789abcdef"})
         assert status == 200, path
     # inference and health stay open
     assert agent.request("GET", "/v2/health/ready")[0] == 200

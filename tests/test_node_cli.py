@@ -12,7 +12,7 @@ def test_cache_cli(repo, start_agent, tmp_path):
     add_synthetic(repo, "alpha", size_bytes=3_000_000)
     add_synthetic(repo, "beta")
     token = tmp_path / "token"
-    token.write_text("tok")
+    token.write_text("tok-0123456789abcdef0123456789abcdef")
     agent = start_agent(repo, admin_token_file=token)
     run = CliRunner().invoke
     base = ["cache", "--token-file", str(token)]
@@ -46,7 +46,7 @@ def test_cache_options_follow_the_subcommand(repo, start_agent, tmp_path, monkey
     monkeypatch.delenv("EDGEAGENT_TOKEN", raising=False)
     add_synthetic(repo, "alpha")
     token = tmp_path / "token"
-    token.write_text("tok\n")
+    token.write_text("tok-0123456789abcdef0123456789abcdef\n")
     wrong = tmp_path / "wrong"
     wrong.write_text("nope")
     agent = start_agent(repo, admin_token_file=token)

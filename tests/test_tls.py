@@ -237,16 +237,18 @@ def test_the_reporter_says_why_the_coordinator_is_refused_while_inference_goes_o
 
 
 def test_the_reporter_keeps_one_connection_with_a_client_certificate(
-        pki, repo, start_agent, start_coordinator):
+        pki, repo, start_agent, start_coordinator, tmp_path):
     co = start_coordinator(tls=settings(pki, client_ca_file=pki["ca"].cert_file,
                                         client_auth="require"))
     handshakes = []
     co.co.tls.context.sni_callback = lambda sock, name, ctx: handshakes.append(name)
     add_synthetic(repo, "m")
+    # the certificate names the node: it may post only edge-1's report (NodeRestriction)
+    node = issue_cert(pki["ca"], tmp_path, "edge-1", hosts=("edge-1",))
     agent = start_agent(repo, coordinator=CoordinatorLink(
         url=co.url.replace("127.0.0.1", "localhost"), report_interval_s=0.1,
         node_name="edge-1", ca_file=pki["ca"].cert_file,
-        cert_file=pki["client"].cert_file, key_file=pki["client"].key_file))
+        cert_file=node.cert_file, key_file=node.key_file))
     wait_for(lambda: _status(agent)["reports"] >= 10, 30, "10 reports")
     assert _status(agent)["last_error"] is None
     assert handshakes == ["localhost"]

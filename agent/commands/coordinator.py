@@ -34,7 +34,7 @@ def coordinator() -> None:
 
 
 async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -> None:
-    """Serve until SIGTERM/SIGINT."""
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the token and TLS files."""
     import asyncio
     import signal
 

@@ -8,7 +8,7 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
                                           (?limit=N&after=NAME: a page)
-    DELETE /v1/nodes/{name}               forget a node
+    DELETE /v1/nodes/{name}               forget a node (and revoke its credential)
     GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
                                           and the latency they measured
     PUT    /v1/models/{name}              set a model's SLO (catalog.py)
@@ -16,10 +16,15 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
+    POST   /v1/join-tokens, /v1/join      a node's own credential (api_join)
+    GET    /metrics                       failed authentications (Prometheus text)
     GET    /                              the dashboard page (agent.dashboard)
 
-With ``admin_token_file`` every path but ``/v1/health`` and the dashboard's needs
-``Authorization: Bearer <token>`` (agents send it from their ``coordinator.token_file``).
+With tokens (``admin_token_file``, ``auth.token_file``) every path but ``/v1/health`` and
+the dashboard's files needs ``Authorization: Bearer <token>`` (``coordinator_need``): a
+read token reads (GET), a node's report token (or its client certificate's name) posts
+only that node's report, an admin token does everything. SIGHUP re-reads the token
+files (``Coordinator.reload``), here and in every report worker.
 
 Several coordinators may share one PostgreSQL store (``store: postgresql://...``): all
 answer reports; the one holding the store's planning lock (``Store.leadership``) plans,
@@ -39,7 +44,7 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
-from agent.coordinator import api_fleet
+from agent.coordinator import api_fleet, api_join
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
@@ -53,7 +58,8 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.httpauth import bearer_auth, read_token, token_matches
+from agent.credentials import Credential, Credentials, load_credentials, node_credential
+from agent.httpauth import Guard, Need, request_peer, scoped_auth
 from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
@@ -70,8 +76,13 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.admin_token = read_token(config.admin_token_file)
         self.store = open_store(config)
+        #: The tokens accepted (the token files' and the nodes' own, from the store)
+        #: and the failed-auth throttle and counts.
+        self.file_creds = self.file_credentials()
+        self._node_creds_seen: tuple | None = None
+        self.node_creds: list[Credential] = self._node_credentials_step() or []
+        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]))
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
@@ -85,12 +96,48 @@ class Coordinator:
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
 
+    def file_credentials(self) -> list[Credential]:
+        return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
+
     def reload(self) -> None:
-        """SIGHUP: the TLS files read again, here and in every report worker (a bad file
-        raises ``ValueError`` and the running certificates stay)."""
+        """SIGHUP: the token files and the TLS files read again, here and in every
+        report worker. A token file that cannot be read keeps the tokens in use
+        (logged); a bad TLS file raises ``ValueError`` and the running certificates
+        stay."""
+        try:
+            self.file_creds = self.file_credentials()
+            log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
+            self._accept()
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: keeping the tokens in use: %s", exc)
         if self.tls is not None:
             self.tls.reload()
             self.workers.reload()
+
+    def _accept(self) -> None:
+        """Accept the file and node credentials held now, here and in the workers."""
+        self.guard.credentials.replace([*self.file_creds, *self.node_creds])
+        if self.workers.workers:
+            self.spawn(self.workers.push_credentials(self.guard.credentials.creds))
+
+    def _node_credentials_step(self) -> list[Credential] | None:
+        """(In a worker thread) the nodes' credentials in the store when they changed
+        since last read (by this coordinator or another on the same database)."""
+        seen = self.store.node_credentials_version()
+        if seen == self._node_creds_seen:
+            return None
+        creds = [node_credential(node, digest) for node, digest in
+                 self.store.node_credentials()]
+        self._node_creds_seen = seen
+        return creds
+
+    async def refresh_node_credentials(self) -> None:
+        """Accept the nodes' credentials as the store holds them now."""
+        creds = await asyncio.get_running_loop().run_in_executor(
+            None, self._node_credentials_step)
+        if creds is not None:
+            self.node_creds = creds
+            self._accept()
 
     def adopt(self, plan: StoredPlan | None) -> None:
         """Serve ``plan`` unless a newer one is served; the report workers too."""
@@ -128,6 +175,7 @@ class Coordinator:
             await asyncio.sleep(self.follow_interval_s)
             try:
                 leading, plan = await loop.run_in_executor(None, self._follow_step)
+                await self.refresh_node_credentials()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the store is down: try again
@@ -181,15 +229,40 @@ class Coordinator:
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
 
 
+_READ = Need("read")
+_ADMIN = Need("admin")
+
+
+def coordinator_need(request: web.Request) -> Need | None:
+    """What a request to the coordinator needs once it has tokens: a node's report its
+    node's credential (or admin), GETs read, the rest admin; health, the dashboard's
+    files and the join (its join token is checked there) nothing."""
+    path = request.path
+    if path == "/v1/health" or is_dashboard_path(path) or path == "/v1/join":
+        return None
+    if request.match_info.handler is node_report:
+        return Need("report", request.match_info["name"])
+    return _READ if request.method in ("GET", "HEAD") else _ADMIN
+
+
+def _forward_key(request: web.Request) -> str:
+    return request.app[COORDINATOR].workers.forward_key
+
+
 def _report_lane(request: web.Request) -> bool:
     """Whether ``request`` is a report that may skip the rest of the middlewares
     (thousands a second, each paying for the whole chain otherwise): its whole body has
-    arrived (no read timeout to watch) and it carries the admin token or none is set.
-    Any other request takes the chain, which answers 401 and 408 as for every path."""
+    arrived (no read timeout to watch) and its credential may post it, or none is
+    needed. Any other request takes the chain, which answers 401, 403 and 408 as for
+    every path (a refusal is counted there, once)."""
     if request.match_info.handler is not node_report or not request.content.is_eof():
         return False
-    token = request.app[COORDINATOR].admin_token
-    return token is None or token_matches(request.headers.get("Authorization", ""), token)
+    guard = request.app[COORDINATOR].guard
+    _, name = request_peer(request, _forward_key(request), certificates=True)
+    if not guard.checks(name):
+        return True
+    return guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
+                       name).status == 200
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
@@ -283,7 +356,10 @@ async def node_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     co.writer.forget(name)
     stored = co.store.delete_node(name)
-    if not co.fleet.forget(name) and not stored:
+    revoked = co.store.revoke_node_credential(name)  # a deleted node must join again
+    if revoked:
+        await co.refresh_node_credentials()
+    if not co.fleet.forget(name) and not stored and not revoked:
         return json_error(404, f"unknown node {name!r}")
     return web.json_response({"deleted": name})
 
@@ -336,6 +412,18 @@ async def model_delete(request: web.Request) -> web.Response:
     return web.json_response({"deleted": name})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Failed authentications (Prometheus text), this process's and its workers'."""
+    co = request.app[COORDINATOR]
+    failures = dict(co.guard.failures)
+    for counts in co.workers.auth_failures.values():
+        for reason, count in counts.items():
+            failures[reason] = failures.get(reason, 0) + count
+    lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
+    return web.Response(text="\n".join(lines) + "\n",
+                        content_type="text/plain", charset="utf-8")
+
+
 async def plan_get(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     current = co.fleet.plan
@@ -372,6 +460,7 @@ async def start_report_workers(app: web.Application, runner: web.AppRunner,
     internal = site._server.sockets[0].getsockname()[1]
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
+    await co.workers.push_credentials(co.guard.credentials.creds)
     if await co.workers.start(port, f"http://127.0.0.1:{internal}"):
         for listener in public:
             await listener.stop()
@@ -388,8 +477,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
-        bearer_auth(lambda r: r.app[COORDINATOR].admin_token,
-                    lambda p: p != "/v1/health" and not is_dashboard_path(p)),
+        scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
+                    certificates=True),
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
@@ -404,8 +493,10 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_put("/v1/models/{name}", model_put)
     r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
+    r.add_get("/metrics", metrics)
     r.add_post("/v1/plan", plan_post)
     api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
+    api_join.add_routes(app, COORDINATOR)  # POST /v1/join-tokens, /v1/join
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:

@@ -18,6 +18,7 @@ from msgspec import field, structs
 
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
+from agent.authconfig import AuthSettings
 from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
 from agent.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, string
@@ -62,9 +63,13 @@ class CoordinatorConfig(Section):
         "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
         commented=True)] = field(default_factory=default_state_dir)
     admin_token_file: Annotated[Path | None, setting(
-        "file holding a bearer token that every endpoint but /v1/health then requires; "
-        "agents send it from their coordinator.token_file",
+        "file holding a bearer token with scope admin (every endpoint); with any token "
+        "every endpoint but /v1/health needs one; agents had better report with a node "
+        "token each (auth.token_file, or edgeagent token join)",
         example="/etc/edgeagent-coordinator/admin-token")] = None
+    auth: Annotated[AuthSettings, setting(
+        "scoped tokens: admin (everything), read (GET endpoints, the dashboard), report "
+        "(a node's own report; give its node)")] = field(default_factory=AuthSettings)
     plan_interval_s: Annotated[Positive, setting(
         "Faro's long-term plan every this many seconds ...")] = 300.0
     plan_window_s: Annotated[Positive, setting(

@@ -7,7 +7,9 @@ coordinator starts N worker processes that listen on its port too (``SO_REUSEPOR
 the kernel spreads connections over the listeners; an agent's keep-alive connection
 stays with one). A worker
 
-* answers ``POST /v1/nodes/{name}/report`` itself: checks the admin token, validates
+* answers ``POST /v1/nodes/{name}/report`` itself: checks its credential (the node's
+  own, or admin: the coordinator's rule, ``agent.httpauth``; the tokens the coordinator
+  accepts come over the pipe, again on SIGHUP), throttles failures per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
   plan, which the coordinator pushes to every worker when it adopts one, and answers
   503 while the coordinator says its store is failing;
@@ -15,7 +17,9 @@ stays with one). A worker
   coordinator records the node, writes it with its own group commit and shows the
   directives issued (``GET /v1/nodes``) as for a report it answered itself;
 * forwards every other request to the coordinator, as it came, over a loopback
-  listener of the coordinator's own (the token is checked there);
+  listener of the coordinator's own (the token is checked there), with the real peer
+  address and certificate name in headers the coordinator trusts only with the forward
+  key it gave the worker (``agent.httpauth.FORWARD_KEY``);
 * serves the coordinator's ``tls:`` with a context of its own, read again when the
   coordinator, on SIGHUP, says ``reload``.
 
@@ -30,6 +34,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import threading
 import time
@@ -44,7 +49,9 @@ from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
-from agent.httpauth import bearer_auth, read_token
+from agent.credentials import Credential, Credentials
+from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
+                            certificate_name, scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
 from agent.tls import ServerTls
 
@@ -58,7 +65,8 @@ LISTENING = "listening"
 # hop-by-hop and framing headers, which a forwarder sets itself (RFC 9110 §7.6.1)
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                   "upgrade", "proxy-authorization", "proxy-authenticate", "host",
-                  "content-length", "content-encoding", "date", "server"})
+                  "content-length", "content-encoding", "date", "server",
+                  FORWARD_KEY.lower(), FORWARDED_PEER.lower(), FORWARDED_NAME.lower()})
 
 # one answered report as handed over: what to write, its models, the directives' JSON
 Answered = tuple[ReportRecord, ReportedModels, bytes]
@@ -95,6 +103,11 @@ class ReportWorkers:
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
         self._health: tuple = ("store", True, None)
+        self._credentials: tuple = ("credentials", ())
+        #: Vouches for the peer a worker forwards (never leaves this machine's processes).
+        self.forward_key = secrets.token_urlsafe(32)
+        #: Each worker's failed-auth counts, as it last told.
+        self.auth_failures: dict[int, dict[str, int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -122,7 +135,8 @@ class ReportWorkers:
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
-                  self._plan, self._health, os.getpid()))
+                  (self._plan, self._health, self._credentials), self.forward_key,
+                  os.getpid()))
         worker.proc.start()
         up_child.close()
         down_child.close()
@@ -141,6 +155,9 @@ class ReportWorkers:
                 return
             if message == LISTENING:
                 worker.listening.set()
+                continue
+            if isinstance(message, tuple) and message[0] == "auth":
+                self.auth_failures[worker.index] = message[1]
                 continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
@@ -170,6 +187,11 @@ class ReportWorkers:
         if self.workers and (healthy, error) != self._health[1:]:
             self._health = ("store", healthy, error)
             await self._broadcast(self._health)
+
+    async def push_credentials(self, creds: tuple[Credential, ...]) -> None:
+        """Tell every worker the credentials the coordinator accepts now (hashes)."""
+        self._credentials = ("credentials", tuple(creds))
+        await self._broadcast(self._credentials)
 
     async def _broadcast(self, message: tuple) -> None:
         loop = asyncio.get_running_loop()
@@ -208,11 +230,12 @@ class _WorkerState:
     """What one worker holds: the plan (a ``Fleet`` that answers from it), the store's
     health as last told, and the answered reports not yet handed over."""
 
-    def __init__(self, config: CoordinatorConfig, internal_url: str) -> None:
+    def __init__(self, config: CoordinatorConfig, internal_url: str, forward_key: str
+                 ) -> None:
         self.fleet = Fleet(config.directive_ttl_s)
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.token = read_token(config.admin_token_file)
-        self.internal_url = internal_url
+        self.guard = Guard(Credentials())
+        self.internal_url, self.forward_key = internal_url, forward_key
         self.healthy, self.error = True, None
         self.answered: list[Answered] = []
         self.session: ClientSession | None = None
@@ -224,6 +247,8 @@ class _WorkerState:
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
             _, self.healthy, self.error = message
+        elif message[0] == "credentials":
+            self.guard.credentials.replace(message[1])
         elif message[0] == "reload" and self.tls is not None:
             try:
                 self.tls.reload()
@@ -250,6 +275,11 @@ async def _forward(request: web.Request) -> web.StreamResponse:
     """Anything but a report: to the coordinator, and its answer back, as they are."""
     state = request.app[WORKER]
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    headers[FORWARD_KEY] = state.forward_key
+    headers[FORWARDED_PEER] = request.remote or "unknown"
+    name = certificate_name(request.transport)
+    if name:
+        headers[FORWARDED_NAME] = name
     try:
         async with state.session.request(
                 request.method, request.rel_url, headers=headers,
@@ -263,8 +293,11 @@ async def _forward(request: web.Request) -> web.StreamResponse:
                           f"answer ({type(exc).__name__}); try again", {"Retry-After": "1"})
 
 
-def _is_report_path(path: str) -> bool:
-    return path.startswith("/v1/nodes/") and path.endswith("/report")
+def _report_need(request: web.Request) -> Need | None:
+    """A report needs its node's credential; the rest is checked by the coordinator."""
+    if request.match_info.handler is _report:
+        return Need("report", request.match_info["name"])
+    return None
 
 
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
@@ -272,7 +305,7 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
-        bearer_auth(lambda r: r.app[WORKER].token, _is_report_path),
+        scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True),
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[WORKER] = state
@@ -282,19 +315,20 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
 
 
 def _serve(config: CoordinatorConfig, port: int, internal_url: str, up: Any, down: Any,
-           plan: tuple | None, health: tuple, parent: int) -> None:
+           told: tuple, forward_key: str, parent: int) -> None:
     """The worker process."""
     exit_with_parent(parent)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_event_loop(_worker_main(config, port, internal_url, up, down, plan, health))
+    run_event_loop(_worker_main(config, port, internal_url, up, down, told, forward_key))
 
 
 async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, up: Any,
-                       down: Any, plan: tuple | None, health: tuple) -> None:
+                       down: Any, told: tuple, forward_key: str) -> None:
+    """``told``: the plan, store health and credentials messages to start with."""
     loop = asyncio.get_running_loop()
-    state = _WorkerState(config, internal_url)
-    for message in (plan, health):
+    state = _WorkerState(config, internal_url, forward_key)
+    for message in told:
         if message is not None:
             state.take(message)
     stop = asyncio.Event()
@@ -326,12 +360,17 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             up.send(message)
     send(LISTENING)
 
+    told_failures: dict[str, int] = {}
+
     async def hand_over() -> None:
         while True:
             await asyncio.sleep(BATCH_S)
             batch, state.answered = state.answered, []
             if batch:
                 await loop.run_in_executor(None, send, batch)
+            if state.guard.failures != told_failures:
+                told_failures.update(state.guard.failures)
+                await loop.run_in_executor(None, send, ("auth", dict(told_failures)))
 
     handing = loop.create_task(hand_over())
     try:

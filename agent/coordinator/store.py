@@ -100,6 +100,19 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE nodes ADD COLUMN summary TEXT;
     CREATE INDEX nodes_by_last_seen ON nodes (last_seen);
     """,
+    # 4: node identity: each node's own report token and one-time join tokens, by hash.
+    """
+    CREATE TABLE node_credentials (
+        node TEXT PRIMARY KEY,
+        sha256 TEXT NOT NULL,           -- of the node's token (agent.credentials)
+        created REAL NOT NULL
+    );
+    CREATE TABLE join_tokens (
+        sha256 TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        not_after REAL NOT NULL
+    );
+    """,
 )
 
 PLANS_KEPT = 100
@@ -342,6 +355,44 @@ class Store:
         return [(t, c) for t, c in self._query(
             "SELECT t, count FROM rate_bins WHERE model = ? AND step = ? AND t >= ? "
             "ORDER BY t", (model, self.rate_step_s, since))]
+
+    # -- node identity ---------------------------------------------------------------
+    def add_join_token(self, digest: str, node: str, not_after: float) -> None:
+        """A one-time token (its hash) that lets ``node`` obtain its credential."""
+        with self._tx() as db:
+            db.execute("INSERT INTO join_tokens (sha256, node, not_after) VALUES (?, ?, ?)",
+                       (digest, node, not_after))
+
+    def redeem_join_token(self, digest: str, now: float) -> str | None:
+        """The node a join token was made for, used up (None: unknown, used or
+        expired); expired tokens are dropped on the way."""
+        with self._tx() as db:
+            db.execute("DELETE FROM join_tokens WHERE not_after < ?", (now,))
+            row = db.execute("DELETE FROM join_tokens WHERE sha256 = ? RETURNING node",
+                             (digest,)).fetchone()
+            return row[0] if row else None
+
+    def set_node_credential(self, node: str, digest: str, now: float) -> None:
+        """``node``'s credential from now on (a former one stops working)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO node_credentials (node, sha256, created) VALUES (?, ?, ?) "
+                       "ON CONFLICT(node) DO UPDATE SET sha256 = excluded.sha256, "
+                       "created = excluded.created", (node, digest, now))
+
+    def revoke_node_credential(self, node: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM node_credentials WHERE node = ?",
+                              (node,)).rowcount > 0
+
+    def node_credentials_version(self) -> tuple:
+        """Changes whenever a node credential is set or revoked (cheap: to notice one
+        another coordinator set)."""
+        return tuple(self._query("SELECT COUNT(*), MAX(created) FROM node_credentials")[0])
+
+    def node_credentials(self) -> list[tuple[str, str]]:
+        """``(node, sha256)`` of every node credential."""
+        return [(n, d) for n, d in self._query(
+            "SELECT node, sha256 FROM node_credentials ORDER BY node")]
 
     # -- catalog ---------------------------------------------------------------------
     def put_model(self, slo: ModelSLO, now: float) -> bool:

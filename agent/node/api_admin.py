@@ -77,7 +77,9 @@ async def memory(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return web.Response(body=request.app[NODE].metrics.render(),
+    node = request.app[NODE]
+    auth = "\n".join(node.guard.metrics_lines("edgeagent")).encode() + b"\n"
+    return web.Response(body=node.metrics.render() + auth,
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -20,8 +20,9 @@ from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.httpauth import bearer_auth
+from agent.httpauth import scoped_auth
 from agent.memory import tune_malloc
+from agent.node.access import endpoint_need
 from agent.node import api_admin, api_tfserving, api_triton, api_v2, reporter
 from agent.node.node import Node
 from agent.node.routes import NODE
@@ -55,11 +56,10 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
         return json_error(500, "internal error (logged)")
 
 
-_PROTECTED = ("/v1/cache", "/v2/repository")
-
-
-auth_middleware = bearer_auth(lambda request: request.app[NODE].admin_token,
-                              lambda path: path.startswith(_PROTECTED))
+auth_middleware = scoped_auth(
+    lambda request: request.app[NODE].guard,
+    lambda request: endpoint_need(request.method, request.path,
+                                  request.app[NODE].config.auth.protect))
 
 
 def prepare_process() -> None:

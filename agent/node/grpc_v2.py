@@ -13,8 +13,10 @@ Errors: an ``AgentError`` answers with the status code ``agent.errors.grpc_code`
 its HTTP status to (503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, 400 INVALID_ARGUMENT,
 404 NOT_FOUND, ...), its message as the details, and ``retry-after`` (whole seconds)
 in the trailing metadata when it carries one; anything else is INTERNAL, logged.
-The repository RPCs need the admin token as ``authorization: Bearer <token>`` metadata
-when the agent has one, like ``/v2/repository`` over HTTP. ``ModelStreamInfer`` answers
+With tokens, each RPC needs what its HTTP route needs (``agent.node.access``)
+as ``authorization: Bearer <token>`` metadata: no or an unknown token answers
+UNAUTHENTICATED, a token without the scope PERMISSION_DENIED, a throttled peer
+RESOURCE_EXHAUSTED. ``ModelStreamInfer`` answers
 UNIMPLEMENTED.
 
 Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
@@ -39,7 +41,7 @@ from google.protobuf import json_format
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
-from agent.httpauth import token_matches
+from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
@@ -235,21 +237,30 @@ def _rpc(method: Callable) -> Callable:
     return handler
 
 
+#: A refusal's HTTP status as a gRPC status code.
+_AUTH_CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
+               429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over one ``Node``."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def _check_admin(self, context: grpc.aio.ServicerContext) -> None:
-        token = self.node.admin_token
-        if token is None:
+    async def _check(self, context: grpc.aio.ServicerContext, path: str) -> None:
+        """Abort unless the caller's token meets what HTTP ``path`` needs."""
+        guard = self.node.guard
+        need = endpoint_need("POST", path, self.node.config.auth.protect)
+        if need is None or not guard.checks():
             return
         given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not token_matches(given, token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "repository RPCs need metadata 'authorization: Bearer "
-                                "<token>' (the agent's admin token)")
+        peer = context.peer() or "unknown"  # ipv4:127.0.0.1:5000: the address, no port
+        verdict = guard.authorize(given, need, peer=peer.rsplit(":", 1)[0])
+        if verdict.status != 200:
+            if verdict.retry_after:
+                context.set_trailing_metadata((("retry-after", str(verdict.retry_after)),))
+            await context.abort(_AUTH_CODES[verdict.status], verdict.message)
 
     @_rpc
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -266,6 +277,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        await self._check(context, "/v2/models/m")
         doc = await api_v2.model_metadata_doc(self.node, request.name,
                                               _version(request.version, request.name))
 
@@ -278,11 +290,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
+        await self._check(context, "/v2/models/m/ready")
         entry = self.node.cache.entry(request.name, _version(request.version, request.name))
         return pb.ModelReadyResponse(ready=entry.state is State.READY)
 
     @_rpc
     async def ModelConfig(self, request: Any, context: Any) -> Any:
+        await self._check(context, "/v2/models/m/config")
         doc = await api_triton.model_config_doc(self.node, request.name,
                                                 _version(request.version, request.name))
         response = pb.ModelConfigResponse()
@@ -291,6 +305,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        await self._check(context, "/v2/models/m/stats")
         name = request.name or None  # "": every model
         version = _version(request.version, request.name) if name else None
         response = pb.ModelStatisticsResponse()
@@ -299,6 +314,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        await self._check(context, "/v2/models/m/infer")
         node = self.node
         started = time.perf_counter()
         name = request.model_name
@@ -345,7 +361,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        await self._check_admin(context)
+        await self._check(context, "/v2/repository")
         self._check_repository(request.repository_name)
         items = api_v2.repository_index_items(self.node, request.ready)
         return pb.RepositoryIndexResponse(
@@ -353,7 +369,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
-        await self._check_admin(context)
+        await self._check(context, "/v2/repository")
         self._check_repository(request.repository_name)
         await api_v2.load_with_parameters(
             self.node, request.model_name, _parameters(request.parameters, "parameter"))
@@ -361,7 +377,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
-        await self._check_admin(context)
+        await self._check(context, "/v2/repository")
         self._check_repository(request.repository_name)
         params = _parameters(request.parameters, "parameter")
         unknown = set(params) - {"unload_dependents"}  # the agent has no dependents

@@ -1,5 +1,5 @@
 """The ``Node``: everything one agent process serves (repository, model cache, batching
-layer, metrics, admin token, the TF Serving host, GPU accounting), with its warm start,
+layer, metrics, tokens, the TF Serving host, GPU accounting), with its warm start,
 state file and reload. ``agent.node.app`` stores it on the aiohttp app under
 ``agent.node.routes.NODE``, where the route modules find it.
 """
@@ -17,7 +17,8 @@ from typing import Any, Callable
 from agent.backends import Backend, BackendError, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
-from agent.httpauth import read_token
+from agent.credentials import Credentials, load_credentials
+from agent.httpauth import Guard
 from agent.httpbody import BodyMemory
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
@@ -43,7 +44,7 @@ def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
 
 
 class Node:
-    """Everything one agent process serves: repository, cache, metrics, admin token."""
+    """Everything one agent process serves: repository, cache, metrics, tokens."""
 
     def __init__(self, config: AgentConfig, *, budgets: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -83,7 +84,9 @@ class Node:
         self.metrics = Metrics(self.cache, self.serving, self.body_memory)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
-        self.admin_token = read_token(config.admin_token_file)
+        #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
+        self.guard = Guard(Credentials(load_credentials(config.admin_token_file,
+                                                        config.auth.token_file)))
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.
         self.overrides: dict[str, dict] = {}
@@ -224,7 +227,7 @@ class Node:
         self.rescan()
 
     def reload(self, config: AgentConfig) -> None:
-        """Apply a re-read config (SIGHUP): budget, admin token, then rescan."""
+        """Apply a re-read config (SIGHUP): budget, tokens, then rescan."""
         if config.repository != self.config.repository:
             log.warning("SIGHUP: changing the repository needs a restart; keeping %s",
                         self.config.repository)
@@ -236,9 +239,10 @@ class Node:
         self.cache.load_retry_s = config.load_retry_s
         self.cache.idle_unload_s = config.idle_unload_s
         try:
-            self.admin_token = read_token(config.admin_token_file)
+            self.guard.credentials.replace(load_credentials(config.admin_token_file,
+                                                            config.auth.token_file))
         except (OSError, ValueError) as exc:
-            log.error("SIGHUP: keeping the old admin token: %s", exc)
+            log.error("SIGHUP: keeping the old tokens: %s", exc)
         self.config = config
         self.rescan()
 

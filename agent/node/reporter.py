@@ -44,8 +44,8 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import CoordinatorLink
-from agent.httpauth import read_token
 from agent.node.cache import CacheError
+from agent.node.join import report_token
 from agent.node.lifecycle import State
 from agent.node.state import read_state, write_state
 from agent.tls import client_context, verify_failure
@@ -300,7 +300,7 @@ class Reporter:
         """Send one report; the directives in the answer (raises on any failure)."""
         assert self._session is not None, "start() first"
         body = self.build_report()
-        token = read_token(self.link.token_file)
+        token = await report_token(self._session, self.link, self.name)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with self._session.post(self.url, json=body, headers=headers) as resp:
             try:

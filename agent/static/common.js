@@ -1,5 +1,6 @@
 // Shared by the agent's and the coordinator's dashboard: polling the server's own JSON
-// API (with the admin token where the server asks for one), formatting, DOM building.
+// API (with the token the user gives where the server asks for one: a read token does),
+// formatting, DOM building.
 "use strict";
 
 const Dash = (() => {
@@ -16,7 +17,10 @@ const Dash = (() => {
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = "Bearer " + token;
     const response = await fetch(path, { headers, cache: "no-store" });
-    if (response.status === 401) throw new NeedsToken(path + " needs the admin token");
+    if (response.status === 401 || response.status === 403) {
+      throw new NeedsToken(response.status === 401 ? "this server needs a token (scope read)"
+                           : "this token lacks the read scope: give a read token");
+    }
     const body = await response.json().catch(() => null);
     if (!response.ok) {
       const error = new Error((body && body.error) || `${path}: HTTP ${response.status}`);
@@ -80,7 +84,7 @@ const Dash = (() => {
   // Run update() now and every refreshMs, or REFRESH_SHARE⁻¹ times as long as the last
   // update took where that is longer (a page on a fleet of 10,000 nodes must not keep
   // the coordinator busy); show its state in #status; ask for the token
-  // (form#token-form) when the server answers 401.
+  // (form#token-form) when the server answers 401 or 403.
   function poll(update) {
     const status = document.getElementById("status");
     const form = document.getElementById("token-form");
@@ -104,7 +108,7 @@ const Dash = (() => {
       } catch (error) {
         if (error instanceof NeedsToken) {
           form.hidden = false;
-          status.textContent = "this server needs its admin token";
+          status.textContent = error.message;
         } else {
           status.textContent = "error: " + error.message;
         }

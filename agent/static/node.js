@@ -1,5 +1,5 @@
 // The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/cache
-// (models; needs the admin token where one is set), refreshed every ?refresh= ms.
+// (models; needs a read token where the agent has tokens), refreshed every ?refresh= ms.
 "use strict";
 
 (() => {

@@ -1,0 +1,27 @@
+"""Which scope each of the agent's endpoints needs once it has tokens (HTTP routes and
+the gRPC RPCs alike: an RPC needs what its HTTP route needs)."""
+
+from __future__ import annotations
+
+from agent.httpauth import Need
+
+_READ_ONLY = ("GET", "HEAD")
+_ADMIN, _READ, _INFER = Need("admin"), Need("read"), Need("infer")
+
+
+def endpoint_need(method: str, path: str, protect: tuple[str, ...]) -> Need | None:
+    """What a request to the agent needs once it has tokens: admin for the repository
+    and cache changes, read for the cache, memory, configs and the coordinator link;
+    /metrics and statistics (read) and inference (infer) only when ``protect`` names
+    their group; health, server metadata and the dashboard's files never (None)."""
+    if path.startswith("/v2/repository") or (path.startswith("/v1/cache")
+                                             and method not in _READ_ONLY):
+        return _ADMIN
+    if path.startswith("/v1/cache") or path in ("/v1/memory", "/v1/coordinator") \
+            or path.endswith("/config"):
+        return _READ
+    if path == "/metrics" or path.endswith("/stats"):
+        return _READ if "read" in protect else None
+    if path in ("/", "/v2") or path.startswith(("/v2/health/", "/static/")):
+        return None
+    return _INFER if "infer" in protect else None
