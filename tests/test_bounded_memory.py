@@ -4,14 +4,18 @@ its decoding child's read with psutil)."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 
 import psutil
 import pytest
 
-from tests.helpers import Agent, add_mlp
+from tests.helpers import Agent, add_mlp, reserved_port
 
 MiB = 2**20
 BODY = 40 * MiB
@@ -85,3 +89,120 @@ def test_malformed_bodies_leave_nothing_behind_with_the_collector_off(repo, tmp_
             f"{grown / MiB:.0f} MiB")
     finally:
         agent.stop()
+
+
+class PeakRss:
+    """The highest RSS of a process while the block runs, sampled every few ms."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process, self.peak, self._stop = process, 0, threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss(self.process))
+            time.sleep(0.003)
+
+    def __enter__(self) -> "PeakRss":
+        self.peak = rss(self.process)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+IN_FLIGHT = 64 * MiB
+
+
+@pytest.fixture
+def bounded_agent(repo, tmp_path):
+    """An agent with 64 MiB of bodies in flight and 2 gRPC calls at once; (agent, its
+    gRPC address)."""
+    add_mlp(repo, "m")
+    config = tmp_path / "agent.yaml"
+    config.write_text(json.dumps({"max_request_size": MAX_REQUEST,
+                                  "max_request_bytes_in_flight": IN_FLIGHT,
+                                  "grpc_max_concurrent_rpcs": 2}))
+    with reserved_port() as port:
+        agent = Agent(repo, tmp_path / "data", "--config", str(config),
+                      "--grpc-port", str(port))
+        try:
+            yield agent, f"127.0.0.1:{port}"
+        finally:
+            agent.stop()
+
+
+def test_chunked_bodies_are_counted_while_they_stream(bounded_agent):
+    """8 chunked 40 MiB bodies at once: each is counted as it arrives, so those past
+    the in-flight limit get 503 + Retry-After mid-stream; the agent's RSS stays within
+    the limit plus one body."""
+    import aiohttp
+
+    agent, _ = bounded_agent
+    process = psutil.Process(agent.proc.pid)
+    piece = b"x" * MiB
+
+    async def send() -> tuple[int, str | None]:
+        async def body():
+            yield b'{"inputs": '
+            for _ in range(BODY // MiB):
+                yield piece
+                await asyncio.sleep(0.005)  # a client on a network: the bodies overlap
+
+        async with aiohttp.ClientSession() as session:
+            async with session.post(agent.url + "/v2/models/m/infer", data=body(),
+                                    timeout=aiohttp.ClientTimeout(total=120)) as resp:
+                await resp.read()
+                return resp.status, resp.headers.get("Retry-After")
+
+    async def all_at_once():
+        return await asyncio.gather(*(send() for _ in range(8)))
+
+    idle = rss(process)
+    with PeakRss(process) as peak:
+        answers = asyncio.run(all_at_once())
+    statuses = sorted(status for status, _ in answers)
+    assert set(statuses) <= {400, 503}, statuses
+    assert 503 in statuses, statuses  # 8 x 40 MiB do not fit in 64 MiB at once
+    assert all(retry for status, retry in answers if status == 503)
+    grown = peak.peak - idle
+    assert grown <= IN_FLIGHT + BODY + 16 * MiB, f"{grown / MiB:.0f} MiB, answers {statuses}"
+    bodies = agent.get("/v1/memory")["cpu"]["request_bodies"]
+    assert bodies["peak_bytes"] <= IN_FLIGHT + BODY and bodies["in_flight_bytes"] == 0, bodies
+
+
+def test_grpc_messages_are_counted_and_calls_bounded(bounded_agent):
+    """50 concurrent 32 MiB ModelInfer calls: at most 2 are served at once (the rest get
+    RESOURCE_EXHAUSTED at once, none hangs) and each served one is counted against the
+    in-flight limit (its peak, from /v1/memory, stays within the limit plus one
+    message)."""
+    import grpc
+
+    from agent.node.protos import grpc_predict_v2_pb2 as pb
+    from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    agent, address = bounded_agent
+    size = 32 * MiB
+    request = pb.ModelInferRequest(
+        model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="X", datatype="FP32", shape=[1, 4])],
+        raw_input_contents=[b"\0" * size])  # more bytes than the shape: refused once counted
+    options = [("grpc.max_send_message_length", -1)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        futures = [stub.ModelInfer.future(request, timeout=60) for _ in range(50)]
+        codes = []
+        for future in futures:
+            try:
+                future.result()
+                codes.append("OK")
+            except grpc.RpcError as err:
+                codes.append(err.code().name)
+    counts = collections.Counter(codes)
+    assert set(counts) <= {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, counts
+    assert counts["RESOURCE_EXHAUSTED"] > 0 and counts["INVALID_ARGUMENT"] > 0, counts
+    bodies = agent.get("/v1/memory")["cpu"]["request_bodies"]
+    assert size <= bodies["peak_bytes"] <= IN_FLIGHT + size, bodies
+    assert bodies["in_flight_bytes"] == 0, bodies
