@@ -43,7 +43,7 @@ from agent.coordinator import api_fleet
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
-                                     refuse_while_store_fails, report_record,
+                                     refuse_new_node_past, refuse_while_store_fails, report_record,
                                      reported_models)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
@@ -125,7 +125,8 @@ class Coordinator:
                 log.debug("following the store failed: %s", exc)
                 continue
             self.adopt(plan)
-            await self.workers.push_health(self.writer.healthy, self.writer.last_error)
+            await self.workers.push_health(
+                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes)
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")
@@ -219,7 +220,8 @@ async def node_report(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     raw = await request.read()
     report = parse_report_body(name, raw)
-    refuse_while_store_fails(co.writer.healthy, co.writer.last_error)
+    refuse_while_store_fails(co.writer.healthy)
+    refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
     co.fleet.record(name, raw, reported_models(report), now)

@@ -84,6 +84,9 @@ class CoordinatorConfig(Section):
         "agents revert directives (pins) not renewed within this")] = 60.0
     node_timeout_s: Annotated[Positive, setting(
         "a node silent this long is left out of plans")] = 60.0
+    max_nodes: Annotated[AtLeastOne, setting(
+        "nodes the coordinator keeps; a report from a new node past them gets 507 (known "
+        "nodes report as before; DELETE /v1/nodes/NAME makes room)")] = 100_000
     log_level: LogLevel = "info"
     node_types: Annotated[dict[str, NodeType], setting(
         "the instance catalogue for fleet sizing (POST /v1/sizing, edgeagent coordinator "

@@ -91,7 +91,7 @@ class ReportWorkers:
         self._port = 0
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
-        self._health: tuple = ("store", True, None)
+        self._health: tuple = ("store", True, False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -162,10 +162,13 @@ class ReportWorkers:
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
 
-    async def push_health(self, healthy: bool, error: str | None) -> None:
-        """Tell every worker whether the store takes writes (503s while it does not)."""
-        if self.workers and (healthy, error) != self._health[1:]:
-            self._health = ("store", healthy, error)
+    async def push_health(self, healthy: bool, full: bool = False) -> None:
+        """Tell every worker whether the store takes writes (503s while it does not;
+        the store's error stays in the coordinator's log) and whether the coordinator
+        keeps ``max_nodes`` (then a worker passes reports from nodes outside its plan
+        on to the coordinator, which knows whether they are new)."""
+        if self.workers and (healthy, full) != self._health[1:]:
+            self._health = ("store", healthy, full)
             await self._broadcast(self._health)
 
     async def _broadcast(self, message: tuple) -> None:
@@ -203,7 +206,7 @@ class _WorkerState:
         self.fleet = Fleet(config.directive_ttl_s)
         self.token = read_token(config.admin_token_file)
         self.internal_url = internal_url
-        self.healthy, self.error = True, None
+        self.healthy, self.full = True, False
         self.answered: list[Answered] = []
         self.session: ClientSession | None = None
 
@@ -213,7 +216,7 @@ class _WorkerState:
             _, plan_id, created, kind, rows = message
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
-            _, self.healthy, self.error = message
+            _, self.healthy, self.full = message
 
 
 WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
@@ -222,9 +225,12 @@ WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
 async def _report(request: web.Request) -> web.Response:
     state = request.app[WORKER]
     name = request.match_info["name"]
+    plan = state.fleet.plan
+    if state.full and (plan is None or name not in plan.rows):  # maybe a new node
+        return await _forward(request)
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
-    refuse_while_store_fails(state.healthy, state.error)
+    refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            reported_models(report), body))
