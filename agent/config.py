@@ -353,6 +353,10 @@ class AgentConfig(Section):
     policy: Annotated[Text, setting(
         "eviction policy: a name (edgeagent simulate --help lists them) and :k=v "
         "parameters")] = "cremebrulee"
+    allowed_hosts: Annotated[tuple[Text, ...], setting(
+        "without admin_token_file, requests must name the agent in Host (and Origin): "
+        "an IP address, localhost, host, this machine's name, or one of these (a DNS "
+        "rebinding guard); others get 403", example=["edge-1.example.net"])] = ()
     admin_token_file: Annotated[Path | None, setting(
         "file holding the bearer token that the admin and repository endpoints "
         "(/v1/cache, /v2/repository) then require", example="/etc/edgeagent/admin-token")] \

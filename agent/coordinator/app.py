@@ -53,7 +53,8 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.httpauth import bearer_auth, read_token, token_matches
+from agent.httpauth import (bearer_auth, host_check, names_this_server, own_names, read_token,
+                            token_matches)
 from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -69,6 +70,7 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self.admin_token = read_token(config.admin_token_file)
+        self.names = own_names(config.host, config.allowed_hosts)  # host_check's
         self.store = open_store(config)
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
@@ -176,12 +178,16 @@ COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
 def _report_lane(request: web.Request) -> bool:
     """Whether ``request`` is a report that may skip the rest of the middlewares
     (thousands a second, each paying for the whole chain otherwise): its whole body has
-    arrived (no read timeout to watch) and it carries the admin token or none is set.
-    Any other request takes the chain, which answers 401 and 408 as for every path."""
+    arrived (no read timeout to watch) and it carries the admin token, or none is set
+    and it names this coordinator (no Origin, a Host of its own). Any other request
+    takes the chain, which answers 401, 403 and 408 as for every path."""
     if request.match_info.handler is not node_report or not request.content.is_eof():
         return False
-    token = request.app[COORDINATOR].admin_token
-    return token is None or token_matches(request.headers.get("Authorization", ""), token)
+    co = request.app[COORDINATOR]
+    if co.admin_token is None:
+        return "Origin" not in request.headers and names_this_server(
+            request.headers.get("Host"), co.names)
+    return token_matches(request.headers.get("Authorization", ""), co.admin_token)
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
@@ -381,6 +387,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
+        host_check(lambda r: r.app[COORDINATOR].admin_token, lambda r: r.app[COORDINATOR].names),
         bearer_auth(lambda r: r.app[COORDINATOR].admin_token,
                     lambda p: p != "/v1/health" and not is_dashboard_path(p)),
         body_timeout_middleware(config.read_timeout_s),

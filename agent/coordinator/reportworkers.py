@@ -42,7 +42,7 @@ from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
-from agent.httpauth import bearer_auth, read_token
+from agent.httpauth import bearer_auth, host_check, own_names, read_token
 from agent.httpbody import body_timeout_middleware, request_body
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
@@ -259,10 +259,12 @@ def _is_report_path(path: str) -> bool:
 
 
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
+    names = own_names(config.host, config.allowed_hosts)  # what it forwards has its Host
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
+        host_check(lambda r: r.app[WORKER].token, lambda r: names),
         bearer_auth(lambda r: r.app[WORKER].token, _is_report_path),
         body_timeout_middleware(config.read_timeout_s),
     ])
