@@ -84,7 +84,7 @@ def names_this_server(host: str | None, names: frozenset[str]) -> bool:
 def host_check(token_of: Callable[[web.Request], str | None],
                names_of: Callable[[web.Request], frozenset[str]]) -> Any:
     """Middleware: while the app has no token (``token_of(request)`` is None), a request
-    whose ``Host`` (or ``Origin``, when sent) does not name this server
+    whose ``Host`` or ``Origin`` (each when sent: a browser sends Host) does not name this server
     (``names_this_server`` with ``names_of(request)``) gets a JSON 403 naming it. A web
     page a user visits can rebind its own name to this server's address and then call
     it from the browser (DNS rebinding): it sends its own name as the Host. With a token
@@ -100,8 +100,7 @@ def host_check(token_of: Callable[[web.Request], str | None],
             for header, value, named in (
                     ("Host", host, host),
                     ("Origin", origin, origin and origin.partition("://")[2].split("/")[0])):
-                if (header == "Host" or value is not None) and not names_this_server(
-                        named, names):
+                if value is not None and not names_this_server(named, names):
                     return json_error(403, f"{header} {value!r} is not this server's name "
                                            "(no token is configured: only its addresses, "
                                            "localhost and allowed_hosts are answered)")
