@@ -423,7 +423,8 @@ def _host(host: str) -> str:
 async def start_grpc(node: Node, host: str, port: int) -> GrpcServer:
     """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
     port) on the running event loop. OSError when the address cannot be bound (never
-    shared: SO_REUSEPORT is off, so a second agent on the same port fails to start)."""
+    shared: SO_REUSEPORT is off, so a second agent on the same port fails to start). At
+    most ``grpc_max_concurrent_rpcs`` calls are served at once (more: RESOURCE_EXHAUSTED)."""
     server = grpc.aio.server(maximum_concurrent_rpcs=node.config.grpc_max_concurrent_rpcs,
                              options=[
                                  ("grpc.so_reuseport", 0),
