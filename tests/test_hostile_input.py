@@ -261,7 +261,8 @@ def test_client_disconnects_are_logged_at_info_without_a_trace(repo, start_agent
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
     with caplog.at_level(logging.DEBUG):
         _raw(agent, head % (b"mlp", 1000) + body[:20])        # half a body
-        _raw(agent, b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\nConte")  # half headers
+        # half headers
+        _raw(agent, b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\nConte")
         _raw(agent, head % (b"slow", len(slow)) + slow, wait=0.05)  # gone before the answer
         _raw(agent, b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: localhost\r\n"
              b"Content-Length: 500\r\n\r\n{\"instances\": [[1, 2")
