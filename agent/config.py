@@ -375,6 +375,10 @@ class AgentConfig(Section):
     policy: Annotated[Text, setting(
         "eviction policy: a name (edgeagent simulate --help lists them) and :k=v "
         "parameters")] = "cremebrulee"
+    allowed_hosts: Annotated[tuple[Text, ...], setting(
+        "without admin_token_file, requests must name the agent in Host (and Origin): "
+        "an IP address, localhost, host, this machine's name, or one of these (a DNS "
+        "rebinding guard); others get 403", example=["edge-1.example.net"])] = ()
     admin_token_file: Annotated[Path | None, setting(
         "file holding the bearer token that the admin and repository endpoints "
         "(/v1/cache, /v2/repository) then require", example="/etc/edgeagent/admin-token")] \
@@ -385,6 +389,10 @@ class AgentConfig(Section):
     max_request_bytes_in_flight: Annotated[int, setting(
         "request bodies read and not yet answered, in all; a body that does not fit "
         "waits for room, then 503", check=size, example="256MiB")] = 256 * 2**20
+    grpc_max_concurrent_rpcs: Annotated[AtLeastOne, setting(
+        "gRPC calls served at once; more get RESOURCE_EXHAUSTED. Each holds its message "
+        "(up to max_request_size) before max_request_bytes_in_flight counts it, so this "
+        "times max_request_size bounds what gRPC clients can make the agent hold")] = 64
     load_concurrency: Annotated[AtLeastOne, setting(
         "models loading at once, each reserving its peak from the budget (one: loads "
         "measure cleanly); raise it where loads wait on I/O (TF Serving, remote disks)")] = 1

@@ -34,6 +34,9 @@ class AgentError(Exception):
 
     status: int = 500
     retry_after: float | None = None
+    #: The answer's message in place of the error's own where that may hold what must
+    #: not leave the server (a store's host, user, database); the log gets the message.
+    public: str | None = None
 
 
 def http_status(exc: BaseException) -> int:
@@ -103,8 +106,10 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None
 
 
 def error_response(exc: AgentError) -> web.Response:
-    """``exc``'s answer: its status, its message, ``Retry-After`` when it carries one."""
-    return json_error(http_status(exc), str(exc), retry_after_header(exc.retry_after) or None)
+    """``exc``'s answer: its status, its message (its ``public`` one where it has one),
+    ``Retry-After`` when it carries one."""
+    return json_error(http_status(exc), exc.public or str(exc),
+                      retry_after_header(exc.retry_after) or None)
 
 
 def json_errors_middleware(log: logging.Logger,
@@ -126,6 +131,8 @@ def json_errors_middleware(log: logging.Logger,
                 raise
             return json_error(exc.status, f"{exc.reason}: {request.method} {request.path}")
         except AgentError as exc:
+            if exc.public:  # the answer says less: the log says what happened
+                log.warning("%s %s: %s", request.method, request.path, exc)
             return error_response(exc)
         except Exception as exc:  # noqa: BLE001 - answered, not a dropped connection
             if client_disconnected(exc, request.transport):

@@ -23,13 +23,20 @@ class NoRoomForBody(AgentError):
     retry_after = 1.0
 
 
+#: What a body of unknown length (chunked) waits for before it is read, and counts in
+#: steps of while it streams.
+CHUNKED_STEP = 2**20
+
+
 class BodyMemory:
     """The bytes of request bodies in flight, bounded by ``limit_bytes``: a body takes
     its Content-Length from before it is read until its answer is written. One that
     does not fit waits, in arrival order, for earlier ones to finish; one larger than
     the whole limit is let in when nothing else is in flight (it is within the request
-    size limit, so it can be served). A body of unknown length (chunked) is counted once
-    read, without waiting."""
+    size limit, so it can be served). A body of unknown length (chunked) waits for its
+    first ``CHUNKED_STEP`` bytes the same way, then is counted while it streams
+    (``grow``): a piece that does not fit refuses it at once (503) rather than wait, as
+    bodies half read and waiting for each other would never finish."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
@@ -41,6 +48,14 @@ class BodyMemory:
 
     def _fits(self, size: int) -> bool:
         return self.in_flight_bytes == 0 or self.in_flight_bytes + size <= self.limit_bytes
+
+    def grow(self, held: int, size: int) -> bool:
+        """Count ``size`` more bytes for a body that holds ``held`` bytes already, if
+        they fit now (or nothing else is in flight); False, counting nothing, if not."""
+        if self.in_flight_bytes != held and self.in_flight_bytes + size > self.limit_bytes:
+            return False
+        self.take(size)
+        return True
 
     def take(self, size: int) -> None:
         """Count ``size`` bytes now, whatever is in flight."""
@@ -104,8 +119,11 @@ def body_timeout_middleware(seconds: float, max_bytes: int | None = None,
     at a time into one growing buffer, which the handler takes from ``request_body``
     (aiohttp's ``read()`` copies its buffer into a new bytes object at the end, holding
     the event loop for the whole copy)."""
-    async def read(request: web.Request) -> None:
+    async def read(request: web.Request, counted: list[int]) -> None:
         length = request.content_length
+        if length is None and memory is not None and max_bytes is not None:
+            request[BODY] = await read_chunked(request, max_bytes, counted)
+            return
         if max_bytes is None or length is None or not in_place_bytes < length <= max_bytes:
             await request.read()
             return
@@ -117,32 +135,58 @@ def body_timeout_middleware(seconds: float, max_bytes: int | None = None,
                 text=f"the body ended after {len(body)} of its {length} bytes")
         request[BODY] = body
 
+    async def read_chunked(request: web.Request, largest: int, counted: list[int]
+                           ) -> bytearray:
+        """A body of unknown length, counted in ``memory`` (``counted[0]`` bytes so
+        far) a step ahead of what has arrived."""
+        assert memory is not None
+        body = bytearray()
+        async for piece in request.content.iter_any():
+            if len(body) + len(piece) > largest:
+                raise web.HTTPRequestEntityTooLarge(max_size=largest,
+                                                    actual_size=len(body) + len(piece))
+            body += piece
+            if len(body) > counted[0]:
+                step = max(len(body) - counted[0], min(CHUNKED_STEP, largest - counted[0]))
+                if not memory.grow(counted[0], step):
+                    memory.refused += 1
+                    raise NoRoomForBody(
+                        f"no memory for the rest of a chunked body after {len(body)} bytes: "
+                        f"{memory.in_flight_bytes} bytes of bodies are in flight, the limit "
+                        f"is {memory.limit_bytes} (max_request_bytes_in_flight)")
+                counted[0] += step
+        return body
+
     @web.middleware
     async def read_body_in_time(request: web.Request, handler: Any) -> web.StreamResponse:
         if not request.body_exists:
             return await handler(request)
-        counted = 0
+        counted = [0]  # the bytes counted in memory for this body, released at its end
         length = request.content_length
         if memory is not None and length is not None and (max_bytes is None
                                                           or length <= max_bytes):
             await memory.reserve(length, seconds)
-            counted = length
+            counted[0] = length
+        elif memory is not None and length is None and max_bytes is not None:  # chunked
+            first = min(CHUNKED_STEP, max_bytes)
+            await memory.reserve(first, seconds)
+            counted[0] = first
         try:
             try:
                 async with asyncio.timeout(seconds):
-                    await read(request)
+                    await read(request, counted)
             except TimeoutError:
                 response = json_error(408, f"request body not received within {seconds:g} s "
                                            "of its headers (read_timeout_s)")
                 response.force_close()
                 return response
-            if memory is not None and length is None:  # chunked: counted once read
-                counted = len(await request_body(request))
-                memory.take(counted)
+            if memory is not None and not counted[0]:  # chunked, no size limit: once read
+                counted[0] = len(await request_body(request))
+                memory.take(counted[0])
             return await handler(request)
         finally:
-            if counted:
-                memory.release(counted)
+            if counted[0]:
+                memory.release(counted[0])
 
     return read_body_in_time
 

@@ -56,7 +56,7 @@ from agent.schema import decode, expected
 from agent.validation import SchemaError
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
 _NAMED = "1-128 letters, digits, '_', '.' or '-'"
 MAX_ARRIVALS = 2000
 MAX_STATE = 64  # characters of a model's state (shown, not planned with)
@@ -80,7 +80,7 @@ ModelName = Annotated[str, expected(f"model names of {_NAMED}", pattern=NAME.pat
 BatchSize = Annotated[int, expected("batch sizes >= 1", ge=1, le=999_999_999)]
 #: ``p50``, ``p99.9``: a percentile above 0 and below 100 (``ModelReport`` checks the
 #: keys: a pattern on each would cost msgspec a call into ``re`` per key).
-_PERCENTILE = re.compile(r"^p(?!0*(?:\.0*)?$)\d{1,2}(?:\.\d+)?$")
+_PERCENTILE = re.compile(r"^p(?!0*(?:\.0*)?\Z)\d{1,2}(?:\.\d+)?\Z")
 #: The percentile of each key agents send (``p50`` -> 50.0); others are parsed.
 _PERCENTILES = {f"p{q}": float(q) for q in (
     *range(1, 100), 99.5, 99.9, 99.95, 99.99, 99.999)}

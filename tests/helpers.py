@@ -350,11 +350,14 @@ class CoordinatorServer(ThreadedServer):
 
 class Agent:
     """``edgeagent serve`` in its own process on ports the OS picks (``extra`` flags come
-    last and override), ready; ``url`` as it announced it."""
+    last and override), ready; ``url`` as it announced it. ``before``: Python run in
+    that process before the command (``"import gc; gc.disable()"``)."""
 
-    def __init__(self, repo, data_dir, *extra, env=None):
+    def __init__(self, repo, data_dir, *extra, env=None, before=None):
+        command = [EDGEAGENT] if before is None else [
+            sys.executable, "-c", f"{before}\nfrom agent.cli import main; main()"]
         self.proc = subprocess.Popen(
-            [EDGEAGENT, "serve", "--repository", str(repo), "--port", "0", "--grpc-port", "0",
+            [*command, "serve", "--repository", str(repo), "--port", "0", "--grpc-port", "0",
              "--data-dir", str(data_dir), "--cpu-budget", "500MB", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})})

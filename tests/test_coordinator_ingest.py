@@ -104,15 +104,19 @@ def test_writer_keeps_reports_while_the_store_fails():
 
 
 def test_a_failing_store_answers_503_with_retry_after(start_coordinator):
+    """A report while the store fails: 503 + Retry-After saying the store is failing,
+    never the store's own error (its host, user, database: the log has it)."""
     co = start_coordinator()
     assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
     real = co.co.store.write_reports
     co.co.store.write_reports = lambda records: (_ for _ in ()).throw(
-        sqlite3.OperationalError("disk I/O error"))
+        sqlite3.OperationalError("disk I/O error at db.internal user=fleet"))
     with pytest.raises(sqlite3.OperationalError):
         co.co.writer.flush()
+    assert "db.internal" in co.co.writer.last_error  # what the writer logs
     status, doc, headers = post(f"{co.url}/v1/nodes/n1/report", REPORT)
-    assert status == 503 and "disk I/O error" in doc["error"]
+    assert status == 503 and "store is failing" in doc["error"]
+    assert "db.internal" not in doc["error"] and "disk I/O" not in doc["error"]
     assert int(headers["Retry-After"]) >= 1
     co.co.store.write_reports = real
     assert co.co.writer.flush() == 1  # the acknowledged report, kept
@@ -247,3 +251,44 @@ def test_by_model_measures_the_worst_live_node_at_each_models_percentile():
     assert fleet.by_model(50.0, {"a": 50.0})[1] == {"a": 99}  # n1 10, n2 55 (p99), n3 99
     report("n3", 101.0, a={"p99": 12})    # a new report replaces the last
     assert fleet.by_model(50.0, {"a": 99.0, "z": 99.0})[1] == {"a": 55}
+
+
+def test_a_store_error_answered_says_only_that_the_store_fails(start_coordinator, caplog):
+    """A StoreUnavailable raised by any route answers 503 with the generic text; the
+    full text (PostgreSQL's host and user) goes to the coordinator's log."""
+    from agent.coordinator.store import StoreUnavailable
+
+    co = start_coordinator()
+
+    def down(*args, **kwargs):
+        raise StoreUnavailable("PostgreSQL at db.internal:5432 user=fleet failed")
+
+    co.co.store.models = down
+    with caplog.at_level("WARNING"):
+        status, doc = co.request("GET", "/v1/models")
+    assert status == 503 and "store is failing" in doc["error"], doc
+    assert "db.internal" not in json.dumps(doc)
+    assert "db.internal" in caplog.text
+
+
+def test_max_nodes_refuses_new_nodes_only(start_coordinator):
+    """Past ``max_nodes``, a new node's report gets 507 naming max_nodes; the nodes the
+    coordinator keeps report as before, and deleting one makes room."""
+    co = start_coordinator(max_nodes=2)
+    assert co.request("POST", "/v1/nodes/edge-1/report", REPORT)[0] == 200
+    assert co.request("POST", "/v1/nodes/edge-2/report", REPORT)[0] == 200
+    status, doc = co.request("POST", "/v1/nodes/edge-3/report", REPORT)
+    assert status == 507 and "max_nodes 2" in doc["error"] and "edge-3" in doc["error"]
+    assert co.request("POST", "/v1/nodes/edge-1/report", REPORT)[0] == 200
+    assert co.request("DELETE", "/v1/nodes/edge-2")[0] == 200
+    assert co.request("POST", "/v1/nodes/edge-3/report", REPORT)[0] == 200
+    assert sorted(n["name"] for n in co.request("GET", "/v1/nodes")[1]) == ["edge-1", "edge-3"]
+
+
+@pytest.mark.parametrize("name", ["edge-1%0A", "edge-1%0D", "edge-1%0A%0A"])
+def test_a_node_name_is_matched_whole(start_coordinator, name):
+    """A name ending in a newline is refused with 400 (``$`` would let it through)."""
+    co = start_coordinator()
+    status, doc = co.request("POST", f"/v1/nodes/{name}/report", REPORT)
+    assert status == 400 and "node name" in doc["error"], doc
+    assert co.request("GET", "/v1/nodes")[1] == []

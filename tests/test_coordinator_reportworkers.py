@@ -207,3 +207,27 @@ def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     assert listeners(port) == set()
+
+
+def test_max_nodes_holds_with_workers_answering(tmp_path):
+    """With report workers, a coordinator that keeps ``max_nodes`` has every worker
+    pass reports from nodes outside its plan on to it: new nodes get 507 naming
+    max_nodes from every listener, known nodes are answered as before."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=2, max_nodes=3,
+                            admin_token_file=str(token), reactive_interval_s=3600)
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 2, 60, "two workers listen")
+        for i in range(3):
+            assert call(co.port, "POST", f"/v1/nodes/edge-{i}/report", REPORT)[0] == 200
+        wait_for(lambda: len(call(co.port, "GET", "/v1/nodes")[1]) == 3, 10, "3 nodes kept")
+        time.sleep(2.5)  # the coordinator tells its workers it is full (every second)
+        for i in range(3, 13):  # new connections: every listener answers some
+            status, doc = call(co.port, "POST", f"/v1/nodes/edge-{i}/report", REPORT)
+            assert status == 507 and "max_nodes 3" in doc["error"], (status, doc)
+        assert call(co.port, "POST", "/v1/nodes/edge-0/report", REPORT)[0] == 200
+        assert sorted(n["name"] for n in call(co.port, "GET", "/v1/nodes")[1]) == [
+            "edge-0", "edge-1", "edge-2"]
+    finally:
+        co.stop()

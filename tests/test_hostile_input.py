@@ -257,13 +257,14 @@ def test_client_disconnects_are_logged_at_info_without_a_trace(repo, start_agent
     agent = start_agent(repo)
     body = json.dumps(v2_body([1, 2, 3, 4])).encode()
     slow = json.dumps(v2_body([1], shape=(1, 1))).encode()
-    head = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
+    head = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
     with caplog.at_level(logging.DEBUG):
         _raw(agent, head % (b"mlp", 1000) + body[:20])        # half a body
-        _raw(agent, b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConte")  # half headers
+        # half headers
+        _raw(agent, b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\nConte")
         _raw(agent, head % (b"slow", len(slow)) + slow, wait=0.05)  # gone before the answer
-        _raw(agent, b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\n"
+        _raw(agent, b"POST /v1/models/mlp:predict HTTP/1.1\r\nHost: localhost\r\n"
              b"Content-Length: 500\r\n\r\n{\"instances\": [[1, 2")
         time.sleep(0.8)  # the slow answer is written to a closed connection
         status, _, _ = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
@@ -281,7 +282,7 @@ def test_coordinator_client_disconnect_is_quiet(start_coordinator, caplog):
 
     co = start_coordinator()
     with caplog.at_level(logging.DEBUG):
-        _raw(co, b"POST /v1/nodes/n1/report HTTP/1.1\r\nHost: x\r\n"
+        _raw(co, b"POST /v1/nodes/n1/report HTTP/1.1\r\nHost: localhost\r\n"
              b"Content-Length: 800\r\n\r\n{\"capacity\": ")
         assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]

@@ -274,14 +274,14 @@ def _read_all(sock: socket.socket) -> bytes:
 def _half_header_is_cut_off(server, path: bytes) -> float:
     with _connect(server) as sock:
         started = time.monotonic()
-        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConte")
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\nConte")
         assert _read_all(sock) == b""  # closed, nothing answered
         return time.monotonic() - started
 
 
 def _slow_body_is_408(server, path: bytes) -> dict:
     with _connect(server) as sock:
-        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"in")
         reply = _read_all(sock)  # the answer, then the connection closes
     head, _, payload = reply.partition(b"\r\n\r\n")
@@ -299,7 +299,8 @@ def test_agent_read_timeouts(repo, start_agent):
     # a client that sends in time is served, also after a pause shorter than the limit
     with _connect(agent) as sock:
         body = json.dumps(_rows(1)).encode()
-        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\n"
+                     b"Connection: close\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
         time.sleep(0.5)
         sock.sendall(body[10:])
@@ -405,7 +406,8 @@ def test_bodies_in_flight_are_bounded_and_counted_and_wait_rather_than_fail(
     # two clients announce 2.5 MB and send 10 bytes: the first holds 2.5 MB until its
     # read times out (408), the second waits for it, then holds as long; a 1.3 MB body
     # queued behind them waits its read_timeout_s, then 503
-    start = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2500000\r\n\r\n{"
+    start = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\n"
+             b"Content-Length: 2500000\r\n\r\n{")
     with _connect(agent) as first, _connect(agent) as second:
         first.sendall(start)
         time.sleep(0.1)

@@ -34,3 +34,21 @@ def test_agent_unit_is_a_notify_service_with_a_watchdog():
     d = directives("edgeagent.service")
     assert d["Type"] == ["notify"] and int(d["WatchdogSec"][0]) > 0
     assert d["MemoryMax"] and d["ExecReload"][0].endswith("-HUP $MAINPID")
+
+
+@pytest.mark.parametrize("unit, config, keys", [
+    ("edgeagent.service", "edgeagent", ("admin-token", "coordinator-token")),
+    ("edgeagent-coordinator.service", "edgeagent-coordinator", ("admin-token",))])
+def test_units_take_secrets_as_credentials_and_are_confined(unit, config, keys):
+    """Tokens come through LoadCredential= (readable by the service alone, under
+    /run/credentials/<unit>/, which the unit's comment tells the config to name); the
+    service may open only local and IP sockets and make the system-service calls."""
+    d = directives(unit)
+    assert sorted(d["LoadCredential"]) == sorted(f"{k}:/etc/{config}/{k}" for k in keys)
+    text = (UNITS / unit).read_text()
+    for key in keys:
+        assert f"/run/credentials/{unit}/{key}" in text
+    assert d["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+    assert d["SystemCallFilter"] == ["@system-service"]
+    assert d["CapabilityBoundingSet"] == [""] and d["RestrictNamespaces"] == ["yes"]
+    assert "MemoryDenyWriteExecute" not in d  # numba writes the kernels it compiles

@@ -48,7 +48,7 @@ from agent.coordinator import api_fleet, api_join
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
-                                     refuse_while_store_fails, report_record,
+                                     refuse_new_node_past, refuse_while_store_fails, report_record,
                                      reported_models)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
@@ -59,7 +59,8 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.credentials import Credential, Credentials, load_credentials, node_credential
-from agent.httpauth import Guard, Need, request_peer, scoped_auth
+from agent.httpauth import (Guard, Need, host_check, names_this_server, own_names, request_peer,
+                            scoped_auth)
 from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
@@ -76,6 +77,7 @@ class Coordinator:
         self.config = config
         self.clock = clock
         self.tls = ServerTls(config.tls) if config.tls is not None else None
+        self.names = own_names(config.host, config.allowed_hosts)  # host_check's
         self.store = open_store(config)
         #: The tokens accepted (the token files' and the nodes' own, from the store)
         #: and the failed-auth throttle and counts.
@@ -182,7 +184,8 @@ class Coordinator:
                 log.debug("following the store failed: %s", exc)
                 continue
             self.adopt(plan)
-            await self.workers.push_health(self.writer.healthy, self.writer.last_error)
+            await self.workers.push_health(
+                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes)
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")
@@ -253,16 +256,18 @@ def _report_lane(request: web.Request) -> bool:
     """Whether ``request`` is a report that may skip the rest of the middlewares
     (thousands a second, each paying for the whole chain otherwise): its whole body has
     arrived (no read timeout to watch) and its credential may post it, or none is
-    needed. Any other request takes the chain, which answers 401, 403 and 408 as for
-    every path (a refusal is counted there, once)."""
+    needed and it names this coordinator (no Origin, a Host of its own). Any other
+    request takes the chain, which answers 401, 403 and 408 as for every path (a refusal
+    is counted there, once)."""
     if request.match_info.handler is not node_report or not request.content.is_eof():
         return False
-    guard = request.app[COORDINATOR].guard
+    co = request.app[COORDINATOR]
     _, name = request_peer(request, _forward_key(request), certificates=True)
-    if not guard.checks(name):
-        return True
-    return guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
-                       name).status == 200
+    if not co.guard.checks(name):
+        return "Origin" not in request.headers and names_this_server(
+            request.headers.get("Host"), co.names)
+    return co.guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
+                          name).status == 200
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
@@ -301,7 +306,8 @@ async def node_report(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     raw = await request.read()
     report = parse_report_body(name, raw)
-    refuse_while_store_fails(co.writer.healthy, co.writer.last_error)
+    refuse_while_store_fails(co.writer.healthy)
+    refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
     co.fleet.record(name, raw, reported_models(report), now)
@@ -477,6 +483,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
+        host_check(lambda r: bool(r.app[COORDINATOR].guard.credentials),
+                   lambda r: r.app[COORDINATOR].names),
         scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
                     certificates=True),
         body_timeout_middleware(config.read_timeout_s),

@@ -62,6 +62,11 @@ class CoordinatorConfig(Section):
         "$EDGEAGENT_COORDINATOR_DIR, $STATE_DIRECTORY or "
         "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
         commented=True)] = field(default_factory=default_state_dir)
+    allowed_hosts: Annotated[tuple[Text, ...], setting(
+        "without admin_token_file, requests must name the coordinator in Host (and "
+        "Origin): an IP address, localhost, host, this machine's name, or one of these "
+        "(a DNS rebinding guard); others get 403", example=["coordinator.example.net"])] \
+        = ()
     admin_token_file: Annotated[Path | None, setting(
         "file holding a bearer token with scope admin (every endpoint); with any token "
         "every endpoint but /v1/health needs one; agents had better report with a node "
@@ -96,6 +101,9 @@ class CoordinatorConfig(Section):
         "agents revert directives (pins) not renewed within this")] = 60.0
     node_timeout_s: Annotated[Positive, setting(
         "a node silent this long is left out of plans")] = 60.0
+    max_nodes: Annotated[AtLeastOne, setting(
+        "nodes the coordinator keeps; a report from a new node past them gets 507 (known "
+        "nodes report as before; DELETE /v1/nodes/NAME makes room)")] = 100_000
     log_level: LogLevel = "info"
     node_types: Annotated[dict[str, NodeType], setting(
         "the instance catalogue for fleet sizing (POST /v1/sizing, edgeagent coordinator "

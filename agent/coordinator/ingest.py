@@ -24,6 +24,7 @@ from agent.coordinator.catalog import CatalogError
 from agent.coordinator.plan import directives_from_row
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
+from agent.errors import AgentError
 from agent.wire import (Directives, NodeReport, ReportError, latency_at, latency_points,
                         parse_report)
 
@@ -188,12 +189,28 @@ def parse_report_body(name: str, raw: bytes) -> NodeReport:
         raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 
-def refuse_while_store_fails(healthy: bool, error: str | None) -> None:
+class TooManyNodes(AgentError):
+    """A report from a new node while the coordinator keeps ``max_nodes`` already: 507
+    (the nodes it knows report as before)."""
+
+    status = 507
+
+
+def refuse_new_node_past(known: bool, count: int, max_nodes: int, node: str) -> None:
+    """``TooManyNodes`` when ``node`` is new (not ``known``) and ``count`` nodes are
+    kept already."""
+    if not known and count >= max_nodes:
+        raise TooManyNodes(f"node {node!r} is new and the coordinator keeps {count} nodes "
+                           f"already (max_nodes {max_nodes}): delete a node or raise "
+                           "max_nodes")
+
+
+def refuse_while_store_fails(healthy: bool) -> None:
     """``StoreUnavailable`` (503 + ``Retry-After``) unless the store takes writes: a
-    report is answered only when what it says can be written."""
+    report is answered only when what it says can be written. The answer says only
+    that the store is failing: the writer logs its error (``ReportWriter._run``)."""
     if not healthy:
-        raise StoreUnavailable(f"the store is failing ({error}); "
-                               "keep serving and report again later")
+        raise StoreUnavailable("the store is failing; keep serving and report again later")
 
 
 def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> ReportRecord:

@@ -51,7 +51,7 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
 from agent.credentials import Credential, Credentials
 from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
-                            certificate_name, scoped_auth)
+                            certificate_name, host_check, own_names, scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
 from agent.tls import ServerTls
 
@@ -102,7 +102,7 @@ class ReportWorkers:
         self._port = 0
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
-        self._health: tuple = ("store", True, None)
+        self._health: tuple = ("store", True, False)
         self._credentials: tuple = ("credentials", ())
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
@@ -182,10 +182,13 @@ class ReportWorkers:
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
 
-    async def push_health(self, healthy: bool, error: str | None) -> None:
-        """Tell every worker whether the store takes writes (503s while it does not)."""
-        if self.workers and (healthy, error) != self._health[1:]:
-            self._health = ("store", healthy, error)
+    async def push_health(self, healthy: bool, full: bool = False) -> None:
+        """Tell every worker whether the store takes writes (503s while it does not;
+        the store's error stays in the coordinator's log) and whether the coordinator
+        keeps ``max_nodes`` (then a worker passes reports from nodes outside its plan
+        on to the coordinator, which knows whether they are new)."""
+        if self.workers and (healthy, full) != self._health[1:]:
+            self._health = ("store", healthy, full)
             await self._broadcast(self._health)
 
     async def push_credentials(self, creds: tuple[Credential, ...]) -> None:
@@ -236,7 +239,7 @@ class _WorkerState:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.guard = Guard(Credentials())
         self.internal_url, self.forward_key = internal_url, forward_key
-        self.healthy, self.error = True, None
+        self.healthy, self.full = True, False
         self.answered: list[Answered] = []
         self.session: ClientSession | None = None
 
@@ -246,7 +249,7 @@ class _WorkerState:
             _, plan_id, created, kind, rows = message
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
-            _, self.healthy, self.error = message
+            _, self.healthy, self.full = message
         elif message[0] == "credentials":
             self.guard.credentials.replace(message[1])
         elif message[0] == "reload" and self.tls is not None:
@@ -262,9 +265,12 @@ WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
 async def _report(request: web.Request) -> web.Response:
     state = request.app[WORKER]
     name = request.match_info["name"]
+    plan = state.fleet.plan
+    if state.full and (plan is None or name not in plan.rows):  # maybe a new node
+        return await _forward(request)
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
-    refuse_while_store_fails(state.healthy, state.error)
+    refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            reported_models(report), body))
@@ -301,10 +307,12 @@ def _report_need(request: web.Request) -> Need | None:
 
 
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
+    names = own_names(config.host, config.allowed_hosts)  # what it forwards has its Host
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
+        host_check(lambda r: bool(r.app[WORKER].guard.credentials), lambda r: names),
         scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True),
         body_timeout_middleware(config.read_timeout_s),
     ])

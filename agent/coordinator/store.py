@@ -44,10 +44,13 @@ log = logging.getLogger("edgeagent.coordinator.store")
 
 
 class StoreUnavailable(AgentError):
-    """The database does not answer (PostgreSQL down): 503, try again shortly."""
+    """The database does not answer (PostgreSQL down): 503, try again shortly. Its
+    message (the database's host, user, name) goes to the log; the answer says only
+    that the store is failing."""
 
     status = 503
     retry_after = 5.0
+    public = "the store is failing (its error is in the coordinator's log); try again later"
 
 MIGRATIONS: tuple[str, ...] = (
     """

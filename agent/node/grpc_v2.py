@@ -47,6 +47,7 @@ from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
 from agent.node.entry import Entry
 from agent.node.lifecycle import State
+from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter
@@ -211,6 +212,16 @@ def _version(raw: str, name: str) -> int | None:
 # -- the service ---------------------------------------------------------------------------
 
 
+class NoRoomForMessage(AgentError):
+    """A ModelInfer message that does not fit in ``max_request_bytes_in_flight`` now:
+    RESOURCE_EXHAUSTED with retry-after at once (it has arrived already: waiting would
+    hold it, not spare it)."""
+
+    status = 429
+    retry_after = 1.0
+
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     """Answer ``exc`` as its gRPC status (see the module docstring)."""
     if isinstance(exc, AgentError):
@@ -233,7 +244,10 @@ def _rpc(method: Callable) -> Callable:
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every error answers a status
-            await _abort(context, exc)
+            # the abort's own error chains this one, whose frames hold the request
+            await _abort(context, forget_frames(exc))
+        finally:  # gRPC keeps the abort's error (and its frames) in a reference cycle
+            request = None
     return handler
 
 
@@ -320,10 +334,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         name = request.model_name
         version = None
         code = 500
+        counted = 0  # the message's bytes counted in flight (node.body_memory)
         try:
             arrived = node.serving.clock()
             version = _version(request.model_version, name)
             known = node.cache.entry(name, version).signature  # unknown model: 404
+            size = request.ByteSize()
+            if not node.body_memory.grow(0, size):
+                raise NoRoomForMessage(
+                    f"no memory for the request's message of {size} bytes: "
+                    f"{node.body_memory.in_flight_bytes} bytes of requests are in flight, "
+                    f"the limit is {node.body_memory.limit_bytes} "
+                    "(max_request_bytes_in_flight)")
+            counted = size
             inputs, meta = decode_infer_request(request,
                                                 node.serving.request_limits(name, version))
             if known is not None:  # reject bad input before it can cause a load
@@ -350,6 +373,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             code = http_status(exc)
             raise
         finally:
+            if counted:
+                node.body_memory.release(counted)
             node.metrics.observe(name if name in node.cache.specs else "<unknown>",
                                  ENDPOINT, code,
                                  time.perf_counter() - started if code == 200 else None)
@@ -417,12 +442,14 @@ async def start_grpc(node: Node, host: str, port: int,
     """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
     port) on the running event loop, over ``tls`` when given (its reloads reach new
     connections). OSError when the address cannot be bound (never shared: SO_REUSEPORT
-    is off, so a second agent on the same port fails to start)."""
-    server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", node.config.max_request_size),
-        ("grpc.max_send_message_length", -1),
-    ])
+    is off, so a second agent on the same port fails to start). At most
+    ``grpc_max_concurrent_rpcs`` calls are served at once (more: RESOURCE_EXHAUSTED)."""
+    server = grpc.aio.server(maximum_concurrent_rpcs=node.config.grpc_max_concurrent_rpcs,
+                             options=[
+                                 ("grpc.so_reuseport", 0),
+                                 ("grpc.max_receive_message_length",
+                                  node.config.max_request_size),
+                                 ("grpc.max_send_message_length", -1)])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
     try:

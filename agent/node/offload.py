@@ -11,6 +11,7 @@ whole and rebuilds them whole, holding the GIL throughout).
 from __future__ import annotations
 
 import asyncio
+import copy
 import multiprocessing
 import pickle
 import socket
@@ -38,6 +39,34 @@ class DecoderLost(AgentError):
 
 class ChildGone(Exception):
     """The other end of the socket closed."""
+
+
+def forget_frames(exc: BaseException) -> BaseException:
+    """``exc`` and the errors chained to it without their tracebacks: those hold the
+    frames that raised them, and with them the request's body and what it decoded to.
+    A traceback kept in a reference cycle (an error held by a frame it passed
+    through, or by the future that carried it across a thread) is freed only by the
+    garbage collector, which a serving process runs rarely (``agent.eventloop.settle_gc``)."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    return exc
+
+
+def detached(exc: BaseException) -> BaseException:
+    """A fresh copy of ``exc`` (its type, arguments and attributes) with no traceback
+    and nothing chained, to raise in its place; ``exc`` itself forgets its frames
+    (``forget_frames``)."""
+    forget_frames(exc)
+    try:
+        fresh = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - an error that cannot be copied is raised as it is
+        return exc
+    fresh.__cause__ = fresh.__context__ = None
+    return fresh
 
 
 def _out_of_band(value: Any) -> Any:
@@ -102,11 +131,13 @@ def _child_main(sock: socket.socket) -> None:
         try:
             answer: tuple = ("ok", fn(*args))
         except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
-            answer = ("error", exc)
+            answer = ("error", forget_frames(exc))
         try:
             send(sock, answer)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             send(sock, ("error", RuntimeError(f"{type(answer[1]).__name__}: {exc}")))
+        # nothing of this call may outlive it: the body goes before the next one arrives
+        fn = args = answer = None  # type: ignore[assignment]
 
 
 class _Child:
@@ -128,7 +159,10 @@ class _Child:
         except (ChildGone, ConnectionError):
             raise DecoderLost("the process decoding large requests died; retry") from None
         if status == "error":
-            raise value
+            try:
+                raise value
+            finally:  # else this frame (holding the body) and the error hold each other
+                value = args = None
         return value
 
     def close(self) -> None:
@@ -159,7 +193,22 @@ class Decoder:
         self._turn = asyncio.Lock()
 
     async def run(self, size: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, where ``size`` (bytes read or written) says."""
+        """``fn(*args)``, where ``size`` (bytes read or written) says. Its error is raised
+        as a fresh copy (``detached``): the original's traceback holds ``args`` (the
+        body), and the future that carried it from a thread holds that traceback in a
+        cycle the garbage collector alone would free."""
+        error: BaseException | None = None
+        try:
+            return await self._run(size, fn, args)
+        except Exception as exc:  # noqa: BLE001 - raised again below, detached
+            error = detached(exc)
+        args = ()
+        try:
+            raise error
+        finally:
+            error = None
+
+    async def _run(self, size: int, fn: Callable[..., T], args: tuple) -> T:
         if size <= self.thread_bytes:
             return fn(*args)
         if size <= self.process_bytes:

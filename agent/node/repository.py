@@ -20,7 +20,7 @@ from agent.config import ConfigError, ModelConfig, load_model_config
 from agent.node import triton_config
 
 MODEL_FILES = {"onnx": "model.onnx", "tfserving": "saved_model.pb"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 @dataclass(frozen=True)

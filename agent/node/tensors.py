@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover - a declared dependency; json is the fal
     orjson = None
 
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs, datatype_of
+from agent.node.jsonnumbers import lift, numbers
 from agent.validation import load_json
 
 
@@ -55,6 +56,10 @@ class Limits:
 
 
 NO_LIMITS = Limits()
+
+#: The JSON of an infer body parsed as Python objects (all but its large numeric input
+#: data, read straight into arrays: ``jsonnumbers``), whitespace aside; more is a 413.
+JSON_OBJECTS_BYTES = 4 * 2**20
 
 def parse_json(body: bytes) -> Any:
     """A JSON body (``agent.validation.load_json``: depth and number limits); BadRequest
@@ -169,13 +174,23 @@ def _flatten(data: Any, name: str) -> list:
 def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = NO_LIMITS
                       ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(inputs by name, the request JSON minus input data) from an OIP v2 infer body;
-    ``limits`` are checked from each input's declared shape before its data is read."""
+    ``limits`` are checked from each input's declared shape before its data is read.
+    Large numeric input data is read straight into arrays (``jsonnumbers``); the rest
+    of the JSON, parsed as objects, may hold ``JSON_OBJECTS_BYTES``: decoding costs a
+    few times the body, not tens."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise BadRequest("Inference-Header-Content-Length exceeds the body")
-        doc, binary = _json_object(body[:header_length]), memoryview(body)[header_length:]
+        text, binary = body[:header_length], memoryview(body)[header_length:]
     else:
-        doc, binary = _json_object(body), memoryview(b"")
+        text, binary = body, memoryview(b"")
+    text, lifted = lift(text)
+    objects = len(text) - sum(text.count(c) for c in (b" ", b"\n", b"\t", b"\r"))
+    if objects > JSON_OBJECTS_BYTES:
+        raise TooLarge(f"{objects} bytes of the body's JSON are not numeric input data, over "
+                       f"the limit of {JSON_OBJECTS_BYTES}: send large BYTES or BOOL inputs "
+                       "as binary data (binary_data_size)")
+    doc = _json_object(text)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
@@ -220,11 +235,18 @@ def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = N
                                      f"{list(shape)} of {datatype} needs "
                                      f"{count * dtype.itemsize}")
                 array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        elif (span := lifted.span_of(tensor.get("data"))) is not None:
+            if datatype in ("BYTES", "BOOL"):
+                raise BadRequest(f"input {name!r}: {datatype} data must be "
+                                 f"{'strings' if datatype == 'BYTES' else 'true/false'}")
+            array = numbers(lifted, span, datatype, shape, name)
         elif "data" in tensor:
             array = _from_json_data(tensor["data"], datatype, shape, name)
         else:
             raise BadRequest(f"input {name!r}: no 'data' and no binary_data_size")
         inputs[name] = array
+    if len(lifted.used) != len(lifted.spans):
+        raise BadRequest("a numeric 'data' array outside 'inputs'")
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
     outputs = doc.get("outputs")
