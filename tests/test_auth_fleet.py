@@ -89,8 +89,10 @@ def test_a_node_writes_only_its_own_report_through_every_listener(tmp_path, node
                                    ("POST", "/v1/plan", None)):
             for _ in range(5):
                 assert call(co.port, method, path, body, edge1)[0] == 403, (method, path)
-        status, nodes = call(co.port, "GET", "/v1/nodes", token=admin)
-        assert status == 200 and [n["name"] for n in nodes] == ["edge-1"]
+        # a worker hands what it answered over every BATCH_S: edge-1, and only edge-1
+        nodes = wait_for(lambda: (lambda a: a[1] if a[0] == 200 and a[1] else None)(
+            call(co.port, "GET", "/v1/nodes", token=admin)), 5, "edge-1 handed over")
+        assert [n["name"] for n in nodes] == ["edge-1"]
         # the workers' refusals are counted in the coordinator's /metrics
         text = wait_for(lambda: (lambda t: t if 'reason="forbidden"} 120' in t else None)(
             call(co.port, "GET", "/metrics", token=admin)[1]), 5, "the workers' counts")
