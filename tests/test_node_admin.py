@@ -59,7 +59,7 @@ def test_concurrent_requests_for_a_cold_model_cause_one_load(repo, start_agent):
 
 
 def test_pin_unpin_evict_and_in_use(repo, start_agent):
-    add_synthetic(repo, "slow", base_ms=700, size_bytes=60_000_000)
+    add_synthetic(repo, "slow", base_ms=2000, size_bytes=60_000_000)  # in flight long enough on a loaded box
     add_synthetic(repo, "other", size_bytes=60_000_000)
     add_synthetic(repo, "third", size_bytes=60_000_000)
     agent = start_agent(repo, budget=130_000_000)
