@@ -185,6 +185,12 @@ def serve(config_file: str | None, **flags: Any) -> None:
     refused = exposure_error(config)
     if refused:
         raise click.ClickException(refused)
+    from agent.credentials import load_credentials
+
+    try:  # an unusable token file stops the start before the demo is generated
+        load_credentials(config.admin_token_file, config.auth.token_file)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if demo and not (config.repository / ".complete").exists():
