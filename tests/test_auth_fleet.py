@@ -371,3 +371,142 @@ def test_over_mtls_a_node_certificate_posts_only_its_own_report(tmp_path):
         assert call_tls("GET", "/v1/nodes", token=admin) == 200  # a token goes first
     finally:
         co.stop()
+
+
+def _call_tls(port, context, method, path, body=None, token=None) -> int:
+    """One request on a fresh mTLS connection (so the kernel spreads them over the
+    workers); its status."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+    headers = {"Content-Type": "application/json",
+               **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+        answer = conn.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_240_nodes_over_mtls_each_post_only_their_own_report(tmp_path):
+    """The issue's floor: 240 nodes, each with its own certificate (issued here), through
+    two report workers: every node's own report 200; edge-1 posting as edge-2 over 120
+    fresh connections and every node posting as its neighbour: 403 every time; a node
+    certificate: 403 on the admin endpoints; the fleet lists exactly the 240."""
+    from agent.tls import client_context
+    from tests.helpers import issue_cert, make_ca
+
+    ca = make_ca(tmp_path, "fleet-ca")
+    server = issue_cert(ca, tmp_path, "server")
+    names = [f"edge-{i}" for i in range(1, 241)]
+    certs = tmp_path / "nodes"
+    certs.mkdir()
+    contexts = {}
+    for name in names:
+        cert = issue_cert(ca, certs, name, hosts=(name,))
+        contexts[name] = client_context(ca.cert_file, cert.cert_file, cert.key_file)
+    admin = new_token()
+    tokens = write(tmp_path / "tokens.yaml", [entry("ops", admin, ["admin"])])
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=2,
+                            context=contexts["edge-1"], auth={"token_file": str(tokens)},
+                            reactive_interval_s=3600,
+                            tls={"cert_file": str(server.cert_file),
+                                 "key_file": str(server.key_file),
+                                 "client_ca_file": str(ca.cert_file),
+                                 "client_auth": "require"})
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 2, 60, "two workers listen")
+        own = {n: _call_tls(co.port, contexts[n], "POST", f"/v1/nodes/{n}/report", REPORT)
+               for n in names}
+        assert set(own.values()) == {200}, {n: s for n, s in own.items() if s != 200}
+        spoofed = [_call_tls(co.port, contexts["edge-1"], "POST", "/v1/nodes/edge-2/report",
+                             REPORT) for _ in range(120)]
+        assert spoofed.count(403) == 120, sorted(set(spoofed))  # 0 successes
+        neighbours = [_call_tls(co.port, contexts[n], "POST",
+                                f"/v1/nodes/{names[(i + 1) % len(names)]}/report", REPORT)
+                      for i, n in enumerate(names)]
+        assert neighbours.count(403) == len(names), sorted(set(neighbours))
+        for method, path, body in (("PUT", "/v1/models/m", {"slo_ms": 100}),
+                                   ("DELETE", "/v1/nodes/edge-1", None),
+                                   ("DELETE", "/v1/nodes/edge-2", None),
+                                   ("POST", "/v1/plan", None)):
+            for name in ("edge-1", "edge-120", "edge-240"):
+                for _ in range(3):
+                    assert _call_tls(co.port, contexts[name], method, path, body) == 403, \
+                        (name, method, path)
+
+        def listed():
+            conn = http.client.HTTPSConnection("127.0.0.1", co.port,
+                                               context=contexts["edge-1"], timeout=30)
+            try:
+                conn.request("GET", "/v1/nodes", headers={"Authorization": f"Bearer {admin}"})
+                answer = conn.getresponse()
+                nodes = json.loads(answer.read())
+            finally:
+                conn.close()
+            return sorted(n["name"] for n in nodes) if len(nodes) == len(names) else None
+        assert wait_for(listed, 10, "all 240 handed over") == sorted(names)
+    finally:
+        co.stop()
+
+
+def test_the_database_password_appears_nowhere(postgres, tmp_path):
+    """A coordinator (two report workers, debug logs) whose PostgreSQL URL carries a
+    sentinel password, read from its config file: not in any log line, HTTP answer
+    (health, reports, /metrics, errors, while the database is down too) or the
+    command line of the coordinator and its workers; nor in what a coordinator whose
+    database cannot be reached says as it exits."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    password = "SENTINEL-DBPW-" + new_token()
+    url = postgres.new_database().replace("postgresql://postgres@",
+                                          f"postgresql://postgres:{password}@")
+    admin = "SENTINEL-ADMIN-" + new_token()
+    tokens = write(tmp_path / "tokens.yaml", [entry("ops", admin, ["admin"])])
+    co = CoordinatorProcess(url, tmp_path / "co", report_workers=2, log_level="debug",
+                            auth={"token_file": str(tokens)}, reactive_interval_s=3600)
+    seen = []
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 2, 60, "two workers listen")
+        seen.append(_cmdlines(_family(co.proc.pid)))
+        assert len(_family(co.proc.pid)) >= 3  # the coordinator and its two workers
+
+        def everything():
+            for method, path, body, token in (
+                    ("GET", "/v1/health", None, None),
+                    ("POST", "/v1/nodes/edge-1/report", REPORT, admin),
+                    ("POST", "/v1/nodes/edge-1/report", {"capacity": "x"}, admin),
+                    ("GET", "/v1/nodes", None, admin), ("GET", "/v1/nodes/none", None, admin),
+                    ("PUT", "/v1/models/m", {"slo_ms": 100}, admin),
+                    ("PUT", "/v1/models/m", {"slo_ms": "x"}, admin),
+                    ("POST", "/v1/plan", None, admin), ("GET", "/metrics", None, admin),
+                    ("GET", "/v1/nodes", None, "bad")):
+                seen.append(str(call(co.port, method, path, body, token)))
+        everything()
+        postgres.stop("fast")  # the store fails: what the errors say
+        try:
+            everything()
+            time.sleep(1.0)  # the workers hand reports over, and fail to store them
+            everything()
+        finally:
+            postgres.start_if_stopped()
+        assert any("50" in s[:5] for s in seen), "the store's failure was answered"
+    finally:
+        co.stop()
+    seen.append(co.log_path.read_text())
+    # a coordinator that cannot reach its database at all exits, saying why
+    unreachable = tmp_path / "unreachable.yaml"
+    unreachable.write_text(json.dumps({
+        "port": 0, "state_dir": str(tmp_path / "u"), "log_level": "debug",
+        "report_workers": 2, "store": f"postgresql://edge:{password}@127.0.0.1:1/fleet"}))
+    ended = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()",
+                            "coordinator", "serve", "--config", str(unreachable)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert ended.returncode != 0
+    seen.append(ended.stdout + ended.stderr)
+    text = "\n".join(seen)
+    assert "DEBUG" in text and "127.0.0.1" in ended.stdout + ended.stderr
+    assert password not in text and password[8:] not in text and admin not in text
