@@ -164,7 +164,7 @@ def test_rotation_under_load_by_sighup(repo, tmp_path):
     first = _served_cert(aport, context)
     body = v2_body([[1, 2, 3, 4]])
     current, stop = dict(old), threading.Event()
-    reports, inferences = [], []
+    reports, inferences, span = [], [], {}
 
     def tls_call(port, method, path, payload, token, conn=None):
         try:
@@ -185,12 +185,13 @@ def test_rotation_under_load_by_sighup(repo, tmp_path):
 
     def inference():
         conn = http.client.HTTPSConnection("127.0.0.1", aport, context=context, timeout=30)
-        due = time.monotonic()
+        due = span["from"] = time.monotonic()
         while not stop.is_set():
             inferences.append(tls_call(aport, "POST", "/v2/models/m/infer", body,
                                        current["infer"], conn))
             due += 1 / 200
             time.sleep(max(0.0, due - time.monotonic()))
+        span["to"] = time.monotonic()
         conn.close()
 
     def removed_fail() -> bool:
@@ -244,10 +245,10 @@ def test_rotation_under_load_by_sighup(repo, tmp_path):
     assert {s for _, s in reports} == {200}, sorted({(n, s) for n, s in reports if s != 200})
     assert len(reports) >= 50 * 2 * (ran - 1), (len(reports), ran)  # every 0.5 s
     assert set(inferences) == {200}, sorted(set(inferences))
-    print(f"rotation: {len(reports)} reports, {len(inferences)} inferences "
-          f"({len(inferences) / ran:.0f}/s) in {ran:.1f} s; removed tokens failed after "
-          f"{took * 1000:.0f} ms")
-    assert len(inferences) >= 0.75 * 200 * ran, (len(inferences), ran)
+    rate = len(inferences) / (span["to"] - span["from"])
+    print(f"rotation: {len(reports)} reports, {len(inferences)} inferences ({rate:.0f}/s) "
+          f"in {ran:.1f} s; removed tokens failed after {took * 1000:.0f} ms")
+    assert rate >= 0.75 * 200, rate  # the client kept up (on a loaded box, nearly)
 
 
 def _der(directory: Path) -> bytes:
