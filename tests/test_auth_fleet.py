@@ -431,7 +431,7 @@ def test_the_database_password_appears_nowhere(postgres, tmp_path):
     sentinel password, read from its config file: not in any log line, HTTP answer
     (health, reports, /metrics, errors, while the database is down too) or the
     command line of the coordinator and its workers; nor in what a coordinator whose
-    database cannot be reached says as it exits."""
+    database cannot be reached says as it exits (the password as a URL parameter)."""
     import subprocess
     import sys
 
@@ -477,7 +477,8 @@ def test_the_database_password_appears_nowhere(postgres, tmp_path):
     unreachable = tmp_path / "unreachable.yaml"
     unreachable.write_text(json.dumps({
         "port": 0, "state_dir": str(tmp_path / "u"), "log_level": "debug",
-        "report_workers": 2, "store": f"postgresql://edge:{password}@127.0.0.1:1/fleet"}))
+        "report_workers": 2,  # the password as a URL parameter this time
+        "store": f"postgresql://edge@127.0.0.1:1/fleet?password={password}"}))
     ended = subprocess.run([sys.executable, "-c", "from agent.cli import main; main()",
                             "coordinator", "serve", "--config", str(unreachable)], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
@@ -485,4 +486,6 @@ def test_the_database_password_appears_nowhere(postgres, tmp_path):
     seen.append(ended.stdout + ended.stderr)
     text = "\n".join(seen)
     assert "DEBUG" in text and "127.0.0.1" in ended.stdout + ended.stderr
+    assert "postgres:***@" in text  # the store's failures were told, the URL redacted
     assert password not in text and password[8:] not in text and admin not in text
+    assert "password=***" in ended.stdout + ended.stderr
