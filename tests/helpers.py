@@ -351,9 +351,11 @@ class CoordinatorServer(ThreadedServer):
 class Agent:
     """``edgeagent serve`` in its own process on ports the OS picks (``extra`` flags come
     last and override), ready; ``url`` as it announced it. ``before``: Python run in
-    that process before the command (``"import gc; gc.disable()"``)."""
+    that process before the command (``"import gc; gc.disable()"``); ``context``: the
+    ``ssl.SSLContext`` its https URL takes."""
 
-    def __init__(self, repo, data_dir, *extra, env=None, before=None):
+    def __init__(self, repo, data_dir, *extra, env=None, before=None, context=None):
+        self.context = context
         command = [EDGEAGENT] if before is None else [
             sys.executable, "-c", f"{before}\nfrom agent.cli import main; main()"]
         self.proc = subprocess.Popen(
@@ -372,7 +374,7 @@ class Agent:
         req = urllib.request.Request(self.url + path, method=method,
                                      data=b"" if method == "POST" else None)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.context) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError:
             return None

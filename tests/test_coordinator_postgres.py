@@ -189,6 +189,8 @@ def test_password_is_redacted_and_an_unreachable_database_is_unavailable():
 
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
     assert redact("postgresql://edge:s3cret@db:5432/fleet") == "postgresql://edge:***@db:5432/fleet"
+    assert redact("postgresql://edge@db/fleet?sslmode=require&password=s3cret&x=1") == \
+        "postgresql://edge@db/fleet?sslmode=require&password=***&x=1"
     with reserved_port() as port, pytest.raises(StoreUnavailable,
                                                 match=r"edge:\*\*\*@127.0.0.1") as err:
         open_store(f"postgresql://edge:s3cret@127.0.0.1:{port}/fleet")  # nothing listens

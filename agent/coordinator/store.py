@@ -489,8 +489,10 @@ def pg_dialect(sql: str) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` without its password (for messages and logs)."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    """``url`` without its password, in the user part or a ``password=`` parameter (for
+    messages and logs)."""
+    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.I)
 
 
 def _pg_connect(url: str) -> Any:
