@@ -116,9 +116,8 @@ def _served_cert(port: int, context) -> bytes:
 
 @pytest.mark.parametrize("reporters", [10, pytest.param(50, marks=pytest.mark.slow)])
 def test_rotation_under_load_by_sighup(repo, tmp_path, reporters):
-    """The issue's floor (50 reporters in the slow run, 10 in make test): reporters (keep-
-    alive, a report every 0.5 s, each with its
-    own node token) against a coordinator with two report workers, and a 200 req/s
+    """The issue's floor (50 reporters in the slow run, 10 in make test): reporters
+    (keep-alive, a report every 0.5 s, each with its own node token) against a coordinator with two report workers, and a 200 req/s
     inference client against an agent, both on TLS, while every token and both server
     certificates (to a new CA the clients trust beside the old) are rotated by SIGHUP
     (new beside old; SIGHUP; old removed; SIGHUP): every answer 200, new handshakes
@@ -375,9 +374,8 @@ def test_workers_pass_the_real_peer_on_for_the_throttle(tmp_path):
 @pytest.mark.parametrize("count", [24, pytest.param(240, marks=pytest.mark.slow)])
 def test_nodes_over_mtls_each_post_only_their_own_report(tmp_path, count):
     """The issue's floor (240 nodes in the slow run, 24 in make test), each with its
-    own certificate (issued here), through two report workers: every node's own report 200;
-    edge-1 posting as edge-2 over 120
-    fresh connections and every node posting as its neighbour: 403 every time; a node
+    own certificate (issued here), through two report workers: every node's own report
+    200; edge-1 posting as edge-2 over 120 fresh connections and every node posting as its neighbour: 403 every time; a node
     certificate: 403 on the admin endpoints; the fleet lists exactly those nodes."""
     from agent.tls import client_context
     from tests.helpers import issue_cert, make_ca
