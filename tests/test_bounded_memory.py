@@ -189,10 +189,13 @@ def test_grpc_messages_are_counted_and_calls_bounded(bounded_agent):
         model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
             name="X", datatype="FP32", shape=[1, 4])],
         raw_input_contents=[b"\0" * size])  # more bytes than the shape: refused once counted
-    options = [("grpc.max_send_message_length", -1)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        futures = [stub.ModelInfer.future(request, timeout=60) for _ in range(50)]
+    # a connection per call (no shared subchannel): the 50 messages arrive side by
+    # side, not one after another on one connection, however loaded the box
+    options = [("grpc.max_send_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(address, options=options) for _ in range(50)]
+    try:
+        futures = [pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+            request, timeout=60) for channel in channels]
         codes = []
         for future in futures:
             try:
@@ -200,6 +203,9 @@ def test_grpc_messages_are_counted_and_calls_bounded(bounded_agent):
                 codes.append("OK")
             except grpc.RpcError as err:
                 codes.append(err.code().name)
+    finally:
+        for channel in channels:
+            channel.close()
     counts = collections.Counter(codes)
     assert set(counts) <= {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, counts
     assert counts["RESOURCE_EXHAUSTED"] > 0 and counts["INVALID_ARGUMENT"] > 0, counts
