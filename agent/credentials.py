@@ -83,12 +83,21 @@ def check_token_length(token: str, source: str) -> str:
     return token
 
 
-def read_secret(path: str | Path) -> str:
-    """The token in ``path`` (stripped; an empty file or a short token is an error)."""
+def read_token(path: str | Path | None) -> str | None:
+    """The token a client sends, from ``path`` (stripped), None without a path; an
+    empty file is an error."""
+    if path is None:
+        return None
     token = Path(path).read_text().strip()
     if not token:
         raise CredentialError(f"token file {path} is empty")
-    return check_token_length(token, f"token file {path}")
+    return token
+
+
+def read_secret(path: str | Path) -> str:
+    """The token a server accepts, from ``path`` (``read_token``; a short token is an
+    error too)."""
+    return check_token_length(read_token(path), f"token file {path}")
 
 
 def parse_time(value: Any, where: str) -> float:

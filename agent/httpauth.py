@@ -18,7 +18,6 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from aiohttp import web
@@ -37,16 +36,6 @@ FORWARDED_NAME = "X-Edgeagent-Peer-Name"
 FORWARD_KEY = "X-Edgeagent-Forward-Key"
 #: At most one failed-auth warning per this many seconds (the rest are counted in it).
 WARN_EVERY_S = 10.0
-
-
-def read_token(path: str | Path | None) -> str | None:
-    """The token a client sends, from ``path`` (stripped), None without a path."""
-    if path is None:
-        return None
-    token = Path(path).read_text().strip()
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 class Need(NamedTuple):
