@@ -100,3 +100,91 @@ def test_concurrent_clients_get_their_own_ids(repo, start_agent):
     assert len({rid for _, rid, _ in results}) == 160
     _, _, shown = agent.request("GET", "/v1/selection/vote")
     assert shown["feedback"]["pending"] == 160 and shown["requests"] == 160
+
+
+def _train(agent, app, queries, start=0, seed=3, context=None, group=0):
+    """Ask and give feedback for ``queries`` one-row queries; the members' weights
+    after each (from inspection, every 10th query)."""
+    rng = np.random.default_rng(seed)
+    history = []
+    params = {"context": context} if context else {}
+    for q in range(start, start + queries):
+        truth = int(rng.integers(0, 10))
+        body = infer_body(rows([q], [truth], group), **params)
+        status, _, doc = agent.request("POST", f"/v2/models/{app}/infer", body)
+        assert status == 200, doc
+        fb = {"id": doc["id"], "labels": [truth]}
+        status, _, ok = agent.request("POST", f"/v2/models/{app}/feedback", fb)
+        assert status == 200 and ok["accepted"] == 1, ok
+        if q % 10 == 9:
+            path = f"/v1/selection/{app}" + (f"/contexts/{context}" if context else "")
+            shown = agent.request("GET", path)[2]
+            history.append((q, [m["weight"] for m in shown["members"]]))
+    return history
+
+
+@pytest.mark.parametrize("policy", ["exp4", "exp3"])
+def test_a_failed_member_loses_weight_and_regains_it_after_healing(repo, start_agent,
+                                                                   policy):
+    add_members(repo, errors=(0.05, 0.3, 0.35), m0={"schedule": [[100, 250, 1.0]]})
+    add_app(repo, "app", ["m0", "m1", "m2"], policy=policy)
+    agent = start_agent(repo)
+    history = _train(agent, "app", 450)
+
+    def leader(q):
+        return max((w, i) for i, w in enumerate(dict(history)[q]))[1]
+
+    assert leader(99) == 0                        # learned the best member
+    assert leader(249) != 0                       # moved off it while it failed
+    assert leader(449) == 0                       # and came back once it healed
+
+
+def test_stragglers_are_cut_at_the_deadline_and_renormalised(repo, start_agent):
+    add_members(repo, errors=(0.1, 0.1, 0.1))
+    add_classifier(repo, "slow", base_ms=800, classes=10, seed=7, error=0.1)
+    add_app(repo, "fast", ["m0", "m1", "m2", "slow"], slo_ms=100)
+    agent = start_agent(repo)
+    assert agent.request("POST", "/v2/repository/models/fast/load")[0] == 200
+    import time
+    started = time.perf_counter()
+    status, doc = ask(agent, "fast", [1], [4])
+    elapsed = time.perf_counter() - started
+    assert status == 200 and elapsed < 0.6, (elapsed, doc)  # never waited for "slow"
+    p = doc["parameters"]
+    assert p["missing"] == "slow:1:deadline" and p["models_used"] == "m0:1,m1:1,m2:1"
+    assert p["confidence"] <= 0.75
+    # a client's tighter timeout (microseconds) cuts sooner still; rows all default
+    # when no member can answer in time (slow alone)
+    add_app(repo, "lonely", ["slow"], slo_ms=50, default_output=[-1])
+    agent.request("POST", "/v2/repository/index")  # rescan: the new app is served
+    status, doc = ask(agent, "lonely", [1], [4], timeout=20_000)
+    assert status == 200 and doc["outputs"][0]["data"] == [-1], doc
+    assert doc["parameters"]["default"] is True
+    assert doc["parameters"]["missing"] == "slow:1:deadline"
+
+
+def test_min_confidence_answers_the_default_flagged(repo, start_agent):
+    add_members(repo, errors=(0.0, 1.0, 1.0), seed=1)
+    add_app(repo, "sure", ["m0", "m1", "m2"], min_confidence=0.6, default_output=[-7])
+    agent = start_agent(repo)
+    status, doc = ask(agent, "sure", [1, 2, 3], [1, 2, 3])
+    assert status == 200
+    # one member right, two wrong (and rarely agreeing): nobody holds 60 %
+    assert doc["outputs"][0]["data"] == [-7, -7, -7] and doc["parameters"]["default"]
+
+
+def test_cold_members_count_missing_and_the_budget_holds_the_ones_worth_it(repo,
+                                                                         start_agent):
+    add_members(repo, errors=(0.05, 0.25, 0.3, 0.35, 0.4), size_bytes=10_000_000)
+    add_app(repo, "app", [f"m{i}" for i in range(5)])
+    agent = start_agent(repo, budget=25_000_000)  # room for 2 of the 5
+    _train(agent, "app", 300)
+    loads_before = sum(agent.request("GET", f"/v1/cache/m{i}")[2]["loads"] for i in range(5))
+    _, _, shown = agent.request("GET", "/v1/selection/app")
+    assert shown["members"][0]["weight"] > 0.5
+    missing = {m["member"]: m["missing"].get("cold", 0) for m in shown["members"]}
+    assert sum(missing.values()) > 0  # some members were not resident and not waited for
+    _train(agent, "app", 300, start=300, seed=4)
+    loads_after = sum(agent.request("GET", f"/v1/cache/m{i}")[2]["loads"] for i in range(5))
+    assert loads_after - loads_before <= 1
+    assert agent.request("GET", "/v1/cache/m0")[2]["state"] == "ready"

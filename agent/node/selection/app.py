@@ -4,10 +4,11 @@ each with the app's deadline → combine whatever answered by the deadline → k
 prediction for its feedback, which the policy learns from, per context if asked.
 
 A member that is not resident is not called (it would wait for a load): it counts as
-missing (``cold``) and is loaded in the background only when its weight is at least
-``load_min_weight``. Members that erred or missed the deadline learn a loss of 1;
-members that were cold or shed keep their standing (they are given the loss of those
-that answered, weighted: "sleeping experts"), so a member is not judged by where it is.
+missing (``cold``) and is loaded in the background only when it is worth it
+(``_load_worth_it``: not yet seen enough, or weighing more than a resident member). Members that erred or missed the deadline learn a loss of 1;
+members that were cold or shed are given their own recent loss (a moving average of
+what they lost when they answered; the answering members' weighted loss before they
+ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ log = logging.getLogger("edgeagent.selection")
 
 #: A context names a user or session: at most this many characters.
 MAX_CONTEXT = 256
+#: A cold member that answered fewer times than this is loaded whatever its weight.
+EXPLORE_ANSWERS = 20
+#: The weight of each new row in a member's moving average of its loss.
+USUAL_LOSS_RATE = 0.02
+#: A cold member displaces a resident one only when it weighs this many times more.
+SWAP_MARGIN = 1.5
+#: A lighter member in use is tried this many times, this far apart, before a swap
+#: gives up (a later request tries again).
+EVICT_TRIES, EVICT_WAIT_S = 20, 0.005
 #: Upper bounds of the confidence histogram's buckets.
 CONFIDENCE_BUCKETS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -83,6 +93,9 @@ class SelectionApp:
         self.answered: Counter[int] = Counter()
         self.missing: Counter[tuple[int, str]] = Counter()
         self.background_loads: Counter[int] = Counter()
+        #: Each member's recent loss (a moving average over rows): what a member that
+        #: was cold or shed is taken to have lost.
+        self.usual_loss: dict[int, float] = {}
         self.confidence = [0] * len(CONFIDENCE_BUCKETS)
 
     # -- validation ---------------------------------------------------------------------
@@ -240,9 +253,7 @@ class SelectionApp:
             calls[i] = asyncio.ensure_future(serving.infer(
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
                 arrived=arrived, timeout=budget, rows=rows))
-        for i, entry in enumerate(entries):
-            if not available[i] and weights[i] >= self.options.load_min_weight:
-                self._load_in_background(serving, i, entry.name, entry.version)
+        self._load_worth_it(serving, entries, available, weights)
         if calls:
             await asyncio.wait(calls.values(), timeout=max(deadline - serving.clock(), 0.0))
         answers: dict[int, np.ndarray] = {}
@@ -295,16 +306,58 @@ class SelectionApp:
                   "default": used_default}
         return {out.name: np.ascontiguousarray(combined)}, {"id": rid, **params}
 
-    def _load_in_background(self, serving: Serving, i: int, name: str, version: int) -> None:
-        entry = serving.cache.entry(name, version)
-        if entry.state is not Life.UNLOADED or any(
-                t.get_name() == entry.key for t in self._loading):
+    def _load_worth_it(self, serving: Serving, entries: list, available: list[bool],
+                       weights: list[float]) -> None:
+        """Start loading (one at a time per app) the cold member most worth it: one that
+        answered fewer than ``EXPLORE_ANSWERS`` times (it must be seen to be judged), or
+        one weighing at least ``load_min_weight`` and ``SWAP_MARGIN`` times a resident
+        member (it displaces one that matters less). Near-ties load nothing: no thrash."""
+        if self._loading:
             return
+        resident = [weights[i] for i in range(len(entries)) if available[i]]
+        floor = min(resident) if resident else -1.0
+        worth = [i for i in range(len(entries)) if not available[i]
+                 and entries[i].state is Life.UNLOADED
+                 and (self.answered[i] < EXPLORE_ANSWERS
+                      or weights[i] >= max(self.options.load_min_weight,
+                                           SWAP_MARGIN * floor))]
+        if worth:
+            i = max(worth, key=lambda j: (self.answered[j] < EXPLORE_ANSWERS, weights[j]))
+            top = max(range(len(entries)), key=weights.__getitem__)
+            lighter = sorted((weights[j], j) for j in range(len(entries))
+                             if available[j] and j != top and (
+                                 weights[j] < weights[i] or self.answered[i] < EXPLORE_ANSWERS))
+            self._load_in_background(serving, i, entries[i], [entries[j] for _, j in lighter])
+
+    def _load_in_background(self, serving: Serving, i: int, entry: Any,
+                            lighter: list[Any]) -> None:
+        """Load member ``i``; where its pool lacks room, first unload the app's resident
+        members that weigh less (``lighter``, lightest first), so that the load does not
+        evict one that matters more."""
         self.background_loads[i] += 1
+        cache = serving.cache
 
         async def load() -> None:
+            pool = cache.pool_of(entry)
+            need = entry.account.measured_bytes or entry.account.size_bytes
+
+            def room() -> bool:
+                return pool is None or pool.budget - pool.used - pool.reserved >= need
+
             try:
-                await serving.cache.ensure_loaded(name, version)
+                for victim in lighter:
+                    for _ in range(EVICT_TRIES):  # a victim in use: wait for its requests
+                        if room():
+                            break
+                        try:
+                            await cache.evict(victim.name, victim.version)
+                            break
+                        except CacheError:
+                            await asyncio.sleep(EVICT_WAIT_S)
+                if not room():  # the load would evict a member that weighs more: not now
+                    self.background_loads[i] -= 1
+                    return
+                await cache.ensure_loaded(entry.name, entry.version)
             except CacheError as exc:
                 log.info("app %s: background load of %s failed: %s", self.name, entry.key, exc)
 
@@ -377,6 +430,9 @@ class SelectionApp:
                 else float(losses.mean())
         for i in prediction.failed:
             member_loss[i] = 1.0
+        keep = (1 - USUAL_LOSS_RATE) ** prediction.rows
+        for i, loss in member_loss.items():
+            self.usual_loss[i] = keep * self.usual_loss.get(i, loss) + (1 - keep) * loss
         context = context if context is not None else prediction.context
         targets = [GLOBAL] + ([context] if context is not None else [])
         for target in targets:
@@ -387,7 +443,7 @@ class SelectionApp:
                 total = sum(w.values()) or 1.0
                 mix = sum(w[i] * member_loss[i] for i in w) / total
                 for i in prediction.sleeping:
-                    learned[i] = mix
+                    learned[i] = self.usual_loss.get(i, mix)
             self.policy.observe(state, learned, prediction.rows, prediction.probabilities)
             self.dirty.add(target)
         return True
