@@ -188,3 +188,139 @@ def test_cold_members_count_missing_and_the_budget_holds_the_ones_worth_it(repo,
     loads_after = sum(agent.request("GET", f"/v1/cache/m{i}")[2]["loads"] for i in range(5))
     assert loads_after - loads_before <= 1
     assert agent.request("GET", "/v1/cache/m0")[2]["state"] == "ready"
+
+
+def test_contexts_learn_apart_and_start_from_the_global_state(repo, start_agent):
+    # m0 fails on group 1, m1 on group 2: each user's best member is the other one
+    add_members(repo, errors=(0.1, 0.1), m0={"groups": {1: 0.9}}, m1={"groups": {2: 0.9}})
+    add_app(repo, "app", ["m0", "m1"], max_contexts=2, write_every_s=0.2)
+    agent = start_agent(repo)
+    _train(agent, "app", 60)  # global: both good on group 0
+    global_weights = [m["weight"] for m in agent.request("GET", "/v1/selection/app")[2][
+        "members"]]
+    _train(agent, "app", 100, start=1000, context="alice", group=1)
+    _train(agent, "app", 100, start=2000, context="bob", group=2)
+    alice = agent.request("GET", "/v1/selection/app/contexts/alice")[2]["members"]
+    bob = agent.request("GET", "/v1/selection/app/contexts/bob")[2]["members"]
+    assert alice[1]["weight"] > 0.8 and bob[0]["weight"] > 0.8
+    # a new user starts from the global state (not from another user's)
+    status, doc = ask(agent, "app", [5000], [1], context="carol")
+    assert status == 200
+    carol = agent.request("GET", "/v1/selection/app/contexts/carol")[2]
+    assert carol["members"][0]["weight"] != alice[0]["weight"]
+    # three contexts, room for two in memory: the oldest left memory, not the store
+    shown = agent.request("GET", "/v1/selection/app")[2]
+    assert shown["contexts_in_memory"] == 2
+    assert set(shown["contexts"]) >= {"alice", "bob"}
+    again = agent.request("GET", "/v1/selection/app/contexts/alice")[2]["members"]
+    assert [m["weight"] for m in again] == [m["weight"] for m in alice]
+    assert global_weights  # the global state learned before any context
+
+
+def test_bad_input_gets_a_4xx_naming_the_problem_and_loses_nothing(repo, start_agent):
+    add_members(repo, errors=(0.1, 0.2))
+    (repo / "odd").mkdir()
+    (repo / "odd" / "config.yaml").write_text(
+        "backend: synthetic\nsynthetic: {base_ms: 0}\n")  # X [N, k] -> Y FP32 [N, 1]
+    add_app(repo, "app", ["m0", "m1"])
+    add_app(repo, "ghost", ["m0", "nowhere"])
+    add_app(repo, "mixed", ["m0", "odd"])
+    add_app(repo, "nested", ["m0", "app"])
+    agent = start_agent(repo)
+    status, doc = ask(agent, "app", [1, 2], [3, 4], rid="two-rows")
+    assert status == 200
+    bad = [({"id": "two-rows", "labels": [3]}, "one per row"),
+           ({"id": "two-rows", "labels": [3, -1]}, "class ids"),
+           ({"id": "two-rows", "labels": [3, 1.5]}, "class ids"),
+           ({"id": "two-rows", "labels": "3,4"}, "list of numbers"),
+           ({"id": "two-rows", "losses": [0, 1]}, "labels"),
+           ({"id": "two-rows"}, "either 'labels'"),
+           ({"id": 7, "labels": [1, 2]}, "'id'"),
+           ({"id": "two-rows", "labels": [3, 4], "context": "x" * 300}, "characters"),
+           ({"id": "two-rows", "labels": [3, 4], "extra": 1}, "unknown field"),
+           ({"feedback": [{"id": "two-rows", "labels": [3, 4]}, {"id": "z"}]},
+            "feedback[1]"),
+           ([1, 2], "JSON object")]
+    for body, words in bad:
+        status, _, reply = agent.request("POST", "/v2/models/app/feedback", body)
+        assert status == 400 and words in reply["error"], (body, reply)
+    status, _, reply = agent.request("POST", "/v2/models/app/feedback", b"{not json")
+    assert status == 400
+    # nothing was learned or lost by the bad bodies: the prediction still takes feedback
+    status, _, reply = agent.request("POST", "/v2/models/app/feedback",
+                                     {"feedback": [{"id": "two-rows", "labels": [3, 4]},
+                                                   {"id": "never-made", "labels": [1]}]})
+    assert status == 200 and reply == {"accepted": 1, "unknown_ids": ["never-made"]}
+    shown = agent.request("GET", "/v1/selection/app")[2]
+    assert shown["feedback"]["accepted"] == 1 and shown["feedback"]["unmatched"] == 1
+    # a context over the limit, a non-app, apps naming a missing model, another app, or
+    # members that disagree
+    status, doc = ask(agent, "app", [1], [3], context="y" * 300)
+    assert status == 400 and "context" in doc["error"]
+    status, _, reply = agent.request("POST", "/v2/models/m0/feedback",
+                                     {"id": "a", "labels": [1]})
+    assert status == 404
+    for app, words in (("ghost", "'nowhere' is not in the repository"),
+                       ("nested", "is a selection app"),
+                       ("mixed", "m0:1 and odd:1 take different inputs")):
+        status, doc = ask(agent, app, [1], [3])
+        assert status == 400 and words in doc["error"], doc
+    index = agent.request("POST", "/v2/repository/index")[2]
+    ghost = next(m for m in index if m["name"] == "ghost")
+    assert ghost["state"] == "UNAVAILABLE" and "nowhere" in ghost["reason"]
+    status, _, reply = agent.request("POST", "/v1/selection/app/weights",
+                                     {"weights": {"m9:1": 1}})
+    assert status == 400 and "unknown member" in reply["error"]
+
+
+def _train_http(url, app, queries, start=0, context=None):
+    from tests.helpers import request
+
+    rng = np.random.default_rng(start)
+    for q in range(start, start + queries):
+        truth = int(rng.integers(0, 10))
+        params = {"context": context} if context else {}
+        status, doc, _ = request(f"{url}/v2/models/{app}/infer",
+                                 "POST", infer_body(rows([q], [truth]), **params))
+        assert status == 200, doc
+        status, ok, _ = request(f"{url}/v2/models/{app}/feedback", "POST",
+                                {"id": doc["id"], "labels": [truth]})
+        assert ok["accepted"] == 1
+
+
+def _weights(agent, path):
+    return [m["weight"] for m in agent.get(path)["members"]]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_restart_keeps_what_was_learned(repo, tmp_path, signal_name):
+    import signal
+    import time
+
+    from tests.helpers import Agent
+
+    add_members(repo, errors=(0.05, 0.4, 0.45))
+    add_app(repo, "app", ["m0", "m1", "m2"], write_every_s=0.3)
+    agent = Agent(repo, tmp_path / "data")
+    try:
+        _train_http(agent.url, "app", 40)
+        _train_http(agent.url, "app", 40, start=100, context="alice")
+        before = {p: _weights(agent, p) for p in ("/v1/selection/app",
+                                                  "/v1/selection/app/contexts/alice")}
+        assert before["/v1/selection/app"][0] > 0.5
+        if signal_name == "SIGTERM":
+            assert agent.stop() == 0
+        else:
+            time.sleep(1.0)  # past the write-behind interval
+            agent.proc.send_signal(signal.SIGKILL)
+            agent.proc.wait(30)
+    finally:
+        if agent.proc.poll() is None:
+            agent.stop()
+    again = Agent(repo, tmp_path / "data")
+    try:
+        again.get("/v2/models/app")  # validates the app: reads its learned state
+        after = {p: _weights(again, p) for p in before}
+        assert after == before
+    finally:
+        again.stop()
