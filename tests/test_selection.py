@@ -324,3 +324,54 @@ def test_restart_keeps_what_was_learned(repo, tmp_path, signal_name):
         assert after == before
     finally:
         again.stop()
+
+
+def test_tritonclient_grpc_and_tf_rest_read_an_apps_answer(repo, start_agent):
+    import tritonclient.http as httpclient
+
+    add_members(repo, errors=(0.1, 0.2, 0.3))
+    add_app(repo, "app", ["m0", "m1", "m2"])
+    agent = start_agent(repo)
+    x = rows([1, 2], [3, 4])
+    client = httpclient.InferenceServerClient(agent.url.removeprefix("http://"))
+    inp = httpclient.InferInput("X", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    result = client.infer("app", [inp], request_id="tc-1", parameters={"context": "u7"})
+    y = result.as_numpy("Y")
+    assert y.dtype == np.int64 and y.shape == (2, 1)
+    response = result.get_response()
+    assert response["id"] == "tc-1" and response["parameters"]["models_used"]
+    assert client.is_model_ready("app")
+    # TF Serving REST: the predictions, with the app's answer beside them
+    status, _, doc = agent.request("POST", "/v1/models/app:predict",
+                                   {"instances": x.tolist()})
+    assert status == 200 and np.asarray(doc["predictions"]).shape == (2, 1), doc
+    assert doc["parameters"]["confidence"] > 0 and doc["id"]
+
+
+def test_grpc_serves_an_app_with_its_parameters(repo, start_agent):
+    import tritonclient.grpc as grpcclient
+
+    from agent.node.grpc_v2 import start_grpc
+
+    add_members(repo, errors=(0.1, 0.2, 0.3))
+    add_app(repo, "app", ["m0", "m1", "m2"])
+    agent = start_agent(repo)
+    server = agent.call(start_grpc(agent.node, "127.0.0.1", 0))
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        x = rows([1], [5])
+        inp = grpcclient.InferInput("X", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        result = client.infer("app", [inp], request_id="g-1", parameters={"context": "u1"})
+        assert result.as_numpy("Y").shape == (1, 1)
+        response = result.get_response()
+        assert response.id == "g-1"
+        assert response.parameters["models_used"].string_param == "m0:1,m1:1,m2:1"
+        assert 0 < response.parameters["confidence"].double_param <= 1
+        assert client.is_model_ready("app")
+        feedback = agent.request("POST", "/v2/models/app/feedback",
+                                 {"id": "g-1", "labels": [5]})
+        assert feedback[2] == {"accepted": 1, "unknown_ids": []}
+    finally:
+        agent.call(server.stop(0))
