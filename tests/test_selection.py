@@ -80,6 +80,18 @@ def test_app_answers_through_members_and_learns_from_feedback(repo, start_agent)
     # members were served by the ordinary path: counted as accesses in the cache
     _, _, cache = agent.request("GET", "/v1/cache/m3")
     assert cache["requests_served"] >= 300
+    _, _, text = agent.request("GET", "/metrics")
+    text = text.decode() if isinstance(text, bytes) else text
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                 if line.startswith("edgeagent_selection") or (
+                     line.startswith("edgeagent_requests_total") and 'model="vote"' in line))
+    assert float(lines['edgeagent_selection_member_selected_total{app="vote",member="m0:1"}']
+                 ) == 300
+    assert float(lines['edgeagent_selection_feedback_total{app="vote",outcome="accepted"}']
+                 ) == 300
+    assert float(lines['edgeagent_selection_confidence_count{app="vote"}']) == 300
+    assert 0.5 < float(lines['edgeagent_selection_member_weight{app="vote",member="m0:1"}'])
+    assert any("endpoint=\"v2\"" in k and "code=\"200\"" in k for k in lines)
 
 
 def test_concurrent_clients_get_their_own_ids(repo, start_agent):

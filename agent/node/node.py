@@ -86,7 +86,7 @@ class Node:
         self.selection.update(apps, models)
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
-        self.metrics = Metrics(self.cache, self.serving, self.body_memory)
+        self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.

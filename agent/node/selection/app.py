@@ -97,6 +97,7 @@ class SelectionApp:
         #: was cold or shed is taken to have lost.
         self.usual_loss: dict[int, float] = {}
         self.confidence = [0] * len(CONFIDENCE_BUCKETS)
+        self.confidence_sum = 0.0
 
     # -- validation ---------------------------------------------------------------------
     async def ensure_valid(self, serving: Serving) -> None:
@@ -292,6 +293,7 @@ class SelectionApp:
             combined, confidence = np.array(default), np.zeros(rows)
             low = np.ones(rows, bool)
         lowest = float(confidence.min()) if rows else 0.0
+        self.confidence_sum += lowest
         self.confidence[min(np.searchsorted(CONFIDENCE_BUCKETS, lowest),
                             len(CONFIDENCE_BUCKETS) - 1)] += 1
         used_default = bool(low.any())
