@@ -387,3 +387,29 @@ def test_grpc_serves_an_app_with_its_parameters(repo, start_agent):
         assert feedback[2] == {"accepted": 1, "unknown_ids": []}
     finally:
         agent.call(server.stop(0))
+
+
+def test_cli_lists_shows_and_resets_apps(repo, start_agent):
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    add_members(repo, errors=(0.05, 0.4))
+    add_app(repo, "app", ["m0", "m1"])
+    agent = start_agent(repo)
+    _train(agent, "app", 30, context="u1")
+    runner = CliRunner()
+    listed = runner.invoke(main, ["selection", "--url", agent.url, "ls"])
+    assert listed.exit_code == 0, listed.output
+    assert "app" in listed.output and "exp4" in listed.output and "m0:1" in listed.output
+    shown = runner.invoke(main, ["selection", "show", "app", "--context", "u1", "--json",
+                                 "--url", agent.url])
+    doc = json.loads(shown.output)
+    assert doc["context"] == "u1" and doc["members"][0]["weight"] > 0.5
+    table = runner.invoke(main, ["selection", "--url", agent.url, "show", "app"])
+    assert "MEMBER" in table.output and "m1:1" in table.output
+    reset = runner.invoke(main, ["selection", "--url", agent.url, "reset", "app", "--json"])
+    assert reset.exit_code == 0
+    assert [m["weight"] for m in json.loads(reset.output)["members"]] == [0.5, 0.5]
+    missing = runner.invoke(main, ["selection", "--url", agent.url, "show", "nope"])
+    assert missing.exit_code != 0 and "nope" in missing.output
