@@ -3,6 +3,11 @@ the node's ordinary serving path (cache lease, batching, prediction cache, admis
 each with the app's deadline → combine whatever answered by the deadline → keep the
 prediction for its feedback, which the policy learns from, per context if asked.
 
+A member call carries the client's ``timeout`` as its hard deadline (admission drops
+it early); against the app's SLO it is cut at the deadline rather than refused, since
+admission judges a member by its own SLO and percentile (with a margin of its own
+SLO), which would refuse a straggling member every time.
+
 A member that is not resident is not called (it would wait for a load): it counts as
 missing (``cold``) and is loaded in the background only when it is worth it
 (``_load_worth_it``: not yet seen enough, or weighing more than a resident member). Members that erred or missed the deadline learn a loss of 1;
@@ -251,12 +256,13 @@ class SelectionApp:
                 missing[i] = "cold"
                 continue
             name, version = self.members[i]
-            calls[i] = asyncio.ensure_future(serving.infer(
+            calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
-                arrived=arrived, timeout=budget, rows=rows))
-        self._load_worth_it(serving, entries, available, weights)
+                arrived=arrived, timeout=timeout, rows=rows))
         if calls:
             await asyncio.wait(calls.values(), timeout=max(deadline - serving.clock(), 0.0))
+        # after this request's member calls: a swap never unloads a member it is asking
+        self._load_worth_it(serving, entries, available, weights)
         answers: dict[int, np.ndarray] = {}
         for i, task in calls.items():
             reason = _outcome(task)

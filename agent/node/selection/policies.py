@@ -228,9 +228,11 @@ class Policy:
                      probabilities: dict[int, float]) -> None:
         logw = [math.log(max(w, 1e-300)) for w in state.weights]
         p = self.probabilities(state)
+        if self.name == "exp3":
+            rows = 1  # one pick, one round of the bandit, whatever the request's rows
         for i, loss in losses.items():
             if self.name == "exp3":  # importance-weighted by its stored probability
-                logw[i] -= self.eta * rows * loss / max(probabilities.get(i, p[i]), 1e-6)
+                logw[i] -= self.eta * loss / max(probabilities.get(i, p[i]), 1e-6)
             elif self.name == "clipper_exp4":  # the paper's code: divides by p, observes all
                 logw[i] -= self.eta * rows * loss / max(p[i], 1e-300)
             else:
