@@ -4,13 +4,11 @@ members' weights, feedback and misses) from a shell, through ``/v1/selection``."
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import click
 
-from agent.commands import tls_options
-from agent.commands.cache import _apply, _call, _common, _read_token
+from agent.commands.cache import _apply, _call, _common, agent_context, agent_options
 
 
 def apps_table(apps: list[dict[str, Any]]) -> str:
@@ -41,16 +39,11 @@ def _columns(head: list[str], rows: list[list[str]]) -> str:
 
 
 @click.group()
-@click.option("--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
-              show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-              help="Admin bearer token file (or $EDGEAGENT_TOKEN).")
-@tls_options
+@agent_options
 @click.pass_context
 def selection(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
     """Inspect and reset a running agent's selection apps."""
-    ctx.obj = {"url": url, "json": as_json, "token": _read_token(token_file)}
+    ctx.obj = agent_context(url, as_json, token_file)
 
 
 def _print(ctx: click.Context, doc: Any, table: Any) -> None:
