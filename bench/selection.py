@@ -297,7 +297,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--queries", type=int, default=20000)
-    ap.add_argument("--rows", type=int, default=10, help="queries per request (recovery)")
+    ap.add_argument("--rows", type=int, default=1, help="queries per request (recovery)")
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--per-user", type=int, default=20)
     ap.add_argument("--slo-ms", type=float, default=20)

@@ -83,7 +83,8 @@ class SelectionApp:
         self.dirty: set[str] = set()           # contexts (GLOBAL too) to write
         self.unsaved: dict[str, State] = {}    # contexts evicted from memory, not written
         self.frozen = False                    # weights set by hand: no learning
-        self.keys: list[str] | None = None     # members as name:version once validated
+        self.keys: list[str] | None = None     # members as name:version (``bind``)
+        self.validated = False                 # members checked to agree (``ensure_valid``)
         self.inputs: list[TensorSpec] = []
         self.output: TensorSpec | None = None
         self.error: str | None = None          # a problem of its config (a missing member)
@@ -109,10 +110,10 @@ class SelectionApp:
         """Check once that the members exist and agree on inputs and output (loading a
         member never loaded before, to read its signature); ``ModelInvalid`` (400)
         naming the mismatch. Then read the learned global state."""
-        if self.keys is not None:
+        if self.validated:
             return
         async with self._validating:
-            if self.keys is not None:
+            if self.validated:
                 return
             if self.error:
                 raise ModelInvalid(self.error)
@@ -130,8 +131,8 @@ class SelectionApp:
                                        f"{exc}") from None
                 seen.append((entry.key, entry.metadata or {}))
             self._check_signatures(seen)
-            self.keys = [key for key, _ in seen]
-            self._restore_global()
+            self.bind([key for key, _ in seen])
+            self.validated = True
 
     def _check_signatures(self, seen: list[tuple[str, dict]]) -> None:
         want = self.options.output.name
@@ -166,10 +167,25 @@ class SelectionApp:
                                f"rows have {math.prod(row)}")
 
     # -- states -------------------------------------------------------------------------
-    def _restore_global(self) -> None:
-        saved = self.store.read(self.name, GLOBAL) if self.store else None
-        if saved is not None:
-            self.state = self._from_saved(saved)
+    def bind(self, keys: list[str]) -> None:
+        """Name the members ``name:version`` (their versions resolved by the repository):
+        the first time, read the learned global state back; when a version changed,
+        carry every state over (the new version starts at the mean weight)."""
+        if keys == self.keys:
+            return
+        if self.keys is None:
+            self.keys = keys
+            saved = self.store.read(self.name, GLOBAL) if self.store else None
+            if saved is not None:
+                self.state = self._from_saved(saved)
+            return
+        old, self.keys = self.keys, keys
+        self.state = self.state.remap(old, keys)
+        for context, state in list(self.contexts.items()):
+            self.contexts[context] = state.remap(old, keys)
+        self.unsaved = {c: s.remap(old, keys) for c, s in self.unsaved.items()}
+        self.dirty |= {GLOBAL, *self.contexts, *self.unsaved}
+        self.validated = False
 
     def _from_saved(self, saved: tuple[list[str], dict]) -> State:
         members, doc = saved
@@ -442,8 +458,7 @@ class SelectionApp:
         for i, loss in member_loss.items():
             self.usual_loss[i] = keep * self.usual_loss.get(i, loss) + (1 - keep) * loss
         context = context if context is not None else prediction.context
-        targets = [GLOBAL] + ([context] if context is not None else [])
-        for target in targets:
+        for target in [context if context is not None else GLOBAL]:
             state = self.state_for(None if target == GLOBAL else target)
             learned = dict(member_loss)
             if self.policy.ensemble and prediction.answers:  # sleeping experts
@@ -482,7 +497,7 @@ class SelectionApp:
                 "answered": self.answered[i], "background_loads": self.background_loads[i],
                 "missing": {r: n for (m, r), n in sorted(self.missing.items()) if m == i}})
         return {"app": self.name, "policy": self.policy.name, "context": context,
-                "frozen": self.frozen, "validated": self.keys is not None, "error": self.error,
+                "frozen": self.frozen, "validated": self.validated, "error": self.error,
                 "members": members, "requests": self.requests, "default_answers": self.defaults,
                 "feedback": {"accepted": self.accepted, "unmatched": self.unmatched,
                              "pending": len(self.pending), "expired": self.pending.expired,

@@ -79,17 +79,27 @@ class SelectionApps:
                 self._write_now(old.rows_to_write())
                 del self.apps[name]
         for name, spec in apps.items():
-            if name in self.apps:
-                continue
-            app = SelectionApp(spec, store=self.store if apps else None, clock=self.clock)
+            app = self.apps.get(name)
+            if app is None:
+                app = self.apps[name] = SelectionApp(spec, store=self.store, clock=self.clock)
+            app.error, keys = None, []
             for text in spec.config.selection.candidates:  # type: ignore[union-attr]
-                member, _ = parse_candidate(text)
+                member, version = parse_candidate(text)
                 if member in apps:
                     app.error = (f"app {name!r}: candidate {text!r} is a selection app; "
                                  "members must be models")
                 elif member not in models:
                     app.error = f"app {name!r}: candidate {text!r} is not in the repository"
-            self.apps[name] = app
+                elif models[member].error or not models[member].versions:
+                    app.error = (f"app {name!r}: candidate {text!r} cannot serve: "
+                                 f"{models[member].error or 'no version'}")
+                elif version is None or version in models[member].versions:
+                    keys.append(f"{member}:{version or models[member].default_version}")
+                else:
+                    app.error = f"app {name!r}: candidate {text!r}: {member} has no version " \
+                                f"{version}"
+            if app.error is None:
+                app.bind(keys)
 
     # -- requests -----------------------------------------------------------------------
     async def infer(self, name: str, version: int | None, inputs: dict[str, np.ndarray],
