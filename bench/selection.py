@@ -16,7 +16,7 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
 * ``budget``: an app of five members under a budget holding two: loads per 1,000
   requests after warm-up, and the p99 against the SLO.
 
-    .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 10]
+    .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 1]
         [--only recovery,ensemble,stragglers,users,feedback,budget]
 """
 
@@ -175,7 +175,7 @@ SIZES = (1, 2, 4, 8, 16)
 
 def setup_stragglers(repo: Path, slo_ms: float) -> None:
     for i in range(max(SIZES)):
-        add_classifier(repo, f"s{i}", base_ms=8, classes=10, seed=5, error=0.3,
+        add_classifier(repo, f"s{i}", base_ms=6, classes=10, seed=5, error=0.3,
                        jitter={"lognormal_sigma": 0.6})
     for n in SIZES:
         members = [f"s{i}" for i in range(n)]
