@@ -271,6 +271,8 @@ def test_bad_input_gets_a_4xx_naming_the_problem_and_loses_nothing(repo, start_a
     # members that disagree
     status, doc = ask(agent, "app", [1], [3], context="y" * 300)
     assert status == 400 and "context" in doc["error"]
+    status, doc = ask(agent, "app", [], [])
+    assert status == 400 and "at least one row" in doc["error"], doc
     status, _, reply = agent.request("POST", "/v2/models/m0/feedback",
                                      {"id": "a", "labels": [1]})
     assert status == 404

@@ -266,6 +266,8 @@ class SelectionApp:
         missing: dict[int, str] = {}
         calls: dict[int, asyncio.Task] = {}
         rows = len(next(iter(inputs.values())))
+        if rows == 0:
+            raise InvalidInput(f"app {self.name!r}: a request needs at least one row")
         for i in asked:
             self.selected[i] += 1
             if not available[i]:
