@@ -416,3 +416,26 @@ def test_cli_lists_shows_and_resets_apps(repo, start_agent):
     assert [m["weight"] for m in json.loads(reset.output)["members"]] == [0.5, 0.5]
     missing = runner.invoke(main, ["selection", "--url", agent.url, "show", "nope"])
     assert missing.exit_code != 0 and "nope" in missing.output
+
+
+def test_weights_set_by_hand_and_frozen_hold_against_feedback(repo, start_agent):
+    add_members(repo, errors=(0.05, 0.5))
+    add_app(repo, "canary", ["m0", "m1"], policy="static", weights=[0.5, 0.5])
+    add_app(repo, "learner", ["m0", "m1"])
+    agent = start_agent(repo)
+    status, _, doc = agent.request("POST", "/v1/selection/canary/weights",
+                                   {"weights": {"m0:1": 9, "m1:1": 1}, "freeze": True})
+    assert status == 200 and doc["frozen"] is True
+    assert [m["weight"] for m in doc["members"]] == [0.9, 0.1]
+    picks = [ask(agent, "canary", [q], [1])[1]["parameters"]["models_used"]
+             for q in range(100)]
+    assert 0.78 < picks.count("m0:1") / 100 < 0.99  # the split set by hand
+    status, _, doc = agent.request("POST", "/v1/selection/canary/reset")
+    assert [m["weight"] for m in doc["members"]] == [0.5, 0.5] and doc["frozen"] is False
+    # a learning app frozen by hand keeps its weights whatever the feedback says
+    agent.request("POST", "/v1/selection/learner/weights", {"weights": [1, 3],
+                                                            "freeze": True})
+    _train(agent, "learner", 20)
+    shown = agent.request("GET", "/v1/selection/learner")[2]
+    assert [m["weight"] for m in shown["members"]] == [0.25, 0.75]
+    assert shown["feedback"]["accepted"] == 20
