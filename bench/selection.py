@@ -17,6 +17,7 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
   requests after warm-up, and the p99 against the SLO.
 
     .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 1]
+        [--policies exp4,exp3,clipper_exp4,hedge,thompson_undiscounted]
         [--only recovery,ensemble,stragglers,users,feedback,budget]
 """
 
@@ -93,7 +94,7 @@ POLICIES = {"exp4": {"policy": "exp4"}, "exp3": {"policy": "exp3"},
             "thompson_undiscounted": {"policy": "thompson", "discount": 1}}
 
 
-def setup_recovery(repo: Path, seeds: int, queries: int) -> None:
+def setup_recovery(repo: Path, seeds: int, queries: int, policies: list[str]) -> None:
     fail, heal = queries // 4, queries // 2
     for seed in range(seeds):
         names = []
@@ -102,17 +103,18 @@ def setup_recovery(repo: Path, seeds: int, queries: int) -> None:
             add_classifier(repo, name, base_ms=0.2, classes=10, seed=seed, error=err,
                            schedule=[[fail, heal, 0.9]] if i == 0 else [])
             names.append(name)
-        for label, options in POLICIES.items():
-            add_app(repo, f"r{seed}-{label}", names, slo_ms=1000, **options)
+        for label in policies:
+            add_app(repo, f"r{seed}-{label}", names, slo_ms=1000, **POLICIES[label])
 
 
-def recovery(client: Client, seeds: int, queries: int, step: int) -> dict:
+def recovery(client: Client, seeds: int, queries: int, step: int, policies: list[str]
+             ) -> dict:
     fail, heal = queries // 4, queries // 2
-    out: dict = {label: [] for label in POLICIES}
+    out: dict = {label: [] for label in policies}
     for seed in range(seeds):
         truth = np.random.default_rng(seed).integers(0, 10, queries)
         static = np.zeros(len(ERRORS))
-        for label in POLICIES:
+        for label in policies:
             app = f"r{seed}-{label}"
             wrong, leaders = 0, []
             for start in range(0, queries, step):
@@ -131,7 +133,7 @@ def recovery(client: Client, seeds: int, queries: int, step: int) -> dict:
         for i in range(len(ERRORS)):
             answer = client.answers(f"r{seed}m{i}", rows(np.arange(queries), truth))
             static[i] = float((answer != truth).mean())
-        for label in POLICIES:
+        for label in policies:
             out[label][-1]["static"] = static.round(4).tolist()
             out[label][-1]["below_every_static"] = bool(out[label][-1]["error"] < static.min())
     return out
@@ -301,13 +303,16 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--per-user", type=int, default=20)
     ap.add_argument("--slo-ms", type=float, default=20)
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="recovery's policies and controls")
     ap.add_argument("--only", default="recovery,ensemble,stragglers,users,feedback,budget")
     args = ap.parse_args()
     parts = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="bench-selection-"))
     repo = tmp / "models"
     repo.mkdir()
-    setup_recovery(repo, args.seeds, args.queries)
+    policies = args.policies.split(",")
+    setup_recovery(repo, args.seeds, args.queries, policies)
     setup_ensemble(repo)
     setup_stragglers(repo, args.slo_ms)
     setup_users(repo, args.users)
@@ -316,7 +321,7 @@ def main() -> None:
     try:
         client = Client(agent.url)
         if "recovery" in parts:
-            rec = recovery(client, args.seeds, args.queries, args.rows)
+            rec = recovery(client, args.seeds, args.queries, args.rows, policies)
             for label, runs in rec.items():
                 below = sum(r["below_every_static"] for r in runs)
                 offs = [r["off"] for r in runs]
@@ -324,7 +329,7 @@ def main() -> None:
                 print(f"recovery {label:22s} error {np.mean([r['error'] for r in runs]):.4f} "
                       f"below every static in {below}/{len(runs)}; off after {offs}; "
                       f"back after {backs}", flush=True)
-            print("static members (seed 0):", rec["exp4"][0]["static"], flush=True)
+            print("static members (seed 0):", rec[policies[0]][0]["static"], flush=True)
             results["recovery"] = rec
         if "ensemble" in parts:
             results["ensemble"] = ensemble(client, 2000)
