@@ -414,6 +414,9 @@ def test_cli_lists_shows_and_resets_apps(repo, start_agent):
     reset = runner.invoke(main, ["selection", "--url", agent.url, "reset", "app", "--json"])
     assert reset.exit_code == 0
     assert [m["weight"] for m in json.loads(reset.output)["members"]] == [0.5, 0.5]
+    cache_ls = runner.invoke(main, ["cache", "--url", agent.url, "ls"])
+    assert cache_ls.exit_code == 0 and "APP" in cache_ls.output, cache_ls.output
+    assert "m0" in cache_ls.output.split("APP")[0] and "exp4" in cache_ls.output
     missing = runner.invoke(main, ["selection", "--url", agent.url, "show", "nope"])
     assert missing.exit_code != 0 and "nope" in missing.output
 

@@ -111,9 +111,19 @@ def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
 @_common
 @click.pass_context
 def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
-    """All models: state, size, load time, hits/misses, rate, utility, pinned."""
+    """All models: state, size, load time, hits/misses, rate, utility, pinned; then the
+    selection apps served over them."""
     _apply(ctx, sub_url, sub_json)
     _show(ctx, _call(ctx, "GET", "/v1/cache"))
+    if not ctx.obj["json"]:
+        try:
+            apps = _call(ctx, "GET", "/v1/selection")
+        except click.ClickException:  # an agent without apps' routes, or no admin token
+            return
+        if apps:
+            from agent.commands.selection import apps_table
+
+            click.echo("\n" + apps_table(apps))
 
 
 @cache.command()
