@@ -598,3 +598,41 @@ def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path,
         messages.append(repr(src))
     text = "\n".join(messages + [r.getMessage() for r in caplog.records])
     assert password not in text
+
+
+# -- edgeagent model push / ls ----------------------------------------------------------
+
+
+def test_model_push_and_ls_through_the_cli(registry, s3, tmp_path):
+    from tests.helpers import EDGEAGENT
+
+    d = tmp_path / "repo" / "resnet" / "4"
+    write_mlp(d / "model.onnx", **TINY_MLP)
+    env = {**os.environ}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([EDGEAGENT, "model", *args], capture_output=True, text=True,
+                              env=env, timeout=120)
+
+    done = run("push", str(d), f"oci://{registry.host}/models/resnet", "--version", "4")
+    assert done.returncode == 0, done.stderr
+    assert f"oci://{registry.host}/models/resnet:4 (sha256:" in done.stdout
+    s3.client().create_bucket(Bucket="cli")
+    done = run("push", str(d), "s3://cli/resnet", "--version", "4",
+               "-o", f"endpoint_url={s3.endpoint_url}")
+    assert done.returncode == 0, done.stderr
+    for url, extra in ((f"oci://{registry.host}/models/resnet", ()),
+                       ("s3://cli/resnet", ("-o", f"endpoint_url={s3.endpoint_url}"))):
+        done = run("ls", url, *extra)
+        assert done.returncode == 0, done.stderr
+        version, name, size, digest = done.stdout.split()
+        assert (version, name, int(size)) == ("4", "model.onnx", (d / "model.onnx").stat().st_size)
+        pulled = tmp_path / "pulled" / url.split(":")[0] / "4"
+        open_source(url, dict([e.split("=", 1) for e in extra[1:]])).pull(4, pulled)
+        loads(pulled)
+    done = run("push", str(d), "s3://cli/resnet")
+    assert done.returncode == 1 and "needs --version" in done.stderr
+    done = run("push", str(d), "https://example.com/x#sha256=" + "0" * 64)
+    assert done.returncode == 1 and "oci:// or s3:// only" in done.stderr
+    done = run("ls", "oci://127.0.0.1:1/nothing")
+    assert done.returncode == 1 and "unreachable" in done.stderr
