@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +160,7 @@ class S3Server:
 @contextlib.contextmanager
 def s3_server(tmp: Path, *, secret: str = "test-secret-key-9f3b") -> Iterator[S3Server]:
     """moto's standalone server (``moto[server]``) on a free loopback port, in this
-    process; skips the test where moto is not installed. ``env`` holds credentials with
+    process, emptied first; skips the test where moto is not installed. ``env`` holds credentials with
     ``secret`` as the secret key and config files under ``tmp`` (none of the user's)."""
     try:
         from moto.server import ThreadedMotoServer
@@ -168,6 +169,9 @@ def s3_server(tmp: Path, *, secret: str = "test-secret-key-9f3b") -> Iterator[S3
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its buckets in this process's memory: each server starts empty
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset",
+                                                  method="POST"), timeout=30).close()
     tmp.mkdir(parents=True, exist_ok=True)
     env = {"AWS_ACCESS_KEY_ID": "AKIDTESTEDGEAGENT", "AWS_SECRET_ACCESS_KEY": secret,
            "AWS_DEFAULT_REGION": "us-east-1",

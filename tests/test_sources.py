@@ -319,7 +319,8 @@ def test_archives_unpack_as_the_version(tmp_path, model_file):
             src.pull(3, dest)
             loads(dest)
             assert not partial_dir(dest).exists()
-        assert (tmp_path / "resnet-3.tar.gz" / "3" / "extra" / "labels.txt").read_text() == "cat\ndog\n"
+        labels = tmp_path / "resnet-3.tar.gz" / "3" / "extra" / "labels.txt"
+        assert labels.read_text() == "cat\ndog\n"
 
 
 def _hostile_tars(www: Path) -> dict[str, str]:
@@ -399,8 +400,9 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
     client.create_bucket(Bucket="models")
     for v in (1, 2, 7):
         path = write_mlp(tmp_path / "v" / str(v) / "model.onnx", **dict(TINY_MLP, seed=v))
+        checksum = {"ChecksumAlgorithm": "SHA256"} if v == 2 else {}
         client.put_object(Bucket="models", Key=f"zoo/resnet/{v}/model.onnx",
-                          Body=path.read_bytes(), **({"ChecksumAlgorithm": "SHA256"} if v == 2 else {}))
+                          Body=path.read_bytes(), **checksum)
     client.put_object(Bucket="models", Key="zoo/resnet/README", Body=b"not a version")
     opts = {"endpoint_url": s3.endpoint_url}
     src = open_source("s3://models/zoo/resnet", opts)
@@ -409,7 +411,8 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
     (f2,) = src.files(2)
     assert f2.digest == f"sha256:{sha256(tmp_path / 'v' / '2' / 'model.onnx')}"
     (f7,) = src.files(7)
-    assert f7.digest == "md5:" + hashlib.md5((tmp_path / "v" / "7" / "model.onnx").read_bytes()).hexdigest()
+    v7 = (tmp_path / "v" / "7" / "model.onnx").read_bytes()
+    assert f7.digest == "md5:" + hashlib.md5(v7).hexdigest()
     for v in (2, 7):
         result = src.pull(v, tmp_path / "local" / str(v))
         assert (tmp_path / "local" / str(v) / "model.onnx").read_bytes() == \
@@ -433,7 +436,8 @@ def test_s3_multipart_uploads_are_checked_by_their_etag(s3, tmp_path):
     path = write_mlp(tmp_path / "v" / "model.onnx", **dict(TINY_MLP, hidden=512, layers=8))
     assert path.stat().st_size > 5 << 20
     client.upload_file(str(path), "big", "m/1/model.onnx",
-                       Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+                       Config=TransferConfig(multipart_threshold=5 << 20,
+                                             multipart_chunksize=5 << 20))
     src = open_source("s3://big/m", {"endpoint_url": s3.endpoint_url})
     (f,) = src.files(1)
     assert f.digest is None  # verified by the recomputed multi-part ETag instead
@@ -573,7 +577,8 @@ def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path,
 
     password = "PASSWORD-SENTINEL-51"
     htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text(f"alice:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    salt = crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)  # cheap bcrypt: fast checks
+    htpasswd.write_text(f"alice:{crypt.crypt(password, salt)}\n")
     caplog.set_level(logging.DEBUG)
     with oci_registry(tmp_path / "registry", htpasswd=htpasswd) as reg:
         url = f"oci://{reg.host}/models/private"
@@ -607,38 +612,43 @@ def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path,
 
 
 def test_model_push_and_ls_through_the_cli(registry, s3, tmp_path):
+    from click.testing import CliRunner
+
+    from agent.cli import main
     from tests.helpers import EDGEAGENT
 
     d = tmp_path / "repo" / "resnet" / "4"
     write_mlp(d / "model.onnx", **TINY_MLP)
-    env = {**os.environ}
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([EDGEAGENT, "model", *args], capture_output=True, text=True,
-                              env=env, timeout=120)
-
-    done = run("push", str(d), f"oci://{registry.host}/models/resnet", "--version", "4")
+    done = subprocess.run([EDGEAGENT, "model", "push", str(d),
+                           f"oci://{registry.host}/models/resnet", "--version", "4"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"oci://{registry.host}/models/resnet:4 (sha256:" in done.stdout
     s3.client().create_bucket(Bucket="cli")
+    runner = CliRunner()
+
+    def run(*args: str):  # noqa: ANN202 - click's Result
+        return runner.invoke(main, ["model", *args])
+
     done = run("push", str(d), "s3://cli/resnet", "--version", "4",
                "-o", f"endpoint_url={s3.endpoint_url}")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.output
     for url, extra in ((f"oci://{registry.host}/models/resnet", ()),
                        ("s3://cli/resnet", ("-o", f"endpoint_url={s3.endpoint_url}"))):
         done = run("ls", url, *extra)
-        assert done.returncode == 0, done.stderr
-        version, name, size, digest = done.stdout.split()
+        assert done.exit_code == 0, done.output
+        version, name, size, digest = done.output.split()
         assert (version, name, int(size)) == ("4", "model.onnx", (d / "model.onnx").stat().st_size)
         pulled = tmp_path / "pulled" / url.split(":")[0] / "4"
         open_source(url, dict([e.split("=", 1) for e in extra[1:]])).pull(4, pulled)
         loads(pulled)
-    done = run("push", str(d), "s3://cli/resnet")
-    assert done.returncode == 1 and "needs --version" in done.stderr
-    done = run("push", str(d), "https://example.com/x#sha256=" + "0" * 64)
-    assert done.returncode == 1 and "oci:// or s3:// only" in done.stderr
-    done = run("ls", "oci://127.0.0.1:1/nothing")
-    assert done.returncode == 1 and "unreachable" in done.stderr
+    for args, said in ((("push", str(d), "s3://cli/resnet"), "needs --version"),
+                       (("push", str(d), "https://example.com/x#sha256=" + "0" * 64),
+                        "oci:// or s3:// only"),
+                       (("ls", "oci://127.0.0.1:1/nothing"), "unreachable"),
+                       (("ls", "s3://cli/resnet", "-o", "bogus=1"), "unknown option(s) bogus")):
+        done = run(*args)
+        assert done.exit_code == 1 and said in done.output, (args, done.output)
 
 
 def test_oci_bearer_tokens_from_the_challenge_and_no_token_in_messages(tmp_path, caplog):

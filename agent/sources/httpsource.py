@@ -14,21 +14,10 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
+from agent.exposure import is_loopback
 from agent.sources.archive import archive_kind
 from agent.sources.errors import SourceDenied, SourceError, SourceNotFound, SourceUnavailable
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine (plain http is allowed there)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class HttpSource(BaseSource):
@@ -62,7 +51,8 @@ class HttpSource(BaseSource):
         if self.archive == "none":
             self.archive = None
         self._url = urllib.parse.urlunsplit(url._replace(fragment=""))
-        self._context = ssl.create_default_context(cafile=ca_file) if url.scheme == "https" else None
+        self._context = (ssl.create_default_context(cafile=ca_file)
+                         if url.scheme == "https" else None)
 
     def versions(self) -> list[int]:
         return [self.version]

@@ -76,10 +76,12 @@ class S3Source(BaseSource):
     def _describe(self, version: int, rel: str, key: str, size: int) -> RemoteFile:
         head = self._call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         checksum = head.get("ChecksumSHA256")
-        if checksum and "-" not in checksum and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+        whole = head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
+        if checksum and "-" not in checksum and whole:
             return RemoteFile(rel, size, "sha256:" + base64.b64decode(checksum).hex())
         etag = head.get("ETag", "").strip('"')
-        encrypted = head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm")
+        encrypted = (head.get("ServerSideEncryption") == "aws:kms"
+                     or head.get("SSECustomerAlgorithm"))
         if not etag or encrypted:  # an encrypted object's ETag is no MD5 of its bytes
             return RemoteFile(rel, size, None)
         if "-" in etag:
@@ -95,7 +97,8 @@ class S3Source(BaseSource):
         extra = {"Range": f"bytes={offset}-"} if offset else {}
         resp = self._call("get_object", Bucket=self.bucket, Key=key, **extra)
         body = resp["Body"]
-        start = offset if offset and resp.get("ContentRange", "").startswith(f"bytes {offset}-") else 0
+        resumed = offset and resp.get("ContentRange", "").startswith(f"bytes {offset}-")
+        start = offset if resumed else 0
         try:
             yield Stream(start, self._chunks(body, file.path))
         finally:

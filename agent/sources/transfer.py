@@ -245,7 +245,8 @@ class BaseSource:
             raise PullStopped(f"pull of {self.display_url} stopped")
         hashes = _Hashes(f.digest)
         if f.size < 0 or offset < f.size:
-            with self.open(version, f, offset) as stream, open(target, "r+b" if offset else "wb") as out:
+            with self.open(version, f, offset) as stream, \
+                    open(target, "r+b" if offset else "wb") as out:
                 if stream.start != offset:  # the source cannot resume: from the start
                     counter.add(-offset)
                     offset = 0
