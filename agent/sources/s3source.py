@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.sources.errors import (DigestMismatch, SourceDenied, SourceError, SourceNotFound,
                                   SourceUnavailable)
+from agent.sources.redact import redact_loggers
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, safe_relpath
 
 MISSING = "s3:// sources need boto3, not installed: pip install 'edgeagent[s3]'"
@@ -199,7 +200,12 @@ class S3Source(BaseSource):
                 from botocore.config import Config
 
                 c = self._config
-                self._client = boto3.session.Session().client(
+                session = boto3.session.Session()
+                creds = session.get_credentials()  # as boto3 finds them; None: unsigned fails
+                if creds is not None:  # kept out of botocore's DEBUG request logs
+                    frozen = creds.get_frozen_credentials()
+                    redact_loggers((frozen.secret_key, frozen.token))
+                self._client = session.client(
                     "s3", endpoint_url=c["endpoint_url"], region_name=c["region"],
                     verify=c["ca_file"] if c["ca_file"] else True,
                     config=Config(connect_timeout=c["timeout_s"], read_timeout=c["timeout_s"],
