@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import ssl
+import stat
 import subprocess
 import tarfile
 import threading
@@ -341,7 +342,12 @@ def _hostile_tars(www: Path) -> dict[str, str]:
         _tar(www / name, members)
     with zipfile.ZipFile(www / "zipslip.zip", "w") as zf:
         zf.writestr("../../evil", b"x")
-    return {**{n: why for n, (_, why) in cases.items()}, "zipslip.zip": "absolute or '..'"}
+    with zipfile.ZipFile(www / "ziplink.zip", "w") as zf:
+        info = zipfile.ZipInfo("model.onnx")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, "/etc/passwd")
+    return {**{n: why for n, (_, why) in cases.items()}, "zipslip.zip": "absolute or '..'",
+            "ziplink.zip": "a link"}
 
 
 def test_hostile_archive_entries_are_refused(tmp_path):
@@ -535,6 +541,26 @@ def test_oci_lists_numeric_tags_and_pulls_verified_blobs(registry, tmp_path):
         open_source(f"oci://{registry.host}/models/nothing").versions()
 
 
+def test_oci_a_hostile_file_title_is_refused(registry, tmp_path):
+    import json
+
+    from agent.sources.ocisource import MANIFEST_TYPES, TITLE
+
+    src = open_source(f"oci://{registry.host}/models/hostile")
+    d = tmp_path / "push"
+    write_mlp(d / "model.onnx", **TINY_MLP)
+    src.push(d, "1")
+    manifest = json.loads(src.client.request(
+        "GET", src.client.url("manifests/1"), headers={"Accept": MANIFEST_TYPES[0]}).read())
+    manifest["layers"][0]["annotations"][TITLE] = "../../escaped.onnx"
+    src.client.request("PUT", src.client.url("manifests/2"), data=json.dumps(manifest).encode(),
+                       headers={"Content-Type": MANIFEST_TYPES[0]}, ok=(201,)).close()
+    dest = tmp_path / "deep" / "local" / "2"
+    with pytest.raises(SourceError, match="unsafe file path"):
+        src.pull(2, dest)
+    assert not dest.exists() and not (tmp_path / "deep" / "escaped.onnx").exists()
+
+
 def test_oci_a_corrupted_blob_is_refused(registry, tmp_path):
     d = tmp_path / "push"
     write_mlp(d / "model.onnx", **TINY_MLP)
@@ -680,3 +706,21 @@ def test_oci_bearer_tokens_from_the_challenge_and_no_token_in_messages(tmp_path,
     text = "\n".join(messages + [r.getMessage() for r in caplog.records])
     assert password not in text
     assert not any(t in text or t.split(".")[2] in text for t in tokens.issued)
+
+
+def test_one_source_pulls_several_versions_at_once(registry, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = open_source(f"oci://{registry.host}/models/many")
+    for v in (1, 2, 3, 4):
+        write_mlp(tmp_path / "push" / str(v) / "model.onnx", **dict(BIG_MLP, seed=v))
+        src.push(tmp_path / "push" / str(v), str(v))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda v: src.pull(v, tmp_path / "local" / str(v)),
+                                (1, 2, 3, 4)))
+    assert [r.version for r in results] == [1, 2, 3, 4]
+    assert len({r.digest for r in results}) == 4
+    for v in (1, 2, 3, 4):
+        assert (tmp_path / "local" / str(v) / "model.onnx").read_bytes() == \
+            (tmp_path / "push" / str(v) / "model.onnx").read_bytes()
+        loads(tmp_path / "local" / str(v))
