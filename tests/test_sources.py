@@ -559,6 +559,12 @@ def test_oci_a_hostile_file_title_is_refused(registry, tmp_path):
     with pytest.raises(SourceError, match="unsafe file path"):
         src.pull(2, dest)
     assert not dest.exists() and not (tmp_path / "deep" / "escaped.onnx").exists()
+    manifest["layers"][0]["annotations"][TITLE] = "model.onnx"
+    manifest["layers"].append(manifest["layers"][0])  # the same file twice
+    src.client.request("PUT", src.client.url("manifests/3"), data=json.dumps(manifest).encode(),
+                       headers={"Content-Type": MANIFEST_TYPES[0]}, ok=(201,)).close()
+    with pytest.raises(SourceError, match="'model.onnx' twice"):
+        src.pull(3, tmp_path / "local" / "3")
 
 
 def test_oci_a_corrupted_blob_is_refused(registry, tmp_path):

@@ -169,8 +169,7 @@ class BaseSource:
                               f"{dest} exists already")
         started = self._clock()
         listing = self.files(version)
-        for f in listing:
-            safe_relpath(f.path, self.display_url)
+        _check_listing(listing, self.display_url)
         if self.archive and len(listing) != 1:
             raise SourceError(f"{self.display_url}: an archive source lists one file")
         partial = partial_dir(dest)
@@ -312,6 +311,16 @@ class _Counter:
     def report(self) -> None:
         if self._progress is not None:
             self._progress(self.done)
+
+
+def _check_listing(listing: list[RemoteFile], where: str) -> None:
+    """Every path safe, none twice, none both a file and a directory."""
+    paths = [safe_relpath(f.path, where) for f in listing]
+    dirs = {str(parent) for p in paths for parent in PurePosixPath(p).parents}
+    clash = sorted({p for p in paths if paths.count(p) > 1} | (set(paths) & dirs))
+    if clash:
+        raise SourceError(f"{where}: the listing names {clash[0]!r} twice (or as a file "
+                          "and a directory)")
 
 
 def _hash_prefix(f: BinaryIO, n: int, hashes: _Hashes) -> None:
