@@ -16,6 +16,7 @@ import stat
 import subprocess
 import tarfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -254,6 +255,19 @@ def test_a_pull_under_a_bandwidth_cap_takes_its_time(tmp_path, model_file):
     src = open_source(root.as_uri(), clock=clock, sleep=sleep)
     result = src.pull(1, tmp_path / "m" / "1", bandwidth_bps=size // 4)
     assert result.seconds == pytest.approx(4, rel=0.05)
+    loads(tmp_path / "m" / "1")
+
+
+def test_a_bandwidth_cap_holds_in_real_time_over_http(tmp_path, model_file):
+    size = model_file.stat().st_size
+    rate = size * 3  # a third of a second, at the least
+    with range_http_server(model_file.parent) as server:
+        src = open_source(f"{server.url}/model.onnx#sha256={sha256(model_file)}")
+        t = time.monotonic()
+        result = src.pull(1, tmp_path / "m" / "1", bandwidth_bps=rate)
+        took = time.monotonic() - t
+    assert took >= (size - rate // 10) / rate  # the bucket's burst is a tenth of a second
+    assert result.seconds >= (size - rate // 10) / rate
     loads(tmp_path / "m" / "1")
 
 
