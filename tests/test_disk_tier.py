@@ -5,13 +5,17 @@ over a fast one), served from memory after their files left the disk, refused wi
 clear 503 while their source is down and a 507 when the disk is full, while resident
 models keep serving; credentials in a source URL show nowhere.
 
-The sources are ``tests.standin_source``'s ``file://`` stand-in (the API of
-``agent.sources``) over real ONNX models written here; the agent is a real one on
-loopback (``start_agent``) answering real HTTP requests."""
+The sources are ``agent.sources``' own over a real Range-capable HTTP server
+(``tests.servers.range_http_server``) where a test needs the network (a cut transfer,
+credentials in a signed URL), else ``tests.standin_source``'s ``file://`` stand-in with
+the same API, whose switches make a source slow, unreachable or count its pulls; the
+models are real ONNX models written here; the agent is a real one on loopback answering
+real HTTP requests."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import subprocess
@@ -25,6 +29,7 @@ import yaml
 from agent.config import AgentConfig
 from agent.modelzoo import write_mlp
 from tests.helpers import TINY_MLP, AgentServer, add_mlp, v2_body, wait_for
+from tests.servers import range_http_server
 from tests.standin_source import StandinSources
 
 SECRET = "s3cr3t-SENTINEL-9f2c"
@@ -64,11 +69,11 @@ def agent(tmp_path, sources):
     """agent(repo, **config) -> AgentServer pulling from ``sources``; stopped after."""
     started = []
 
-    def start(repo, budget=200_000_000, disk_free=None, **config):
+    def start(repo, budget=200_000_000, disk_free=None, real=False, **config):
         cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=budget,
                           infer_threads=2, **config)
-        server = AgentServer(cfg, budgets={"cpu": budget}, open_source=sources.open_source,
-                             disk_free=disk_free)
+        server = AgentServer(cfg, budgets={"cpu": budget}, disk_free=disk_free,
+                             open_source=None if real else sources.open_source)
         started.append(server)
         return server
 
@@ -113,6 +118,37 @@ def test_a_sourced_model_is_pulled_and_served_on_its_first_request(agent, repo, 
     status, _, body = infer(server, "m", 1)  # the other version: one more pull
     assert status == 200 and body["model_version"] == "1"
     assert len(sources.pulls) == 2
+
+
+def http_sourced(repo: Path, name: str, server, path: str, **options) -> None:
+    """A repository model pulled from ``server`` (a ``RangeServer``) at ``path``."""
+    digest = hashlib.sha256((server.root / path).read_bytes()).hexdigest()
+    d = repo / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({
+        "source": f"{server.url}/{path}{options.pop('query', '')}",
+        "source_options": {"sha256": digest, **options}}))
+
+
+def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src, tmp_path):
+    """A real HTTP source (agent.sources) whose server cuts the transfer."""
+    write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    add_mlp(repo, "local")
+    with range_http_server(src) as http:
+        http_sourced(repo, "m", http, "m/model.onnx")
+        http.cut_after = 20_000
+        server = agent(repo, real=True, load_retry_s=0.2)
+        status, headers, body = infer(server, "m")
+        assert status == 503 and "model m:1" in body["error"], body
+        assert "Retry-After" in headers
+        models = tmp_path / "data" / "models" / "m"
+        assert not (models / "1").exists()  # a partial is never a version directory
+        assert infer(server, "local")[0] == 200
+        http.cut_after = None
+        wait_for(lambda: infer(server, "m")[0] == 200, what="the resumed pull")
+        assert any(s.range and not s.range.startswith("bytes=0-") for s in http.served), \
+            [s.range for s in http.served]
+        assert cache_entry(server, "m")["on_disk"] is True
 
 
 def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
@@ -272,29 +308,37 @@ def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, sourc
         server.close()
 
 
-def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, sources, caplog):
-    publish(src, "m")
-    sourced(repo, "m", src, secret=True)
-    sourced(repo, "gone", src, secret=True)
+def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
+    """A signed URL's query string (real HTTP source) and a user:password in a URL:
+    served, failed and listed, the secret shows in no answer, metric, log or file."""
+    write_mlp(src / "m" / "model.onnx", **TINY_MLP)
+    (repo / "userinfo").mkdir()
+    (repo / "userinfo" / "config.yaml").write_text(yaml.safe_dump(
+        {"source": f"https://agent:{SECRET}@127.0.0.1:1/m.onnx#sha256={'0' * 64}"}))
     caplog.set_level(logging.DEBUG)
-    server = agent(repo)
-    assert infer(server, "m")[0] == 200
-    status, _, body = infer(server, "gone")
-    sources.down.add(str(src / "m"))
-    server.request("POST", "/v1/cache/m/evict")
-    assert server.call(_drop(server.node.disk, "m")) == [1]
-    texts = [json.dumps(body)]
-    status, _, failed = infer(server, "m")
-    assert status == 503
-    texts.append(json.dumps(failed))
-    for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/metrics",
-                 "/v2/repository/index"):
-        with urllib.request.urlopen(urllib.request.Request(
-                server.url + path, method="POST" if "index" in path else "GET")) as r:
-            texts.append(r.read().decode())
+    texts = []
+    with range_http_server(src) as http:
+        http_sourced(repo, "m", http, "m/model.onnx",
+                     query=f"?X-Amz-Credential=agent&X-Amz-Signature={SECRET}")
+        server = agent(repo, real=True, load_retry_s=0.1)
+        assert infer(server, "m")[0] == 200
+        server.request("POST", "/v1/cache/m/evict")
+        assert server.call(_drop(server.node.disk, "m")) == [1]
+        http.stop()
+        status, _, failed = infer(server, "m")
+        assert status == 503, failed
+        texts.append(json.dumps(failed))
+        status, _, bad = infer(server, "userinfo")
+        assert status == 400 and "userinfo/config.yaml: source:" in bad["error"], bad
+        texts.append(json.dumps(bad))
+        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/metrics",
+                     "/v2/repository/index"):
+            with urllib.request.urlopen(urllib.request.Request(
+                    server.url + path, method="POST" if "index" in path else "GET")) as r:
+                texts.append(r.read().decode())
+        assert cache_entry(server, "m")["source"] == f"{http.url}/m/model.onnx"
     texts.append(caplog.text)
     texts.append((server.node.disk.root / ".tier.json").read_text())
-    assert cache_entry(server, "m")["source"] == f"file://{src / 'm'}"
     for text in texts:
         assert SECRET not in text
 
