@@ -372,3 +372,100 @@ async def _pulling(disk):
 
 async def _drop(disk, name, version=None):
     return disk.drop(name, version)
+
+
+def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources, tmp_path):
+    from agent.node.disktier import DiskTier
+    from agent.node.repository import scan_repository
+
+    publish(src, "ok")
+    sourced(repo, "ok", src)
+    cases = {
+        "scheme": {"source": f"ftp://agent:{SECRET}@host/m"},
+        "options": {"source": f"file://{src}/ok", "source_options": {"nope": 1}},
+        "lonely": {"source_options": {"note": "x"}},
+        "synthetic": {"source": f"file://{src}/ok", "backend": "synthetic"},
+        "nested": {"source": f"file://{src}/ok", "source_options": {"note": [1]}},
+    }
+    for name, config in cases.items():
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
+    publish(repo, "dirs")  # a version directory in the repository beside a source
+    (repo / "dirs" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}/ok"}))
+    disk = DiskTier(tmp_path / "models", 10**6, open_source=sources.open_source)
+    specs = scan_repository(repo, disk.listing)
+    assert specs["ok"].error is None and specs["ok"].pending  # not listed yet: 503
+    assert specs["ok"].files_root == tmp_path / "models" / "ok"
+    errors = {n: specs[n].error for n in (*cases, "dirs")}
+    assert errors["scheme"].endswith("scheme/config.yaml: source: scheme 'ftp' is none of "
+                                     "s3, oci, https, http, file")
+    assert "options/config.yaml: source: unknown source option 'nope'" in errors["options"]
+    assert errors["lonely"].endswith("source_options: only allowed with source")
+    assert "synthetic/config.yaml: source: a synthetic model" in errors["synthetic"]
+    assert "nested/config.yaml: source_options: note: must be a string" in errors["nested"]
+    assert "dirs/config.yaml: source: a sourced model keeps no version directories" \
+        in errors["dirs"]
+    assert all(SECRET not in e for e in errors.values())
+
+
+def test_at_start_partials_are_kept_never_loaded_and_holdings_keep_their_seconds(
+        agent, repo, src, sources, tmp_path):
+    publish(src, "m")
+    publish(src, "m", 2)
+    sourced(repo, "m", src)
+    sources.delay[str(src / "m")] = 0.2
+    first = agent(repo)
+    assert infer(first, "m", 1)[0] == 200
+    seconds = first.node.disk.download_seconds(("m", 1))
+    assert seconds >= 0.2
+    first.close()
+    models = tmp_path / "data" / "models"
+    partial = models / "m" / ".partial-2"  # what agent.sources leaves of a cut pull
+    partial.mkdir()
+    (partial / "model.onnx").write_bytes(b"half a model")
+    (models / ".trash-1-0").mkdir()  # an eviction's leftover
+    second = agent(repo)
+    disk = second.node.disk
+    assert [(h["version"], h["download_seconds"]) for h in disk.holdings()] == \
+        [(1, pytest.approx(seconds, abs=1e-6))]
+    assert disk.pool.policy.penalty_of(("m", 1)) == pytest.approx(seconds)
+    assert partial.is_dir() and not (models / ".trash-1-0").exists()
+    assert cache_entry(second, "m")["on_disk"] is False  # version 2 is not on disk
+    status, _, body = infer(second, "m")  # version 2: pulled, never the partial
+    assert status == 200 and body["model_version"] == "2", body
+
+
+def test_cache_ls_v1_disk_and_metrics_show_both_tiers(agent, repo, src, sources):
+    from click.testing import CliRunner
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.cli import main
+
+    publish(src, "m")
+    sourced(repo, "m", src)
+    add_mlp(repo, "local")
+    server = agent(repo, disk_budget=1_000_000)
+    assert infer(server, "m")[0] == 200 and infer(server, "local")[0] == 200
+    size = (src / "m" / "1" / "model.onnx").stat().st_size
+    status, _, disk = server.request("GET", "/v1/disk")
+    assert status == 200 and disk["budget_bytes"] == 1_000_000
+    assert disk["used_bytes"] == size and disk["pulls"] == 1 and disk["pulling"] == []
+    assert disk["holdings"][0]["model"] == "m"
+    result = CliRunner().invoke(main, ["cache", "ls", "--url", server.url])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    head = lines[0].split()
+    assert head[-2:] == ["DISK", "DL_S"]
+    row = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert row["m"][head.index("DISK")] != "-" and row["local"][head.index("DISK")] == "-"
+    assert lines[-1].startswith("disk tier: ") and "pulls 1" in lines[-1]
+    text = server.request("GET", "/metrics")[2].decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {s.name: s.value for f in families.values() for s in f.samples
+             if s.name.startswith("edgeagent_disk_") and not s.name.endswith("_created")}
+    assert value["edgeagent_disk_pulls_total"] == 1
+    assert value["edgeagent_disk_used_bytes"] == size
+    assert value["edgeagent_disk_budget_bytes"] == 1_000_000
+    disk_bytes = [s for s in families["edgeagent_model_disk_bytes"].samples]
+    assert [(s.labels, s.value) for s in disk_bytes] == [({"model": "m", "version": "1"}, size)]
+    assert families["edgeagent_model_download_seconds"].samples[0].value > 0
