@@ -469,3 +469,34 @@ def test_cache_ls_v1_disk_and_metrics_show_both_tiers(agent, repo, src, sources)
     disk_bytes = [s for s in families["edgeagent_model_disk_bytes"].samples]
     assert [(s.labels, s.value) for s in disk_bytes] == [({"model": "m", "version": "1"}, size)]
     assert families["edgeagent_model_download_seconds"].samples[0].value > 0
+
+
+def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sources,
+                                                          tmp_path):
+    from tests.browser import Browser
+
+    binary = Browser.find()
+    if binary is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium; .ci/run "
+                    "installs it where apt is available)")
+    publish(src, "m")
+    sourced(repo, "m", src)
+    sources.delay[str(src / "m")] = 2.0
+    server = agent(repo)
+    state = "document.querySelector('#models tr[data-model=\"m\"] td.state')?.textContent"
+
+    async def scenario():
+        async with Browser(binary, tmp_path) as browser:
+            await browser.open(server.url + "/?refresh=200")
+            await browser.wait_for(state + " === 'unloaded'")
+            request = threading.Thread(target=infer, args=(server, "m"))
+            request.start()
+            await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            await browser.wait_for(state + " === 'ready'")
+            request.join(30)
+            disk = await browser.evaluate(
+                "document.querySelector('#memory [data-device=disk]').textContent")
+            assert "on disk of" in disk and "1 version," in disk and "1 pull," in disk, disk
+            assert [e for e in browser.errors if not e.startswith("network:")] == []
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
