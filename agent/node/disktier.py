@@ -326,7 +326,7 @@ class DiskTier:
                 files = await loop.run_in_executor(self.executor, ref.source.files, version)
             except Exception as exc:  # noqa: BLE001
                 raise self._failure(where, ref, exc) from None
-            need = sum(int(f.size) for f in files)
+            need = sum(max(int(f.size), 0) for f in files)  # -1: the source does not say
             self.pulls[key].total_bytes = need
             await self._make_room(key, need)
             try:
@@ -358,18 +358,18 @@ class DiskTier:
             if total:
                 pull.total_bytes = int(total)
 
-        def run() -> Any:
-            return ref.source.pull(version, dest, progress=progress, stop=self._stop,
-                                   bandwidth_bps=self.bandwidth)
+        def run() -> tuple[Any, int]:
+            result = ref.source.pull(version, dest, progress=progress, stop=self._stop,
+                                     bandwidth_bps=self.bandwidth)
+            return result, _tree_bytes(dest)  # with what a resumed pull had before
 
         started = self.clock()
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self.executor, run)
+            result, size = await asyncio.get_running_loop().run_in_executor(
+                self.executor, run)
         except Exception as exc:  # noqa: BLE001
             raise self._failure(f"model {name}:{version}", ref, exc) from None
-        seconds = float(getattr(result, "seconds", 0.0) or (self.clock() - started))
-        size = int(getattr(result, "bytes", 0) or need)
-        return seconds, size
+        return float(getattr(result, "seconds", 0.0) or (self.clock() - started)), size
 
     def _failure(self, where: str, ref: SourceRef, exc: BaseException) -> PullError:
         """``exc`` as a ``PullError`` naming the model and the source's display URL."""
