@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import threading
 import urllib.request
@@ -290,22 +291,85 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, sources, tmpfs):
-    write_mlp(src / "big" / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
-    sourced(repo, "big", src)
+def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, tmpfs):
+    """A real 1 MiB file system and agent.sources' real file:// source. The tier's own
+    check refuses the first pull before a byte is written; told the disk is larger
+    than it is (``disk_free``), it lets the second start, and the source's disk-full
+    error (the real file system's room) is the same 507."""
+    for name in ("big", "bigger"):
+        write_mlp(src / name / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
+        sourced(repo, name, src)
     add_mlp(repo, "local")
+    lie = {"on": False}
+
+    def disk_free(path):
+        return 10**12 if lie["on"] else shutil.disk_usage(path).free
+
     cfg = AgentConfig(repository=repo, data_dir=tmpfs, cpu_budget=200_000_000,
                       infer_threads=2, disk_budget=100 * 2**20)
-    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, open_source=sources.open_source)
+    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, disk_free=disk_free)
     try:
         assert infer(server, "local")[0] == 200
         status, _, body = infer(server, "big")
-        assert status == 507 and "model big:1" in body["error"], body
-        assert "free" in body["error"]
+        assert status == 507 and "model big:1 needs" in body["error"], body
+        assert "bytes) free" in body["error"]
+        lie["on"] = True
+        status, _, body = infer(server, "bigger")
+        assert status == 507 and "model bigger:1" in body["error"], body
+        assert "disk full" in body["error"]
         assert infer(server, "local")[0] == 200
         assert not (tmpfs / "models" / "big" / "1").exists()
+        assert not (tmpfs / "models" / "bigger" / "1").exists()
+        assert server.node.disk.summary()["pull_failures"] == 2
     finally:
         server.close()
+
+
+def test_pinned_files_are_never_evicted_for_a_pull(agent, repo, src, sources):
+    for name in ("kept", "other"):
+        publish(src, name)
+    sourced(repo, "kept", src, pin=True)
+    sourced(repo, "other", src)
+    size = (src / "kept" / "1" / "model.onnx").stat().st_size
+    server = agent(repo, disk_budget=size + size // 2)
+    assert cache_entry(server, "kept")["state"] == "ready"  # pinned: loaded at start
+    status, _, body = infer(server, "other")
+    assert status == 507, body
+    assert "model other:1 needs" in body["error"] and "kept:1" in body["error"]
+    assert cache_entry(server, "kept")["on_disk"] is True
+    assert infer(server, "kept")[0] == 200
+    server.request("POST", "/v1/cache/kept/unpin")
+    server.request("POST", "/v1/cache/kept/evict")
+    assert infer(server, "other")[0] == 200  # unpinned and idle: now it may go
+    assert [h["model"] for h in server.node.disk.holdings()] == ["other"]
+
+
+def test_a_version_published_later_is_listed_at_the_next_rescan(agent, repo, src, sources):
+    publish(src, "m")
+    sourced(repo, "m", src)
+    server = agent(repo)
+    assert infer(server, "m")[2]["model_version"] == "1"
+    publish(src, "m", 2, hidden=8)
+    assert server.request("POST", "/v2/repository/index")[0] == 200
+    wait_for(lambda: cache_entry(server, "m")["versions"] == [1, 2], what="version 2 listed")
+    status, _, body = infer(server, "m")
+    assert status == 200 and body["model_version"] == "2"
+
+
+def test_cold_start_reject_counts_the_download(agent, repo, src, sources):
+    """``cold_start: reject`` expects load + first run + the download while the files
+    are off disk: a request whose deadline the pull would miss is refused at once."""
+    publish(src, "m")
+    sourced(repo, "m", src, cold_start="reject", slo={"latency_ms": 300})
+    sources.delay[str(src / "m")] = 0.6
+    server = agent(repo)
+    assert infer(server, "m")[0] == 200  # the first load: nothing known, served
+    server.request("POST", "/v1/cache/m/evict")
+    assert infer(server, "m")[0] == 200  # from disk: fast enough
+    server.request("POST", "/v1/cache/m/evict")
+    assert server.call(_drop(server.node.disk, "m")) == [1]
+    status, headers, body = infer(server, "m")
+    assert status == 503 and "Retry-After" in headers, body
 
 
 def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):

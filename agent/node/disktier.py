@@ -386,6 +386,12 @@ class DiskTier:
         return PullError(f"{where}: pulling from {ref.display_url} failed: "
                          f"{type(exc).__name__}", 503, 5.0)
 
+    def _fs_free(self, key: Key) -> int:
+        """The file system's free bytes less what the other pulls under way have still
+        to write."""
+        return self.free_bytes(self.root) - sum(
+            max(p.total_bytes - p.done_bytes, 0) for k, p in self.pulls.items() if k != key)
+
     async def _make_room(self, key: Key, need: int) -> None:
         """Reserve ``need`` bytes in the budget, evicting (idle versions first, then
         the files of versions resident in memory), and check the file system has them;
@@ -393,7 +399,7 @@ class DiskTier:
         where = f"model {key[0]}:{key[1]}"
         idle = [k for k in self.held if self.usage(k) == "idle"]
         freeable = sum(self.held[k] for k in self.held if self.usage(k) in ("idle", "resident"))
-        fs_free = self.free_bytes(self.root)
+        fs_free = self._fs_free(key)
         if need > fs_free + freeable:
             raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
                            f"the disk tier's file system has {format_size(fs_free)} "
@@ -419,7 +425,7 @@ class DiskTier:
             removals.append(self._delete(victim))
             self.evicted += 1
         await asyncio.gather(*(asyncio.wrap_future(r) for r in removals if r is not None))
-        fs_free = self.free_bytes(self.root)
+        fs_free = self._fs_free(key)
         if need > fs_free:
             self.pool.cancel(need)
             raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "

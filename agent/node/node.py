@@ -260,6 +260,9 @@ class Node:
         if config.cpu_budget and config.cpu_budget != self.cache.pools["cpu"].budget:
             self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
+        if config.disk_budget and config.disk_budget != self.disk.pool.budget:
+            self.disk.pool.budget = config.disk_budget  # the next pull evicts down to it
+            log.info("SIGHUP: disk budget is now %d bytes", config.disk_budget)
         self.cache.load_wait_max_s = config.load_wait_max_s
         self.cache.load_retry_s = config.load_retry_s
         self.cache.idle_unload_s = config.idle_unload_s
