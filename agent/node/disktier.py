@@ -125,8 +125,7 @@ class DiskTier:
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  free_bytes: Callable[[Path], int] = _free_bytes) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)  # made by the first pull
         self.open_source, self.bandwidth = open_source, bandwidth
         self.clock, self.wall_clock, self.free_bytes = clock, wall_clock, free_bytes
         self.max_concurrent_pulls = max_concurrent_pulls
@@ -145,7 +144,8 @@ class DiskTier:
         self._state = self._read_state()
         self.held: dict[Key, int] = self._scan()
         if budget is None:
-            budget = (free_bytes(self.root) + sum(self.held.values())) // 2
+            existing = next(p for p in (self.root, *self.root.parents) if p.exists())
+            budget = (free_bytes(existing) + sum(self.held.values())) // 2
         self.pool = MemoryPool(budget, make_policy(policy))
         for key, size in self.held.items():
             self.pool.reserve(size, clock())  # nothing evicted at start: may be over
@@ -164,6 +164,8 @@ class DiskTier:
         """The complete versions on disk with their bytes; leftovers of evictions
         removed, partial pulls kept (never loaded) for a resume."""
         held: dict[Key, int] = {}
+        if not self.root.is_dir():
+            return held
         for model in sorted(self.root.iterdir()):
             if model.name.startswith(TRASH):
                 shutil.rmtree(model, ignore_errors=True)
@@ -193,6 +195,7 @@ class DiskTier:
         path = self.root / STATE_FILE
         tmp = path.with_name(f"{STATE_FILE}.tmp")
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)
         except OSError as exc:
@@ -253,6 +256,8 @@ class DiskTier:
             state["listed_at"] = self.wall_clock()
             return before != (state.get("versions"), state.get("listing_error"))
 
+        if not refs:
+            return []
         changed = await asyncio.gather(*(one(n, r) for n, r in refs.items()))
         await self.persist()
         return [n for n, c in zip(refs, changed) if c]

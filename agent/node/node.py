@@ -130,11 +130,18 @@ class Node:
         if await self.disk.refresh():
             self.rescan(relist=False)
 
+    #: Seconds the start waits for the sources' listings before it goes on (they go on
+    #: in the background; a model not listed yet answers 503 + Retry-After meanwhile).
+    LISTING_WAIT_S = 10.0
+
     async def _warm_up(self) -> None:
         try:
             from agent.backends.onnx import prime_runtime
 
-            await self.refresh_sources()
+            if self.disk.sources:
+                self._listing_task = asyncio.get_running_loop().create_task(
+                    self.refresh_sources())
+                await asyncio.wait({self._listing_task}, timeout=self.LISTING_WAIT_S)
 
             await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
                                                              prime_runtime)
