@@ -202,10 +202,15 @@ def test_a_listing_is_kept_for_a_restart_with_the_source_down(agent, repo, src, 
     assert infer(first, "m")[0] == 200
     status, headers, body = infer(first, "never")
     assert status == 503 and "never" in body["error"] and "Retry-After" in headers
+    listed = {s["model"]: s for s in first.request("GET", "/v1/disk")[2]["sources"]}
+    assert listed["m"]["versions"] == [1] and listed["m"]["listing_error"] is None
+    assert listed["never"]["versions"] == [] and "unreachable" in listed["never"][
+        "listing_error"]
     first.close()
     sources.down.add(str(src / "m"))
     second = agent(repo)
     assert cache_entry(second, "m")["versions"] == [1]
+    assert "unreachable" in cache_entry(second, "m")["listing_error"]
     status, _, body = infer(second, "m")  # its files are on disk: no pull needed
     assert status == 200, body
     assert len(sources.pulls) == 1
@@ -394,7 +399,7 @@ def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
         status, _, bad = infer(server, "userinfo")
         assert status == 400 and "userinfo/config.yaml: source:" in bad["error"], bad
         texts.append(json.dumps(bad))
-        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/metrics",
+        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/v1/disk", "/metrics",
                      "/v2/repository/index"):
             with urllib.request.urlopen(urllib.request.Request(
                     server.url + path, method="POST" if "index" in path else "GET")) as r:

@@ -952,6 +952,7 @@ class ModelCache:
         ref = disk.sources.get(entry.name)
         return {"phase": entry.life.phase,
                 "source": ref.display_url if ref is not None else None,
+                "listing_error": disk.listing_error(entry.name),
                 "on_disk": disk.has(entry.id),
                 "disk_bytes": disk.held.get(entry.id, 0),
                 "download_seconds": round(disk.download_seconds(entry.id), 6),

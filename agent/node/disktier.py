@@ -287,6 +287,22 @@ class DiskTier:
                  "total_bytes": p.total_bytes, "started": p.started}
                 for p in sorted(self.pulls.values(), key=lambda p: p.key)]
 
+    def listings(self) -> list[dict[str, Any]]:
+        """Each sourced model's listing: ``[{model, source, versions, listed_at,
+        listing_error}]`` (its display URL only; the error of its last listing)."""
+        out = []
+        for name, ref in sorted(self.sources.items()):
+            state = self._model_state(name)
+            out.append({"model": name, "source": ref.display_url,
+                        "versions": list(state.get("versions") or ()),
+                        "listed_at": state.get("listed_at"),
+                        "listing_error": state.get("listing_error")})
+        return out
+
+    def listing_error(self, name: str) -> str | None:
+        """Why ``name``'s last listing failed (None: it did not)."""
+        return self._state["models"].get(name, {}).get("listing_error")
+
     def progress(self, key: Key) -> dict[str, int] | None:
         pull = self.pulls.get(key)
         return None if pull is None else {"bytes": pull.done_bytes,
