@@ -175,6 +175,27 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     assert server.node.disk.summary()["pulls"] == 1
 
 
+def test_sixteen_cold_requests_download_once_from_a_real_http_source(agent, repo, src):
+    """agent.sources' HTTP source held to ``pull_bandwidth``: the server sends the
+    model's bytes once (besides each pull's one-byte size probe)."""
+    write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    size = (src / "m" / "model.onnx").stat().st_size
+    with range_http_server(src) as http:
+        http_sourced(repo, "m", http, "m/model.onnx")
+        server = agent(repo, real=True, pull_bandwidth=size)  # about a second
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(infer(server, "m")[0]))
+                   for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [200] * 16
+        bodies = [s for s in http.served if s.sent > 1]
+        assert len(bodies) == 1 and bodies[0].sent == size, http.served
+        assert server.node.disk.summary()["pulls"] == 1
+
+
 def test_a_failed_pull_is_a_clear_503_and_others_are_served(agent, repo, src, sources):
     publish(src, "m")
     sourced(repo, "m", src)
