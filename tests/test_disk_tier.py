@@ -473,7 +473,6 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
         "scheme": {"source": f"ftp://agent:{SECRET}@host/m"},
         "options": {"source": f"file://{src}/ok", "source_options": {"nope": 1}},
         "lonely": {"source_options": {"note": "x"}},
-        "synthetic": {"source": f"file://{src}/ok", "backend": "synthetic"},
         "nested": {"source": f"file://{src}/ok", "source_options": {"note": [1]}},
     }
     for name, config in cases.items():
@@ -490,11 +489,26 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
                                      "s3, oci, https, http, file")
     assert "options/config.yaml: source: unknown source option 'nope'" in errors["options"]
     assert errors["lonely"].endswith("source_options: only allowed with source")
-    assert "synthetic/config.yaml: source: a synthetic model" in errors["synthetic"]
     assert "nested/config.yaml: source_options: note: must be a string" in errors["nested"]
     assert "dirs/config.yaml: source: a sourced model keeps no version directories" \
         in errors["dirs"]
     assert all(SECRET not in e for e in errors.values())
+
+
+def test_a_sourced_synthetic_model_pulls_its_files_and_serves(agent, repo, src, sources):
+    """A synthetic backend with a source (a replay's stand-in model: its download is its
+    source's files, its load and size its synthetic: keys)."""
+    (src / "s" / "1").mkdir(parents=True)
+    (src / "s" / "1" / "padding.bin").write_bytes(b"\0" * 50_000)
+    sourced(repo, "s", src, backend="synthetic",
+            synthetic={"size_bytes": 2_000_000, "load_ms": 5})
+    server = agent(repo)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    status, _, answer = server.request("POST", "/v2/models/s/infer", body)
+    assert status == 200 and answer["outputs"][0]["data"] == [3.0], answer
+    entry = cache_entry(server, "s")
+    assert entry["on_disk"] is True and entry["disk_bytes"] == 50_000
+    assert entry["backend"] == "synthetic" and entry["size_bytes"] == 2_000_000
 
 
 def test_at_start_partials_are_kept_never_loaded_and_holdings_keep_their_seconds(
