@@ -155,7 +155,7 @@ def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src,
 def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.5
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     results = []
 
@@ -165,8 +165,12 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     threads = [threading.Thread(target=one) for _ in range(16)]
     for t in threads:
         t.start()
-    seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
-                    and cache_entry(server, "m"), what="the downloading phase")
+    try:
+        seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
+                        and cache_entry(server, "m"), what="the downloading phase")
+        wait_for(lambda: cache_entry(server, "m")["in_flight"] == 16, what="16 waiting")
+    finally:
+        gate.set()
     assert seen["state"] == "loading" and seen["download"]["total_bytes"] > 0
     for t in threads:
         t.join(30)
@@ -436,11 +440,14 @@ def test_node_disk_api_ensure_holdings_pulling_drop(agent, repo, src, sources):
     publish(src, "m")
     publish(src, "m", 2)
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.4
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     disk = server.node.disk
     future = asyncio.run_coroutine_threadsafe(disk.ensure("m", 1), server.loop)
-    pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    try:
+        pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    finally:
+        gate.set()
     assert pulling[0]["model"] == "m" and pulling[0]["version"] == 1
     future.result(30)
     assert [h["version"] for h in disk.holdings()] == [1]
@@ -584,7 +591,7 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
                     "installs it where apt is available)")
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 2.0
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     state = "document.querySelector('#models tr[data-model=\"m\"] td.state')?.textContent"
 
@@ -594,7 +601,10 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             await browser.wait_for(state + " === 'unloaded'")
             request = threading.Thread(target=infer, args=(server, "m"))
             request.start()
-            await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            try:
+                await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            finally:
+                gate.set()
             await browser.wait_for(state + " === 'ready'")
             request.join(30)
             disk = await browser.evaluate(
