@@ -613,3 +613,30 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             assert [e for e in browser.errors if not e.startswith("network:")] == []
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
+        src, sources, tmp_path):
+    """A restart with a smaller disk_budget: what is on disk is kept as found, and the
+    next pull evicts (least valuable first) until it fits."""
+    from agent.config import ModelConfig
+    from agent.node.disktier import DiskTier
+
+    for name in ("a", "b", "c"):
+        publish(src, name)
+    size = (src / "a" / "1" / "model.onnx").stat().st_size
+    root = tmp_path / "models"
+    big = DiskTier(root, 10 * size, policy="lru", open_source=sources.open_source)
+    for name in ("a", "b"):
+        big.listing(name, ModelConfig(source=f"file://{src / name}"), tmp_path)
+        await big.ensure(name, 1)
+    await big.close()
+    small = DiskTier(root, size + size // 2, policy="lru", open_source=sources.open_source)
+    assert small.pool.used == 2 * size > small.pool.budget
+    small.listing("c", ModelConfig(source=f"file://{src / 'c'}"), tmp_path)
+    await small.ensure("c", 1)
+    assert [h["model"] for h in small.holdings()] == ["c"]
+    assert small.pool.used == size and small.summary()["evictions"] == 2
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == \
+        ["a", "b", "c"] and not (root / "a" / "1").exists()
+    await small.close()
