@@ -640,3 +640,14 @@ async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == \
         ["a", "b", "c"] and not (root / "a" / "1").exists()
     await small.close()
+
+
+def test_v1_disk_needs_a_read_token_where_the_agent_has_tokens(agent, repo, tmp_path):
+    token = tmp_path / "admin-token"
+    token.write_text("tok-0123456789abcdef0123456789abcdef")
+    add_mlp(repo, "local")
+    server = agent(repo, admin_token_file=token)
+    assert server.request("GET", "/v1/disk")[0] == 401
+    status, _, body = server.request(
+        "GET", "/v1/disk", headers={"Authorization": f"Bearer {token.read_text()}"})
+    assert status == 200 and body["holdings"] == [] and body["sources"] == []

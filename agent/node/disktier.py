@@ -309,7 +309,7 @@ class DiskTier:
                                           "total_bytes": pull.total_bytes}
 
     def summary(self) -> dict[str, Any]:
-        """The tier's figures (``/v1/memory``'s ``disk``, ``/metrics``)."""
+        """The tier's figures (``/v1/disk``, ``/metrics``)."""
         return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used,
                 "reserved_bytes": self.pool.reserved, "versions": len(self.held),
                 "pulling": len(self.pulls), "pulls": self.pulled,
