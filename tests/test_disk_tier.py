@@ -198,6 +198,8 @@ def test_sixteen_cold_requests_download_once_from_a_real_http_source(agent, repo
         bodies = [s for s in http.served if s.sent > 1]
         assert len(bodies) == 1 and bodies[0].sent == size, http.served
         assert server.node.disk.summary()["pulls"] == 1
+        # held to pull_bandwidth (size bytes/s, less the cap's burst of a tenth)
+        assert server.node.disk.download_seconds(("m", 1)) >= 0.7
 
 
 def test_a_failed_pull_is_a_clear_503_and_others_are_served(agent, repo, src, sources):
@@ -651,3 +653,30 @@ def test_v1_disk_needs_a_read_token_where_the_agent_has_tokens(agent, repo, tmp_
     status, _, body = server.request(
         "GET", "/v1/disk", headers={"Authorization": f"Bearer {token.read_text()}"})
     assert status == 200 and body["holdings"] == [] and body["sources"] == []
+
+
+def test_pulls_wait_their_turn_beyond_max_concurrent_pulls(agent, repo, src, sources):
+    for name in ("a", "b"):
+        publish(src, name)
+        sourced(repo, name, src)
+    gates = {n: sources.hold.setdefault(str(src / n), threading.Event()) for n in "ab"}
+    server = agent(repo, max_concurrent_pulls=1)
+    results = {}
+    threads = [threading.Thread(target=lambda n=n: results.update({n: infer(server, n)[0]}))
+               for n in "ab"]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(sources.pulls) == 1, what="one pull started")
+        first = "a" if sources.pulls[0][0].endswith("/a") else "b"
+        wait_for(lambda: all(cache_entry(server, n)["phase"] == "downloading" for n in "ab"),
+                 what="both downloading")
+        assert len(sources.pulls) == 1 and len(server.node.disk.pulling()) == 2
+        gates[first].set()
+        wait_for(lambda: len(sources.pulls) == 2, what="the second pull's turn")
+    finally:
+        for gate in gates.values():
+            gate.set()
+    for t in threads:
+        t.join(30)
+    assert results == {"a": 200, "b": 200}
