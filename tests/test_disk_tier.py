@@ -132,11 +132,13 @@ def http_sourced(repo: Path, name: str, server, path: str, **options) -> None:
 
 
 def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src, tmp_path):
-    """A real HTTP source (agent.sources) whose server cuts the transfer."""
+    """A real HTTP source (agent.sources) whose server cuts the transfer, then stops."""
     write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    write_mlp(src / "n" / "model.onnx", **TINY_MLP)
     add_mlp(repo, "local")
     with range_http_server(src) as http:
         http_sourced(repo, "m", http, "m/model.onnx")
+        http_sourced(repo, "n", http, "n/model.onnx")
         http.cut_after = 20_000
         server = agent(repo, real=True, load_retry_s=0.2)
         status, headers, body = infer(server, "m")
@@ -150,6 +152,12 @@ def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src,
         assert any(s.range and not s.range.startswith("bytes=0-") for s in http.served), \
             [s.range for s in http.served]
         assert cache_entry(server, "m")["on_disk"] is True
+        http.stop()  # the server down: a clear 503, the others served
+        status, headers, body = infer(server, "n")
+        assert status == 503 and "model n:1" in body["error"] and "Retry-After" in headers
+        assert infer(server, "m")[0] == 200 and infer(server, "local")[0] == 200
+        http.start()  # back on its port
+        wait_for(lambda: infer(server, "n")[0] == 200, what="the pull once the server is back")
 
 
 def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
