@@ -497,9 +497,13 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
     publish(repo, "dirs")  # a version directory in the repository beside a source
     (repo / "dirs" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}/ok"}))
+    sourced(repo, "triton", src)  # a Triton config.pbtxt beside a source applies too
+    (repo / "triton" / "config.pbtxt").write_text('max_batch_size: 4\n')
     disk = DiskTier(tmp_path / "models", 10**6, open_source=sources.open_source)
     specs = scan_repository(repo, disk.listing)
     assert specs["ok"].error is None and specs["ok"].pending  # not listed yet: 503
+    assert specs["triton"].error is None and specs["triton"].config.max_batch_size == 4
+    assert specs["triton"].config.source == f"file://{src / 'triton'}"
     assert specs["ok"].files_root == tmp_path / "models" / "ok"
     errors = {n: specs[n].error for n in (*cases, "dirs")}
     assert errors["scheme"].endswith("scheme/config.yaml: source: scheme 'ftp' is none of "
