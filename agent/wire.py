@@ -247,8 +247,6 @@ def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> fl
 
 # -- sources ------------------------------------------------------------------------------
 
-#: The schemes a model's ``source`` may use (agent.sources opens them).
-SOURCE_SCHEMES = ("s3", "oci", "https", "http", "file")
 MAX_SOURCE_URL = 2048
 #: Option keys that name a credential: refused in catalog entries and pull directives
 #: (a node takes credentials from its own environment, never from the coordinator).
@@ -258,30 +256,28 @@ CREDENTIAL_KEY = re.compile(
 SourceOption = str | int | float | bool | None
 
 
-def check_source(url: Any, options: Any = None) -> None:
-    """ValueError naming the problem unless ``url`` is a model source a node can open
-    and ``options`` hold no credential: a known scheme, no user, password or query in
-    the URL (signed URLs carry credentials), options a flat object without
-    credential-like keys. Neither the URL nor an option's value is echoed (either may
-    hold a secret)."""
-    if not isinstance(url, str) or not url or len(url) > MAX_SOURCE_URL:
-        raise ValueError(f"source must be a URL of 1-{MAX_SOURCE_URL} characters")
+def _with_user(url: str) -> bool:
     try:
         parts = urlsplit(url)
-        has_user = parts.username is not None or parts.password is not None
+        return parts.username is not None or parts.password is not None
     except ValueError:
-        raise ValueError("source is not a valid URL") from None
-    if parts.scheme not in SOURCE_SCHEMES:
-        raise ValueError(f"source must be one of {', '.join(s + '://' for s in SOURCE_SCHEMES)} "
-                         f"URLs, got scheme {parts.scheme!r}")
-    if has_user:
+        return False
+
+
+def refuse_credentials(url: Any, options: Any = None) -> None:
+    """ValueError naming the problem where a model's source (``url`` and its
+    ``options``, as a catalog entry or a pull directive carries them) would carry a
+    credential: a user, password or query string in the URL (a signed URL), an option
+    whose key looks like a credential or whose value is a URL with a user. Neither the
+    URL nor a value is echoed. The scheme's own rules are ``agent.sources.open_source``'s."""
+    if not isinstance(url, str) or not url or len(url) > MAX_SOURCE_URL:
+        raise ValueError(f"source must be a URL of 1-{MAX_SOURCE_URL} characters")
+    if _with_user(url):
         raise ValueError("source may not hold a user or password (nodes take credentials "
                          "from their own environment)")
-    if parts.query:
+    if urlsplit(url).query:
         raise ValueError("source may not hold a query string (a signed URL carries "
                          "credentials; nodes take them from their own environment)")
-    if parts.scheme != "file" and not parts.netloc:
-        raise ValueError(f"source {parts.scheme}:// URL names no host or bucket")
     if options is None:
         return
     if not isinstance(options, Mapping):
@@ -297,15 +293,9 @@ def check_source(url: Any, options: Any = None) -> None:
             raise ValueError(f"source_options keys must be {_NAMED}, got {key!r}")
         if not isinstance(value, (str, int, float, bool)) and value is not None:
             raise ValueError(f"source_options {key!r} must be a string, number or boolean")
-        if isinstance(value, str):
-            try:
-                with_user = "://" in value and (urlsplit(value).username is not None
-                                                or urlsplit(value).password is not None)
-            except ValueError:
-                with_user = False
-            if with_user:
-                raise ValueError(f"source_options {key!r} may not hold a URL with a user "
-                                 "or password")
+        if isinstance(value, str) and "://" in value and _with_user(value):
+            raise ValueError(f"source_options {key!r} may not hold a URL with a user "
+                             "or password")
 
 
 # -- directives --------------------------------------------------------------------------

@@ -38,11 +38,14 @@ def test_a_sourced_entry_round_trips(start_coordinator):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"source": "ftp://host/resnet"}, "got scheme 'ftp'"),
-    ({"source": "resnet"}, "got scheme ''"),
+    ({"source": "ftp://host/resnet"}, "unknown scheme 'ftp'"),
+    ({"source": "resnet"}, "unknown scheme ''"),
+    ({"source": "https://host/m.onnx", "source_options": {}}, "sha256"),
+    ({"source_options": {"colour": "red"}}, "unknown option(s) colour for s3://"),
+    ({"source_options": {"timeout_s": "soon"}}, "source_options.timeout_s"),
     ({"source": f"https://admin:{SECRET}@host/m.onnx"}, "may not hold a user or password"),
     ({"source": f"https://host/m.onnx?X-Amz-Signature={SECRET}"}, "may not hold a query"),
-    ({"source": "s3:///prefix"}, "names no host or bucket"),
+    ({"source": "s3:///prefix"}, "expected s3://bucket/prefix"),
     ({"source": 7}, "source must be a URL"),
     ({"source_options": {"aws_secret_access_key": SECRET, "region": "eu"}},
      "'aws_secret_access_key' look like credentials"),

@@ -26,7 +26,7 @@ from typing import Any
 from agent.config import parse_model_config
 from agent.errors import AgentError
 from agent.validation import ConfigError, number
-from agent.wire import NAME, check_source
+from agent.wire import NAME, refuse_credentials
 
 
 class CatalogError(AgentError, ValueError):
@@ -112,6 +112,20 @@ def parse_slo(name: str, data: Any) -> ModelSLO:
     return ModelSLO(name=name, **values, **parse_source(data))
 
 
+def check_source(url: str, options: dict[str, Any]) -> None:
+    """``CatalogError`` unless a node could open ``url`` with ``options``: the sources'
+    own check (``agent.sources.open_source``; nothing is fetched). A source whose client
+    the coordinator lacks (boto3, for s3://) passes: the nodes pull, not the coordinator."""
+    from agent.sources import SourceError, open_source
+    from agent.sources.s3source import MISSING
+
+    try:
+        open_source(url, options)
+    except SourceError as exc:
+        if str(exc) != MISSING:
+            raise CatalogError(str(exc)) from None
+
+
 def parse_source(data: dict[str, Any]) -> dict[str, Any]:
     """The source fields of a catalog entry, checked; ``CatalogError`` names the bad one
     (a credential-like option among them)."""
@@ -123,9 +137,10 @@ def parse_source(data: dict[str, Any]) -> dict[str, Any]:
         return {}
     options = given.get("source_options", {})
     try:
-        check_source(given["source"], options)
+        refuse_credentials(given["source"], options)
     except ValueError as exc:
         raise CatalogError(str(exc)) from None
+    check_source(given["source"], options)
     out: dict[str, Any] = {"source": given["source"], "source_options": dict(options)}
     version = given.get("version")
     if version is not None:
