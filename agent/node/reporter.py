@@ -296,12 +296,17 @@ class Reporter:
             models[name] = m
         report = {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
         disk = getattr(self.node, "disk", None)
-        if disk is not None:
+        # only when there is something to say: a coordinator older than these fields
+        # still takes the reports of nodes without sourced models
+        held = disk.holdings() if disk is not None else []
+        pulling = disk.pulling() if disk is not None else []
+        if held:
             report["disk"] = [{"model": h["model"], "version": h["version"],
-                               "bytes": h["bytes"]} for h in disk.holdings()]
+                               "bytes": h["bytes"]} for h in held]
+        if pulling:
             report["pulling"] = [{"model": p["model"], "version": p["version"],
                                   "bytes": p["bytes"], "total": p["total_bytes"] or None}
-                                 for p in disk.pulling()]
+                                 for p in pulling]
         if self.link.node_type:
             report["node_type"] = self.link.node_type
         return report

@@ -40,7 +40,12 @@ class Rollouts:
         task = self.tasks.get(name)
         if task is not None and not task.done():
             return
-        self.tasks[name] = asyncio.get_running_loop().create_task(self.roll_out(name, old, new))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a rescan outside the event loop: no rollout, the new one serves
+            self.cache.serving_version.pop(name, None)
+            return
+        self.tasks[name] = loop.create_task(self.roll_out(name, old, new))
 
     async def roll_out(self, name: str, old: int, new: int) -> None:
         """Load ``new`` beside ``old`` (kept from eviction meanwhile), switch, drain
