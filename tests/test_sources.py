@@ -12,9 +12,11 @@ import logging
 import os
 import shutil
 import ssl
+import stat
 import subprocess
 import tarfile
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -256,6 +258,19 @@ def test_a_pull_under_a_bandwidth_cap_takes_its_time(tmp_path, model_file):
     loads(tmp_path / "m" / "1")
 
 
+def test_a_bandwidth_cap_holds_in_real_time_over_http(tmp_path, model_file):
+    size = model_file.stat().st_size
+    rate = size * 3  # a third of a second, at the least
+    with range_http_server(model_file.parent) as server:
+        src = open_source(f"{server.url}/model.onnx#sha256={sha256(model_file)}")
+        t = time.monotonic()
+        result = src.pull(1, tmp_path / "m" / "1", bandwidth_bps=rate)
+        took = time.monotonic() - t
+    assert took >= (size - rate // 10) / rate  # the bucket's burst is a tenth of a second
+    assert result.seconds >= (size - rate // 10) / rate
+    loads(tmp_path / "m" / "1")
+
+
 def test_a_full_disk_fails_clearly_and_keeps_nothing(tmp_path, model_file):
     root = model_file.parent.parent
     (root / "1").mkdir()
@@ -319,7 +334,8 @@ def test_archives_unpack_as_the_version(tmp_path, model_file):
             src.pull(3, dest)
             loads(dest)
             assert not partial_dir(dest).exists()
-        assert (tmp_path / "resnet-3.tar.gz" / "3" / "extra" / "labels.txt").read_text() == "cat\ndog\n"
+        labels = tmp_path / "resnet-3.tar.gz" / "3" / "extra" / "labels.txt"
+        assert labels.read_text() == "cat\ndog\n"
 
 
 def _hostile_tars(www: Path) -> dict[str, str]:
@@ -340,7 +356,12 @@ def _hostile_tars(www: Path) -> dict[str, str]:
         _tar(www / name, members)
     with zipfile.ZipFile(www / "zipslip.zip", "w") as zf:
         zf.writestr("../../evil", b"x")
-    return {**{n: why for n, (_, why) in cases.items()}, "zipslip.zip": "absolute or '..'"}
+    with zipfile.ZipFile(www / "ziplink.zip", "w") as zf:
+        info = zipfile.ZipInfo("model.onnx")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, "/etc/passwd")
+    return {**{n: why for n, (_, why) in cases.items()}, "zipslip.zip": "absolute or '..'",
+            "ziplink.zip": "a link"}
 
 
 def test_hostile_archive_entries_are_refused(tmp_path):
@@ -399,8 +420,9 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
     client.create_bucket(Bucket="models")
     for v in (1, 2, 7):
         path = write_mlp(tmp_path / "v" / str(v) / "model.onnx", **dict(TINY_MLP, seed=v))
+        checksum = {"ChecksumAlgorithm": "SHA256"} if v == 2 else {}
         client.put_object(Bucket="models", Key=f"zoo/resnet/{v}/model.onnx",
-                          Body=path.read_bytes(), **({"ChecksumAlgorithm": "SHA256"} if v == 2 else {}))
+                          Body=path.read_bytes(), **checksum)
     client.put_object(Bucket="models", Key="zoo/resnet/README", Body=b"not a version")
     opts = {"endpoint_url": s3.endpoint_url}
     src = open_source("s3://models/zoo/resnet", opts)
@@ -409,7 +431,8 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
     (f2,) = src.files(2)
     assert f2.digest == f"sha256:{sha256(tmp_path / 'v' / '2' / 'model.onnx')}"
     (f7,) = src.files(7)
-    assert f7.digest == "md5:" + hashlib.md5((tmp_path / "v" / "7" / "model.onnx").read_bytes()).hexdigest()
+    v7 = (tmp_path / "v" / "7" / "model.onnx").read_bytes()
+    assert f7.digest == "md5:" + hashlib.md5(v7).hexdigest()
     for v in (2, 7):
         result = src.pull(v, tmp_path / "local" / str(v))
         assert (tmp_path / "local" / str(v) / "model.onnx").read_bytes() == \
@@ -420,6 +443,9 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
         src.pull(3, tmp_path / "local" / "3")
     with pytest.raises(SourceNotFound):
         open_source("s3://no-such-bucket/x", opts).versions()
+    with pytest.raises(SourceUnavailable, match="unreachable"):
+        open_source("s3://models/zoo/resnet", {"endpoint_url": "http://127.0.0.1:1",
+                                               "timeout_s": 2}).versions()
 
 
 def test_s3_multipart_uploads_are_checked_by_their_etag(s3, tmp_path):
@@ -430,7 +456,8 @@ def test_s3_multipart_uploads_are_checked_by_their_etag(s3, tmp_path):
     path = write_mlp(tmp_path / "v" / "model.onnx", **dict(TINY_MLP, hidden=512, layers=8))
     assert path.stat().st_size > 5 << 20
     client.upload_file(str(path), "big", "m/1/model.onnx",
-                       Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+                       Config=TransferConfig(multipart_threshold=5 << 20,
+                                             multipart_chunksize=5 << 20))
     src = open_source("s3://big/m", {"endpoint_url": s3.endpoint_url})
     (f,) = src.files(1)
     assert f.digest is None  # verified by the recomputed multi-part ETag instead
@@ -461,7 +488,9 @@ def test_s3_without_credentials_or_boto3_says_what_to_do(s3, tmp_path, monkeypat
     assert "pip install 'edgeagent[s3]'" in out.stdout, out.stderr
 
 
-def test_s3_credentials_never_reach_a_message_or_a_log(s3, tmp_path, caplog):
+def test_s3_credentials_never_reach_a_message_or_a_log(s3, tmp_path, caplog, monkeypatch):
+    token = "SESSION-TOKEN-SENTINEL-31"  # botocore logs it with each request at DEBUG
+    monkeypatch.setenv("AWS_SESSION_TOKEN", token)
     caplog.set_level(logging.DEBUG)
     client = s3.client()
     client.create_bucket(Bucket="sentinel")
@@ -477,7 +506,8 @@ def test_s3_credentials_never_reach_a_message_or_a_log(s3, tmp_path, caplog):
         messages.append(str(err.value))
     secret = s3.env["AWS_SECRET_ACCESS_KEY"]
     text = "\n".join(messages + [r.getMessage() for r in caplog.records])
-    assert len(caplog.records) > 0 and secret not in text
+    assert any(r.name == "botocore.endpoint" for r in caplog.records)  # requests were logged
+    assert secret not in text and token not in text
 
 
 # -- oci:// -----------------------------------------------------------------------------
@@ -525,6 +555,32 @@ def test_oci_lists_numeric_tags_and_pulls_verified_blobs(registry, tmp_path):
         open_source(f"oci://{registry.host}/models/nothing").versions()
 
 
+def test_oci_a_hostile_file_title_is_refused(registry, tmp_path):
+    import json
+
+    from agent.sources.ocisource import MANIFEST_TYPES, TITLE
+
+    src = open_source(f"oci://{registry.host}/models/hostile")
+    d = tmp_path / "push"
+    write_mlp(d / "model.onnx", **TINY_MLP)
+    src.push(d, "1")
+    manifest = json.loads(src.client.request(
+        "GET", src.client.url("manifests/1"), headers={"Accept": MANIFEST_TYPES[0]}).read())
+    manifest["layers"][0]["annotations"][TITLE] = "../../escaped.onnx"
+    src.client.request("PUT", src.client.url("manifests/2"), data=json.dumps(manifest).encode(),
+                       headers={"Content-Type": MANIFEST_TYPES[0]}, ok=(201,)).close()
+    dest = tmp_path / "deep" / "local" / "2"
+    with pytest.raises(SourceError, match="unsafe file path"):
+        src.pull(2, dest)
+    assert not dest.exists() and not (tmp_path / "deep" / "escaped.onnx").exists()
+    manifest["layers"][0]["annotations"][TITLE] = "model.onnx"
+    manifest["layers"].append(manifest["layers"][0])  # the same file twice
+    src.client.request("PUT", src.client.url("manifests/3"), data=json.dumps(manifest).encode(),
+                       headers={"Content-Type": MANIFEST_TYPES[0]}, ok=(201,)).close()
+    with pytest.raises(SourceError, match="'model.onnx' twice"):
+        src.pull(3, tmp_path / "local" / "3")
+
+
 def test_oci_a_corrupted_blob_is_refused(registry, tmp_path):
     d = tmp_path / "push"
     write_mlp(d / "model.onnx", **TINY_MLP)
@@ -570,7 +626,8 @@ def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path,
 
     password = "PASSWORD-SENTINEL-51"
     htpasswd = tmp_path / "htpasswd"
-    htpasswd.write_text(f"alice:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    salt = crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)  # cheap bcrypt: fast checks
+    htpasswd.write_text(f"alice:{crypt.crypt(password, salt)}\n")
     caplog.set_level(logging.DEBUG)
     with oci_registry(tmp_path / "registry", htpasswd=htpasswd) as reg:
         url = f"oci://{reg.host}/models/private"
@@ -604,35 +661,86 @@ def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path,
 
 
 def test_model_push_and_ls_through_the_cli(registry, s3, tmp_path):
+    from click.testing import CliRunner
+
+    from agent.cli import main
     from tests.helpers import EDGEAGENT
 
     d = tmp_path / "repo" / "resnet" / "4"
     write_mlp(d / "model.onnx", **TINY_MLP)
-    env = {**os.environ}
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([EDGEAGENT, "model", *args], capture_output=True, text=True,
-                              env=env, timeout=120)
-
-    done = run("push", str(d), f"oci://{registry.host}/models/resnet", "--version", "4")
+    done = subprocess.run([EDGEAGENT, "model", "push", str(d),
+                           f"oci://{registry.host}/models/resnet", "--version", "4"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"oci://{registry.host}/models/resnet:4 (sha256:" in done.stdout
     s3.client().create_bucket(Bucket="cli")
+    runner = CliRunner()
+
+    def run(*args: str):  # noqa: ANN202 - click's Result
+        return runner.invoke(main, ["model", *args])
+
     done = run("push", str(d), "s3://cli/resnet", "--version", "4",
                "-o", f"endpoint_url={s3.endpoint_url}")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.output
     for url, extra in ((f"oci://{registry.host}/models/resnet", ()),
                        ("s3://cli/resnet", ("-o", f"endpoint_url={s3.endpoint_url}"))):
         done = run("ls", url, *extra)
-        assert done.returncode == 0, done.stderr
-        version, name, size, digest = done.stdout.split()
+        assert done.exit_code == 0, done.output
+        version, name, size, digest = done.output.split()
         assert (version, name, int(size)) == ("4", "model.onnx", (d / "model.onnx").stat().st_size)
         pulled = tmp_path / "pulled" / url.split(":")[0] / "4"
         open_source(url, dict([e.split("=", 1) for e in extra[1:]])).pull(4, pulled)
         loads(pulled)
-    done = run("push", str(d), "s3://cli/resnet")
-    assert done.returncode == 1 and "needs --version" in done.stderr
-    done = run("push", str(d), "https://example.com/x#sha256=" + "0" * 64)
-    assert done.returncode == 1 and "oci:// or s3:// only" in done.stderr
-    done = run("ls", "oci://127.0.0.1:1/nothing")
-    assert done.returncode == 1 and "unreachable" in done.stderr
+    for args, said in ((("push", str(d), "s3://cli/resnet"), "needs --version"),
+                       (("push", str(d), "https://example.com/x#sha256=" + "0" * 64),
+                        "oci:// or s3:// only"),
+                       (("ls", "oci://127.0.0.1:1/nothing"), "unreachable"),
+                       (("ls", "s3://cli/resnet", "-o", "bogus=1"), "unknown option(s) bogus")):
+        done = run(*args)
+        assert done.exit_code == 1 and said in done.output, (args, done.output)
+
+
+def test_oci_bearer_tokens_from_the_challenge_and_no_token_in_messages(tmp_path, caplog):
+    from tests.servers import TokenService, oci_registry
+
+    password = "TOKEN-PASSWORD-SENTINEL-77"
+    tokens = TokenService(tmp_path / "tokens", "bob", password)
+    caplog.set_level(logging.DEBUG)
+    with oci_registry(tmp_path / "registry", tokens=tokens) as reg:
+        url = f"oci://{reg.host}/team/model"
+        with pytest.raises(SourceError, match="token service refused") as err:
+            open_source(url, {"username": "bob", "password": "nope"}).versions()
+        messages = [str(err.value)]
+        opts = {"username": "bob", "password": password}
+        d = tmp_path / "push"
+        write_mlp(d / "model.onnx", **TINY_MLP)
+        open_source(url, opts).push(d, "1")
+        src = open_source(url, opts)
+        assert src.versions() == [1]
+        src.pull(1, tmp_path / "local" / "1")
+        loads(tmp_path / "local" / "1")
+        assert tokens.issued and tokens.refused == 1
+        with pytest.raises(SourceNotFound) as err:  # with a token in hand
+            src.pull(2, tmp_path / "local" / "2")
+        messages.append(str(err.value))
+    text = "\n".join(messages + [r.getMessage() for r in caplog.records])
+    assert password not in text
+    assert not any(t in text or t.split(".")[2] in text for t in tokens.issued)
+
+
+def test_one_source_pulls_several_versions_at_once(registry, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = open_source(f"oci://{registry.host}/models/many")
+    for v in (1, 2, 3, 4):
+        write_mlp(tmp_path / "push" / str(v) / "model.onnx", **dict(BIG_MLP, seed=v))
+        src.push(tmp_path / "push" / str(v), str(v))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda v: src.pull(v, tmp_path / "local" / str(v)),
+                                (1, 2, 3, 4)))
+    assert [r.version for r in results] == [1, 2, 3, 4]
+    assert len({r.digest for r in results}) == 4
+    for v in (1, 2, 3, 4):
+        assert (tmp_path / "local" / str(v) / "model.onnx").read_bytes() == \
+            (tmp_path / "push" / str(v) / "model.onnx").read_bytes()
+        loads(tmp_path / "local" / str(v))

@@ -138,9 +138,10 @@ def _check_options(scheme: str, opts: dict[str, Any], where: str) -> dict[str, A
             ok = False
         else:
             ok = isinstance(value, kind)
-        if not ok or (name in ("version", "timeout_s") and value <= 0):
+        positive = name in ("version", "timeout_s")
+        if not ok or (positive and value <= 0):
             raise SourceError(f"source_options.{name}: expected {what} "
-                              f"({'a positive number' if name in ('version', 'timeout_s') else _name(kind)}), "
+                              f"({'a positive number' if positive else _name(kind)}), "
                               f"got {type(value).__name__}")
     return opts
 

@@ -14,21 +14,10 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
+from agent.exposure import is_loopback
 from agent.sources.archive import archive_kind
 from agent.sources.errors import SourceDenied, SourceError, SourceNotFound, SourceUnavailable
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine (plain http is allowed there)."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class HttpSource(BaseSource):
@@ -62,7 +51,8 @@ class HttpSource(BaseSource):
         if self.archive == "none":
             self.archive = None
         self._url = urllib.parse.urlunsplit(url._replace(fragment=""))
-        self._context = ssl.create_default_context(cafile=ca_file) if url.scheme == "https" else None
+        self._context = (ssl.create_default_context(cafile=ca_file)
+                         if url.scheme == "https" else None)
 
     def versions(self) -> list[int]:
         return [self.version]
@@ -106,7 +96,7 @@ class HttpSource(BaseSource):
 
     def _urlopen(self, headers: dict[str, str]) -> Any:
         try:
-            return urllib.request.urlopen(urllib.request.Request(self._url, headers=headers),
+            resp = urllib.request.urlopen(urllib.request.Request(self._url, headers=headers),
                                           timeout=self.timeout_s, context=self._context)
         except urllib.error.HTTPError as exc:
             exc.close()
@@ -122,6 +112,10 @@ class HttpSource(BaseSource):
                     "source_options.ca_file names the CA") from None
             raise SourceUnavailable(f"{self.display_url}: unreachable "
                                     f"({type(reason).__name__})") from None
+        if self._context is not None and not resp.geturl().startswith("https:"):
+            resp.close()
+            raise SourceError(f"{self.display_url}: redirected from https to plain http: refused")
+        return resp
 
 
 def _http_error(where: str, code: int) -> SourceError:

@@ -76,7 +76,8 @@ class RegistryClient:
             req = urllib.request.Request(url, method=method, data=data, headers=headers or {})
             with self._lock:
                 auth = self._auth
-            if auth and urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base).netloc:
+            same_host = urllib.parse.urlsplit(url).netloc == urllib.parse.urlsplit(self.base).netloc
+            if auth and same_host:
                 req.add_unredirected_header("Authorization", auth)
             try:
                 resp = urllib.request.urlopen(req, timeout=self._timeout, context=self._context)
@@ -134,8 +135,8 @@ class RegistryClient:
         if basic:
             req.add_unredirected_header("Authorization", basic)
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout,
-                                        context=self._context if url.startswith("https:") else None) as resp:
+            context = self._context if url.startswith("https:") else None
+            with urllib.request.urlopen(req, timeout=self._timeout, context=context) as resp:
                 body = json.loads(resp.read(1 << 20))
         except urllib.error.HTTPError as exc:
             exc.close()

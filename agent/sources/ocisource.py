@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agent.exposure import is_loopback
 from agent.sources.errors import DigestMismatch, SourceError, SourceNotFound
-from agent.sources.httpsource import is_loopback
 from agent.sources.ociregistry import MANIFEST_TYPES, RegistryClient, docker_credentials
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
 
@@ -25,7 +25,8 @@ ARTIFACT_TYPE = "application/vnd.edgeagent.model.v1"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"  # ORAS's default for a file
 EMPTY_CONFIG = b"{}"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
-_REPOSITORY = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 

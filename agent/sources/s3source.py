@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.sources.errors import (DigestMismatch, SourceDenied, SourceError, SourceNotFound,
                                   SourceUnavailable)
+from agent.sources.redact import redact_loggers
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, safe_relpath
 
 MISSING = "s3:// sources need boto3, not installed: pip install 'edgeagent[s3]'"
@@ -76,10 +77,12 @@ class S3Source(BaseSource):
     def _describe(self, version: int, rel: str, key: str, size: int) -> RemoteFile:
         head = self._call("head_object", Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         checksum = head.get("ChecksumSHA256")
-        if checksum and "-" not in checksum and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+        whole = head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
+        if checksum and "-" not in checksum and whole:
             return RemoteFile(rel, size, "sha256:" + base64.b64decode(checksum).hex())
         etag = head.get("ETag", "").strip('"')
-        encrypted = head.get("ServerSideEncryption") == "aws:kms" or head.get("SSECustomerAlgorithm")
+        encrypted = (head.get("ServerSideEncryption") == "aws:kms"
+                     or head.get("SSECustomerAlgorithm"))
         if not etag or encrypted:  # an encrypted object's ETag is no MD5 of its bytes
             return RemoteFile(rel, size, None)
         if "-" in etag:
@@ -95,7 +98,8 @@ class S3Source(BaseSource):
         extra = {"Range": f"bytes={offset}-"} if offset else {}
         resp = self._call("get_object", Bucket=self.bucket, Key=key, **extra)
         body = resp["Body"]
-        start = offset if offset and resp.get("ContentRange", "").startswith(f"bytes {offset}-") else 0
+        resumed = offset and resp.get("ContentRange", "").startswith(f"bytes {offset}-")
+        start = offset if resumed else 0
         try:
             yield Stream(start, self._chunks(body, file.path))
         finally:
@@ -196,7 +200,12 @@ class S3Source(BaseSource):
                 from botocore.config import Config
 
                 c = self._config
-                self._client = boto3.session.Session().client(
+                session = boto3.session.Session()
+                creds = session.get_credentials()  # as boto3 finds them; None: unsigned fails
+                if creds is not None:  # kept out of botocore's DEBUG request logs
+                    frozen = creds.get_frozen_credentials()
+                    redact_loggers((frozen.secret_key, frozen.token))
+                self._client = session.client(
                     "s3", endpoint_url=c["endpoint_url"], region_name=c["region"],
                     verify=c["ca_file"] if c["ca_file"] else True,
                     config=Config(connect_timeout=c["timeout_s"], read_timeout=c["timeout_s"],

@@ -169,8 +169,7 @@ class BaseSource:
                               f"{dest} exists already")
         started = self._clock()
         listing = self.files(version)
-        for f in listing:
-            safe_relpath(f.path, self.display_url)
+        _check_listing(listing, self.display_url)
         if self.archive and len(listing) != 1:
             raise SourceError(f"{self.display_url}: an archive source lists one file")
         partial = partial_dir(dest)
@@ -222,7 +221,13 @@ class BaseSource:
                    max_bytes=self.max_unpacked_bytes,
                    free=lambda: self._disk_free(partial), stop=stop)
         (partial / _FILES).mkdir(exist_ok=True)
-        os.rename(partial / _FILES, dest)
+        try:
+            os.rename(partial / _FILES, dest)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise SourceError(f"pull of {self.display_url} version {version}: {dest} "
+                              "appeared meanwhile (one pull per destination at a time)") from None
         shutil.rmtree(partial, ignore_errors=True)
         return PullResult(version, counter.transferred, self._clock() - started,
                           self.version_digest(version, "".join(sums)))
@@ -239,7 +244,8 @@ class BaseSource:
             raise PullStopped(f"pull of {self.display_url} stopped")
         hashes = _Hashes(f.digest)
         if f.size < 0 or offset < f.size:
-            with self.open(version, f, offset) as stream, open(target, "r+b" if offset else "wb") as out:
+            with self.open(version, f, offset) as stream, \
+                    open(target, "r+b" if offset else "wb") as out:
                 if stream.start != offset:  # the source cannot resume: from the start
                     counter.add(-offset)
                     offset = 0
@@ -305,6 +311,16 @@ class _Counter:
     def report(self) -> None:
         if self._progress is not None:
             self._progress(self.done)
+
+
+def _check_listing(listing: list[RemoteFile], where: str) -> None:
+    """Every path safe, none twice, none both a file and a directory."""
+    paths = [safe_relpath(f.path, where) for f in listing]
+    dirs = {str(parent) for p in paths for parent in PurePosixPath(p).parents}
+    clash = sorted({p for p in paths if paths.count(p) > 1} | (set(paths) & dirs))
+    if clash:
+        raise SourceError(f"{where}: the listing names {clash[0]!r} twice (or as a file "
+                          "and a directory)")
 
 
 def _hash_prefix(f: BinaryIO, n: int, hashes: _Hashes) -> None:
