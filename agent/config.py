@@ -283,8 +283,6 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
     if config.source_options is not None and config.source is None:
         raise ConfigError(file, "source_options", "only allowed with source")
-    if config.source is not None and config.backend == "synthetic":
-        raise ConfigError(file, "source", "a synthetic model has no files to pull")
     return config
 
 

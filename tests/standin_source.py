@@ -18,35 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.errors import AgentError
-
-
-class StandinUnavailable(AgentError):
-    status = 503
-    retry_after = 5.0
-
-
-class StandinNotFound(AgentError):
-    status = 404
-
-
-class StandinBadUrl(AgentError):
-    status = 400
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    size: int
-    digest: str
-
-
-@dataclass(frozen=True)
-class PullResult:
-    version: int
-    bytes: int
-    seconds: float
-    digest: str
+from agent.sources import PullResult, RemoteFile, SourceError, SourceNotFound, SourceUnavailable
 
 
 @dataclass
@@ -61,11 +33,11 @@ class StandinSources:
     def open_source(self, url: str, options: dict) -> "StandinSource":
         parts = urlsplit(url)
         if parts.scheme != "file":
-            raise StandinBadUrl(f"the stand-in opens file:// URLs only, not "
+            raise SourceError(f"the stand-in opens file:// URLs only, not "
                                 f"{parts.scheme}://")
         unknown = set(options) - {"note"}
         if unknown:
-            raise StandinBadUrl(f"unknown source option {sorted(unknown)[0]!r}")
+            raise SourceError(f"unknown source option {sorted(unknown)[0]!r}")
         return StandinSource(self, Path(parts.path), f"file://{parts.hostname or ''}"
                              f"{parts.path}")
 
@@ -76,7 +48,7 @@ class StandinSource:
 
     def _check(self) -> None:
         if str(self.root) in self.owner.down or not self.root.is_dir():
-            raise StandinUnavailable(f"{self.display_url} is unreachable")
+            raise SourceUnavailable(f"{self.display_url} is unreachable")
 
     def versions(self) -> list[int]:
         self._check()
@@ -86,7 +58,7 @@ class StandinSource:
         self._check()
         base = self.root / str(version)
         if not base.is_dir():
-            raise StandinNotFound(f"{self.display_url} has no version {version}")
+            raise SourceNotFound(f"{self.display_url} has no version {version}")
         return [RemoteFile(str(f.relative_to(base)), f.stat().st_size,
                            "sha256:" + hashlib.sha256(f.read_bytes()).hexdigest())
                 for f in sorted(base.rglob("*")) if f.is_file()]
@@ -104,7 +76,7 @@ class StandinSource:
         delay = self.owner.delay.get(str(self.root), 0.0)
         for f in files:
             if stop is not None and stop.is_set():
-                raise StandinUnavailable("pull stopped")
+                raise SourceUnavailable("pull stopped")
             self._check()
             target = partial / f.path
             target.parent.mkdir(parents=True, exist_ok=True)

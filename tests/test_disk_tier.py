@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import threading
 import urllib.request
@@ -174,6 +175,27 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     assert server.node.disk.summary()["pulls"] == 1
 
 
+def test_sixteen_cold_requests_download_once_from_a_real_http_source(agent, repo, src):
+    """agent.sources' HTTP source held to ``pull_bandwidth``: the server sends the
+    model's bytes once (besides each pull's one-byte size probe)."""
+    write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    size = (src / "m" / "model.onnx").stat().st_size
+    with range_http_server(src) as http:
+        http_sourced(repo, "m", http, "m/model.onnx")
+        server = agent(repo, real=True, pull_bandwidth=size)  # about a second
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(infer(server, "m")[0]))
+                   for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [200] * 16
+        bodies = [s for s in http.served if s.sent > 1]
+        assert len(bodies) == 1 and bodies[0].sent == size, http.served
+        assert server.node.disk.summary()["pulls"] == 1
+
+
 def test_a_failed_pull_is_a_clear_503_and_others_are_served(agent, repo, src, sources):
     publish(src, "m")
     sourced(repo, "m", src)
@@ -201,34 +223,38 @@ def test_a_listing_is_kept_for_a_restart_with_the_source_down(agent, repo, src, 
     assert infer(first, "m")[0] == 200
     status, headers, body = infer(first, "never")
     assert status == 503 and "never" in body["error"] and "Retry-After" in headers
+    listed = {s["model"]: s for s in first.request("GET", "/v1/disk")[2]["sources"]}
+    assert listed["m"]["versions"] == [1] and listed["m"]["listing_error"] is None
+    assert listed["never"]["versions"] == [] and "unreachable" in listed["never"][
+        "listing_error"]
     first.close()
     sources.down.add(str(src / "m"))
     second = agent(repo)
     assert cache_entry(second, "m")["versions"] == [1]
+    assert "unreachable" in cache_entry(second, "m")["listing_error"]
     status, _, body = infer(second, "m")  # its files are on disk: no pull needed
     assert status == 200, body
     assert len(sources.pulls) == 1
 
 
-def test_the_disk_budget_keeps_a_slow_download_over_a_fast_one(agent, repo, src, sources):
+@pytest.mark.parametrize("disk_policy,kept", [(None, "slow"), ("lru", "fast")])
+def test_the_disk_budget_keeps_a_slow_download_over_a_fast_one(agent, repo, src, sources,
+                                                               disk_policy, kept):
+    """Two versions of one size and popularity, the slow one used least recently: the
+    agent's penalty-aware policy keeps the slow download; LRU (the control) does not."""
     for name in ("fast", "slow", "third"):
         publish(src, name)
         sourced(repo, name, src)
     sources.delay[str(src / "slow")] = 0.6
     size = (src / "fast" / "1" / "model.onnx").stat().st_size
-    server = agent(repo, disk_budget=2 * size + size // 2)
-    for name in ("slow", "fast"):
-        assert infer(server, name)[0] == 200
-    for name in ("slow", "fast"):  # out of memory: the disk tier may evict either
-        server.request("POST", f"/v1/cache/{name}/evict")
+    server = agent(repo, disk_budget=2 * size + size // 2, disk_policy=disk_policy)
     for _ in range(3):
-        for name in ("fast", "slow"):
+        for name in ("slow", "fast"):
             assert infer(server, name)[0] == 200
-    for name in ("slow", "fast"):
-        server.request("POST", f"/v1/cache/{name}/evict")
+            server.request("POST", f"/v1/cache/{name}/evict")  # the disk may evict it
     assert infer(server, "third")[0] == 200
     held = {h["model"] for h in server.node.disk.holdings()}
-    assert held == {"slow", "third"}, held
+    assert held == {kept, "third"}, held
     assert server.node.disk.summary()["evictions"] == 1
 
 
@@ -290,22 +316,85 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, sources, tmpfs):
-    write_mlp(src / "big" / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
-    sourced(repo, "big", src)
+def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, tmpfs):
+    """A real 1 MiB file system and agent.sources' real file:// source. The tier's own
+    check refuses the first pull before a byte is written; told the disk is larger
+    than it is (``disk_free``), it lets the second start, and the source's disk-full
+    error (the real file system's room) is the same 507."""
+    for name in ("big", "bigger"):
+        write_mlp(src / name / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
+        sourced(repo, name, src)
     add_mlp(repo, "local")
+    lie = {"on": False}
+
+    def disk_free(path):
+        return 10**12 if lie["on"] else shutil.disk_usage(path).free
+
     cfg = AgentConfig(repository=repo, data_dir=tmpfs, cpu_budget=200_000_000,
                       infer_threads=2, disk_budget=100 * 2**20)
-    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, open_source=sources.open_source)
+    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, disk_free=disk_free)
     try:
         assert infer(server, "local")[0] == 200
         status, _, body = infer(server, "big")
-        assert status == 507 and "model big:1" in body["error"], body
-        assert "free" in body["error"]
+        assert status == 507 and "model big:1 needs" in body["error"], body
+        assert "bytes) free" in body["error"]
+        lie["on"] = True
+        status, _, body = infer(server, "bigger")
+        assert status == 507 and "model bigger:1" in body["error"], body
+        assert "disk full" in body["error"]
         assert infer(server, "local")[0] == 200
         assert not (tmpfs / "models" / "big" / "1").exists()
+        assert not (tmpfs / "models" / "bigger" / "1").exists()
+        assert server.node.disk.summary()["pull_failures"] == 2
     finally:
         server.close()
+
+
+def test_pinned_files_are_never_evicted_for_a_pull(agent, repo, src, sources):
+    for name in ("kept", "other"):
+        publish(src, name)
+    sourced(repo, "kept", src, pin=True)
+    sourced(repo, "other", src)
+    size = (src / "kept" / "1" / "model.onnx").stat().st_size
+    server = agent(repo, disk_budget=size + size // 2)
+    assert cache_entry(server, "kept")["state"] == "ready"  # pinned: loaded at start
+    status, _, body = infer(server, "other")
+    assert status == 507, body
+    assert "model other:1 needs" in body["error"] and "kept:1" in body["error"]
+    assert cache_entry(server, "kept")["on_disk"] is True
+    assert infer(server, "kept")[0] == 200
+    server.request("POST", "/v1/cache/kept/unpin")
+    server.request("POST", "/v1/cache/kept/evict")
+    assert infer(server, "other")[0] == 200  # unpinned and idle: now it may go
+    assert [h["model"] for h in server.node.disk.holdings()] == ["other"]
+
+
+def test_a_version_published_later_is_listed_at_the_next_rescan(agent, repo, src, sources):
+    publish(src, "m")
+    sourced(repo, "m", src)
+    server = agent(repo)
+    assert infer(server, "m")[2]["model_version"] == "1"
+    publish(src, "m", 2, hidden=8)
+    assert server.request("POST", "/v2/repository/index")[0] == 200
+    wait_for(lambda: cache_entry(server, "m")["versions"] == [1, 2], what="version 2 listed")
+    status, _, body = infer(server, "m")
+    assert status == 200 and body["model_version"] == "2"
+
+
+def test_cold_start_reject_counts_the_download(agent, repo, src, sources):
+    """``cold_start: reject`` expects load + first run + the download while the files
+    are off disk: a request whose deadline the pull would miss is refused at once."""
+    publish(src, "m")
+    sourced(repo, "m", src, cold_start="reject", slo={"latency_ms": 300})
+    sources.delay[str(src / "m")] = 0.6
+    server = agent(repo)
+    assert infer(server, "m")[0] == 200  # the first load: nothing known, served
+    server.request("POST", "/v1/cache/m/evict")
+    assert infer(server, "m")[0] == 200  # from disk: fast enough
+    server.request("POST", "/v1/cache/m/evict")
+    assert server.call(_drop(server.node.disk, "m")) == [1]
+    status, headers, body = infer(server, "m")
+    assert status == 503 and "Retry-After" in headers, body
 
 
 def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
@@ -331,7 +420,7 @@ def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
         status, _, bad = infer(server, "userinfo")
         assert status == 400 and "userinfo/config.yaml: source:" in bad["error"], bad
         texts.append(json.dumps(bad))
-        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/metrics",
+        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/v1/disk", "/metrics",
                      "/v2/repository/index"):
             with urllib.request.urlopen(urllib.request.Request(
                     server.url + path, method="POST" if "index" in path else "GET")) as r:
@@ -372,3 +461,145 @@ async def _pulling(disk):
 
 async def _drop(disk, name, version=None):
     return disk.drop(name, version)
+
+
+def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources, tmp_path):
+    from agent.node.disktier import DiskTier
+    from agent.node.repository import scan_repository
+
+    publish(src, "ok")
+    sourced(repo, "ok", src)
+    cases = {
+        "scheme": {"source": f"ftp://agent:{SECRET}@host/m"},
+        "options": {"source": f"file://{src}/ok", "source_options": {"nope": 1}},
+        "lonely": {"source_options": {"note": "x"}},
+        "nested": {"source": f"file://{src}/ok", "source_options": {"note": [1]}},
+    }
+    for name, config in cases.items():
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
+    publish(repo, "dirs")  # a version directory in the repository beside a source
+    (repo / "dirs" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}/ok"}))
+    disk = DiskTier(tmp_path / "models", 10**6, open_source=sources.open_source)
+    specs = scan_repository(repo, disk.listing)
+    assert specs["ok"].error is None and specs["ok"].pending  # not listed yet: 503
+    assert specs["ok"].files_root == tmp_path / "models" / "ok"
+    errors = {n: specs[n].error for n in (*cases, "dirs")}
+    assert errors["scheme"].endswith("scheme/config.yaml: source: scheme 'ftp' is none of "
+                                     "s3, oci, https, http, file")
+    assert "options/config.yaml: source: unknown source option 'nope'" in errors["options"]
+    assert errors["lonely"].endswith("source_options: only allowed with source")
+    assert "nested/config.yaml: source_options: note: must be a string" in errors["nested"]
+    assert "dirs/config.yaml: source: a sourced model keeps no version directories" \
+        in errors["dirs"]
+    assert all(SECRET not in e for e in errors.values())
+
+
+def test_a_sourced_synthetic_model_pulls_its_files_and_serves(agent, repo, src, sources):
+    """A synthetic backend with a source (a replay's stand-in model: its download is its
+    source's files, its load and size its synthetic: keys)."""
+    (src / "s" / "1").mkdir(parents=True)
+    (src / "s" / "1" / "padding.bin").write_bytes(b"\0" * 50_000)
+    sourced(repo, "s", src, backend="synthetic",
+            synthetic={"size_bytes": 2_000_000, "load_ms": 5})
+    server = agent(repo)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    status, _, answer = server.request("POST", "/v2/models/s/infer", body)
+    assert status == 200 and answer["outputs"][0]["data"] == [3.0], answer
+    entry = cache_entry(server, "s")
+    assert entry["on_disk"] is True and entry["disk_bytes"] == 50_000
+    assert entry["backend"] == "synthetic" and entry["size_bytes"] == 2_000_000
+
+
+def test_at_start_partials_are_kept_never_loaded_and_holdings_keep_their_seconds(
+        agent, repo, src, sources, tmp_path):
+    publish(src, "m")
+    publish(src, "m", 2)
+    sourced(repo, "m", src)
+    sources.delay[str(src / "m")] = 0.2
+    first = agent(repo)
+    assert infer(first, "m", 1)[0] == 200
+    seconds = first.node.disk.download_seconds(("m", 1))
+    assert seconds >= 0.2
+    first.close()
+    models = tmp_path / "data" / "models"
+    partial = models / "m" / ".partial-2"  # what agent.sources leaves of a cut pull
+    partial.mkdir()
+    (partial / "model.onnx").write_bytes(b"half a model")
+    (models / ".trash-1-0").mkdir()  # an eviction's leftover
+    second = agent(repo)
+    disk = second.node.disk
+    assert [(h["version"], h["download_seconds"]) for h in disk.holdings()] == \
+        [(1, pytest.approx(seconds, abs=1e-6))]
+    assert disk.pool.policy.penalty_of(("m", 1)) == pytest.approx(seconds)
+    assert partial.is_dir() and not (models / ".trash-1-0").exists()
+    assert cache_entry(second, "m")["on_disk"] is False  # version 2 is not on disk
+    status, _, body = infer(second, "m")  # version 2: pulled, never the partial
+    assert status == 200 and body["model_version"] == "2", body
+
+
+def test_cache_ls_v1_disk_and_metrics_show_both_tiers(agent, repo, src, sources):
+    from click.testing import CliRunner
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.cli import main
+
+    publish(src, "m")
+    sourced(repo, "m", src)
+    add_mlp(repo, "local")
+    server = agent(repo, disk_budget=1_000_000)
+    assert infer(server, "m")[0] == 200 and infer(server, "local")[0] == 200
+    size = (src / "m" / "1" / "model.onnx").stat().st_size
+    status, _, disk = server.request("GET", "/v1/disk")
+    assert status == 200 and disk["budget_bytes"] == 1_000_000
+    assert disk["used_bytes"] == size and disk["pulls"] == 1 and disk["pulling"] == []
+    assert disk["holdings"][0]["model"] == "m"
+    result = CliRunner().invoke(main, ["cache", "ls", "--url", server.url])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    head = lines[0].split()
+    assert head[-2:] == ["DISK", "DL_S"]
+    row = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert row["m"][head.index("DISK")] != "-" and row["local"][head.index("DISK")] == "-"
+    assert lines[-1].startswith("disk tier: ") and "pulls 1" in lines[-1]
+    text = server.request("GET", "/metrics")[2].decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {s.name: s.value for f in families.values() for s in f.samples
+             if s.name.startswith("edgeagent_disk_") and not s.name.endswith("_created")}
+    assert value["edgeagent_disk_pulls_total"] == 1
+    assert value["edgeagent_disk_used_bytes"] == size
+    assert value["edgeagent_disk_budget_bytes"] == 1_000_000
+    disk_bytes = [s for s in families["edgeagent_model_disk_bytes"].samples]
+    assert [(s.labels, s.value) for s in disk_bytes] == [({"model": "m", "version": "1"}, size)]
+    assert families["edgeagent_model_download_seconds"].samples[0].value > 0
+
+
+def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sources,
+                                                          tmp_path):
+    from tests.browser import Browser
+
+    binary = Browser.find()
+    if binary is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium; .ci/run "
+                    "installs it where apt is available)")
+    publish(src, "m")
+    sourced(repo, "m", src)
+    sources.delay[str(src / "m")] = 2.0
+    server = agent(repo)
+    state = "document.querySelector('#models tr[data-model=\"m\"] td.state')?.textContent"
+
+    async def scenario():
+        async with Browser(binary, tmp_path) as browser:
+            await browser.open(server.url + "/?refresh=200")
+            await browser.wait_for(state + " === 'unloaded'")
+            request = threading.Thread(target=infer, args=(server, "m"))
+            request.start()
+            await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            await browser.wait_for(state + " === 'ready'")
+            request.join(30)
+            disk = await browser.evaluate(
+                "document.querySelector('#memory [data-device=disk]').textContent")
+            assert "on disk of" in disk and "1 version," in disk and "1 pull," in disk, disk
+            assert [e for e in browser.errors if not e.startswith("network:")] == []
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
