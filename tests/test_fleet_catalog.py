@@ -188,3 +188,50 @@ def test_a_sourced_model_grows_onto_more_nodes(planner_setup):
     plan = planner.plan_now().plan
     on = {n for n, row in plan["assignment"].items() if row.get("busy")}
     assert plan["models"]["busy"]["replicas"] > 4 and len(on) >= 2, plan["assignment"]
+
+
+def test_a_node_token_reads_only_its_own_directives_and_pulls_carry_no_secret(
+        start_coordinator, tmp_path):
+    """With tokens: edge-1's report token gets edge-1's pull directives (the source and
+    its options, no credential) and nothing of edge-2's: not its report's answer, not
+    the node list, the plan or the catalog. A credential offered to the catalog was
+    refused and shows in no answer."""
+    import yaml
+
+    from agent.authconfig import AuthSettings
+    from agent.credentials import new_token, token_hash
+
+    admin, tokens = new_token(), {n: new_token() for n in ("edge-1", "edge-2")}
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump(
+        [{"name": "ops", "sha256": token_hash(admin), "scopes": ["admin"]}]
+        + [{"name": n, "sha256": token_hash(t), "scopes": ["report"], "node": n}
+           for n, t in tokens.items()]))
+    co = start_coordinator(auth=AuthSettings(token_file=path))
+    refused = co.request("PUT", "/v1/models/s", {**SOURCED, "source_options": {
+        "aws_secret_access_key": SECRET}}, token=admin)
+    assert refused[0] == 400 and "look like credentials" in refused[1]["error"]
+    assert co.request("PUT", "/v1/models/s", {**SOURCED, "version": None,
+                                              "digest": None}, token=admin)[0] == 201
+    for node, token in tokens.items():
+        assert co.request("POST", f"/v1/nodes/{node}/report", node_report({}),
+                          token=token)[0] == 200
+    assert co.request("POST", "/v1/plan", token=admin)[0] == 200
+    answers = {n: co.request("POST", f"/v1/nodes/{n}/report", node_report({}), token=t)[1]
+               for n, t in tokens.items()}
+    pulls = [p for d in answers.values() for p in d["pull"]]
+    assert len(pulls) == 1 and pulls[0]["source_options"] == SOURCED["source_options"]
+    mine = "edge-1" if answers["edge-1"]["pull"] else "edge-2"
+    other = "edge-2" if mine == "edge-1" else "edge-1"
+    assert answers[other]["pull"] == []
+    # the other node's token: its own report only
+    status, doc = co.request("POST", f"/v1/nodes/{mine}/report", node_report({}),
+                             token=tokens[other])
+    assert status == 403 and "only its own report" in doc["error"]
+    for path_ in ("/v1/nodes", f"/v1/nodes/{mine}", "/v1/plan", "/v1/models"):
+        assert co.request("GET", path_, token=tokens[other])[0] == 403, path_
+    # nothing anywhere holds the refused secret or a credential-like option
+    seen = json.dumps([answers, co.request("GET", "/v1/nodes", token=admin)[1],
+                       co.request("GET", "/v1/plan", token=admin)[1],
+                       co.request("GET", "/v1/models", token=admin)[1]])
+    assert SECRET not in seen and "secret" not in seen.lower()
