@@ -235,3 +235,31 @@ def test_a_node_token_reads_only_its_own_directives_and_pulls_carry_no_secret(
                        co.request("GET", "/v1/plan", token=admin)[1],
                        co.request("GET", "/v1/models", token=admin)[1]])
     assert SECRET not in seen and "secret" not in seen.lower()
+
+
+def test_models_set_names_a_source_from_the_command_line(start_coordinator, tmp_path):
+    from click.testing import CliRunner
+
+    from agent.cli import main
+
+    co = start_coordinator()
+    config = tmp_path / "config.yaml"
+    config.write_text("max_batch_size: 8\nslo: {latency_ms: 100}\n")
+
+    def run(*args):
+        result = CliRunner().invoke(main, ["coordinator", "models", "set", "resnet",
+                                           "--slo-ms", "100", *args, "--url", co.url])
+        return result.exit_code, result.output
+
+    code, out = run("--source", "s3://models/resnet", "--source-option",
+                    "endpoint_url=http://127.0.0.1:9000", "--source-option", "timeout_s=5",
+                    "--version", "2", "--digest", DIGEST, "--config", str(config))
+    assert code == 0 and "from s3://models/resnet" in out, out
+    doc = co.request("GET", "/v1/models/resnet")[1]
+    assert doc["source_options"] == {"endpoint_url": "http://127.0.0.1:9000", "timeout_s": 5}
+    assert (doc["version"], doc["digest"]) == (2, DIGEST)
+    assert doc["config"] == {"max_batch_size": 8, "slo": {"latency_ms": 100}}
+    code, out = run("--source", "s3://models/resnet", "--source-option", f"token={SECRET}")
+    assert code == 1 and "'token' look like credentials" in out and SECRET not in out
+    code, out = run("--source", "s3://models/resnet", "--source-option", "region")
+    assert code == 2 and "expected KEY=VALUE" in out
