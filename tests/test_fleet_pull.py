@@ -9,7 +9,6 @@ Debian's docker-registry (``tests.servers``; those tests skip naming what is mis
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from agent.config import AgentConfig, CoordinatorLink
 from agent.modelzoo import write_mlp
 from agent.sources import open_source
-from tests.helpers import TINY_MLP, AgentServer, v2_body, wait_for
+from tests.helpers import TINY_MLP, AgentServer, SteadyClient, v2_body, wait_for
 
 ROW = v2_body([1.0, 2.0, 3.0, 4.0])
 FAST = dict(directive_ttl_s=30, rate_step_s=0.5, plan_window_s=2, history_s=30,
@@ -193,32 +192,6 @@ def test_pulls_of_bad_or_shadowed_models_leave_the_node_serving(start_coordinato
     assert agent.node.cache.specs["own"].path == repo / "own"  # the operator's entry
     assert not (agent.node.config.assigned_dir / "own").exists()
     assert infer(agent, "own")[0] == 200 and infer(agent, "good")[0] == 200
-
-
-class SteadyClient:
-    """Requests at ``rate`` per second in a thread until stopped; every answer's
-    status and served version kept."""
-
-    def __init__(self, agent, model, rate=50.0):
-        self.agent, self.model, self.period = agent, model, 1.0 / rate
-        self.answers: list[tuple[int, str | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            status, _, body = infer(self.agent, self.model)
-            version = body.get("model_version") if isinstance(body, dict) else None
-            self.answers.append((status, version))
-            next_at += self.period
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(30)
-        return self.answers
 
 
 def test_a_published_version_rolls_out_with_no_failed_request(start_coordinator, agents,

@@ -6,44 +6,16 @@ no failed request. A new version that cannot load leaves the old one serving."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import yaml
 
 from agent.config import AgentConfig
 from agent.modelzoo import write_mlp
-from tests.helpers import BODY, TINY_MLP, AgentServer, add_synthetic, v2_body, wait_for
+from tests.helpers import (BODY, TINY_MLP, AgentServer, SteadyClient, add_synthetic, v2_body,
+                           wait_for)
 
 ROW = v2_body([1.0, 2.0, 3.0, 4.0])
-
-
-class SteadyClient:
-    """Requests at ``rate`` per second in a thread until stopped: (status, version)."""
-
-    def __init__(self, agent, model, rate=50.0, body=ROW):
-        self.agent, self.model, self.period, self.body = agent, model, 1.0 / rate, body
-        self.answers: list[tuple[int, str | None]] = []
-        self.times: list[float] = []  # when each answer came
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            status, _, body = self.agent.request("POST", f"/v2/models/{self.model}/infer",
-                                                 self.body)
-            self.answers.append((status, body.get("model_version")
-                                 if isinstance(body, dict) else None))
-            self.times.append(time.monotonic())
-            next_at += self.period
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(30)
-        return self.answers
 
 
 def start_agent(repo, tmp_path, **config):
