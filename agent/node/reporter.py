@@ -148,6 +148,7 @@ class Reporter:
         self.loading: dict[str, asyncio.Task] = {}
         #: model -> its pull directive being carried out (one at a time per model)
         self.assigning: dict[str, asyncio.Task] = {}
+        self.dropping: dict[str, asyncio.Task] = {}  # unloads before a drop
         #: model -> (version, digest) of the last pull carried out: a pull naming
         #: another lists the source again
         self._pulled: dict[str, tuple[int | None, str | None]] = {}
@@ -182,7 +183,8 @@ class Reporter:
                  self.name)
 
     async def stop(self) -> None:
-        for task in [self._task, *self.loading.values(), *self.assigning.values()]:
+        for task in [self._task, *self.loading.values(), *self.assigning.values(),
+                     *self.dropping.values()]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -510,8 +512,8 @@ class Reporter:
         """Unload assigned ``name`` once idle, remove its directory, free its files."""
         if not self._assigned(name):
             return
-        task = self.assigning.get(name)
-        if task is not None and not task.done():
+        if any(t is not None and not t.done()
+               for t in (self.assigning.get(name), self.dropping.get(name))):
             return
         cache = self.node.cache
         entries = [e for (n, _), e in cache.entries.items() if n == name]
@@ -520,8 +522,8 @@ class Reporter:
             return  # busy: the next directives try again
         for entry in entries:
             if entry.state is State.READY:
-                self.loading[f"drop:{name}:{entry.version}"] = \
-                    asyncio.get_running_loop().create_task(self._evict(entry))
+                self.dropping[name] = asyncio.get_running_loop().create_task(
+                    self._evict(entry))
                 return  # removed once unloaded (the next directives)
         shutil.rmtree(self.node.config.assigned_dir / name, ignore_errors=True)
         self._pulled.pop(name, None)
@@ -530,13 +532,10 @@ class Reporter:
         log.info("coordinator moved %s away: dropped", name)
 
     async def _evict(self, entry: Any) -> None:
-        key = f"drop:{entry.name}:{entry.version}"
         try:
             await self.node.cache.evict(entry.name, entry.version)
         except CacheError as exc:
             log.info("drop %s: not yet: %s", entry.key, exc)
-        finally:
-            self.loading.pop(key, None)
 
     def _save_pins(self) -> None:
         try:
