@@ -253,7 +253,6 @@ MAX_SOURCE_URL = 2048
 CREDENTIAL_KEY = re.compile(
     r"secret|passw|token|credential|private|access[_-]?key|session|auth|api[_-]?key|"
     r"signature|cookie|bearer|\bkey\Z|_key\Z", re.I)
-SourceOption = str | int | float | bool | None
 
 
 def _with_user(url: str) -> bool:
@@ -307,7 +306,7 @@ class Pull(Struct, frozen=True, gc=False, kw_only=True):
 
     model: ModelName
     source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE_URL)]
-    source_options: dict[str, SourceOption] = {}
+    source_options: dict[str, Any] = {}  # flat: ``refuse_credentials`` checks them
     version: Version | None = None
     digest: str | None = None
     config: dict[str, Any] = {}

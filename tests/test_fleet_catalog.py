@@ -6,6 +6,7 @@ drop directives a plan implies."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_a_sourced_entry_round_trips(start_coordinator):
     ({"config": {"colour": "red"}}, "'config.colour' unknown key"),
     ({"config": {"max_batch_size": -1}}, "'config.max_batch_size' must be an integer >= 0"),
     ({"config": {"source": "s3://other/x"}}, "'config' may not hold 'source'"),
+    ({"config": {"pin": True}}, "'config' may not hold 'pin': the plan's directives"),
     ({"config": [1]}, "'config' must be an object"),
     ({"source": None}, "field 'config' needs field 'source'"),
 ])
@@ -169,6 +171,17 @@ def test_directives_pull_what_the_plan_assigns_and_drop_what_it_moved(planner_se
     assert d4.drop == ("s",)
 
 
+@pytest.mark.parametrize("pull, words", [
+    ({"model": "../../etc", "source": "file:///m"}, "pull[0].model"),
+    ({"model": "m", "source": ""}, "pull[0].source"),
+    ({"model": "m", "source": "file:///m", "version": -1}, "pull[0].version"),
+])
+def test_hostile_pull_directives_do_not_parse(pull, words):
+    """A node takes a pull only in the wire's shape: no path in a model name."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        Directives.from_json({"ttl_s": 5, "pull": [pull]})
+
+
 def test_old_plan_rows_still_answer():
     """A row of a plan made before pulls ([workers, drop_rate]) gives no pull or drop."""
     fleet = Fleet(ttl_s=30)
@@ -259,6 +272,9 @@ def test_models_set_names_a_source_from_the_command_line(start_coordinator, tmp_
     assert doc["source_options"] == {"endpoint_url": "http://127.0.0.1:9000", "timeout_s": 5}
     assert (doc["version"], doc["digest"]) == (2, DIGEST)
     assert doc["config"] == {"max_batch_size": 8, "slo": {"latency_ms": 100}}
+    listing = CliRunner().invoke(main, ["coordinator", "models", "ls", "--url", co.url])
+    head, row = listing.output.splitlines()
+    assert head.split()[-1] == "SOURCE" and row.split()[-1] == "s3://models/resnet"
     code, out = run("--source", "s3://models/resnet", "--source-option", f"token={SECRET}")
     assert code == 1 and "'token' look like credentials" in out and SECRET not in out
     code, out = run("--source", "s3://models/resnet", "--source-option", "region")

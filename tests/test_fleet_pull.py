@@ -227,3 +227,29 @@ def test_a_published_version_rolls_out_with_no_failed_request(start_coordinator,
     switch = versions.index("2")
     assert set(versions[switch:]) == {"2"}  # no flapping back once switched
     assert agent.node.rollouts.done == 1
+
+
+def test_a_node_refuses_a_pull_that_carries_a_credential(start_coordinator, agents, tmp_path):
+    """Defence in depth: were a coordinator to send a credential in a pull (its catalog
+    refuses them), the node writes nothing and says why, naming the key, not the value."""
+    from agent.node.reporter import REPORTER
+    from agent.wire import Directives
+
+    src = publish_dir(tmp_path / "src", "m", 1)
+    co = start_coordinator(**FAST)
+    [agent] = agents(co, ["edge-1"]).values()
+    reporter = agent.app[REPORTER]
+    secret = "SENTINEL-d7e1"
+    directives = Directives.from_json({"ttl_s": 60, "pull": [
+        {"model": "m", "source": f"file://{src}", "source_options": {"api_key": secret}},
+        {"model": "n", "source": f"file://u:{secret}@localhost{src}"}]})
+
+    async def apply():
+        reporter.apply(directives)
+    agent.call(apply())
+    errors = wait_for(lambda: (lambda e: e if {"m", "n"} <= set(e) else None)(
+        agent.request("GET", "/v1/coordinator")[2]["assign_errors"]), 10, "both refused")
+    assert "'api_key' look like credentials" in errors["m"]
+    assert "may not hold a user or password" in errors["n"]
+    assert secret not in str(errors)
+    assert not agent.node.config.assigned_dir.exists() and not agent.node.cache.specs

@@ -193,11 +193,11 @@ def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
         return
     click.echo(_table(
         ["NAME", "SLO_MS", "PCTL", "PRIORITY", "CPU/REPL", "PROC_MS", "REPLICAS",
-         "PRED_MS", "NODES"],
+         "PRED_MS", "NODES", "SOURCE"],
         [[m["name"], _fmt(m["slo_ms"]), _fmt(m["percentile"]), _fmt(m["priority"]),
           _fmt(m["cpu_per_replica"]), _fmt(m["proc_ms"]), _fmt(m["replicas"]),
-          _fmt(m["predicted_latency_ms"], ".1f"), ",".join(m["nodes"]) or "-"]
-         for m in doc]))
+          _fmt(m["predicted_latency_ms"], ".1f"), ",".join(m["nodes"]) or "-",
+          _fmt(m.get("source"))] for m in doc]))
 
 
 @models.command("set")

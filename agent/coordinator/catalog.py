@@ -77,8 +77,11 @@ _FIELDS = {
 #: Where the model comes from (``source`` and what goes with it).
 _SOURCE_FIELDS = ("source", "source_options", "version", "digest", "config")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
-#: Keys of a model's config that the catalog entry itself says (or the node decides).
-_NOT_IN_CONFIG = ("source", "source_options")
+#: Keys of a model's config that the catalog entry itself says, or the plan does (its
+#: directives pin what a node runs; a pin in the config would outlive a drop).
+_NOT_IN_CONFIG = {"source": "set the entry's own 'source' field",
+                  "source_options": "set the entry's own 'source_options' field",
+                  "pin": "the plan's directives pin what a node runs"}
 
 
 def check_name(name: str) -> str:
@@ -157,10 +160,9 @@ def parse_source(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise CatalogError("field 'config' must be an object of the model's config.yaml "
                            f"keys, got {type(config).__name__}")
-    for key in _NOT_IN_CONFIG:
+    for key, why in _NOT_IN_CONFIG.items():
         if key in config:
-            raise CatalogError(f"field 'config' may not hold {key!r}: set the entry's own "
-                               f"{key!r} field")
+            raise CatalogError(f"field 'config' may not hold {key!r}: {why}")
     try:
         parse_model_config(config)
     except ConfigError as exc:
