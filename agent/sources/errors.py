@@ -54,3 +54,19 @@ class SourceDenied(SourceError):
     """The source refused the credentials, or there were none (403)."""
 
     status = 403
+
+
+def http_error(where: str, code: int, *, by: str = "the server",
+               detail: str = "") -> SourceError:
+    """The error an HTTP status from a source's server means (the one map for every
+    scheme that speaks HTTP): 404/410 not found, 401/403 denied, 5xx/408/429
+    unavailable, else a bad request; ``detail`` (the server's error code, a hint)
+    follows the status."""
+    said = f"HTTP {code}{detail}"
+    if code in (404, 410):
+        return SourceNotFound(f"{where}: not found ({said})")
+    if code in (401, 403):
+        return SourceDenied(f"{where}: access denied by {by} ({said})")
+    if code >= 500 or code in (408, 429):
+        return SourceUnavailable(f"{where}: {by} answered {said}")
+    return SourceError(f"{where}: {by} refused the request ({said})")

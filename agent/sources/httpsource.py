@@ -16,7 +16,7 @@ from typing import Any
 
 from agent.exposure import is_loopback
 from agent.sources.archive import archive_kind
-from agent.sources.errors import SourceDenied, SourceError, SourceNotFound, SourceUnavailable
+from agent.sources.errors import SourceError, SourceNotFound, SourceUnavailable, http_error
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
 
 
@@ -100,7 +100,7 @@ class HttpSource(BaseSource):
                                           timeout=self.timeout_s, context=self._context)
         except urllib.error.HTTPError as exc:
             exc.close()
-            err = _http_error(self.display_url, exc.code)
+            err = http_error(self.display_url, exc.code)
             err.http_code = exc.code  # type: ignore[attr-defined]
             raise err from None
         except (urllib.error.URLError, OSError) as exc:
@@ -116,16 +116,6 @@ class HttpSource(BaseSource):
             resp.close()
             raise SourceError(f"{self.display_url}: redirected from https to plain http: refused")
         return resp
-
-
-def _http_error(where: str, code: int) -> SourceError:
-    if code in (404, 410):
-        return SourceNotFound(f"{where}: not found (HTTP {code})")
-    if code in (401, 403):
-        return SourceDenied(f"{where}: access denied (HTTP {code})")
-    if code >= 500 or code in (408, 429):
-        return SourceUnavailable(f"{where}: HTTP {code}")
-    return SourceError(f"{where}: unexpected HTTP {code}")
 
 
 def _range_start(resp: Any) -> int | None:

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent.sources.errors import SourceDenied, SourceError, SourceNotFound, SourceUnavailable
+from agent.sources.errors import SourceDenied, SourceError, SourceUnavailable, http_error
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
@@ -91,7 +91,8 @@ class RegistryClient:
                     if hasattr(data, "seek"):
                         data.seek(0)
                     continue
-                raise self.error(exc.code, method) from None
+                raise http_error(self.where, exc.code, by="the registry", detail="" if (
+                    self._credentials) else "; no credentials found") from None
             except (urllib.error.URLError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
                 if isinstance(reason, ssl.SSLError):
@@ -104,16 +105,6 @@ class RegistryClient:
                 raise SourceError(f"{self.where}: unexpected HTTP {resp.status} to {method}")
             return resp
         raise SourceDenied(f"{self.where}: the registry refused the credentials")
-
-    def error(self, code: int, method: str) -> SourceError:
-        if code == 404:
-            return SourceNotFound(f"{self.where}: not found in the registry")
-        if code in (401, 403):
-            return SourceDenied(f"{self.where}: access denied by the registry (HTTP {code}"
-                                f"{'' if self._credentials else '; no credentials found'})")
-        if code >= 500 or code in (408, 429):
-            return SourceUnavailable(f"{self.where}: the registry answered HTTP {code}")
-        return SourceError(f"{self.where}: the registry refused {method} (HTTP {code})")
 
     def _authenticate(self, challenge: str) -> str:
         """The Authorization value a ``WWW-Authenticate`` challenge asks for."""

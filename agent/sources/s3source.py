@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.sources.errors import (DigestMismatch, SourceDenied, SourceError, SourceNotFound,
-                                  SourceUnavailable)
+                                  SourceUnavailable, http_error)
 from agent.sources.redact import redact_loggers
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, safe_relpath
 
@@ -182,15 +182,9 @@ class S3Source(BaseSource):
             return SourceDenied(f"{self.display_url}: no AWS credentials found (AWS_* "
                                 "environment or ~/.aws, as boto3 reads them)")
         if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", "?"))
+            code = str(exc.response.get("Error", {}).get("Code", "?"))[:60]
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-            if code in ("NoSuchBucket", "NoSuchKey", "404", "NotFound") or status == 404:
-                return SourceNotFound(f"{self.display_url}: not found ({code})")
-            if status in (401, 403):
-                return SourceDenied(f"{self.display_url}: access denied ({code})")
-            if status >= 500 or status in (408, 429) or code in ("SlowDown", "RequestTimeout"):
-                return SourceUnavailable(f"{self.display_url}: the store answered {code}")
-            return SourceError(f"{self.display_url}: the store refused the request ({code})")
+            return http_error(self.display_url, status, by="the store", detail=f" {code}")
         return SourceUnavailable(f"{self.display_url}: unreachable ({type(exc).__name__})")
 
     def _s3(self) -> Any:
