@@ -483,7 +483,7 @@ class AgentConfig(Section):
     max_concurrent_pulls: Annotated[AtLeastOne, setting(
         "models downloading at once; more wait for a turn")] = 2
     pull_bandwidth: Annotated[int | None, setting(
-        "bytes per second all pulls together may take; left out: no cap", check=size,
+        "bytes per second each pull may take; left out: no cap", check=size,
         example="50MB")] = None
     source_poll_s: Annotated[Positive | None, setting(
         "list the sources of sourced models this often: a new version found there is "

@@ -132,11 +132,13 @@ def http_sourced(repo: Path, name: str, server, path: str, **options) -> None:
 
 
 def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src, tmp_path):
-    """A real HTTP source (agent.sources) whose server cuts the transfer."""
+    """A real HTTP source (agent.sources) whose server cuts the transfer, then stops."""
     write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    write_mlp(src / "n" / "model.onnx", **TINY_MLP)
     add_mlp(repo, "local")
     with range_http_server(src) as http:
         http_sourced(repo, "m", http, "m/model.onnx")
+        http_sourced(repo, "n", http, "n/model.onnx")
         http.cut_after = 20_000
         server = agent(repo, real=True, load_retry_s=0.2)
         status, headers, body = infer(server, "m")
@@ -150,12 +152,18 @@ def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src,
         assert any(s.range and not s.range.startswith("bytes=0-") for s in http.served), \
             [s.range for s in http.served]
         assert cache_entry(server, "m")["on_disk"] is True
+        http.stop()  # the server down: a clear 503, the others served
+        status, headers, body = infer(server, "n")
+        assert status == 503 and "model n:1" in body["error"] and "Retry-After" in headers
+        assert infer(server, "m")[0] == 200 and infer(server, "local")[0] == 200
+        http.start()  # back on its port
+        wait_for(lambda: infer(server, "n")[0] == 200, what="the pull once the server is back")
 
 
 def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.5
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     results = []
 
@@ -165,8 +173,12 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     threads = [threading.Thread(target=one) for _ in range(16)]
     for t in threads:
         t.start()
-    seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
-                    and cache_entry(server, "m"), what="the downloading phase")
+    try:
+        seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
+                        and cache_entry(server, "m"), what="the downloading phase")
+        wait_for(lambda: cache_entry(server, "m")["in_flight"] == 16, what="16 waiting")
+    finally:
+        gate.set()
     assert seen["state"] == "loading" and seen["download"]["total_bytes"] > 0
     for t in threads:
         t.join(30)
@@ -194,6 +206,8 @@ def test_sixteen_cold_requests_download_once_from_a_real_http_source(agent, repo
         bodies = [s for s in http.served if s.sent > 1]
         assert len(bodies) == 1 and bodies[0].sent == size, http.served
         assert server.node.disk.summary()["pulls"] == 1
+        # held to pull_bandwidth (size bytes/s, less the cap's burst of a tenth)
+        assert server.node.disk.download_seconds(("m", 1)) >= 0.7
 
 
 def test_a_failed_pull_is_a_clear_503_and_others_are_served(agent, repo, src, sources):
@@ -436,11 +450,14 @@ def test_node_disk_api_ensure_holdings_pulling_drop(agent, repo, src, sources):
     publish(src, "m")
     publish(src, "m", 2)
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.4
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     disk = server.node.disk
     future = asyncio.run_coroutine_threadsafe(disk.ensure("m", 1), server.loop)
-    pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    try:
+        pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    finally:
+        gate.set()
     assert pulling[0]["model"] == "m" and pulling[0]["version"] == 1
     future.result(30)
     assert [h["version"] for h in disk.holdings()] == [1]
@@ -480,9 +497,13 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
     publish(repo, "dirs")  # a version directory in the repository beside a source
     (repo / "dirs" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}/ok"}))
+    sourced(repo, "triton", src)  # a Triton config.pbtxt beside a source applies too
+    (repo / "triton" / "config.pbtxt").write_text('max_batch_size: 4\n')
     disk = DiskTier(tmp_path / "models", 10**6, open_source=sources.open_source)
     specs = scan_repository(repo, disk.listing)
     assert specs["ok"].error is None and specs["ok"].pending  # not listed yet: 503
+    assert specs["triton"].error is None and specs["triton"].config.max_batch_size == 4
+    assert specs["triton"].config.source == f"file://{src / 'triton'}"
     assert specs["ok"].files_root == tmp_path / "models" / "ok"
     errors = {n: specs[n].error for n in (*cases, "dirs")}
     assert errors["scheme"].endswith("scheme/config.yaml: source: scheme 'ftp' is none of "
@@ -584,7 +605,7 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
                     "installs it where apt is available)")
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 2.0
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     state = "document.querySelector('#models tr[data-model=\"m\"] td.state')?.textContent"
 
@@ -594,7 +615,10 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             await browser.wait_for(state + " === 'unloaded'")
             request = threading.Thread(target=infer, args=(server, "m"))
             request.start()
-            await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            try:
+                await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            finally:
+                gate.set()
             await browser.wait_for(state + " === 'ready'")
             request.join(30)
             disk = await browser.evaluate(
@@ -603,3 +627,68 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             assert [e for e in browser.errors if not e.startswith("network:")] == []
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
+        src, sources, tmp_path):
+    """A restart with a smaller disk_budget: what is on disk is kept as found, and the
+    next pull evicts (least valuable first) until it fits."""
+    from agent.config import ModelConfig
+    from agent.node.disktier import DiskTier
+
+    for name in ("a", "b", "c"):
+        publish(src, name)
+    size = (src / "a" / "1" / "model.onnx").stat().st_size
+    root = tmp_path / "models"
+    big = DiskTier(root, 10 * size, policy="lru", open_source=sources.open_source)
+    for name in ("a", "b"):
+        big.listing(name, ModelConfig(source=f"file://{src / name}"), tmp_path)
+        await big.ensure(name, 1)
+    await big.close()
+    small = DiskTier(root, size + size // 2, policy="lru", open_source=sources.open_source)
+    assert small.pool.used == 2 * size > small.pool.budget
+    small.listing("c", ModelConfig(source=f"file://{src / 'c'}"), tmp_path)
+    await small.ensure("c", 1)
+    assert [h["model"] for h in small.holdings()] == ["c"]
+    assert small.pool.used == size and small.summary()["evictions"] == 2
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == \
+        ["a", "b", "c"] and not (root / "a" / "1").exists()
+    await small.close()
+
+
+def test_v1_disk_needs_a_read_token_where_the_agent_has_tokens(agent, repo, tmp_path):
+    token = tmp_path / "admin-token"
+    token.write_text("tok-0123456789abcdef0123456789abcdef")
+    add_mlp(repo, "local")
+    server = agent(repo, admin_token_file=token)
+    assert server.request("GET", "/v1/disk")[0] == 401
+    status, _, body = server.request(
+        "GET", "/v1/disk", headers={"Authorization": f"Bearer {token.read_text()}"})
+    assert status == 200 and body["holdings"] == [] and body["sources"] == []
+
+
+def test_pulls_wait_their_turn_beyond_max_concurrent_pulls(agent, repo, src, sources):
+    for name in ("a", "b"):
+        publish(src, name)
+        sourced(repo, name, src)
+    gates = {n: sources.hold.setdefault(str(src / n), threading.Event()) for n in "ab"}
+    server = agent(repo, max_concurrent_pulls=1)
+    results = {}
+    threads = [threading.Thread(target=lambda n=n: results.update({n: infer(server, n)[0]}))
+               for n in "ab"]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(sources.pulls) == 1, what="one pull started")
+        first = "a" if sources.pulls[0][0].endswith("/a") else "b"
+        wait_for(lambda: all(cache_entry(server, n)["phase"] == "downloading" for n in "ab"),
+                 what="both downloading")
+        assert len(sources.pulls) == 1 and len(server.node.disk.pulling()) == 2
+        gates[first].set()
+        wait_for(lambda: len(sources.pulls) == 2, what="the second pull's turn")
+    finally:
+        for gate in gates.values():
+            gate.set()
+    for t in threads:
+        t.join(30)
+    assert results == {"a": 200, "b": 200}

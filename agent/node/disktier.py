@@ -147,9 +147,9 @@ class DiskTier:
             existing = next(p for p in (self.root, *self.root.parents) if p.exists())
             budget = (free_bytes(existing) + sum(self.held.values())) // 2
         self.pool = MemoryPool(budget, make_policy(policy))
-        for key, size in self.held.items():
-            self.pool.reserve(size, clock())  # nothing evicted at start: may be over
-            self.pool.commit(key, size, size, self.download_seconds(key), clock())
+        for key, size in self.held.items():  # as found, over the budget or not: the
+            # next pull evicts down to it
+            self.pool.commit(key, 0, size, self.download_seconds(key), clock())
 
     # -- start: what is on disk ------------------------------------------------------
     def _read_state(self) -> dict[str, Any]:
@@ -309,7 +309,7 @@ class DiskTier:
                                           "total_bytes": pull.total_bytes}
 
     def summary(self) -> dict[str, Any]:
-        """The tier's figures (``/v1/memory``'s ``disk``, ``/metrics``)."""
+        """The tier's figures (``/v1/disk``, ``/metrics``)."""
         return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used,
                 "reserved_bytes": self.pool.reserved, "versions": len(self.held),
                 "pulling": len(self.pulls), "pulls": self.pulled,
@@ -349,6 +349,7 @@ class DiskTier:
                 raise self._failure(where, ref, exc) from None
             need = sum(max(int(f.size), 0) for f in files)  # -1: the source does not say
             self.pulls[key].total_bytes = need
+            self.root.mkdir(parents=True, exist_ok=True)
             await self._make_room(key, need)
             try:
                 seconds, size = await self._download(key, ref, need)
