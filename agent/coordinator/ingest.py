@@ -127,11 +127,11 @@ class Fleet:
         models = report.models
         last = self._answers.get(node)
         away = self._away.get(node, ())
+        held = report.held() if away else frozenset()
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
                 and last[0].prefetch == tuple(m for m in last[0].pin
                                               if m not in models or not models[m].resident) \
-                and (not away or last[0].drop == tuple(m for m in away
-                                                       if m in report.held())):
+                and last[0].drop == tuple(m for m in away if m in held):
             return last
         directives = self.directives(node, {m for m, r in models.items() if r.resident},
                                      report.held())
