@@ -485,6 +485,10 @@ class AgentConfig(Section):
     pull_bandwidth: Annotated[int | None, setting(
         "bytes per second each pull may take; left out: no cap", check=size,
         example="50MB")] = None
+    source_poll_s: Annotated[Positive | None, setting(
+        "list the sources of sourced models this often: a new version found there is "
+        "pulled and rolled out (loaded beside the old one, switched once ready); left "
+        "out: only at start, on a rescan and on a coordinator's pull", example=300)] = None
     tfserving: Annotated[TfServingSettings, setting(
         "TensorFlow Serving, for SavedModels in the repository (pip install "
         "'edgeagent[tfserving]'). Managed (default): the agent runs binary with an empty "
@@ -505,6 +509,12 @@ class AgentConfig(Section):
     def models_dir(self) -> Path:
         """Where the disk tier keeps pulled models: ``<name>/<version>/``."""
         return self.data_dir / "models"
+
+    @property
+    def assigned_dir(self) -> Path:
+        """The model directories the coordinator's pull directives write (a second
+        repository root: the operator's own entry wins a name clash)."""
+        return self.data_dir / "assigned"
 
     @property
     def footprints_path(self) -> Path:

@@ -610,6 +610,37 @@ async def http_open_loop(url, rate, seconds, seed=0):
     return results, len(tasks)
 
 
+class SteadyClient:
+    """v2 infer requests for ``model`` at ``rate`` per second in a thread until
+    ``stop``: each answer's (status, served version) in ``answers``, when it came in
+    ``times`` (a client that keeps calling through a rollout)."""
+
+    def __init__(self, agent, model, rate=50.0, body=None):
+        self.agent, self.model, self.period = agent, model, 1.0 / rate
+        self.body = body or v2_body([1.0, 2.0, 3.0, 4.0])
+        self.answers: list[tuple[int, str | None]] = []
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            status, _, body = self.agent.request("POST", f"/v2/models/{self.model}/infer",
+                                                 self.body)
+            self.answers.append((status, body.get("model_version")
+                                 if isinstance(body, dict) else None))
+            self.times.append(time.monotonic())
+            next_at += self.period
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
+        return self.answers
+
+
 def zipf_workload(seed=5, models=12, requests=240, rate=12.0):
     """A trace for a live agent and the simulator alike: Zipf (s = 0.9) over ``models``
     synthetic models, Poisson arrivals at ``rate``; (names, sizes, load seconds, exec

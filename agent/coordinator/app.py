@@ -215,6 +215,7 @@ class Coordinator:
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
                 "capacity": report.get("capacity"), "models": models,
+                "disk": report.get("disk") or [], "pulling": report.get("pulling") or [],
                 "directives": directives.to_json() if directives else None,
                 "directives_expire_in_s": None if directives is None or expires is None
                 else round(expires - now, 3)}

@@ -238,6 +238,8 @@ class ModelCache:
         #: Called as ``f(entry)`` after each successful load / eviction (metrics, state).
         self.on_load: list[Callable[[Entry], None]] = []
         self.on_unload: list[Callable[[Entry, str], None]] = []
+        self.serving_version: dict[str, int] = {}  # rollouts (``_hold_serving``)
+        self.on_new_version: list[Callable[[str, int, int], None]] = []
         #: The disk tier sourced models' files are pulled into (None: none).
         self.disk = disk
         if disk is not None:
@@ -248,8 +250,12 @@ class ModelCache:
     # -- repository ------------------------------------------------------------------
     def update_specs(self, specs: dict[str, ModelSpec]) -> None:
         """Adopt a rescan: new models appear, removed idle ones are unloaded and dropped,
-        resident ones keep serving their loaded version until evicted."""
+        resident ones keep serving their loaded version until evicted; a new default
+        version rolls out (``_hold_serving``)."""
+        serving = {n: self.serving_version.get(n, s.default_version)
+                   for n, s in self.specs.items()}
         self.specs = dict(specs)
+        self._hold_serving(serving)
         for (name, version), entry in list(self.entries.items()):
             spec = specs.get(name)
             if spec is not None and version in spec.versions:
@@ -264,6 +270,23 @@ class ModelCache:
             if spec.default_version is not None:
                 self._entry_for(spec, spec.default_version)
 
+    def _hold_serving(self, serving: dict[str, int | None]) -> None:
+        """A new default version of a model whose ``serving`` one is READY is not served
+        until it is READY too: the old one keeps serving (``serving_version``) and
+        ``on_new_version`` is called (the node rolls it out)."""
+        for name, spec in self.specs.items():
+            old, new = serving.get(name), spec.default_version
+            entry = self.entries.get((name, old)) if old is not None else None
+            if old == new or new is None or old not in spec.versions or entry is None \
+                    or entry.state is not State.READY or not self.on_new_version:
+                self.serving_version.pop(name, None)
+                continue
+            self.serving_version[name] = old
+            for hook in self.on_new_version:
+                hook(name, old, new)
+        for name in set(self.serving_version) - set(self.specs):
+            del self.serving_version[name]
+
     def _entry_for(self, spec: ModelSpec, version: int) -> Entry:
         entry = self.entries.get((spec.name, version))
         if entry is None:
@@ -272,12 +295,13 @@ class ModelCache:
         return entry
 
     def entry(self, name: str, version: int | None = None) -> Entry:
-        """The entry for ``name`` (default: highest version); ``UnknownModel`` if none."""
+        """The entry for ``name`` (default: the highest version, or the one still serving
+        while a newer one rolls out); ``UnknownModel`` if none."""
         spec = self.specs.get(name)
         if spec is None:
             raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
-            version = spec.default_version
+            version = self.serving_version.get(name, spec.default_version)
             if version is None and spec.pending and not spec.error:
                 raise NotListed(spec.pending)
             if version is None:

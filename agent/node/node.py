@@ -28,7 +28,8 @@ from agent.node.disktier import DiskTier
 from agent.node.lifecycle import State
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
-from agent.node.repository import apply_override, scan_model, scan_repository
+from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
+from agent.node.rollout import Rollouts
 from agent.node.serving import Serving
 
 log = logging.getLogger("edgeagent.node")
@@ -78,7 +79,7 @@ class Node:
             **({"free_bytes": disk_free} if disk_free else {}))
         self._listing_task: asyncio.Task | None = None
         self.cache = ModelCache(
-            scan_repository(config.repository, self.disk.listing), budgets,
+            self._scan(config), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path, open_file),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
@@ -105,6 +106,9 @@ class Node:
         self._persist_task: asyncio.Task | None = None
         self._startup_task: asyncio.Task | None = None
         self._idle_task: asyncio.Task | None = None
+        #: New versions of serving models, rolled out without failing a request.
+        self.rollouts = Rollouts(self.cache)
+        self._poll_task: asyncio.Task | None = None
         self.cache.on_load.append(lambda e: self.schedule_persist())
         self.cache.on_unload.append(lambda e, why: self.schedule_persist())
 
@@ -118,11 +122,27 @@ class Node:
         loop = asyncio.get_running_loop()
         self._startup_task = loop.create_task(self._warm_up())
         self._idle_task = loop.create_task(self._unload_idle_forever())
+        if self.config.source_poll_s:
+            self._poll_task = loop.create_task(self._poll_sources_forever())
 
     async def _unload_idle_forever(self) -> None:
         while True:
             await asyncio.sleep(self.IDLE_CHECK_EVERY)
             self.cache.unload_idle()
+
+    async def _poll_sources_forever(self) -> None:
+        """List the sources every ``source_poll_s``: a new version is rolled out."""
+        while True:
+            await asyncio.sleep(self.config.source_poll_s)
+            try:
+                await self.refresh_sources()
+            except Exception:  # noqa: BLE001 - a failed poll must not stop polling
+                log.exception("polling the model sources failed")
+
+    def _scan(self, config: AgentConfig) -> dict[str, ModelSpec]:
+        """The repository and, as a second root, the models the coordinator assigned."""
+        return scan_repository(config.repository, self.disk.listing,
+                               also=(config.assigned_dir,))
 
     async def refresh_sources(self) -> None:
         """List the sourced models' versions (off the loop) and rescan when a listing
@@ -188,7 +208,7 @@ class Node:
     def rescan(self, relist: bool = True) -> None:
         """Re-read the repository (index API, SIGHUP); loads' overrides stay applied.
         ``relist``: list the sources again too (in the background)."""
-        specs = scan_repository(self.config.repository, self.disk.listing)
+        specs = self._scan(self.config)
         for name, data in list(self.overrides.items()):
             if name in specs and specs[name].error is None:
                 try:
@@ -225,7 +245,7 @@ class Node:
                                    f"JSON string, got {type(override).__name__}")
             try:
                 data = load_json(override)
-                apply_override(scan_model(self.config.repository / name, self.disk.listing),
+                apply_override(scan_model(self.cache.specs[name].path, self.disk.listing),
                                data)
             except ValueError as exc:
                 raise ModelInvalid(f"failed to load {name!r}: parameters.config: "
@@ -282,8 +302,10 @@ class Node:
         self.rescan()
 
     async def close(self) -> None:
-        if self._idle_task is not None:
-            self._idle_task.cancel()
+        for task in (self._idle_task, self._poll_task):
+            if task is not None:
+                task.cancel()
+        await self.rollouts.close()
         if self._listing_task is not None:
             self._listing_task.cancel()
         if self._startup_task is not None and not self._startup_task.done():

@@ -16,6 +16,7 @@ directories: its versions are its source's listing (``Listing``, which the disk 
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any, Callable
 
 from agent.config import ConfigError, ModelConfig, load_model_config
 from agent.node import triton_config
+
+log = logging.getLogger("edgeagent.repository")
 
 MODEL_FILES = {"onnx": "model.onnx", "tfserving": "saved_model.pb"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -186,15 +189,23 @@ def read_warmup_sample(spec: ModelSpec) -> tuple[dict | None, str]:
     return inputs, where
 
 
-def scan_repository(root: str | Path, listings: Listings | None = None
-                    ) -> dict[str, ModelSpec]:
+def scan_repository(root: str | Path, listings: Listings | None = None, *,
+                    also: tuple[Path, ...] = ()) -> dict[str, ModelSpec]:
     """All models under ``root`` by name. A missing root is an error, an empty one is not.
-    ``listings``: the versions of sourced models (the disk tier's)."""
+    ``listings``: the versions of sourced models (the disk tier's). ``also``: more roots
+    (the coordinator's assigned models), scanned after ``root`` where they exist; a name
+    an earlier root has wins (logged)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
-    models = {}
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and _NAME.match(child.name):
+    models: dict[str, ModelSpec] = {}
+    for where in (root, *(r for r in also if r.is_dir())):
+        for child in sorted(where.iterdir()):
+            if not (child.is_dir() and _NAME.match(child.name)):
+                continue
+            if child.name in models:
+                log.warning("model %s: %s is shadowed by %s (the repository's own entry "
+                            "wins)", child.name, child, models[child.name].path)
+                continue
             models[child.name] = scan_model(child, listings)
     return models
