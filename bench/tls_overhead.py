@@ -5,7 +5,9 @@ HTTP (aiohttp, KServe v2 with a binary tensor) and gRPC (KServe v2 ModelInfer,
 with a new connection per request (its TCP and TLS handshakes included), for a small
 (1 KiB) and a 1 MiB input. Modes take turns in rounds, so load on the machine falls
 on all three alike. ``handshake``: a new connection (Python's ssl), its handshake and
-one ``GET /v2/health/live`` answered, the least a new connection costs.
+one ``GET /v2/health/live`` answered, the least a new connection costs; ``handshake
+resumed``: the same with the TLS session of the connection before (a client that keeps
+the agent's session ticket).
 
 Prints p50/p99 per case and mode, TLS's and mTLS's p50 against plain in the same run
 (ratio and milliseconds added), and the agent's own CPU per request in each mode (user
@@ -153,17 +155,22 @@ def grpc_times(t: Target, values: int, n: int, keep: bool) -> list[float]:
 LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
-def handshake_times(t: Target, n: int) -> list[float]:
+def handshake_times(t: Target, n: int, resume: bool = False) -> list[float]:
     """Connect, handshake and one health check read to the end (the server has
-    finished its side of the handshake too); the socket closed after."""
-    out = []
+    finished its side of the handshake too); the socket closed after. ``resume``: each
+    connection resumes the last one's TLS session (a TLS 1.3 ticket the agent issued:
+    no certificates sent or checked)."""
+    out, session = [], None
     for _ in range(n):
         t0 = time.perf_counter()
         with socket.create_connection(("127.0.0.1", t.port)) as raw:
-            s = t.ssl.wrap_socket(raw, server_hostname="127.0.0.1") if t.ssl else raw
+            s = t.ssl.wrap_socket(raw, server_hostname="127.0.0.1", session=session) \
+                if t.ssl else raw
             s.sendall(LIVE)
             while s.recv(65536):
                 pass
+            if resume and t.ssl:
+                session = s.session
         out.append(time.perf_counter() - t0)
     return out
 
@@ -205,7 +212,7 @@ def main() -> None:
 
 
 def run(targets: dict[str, Target], args) -> None:
-    cases = [("handshake", "new", None)] + [
+    cases = [("handshake", "new", None), ("handshake", "resumed", None)] + [
         (proto, conn, size) for proto in ("http", "grpc") for conn in ("keep-alive", "new")
         for size in SIZES]
     print(f"{'case':<28}" + "".join(f"{m + ' p50/p99 ms':>22}" for m in MODES)
@@ -221,7 +228,7 @@ def run(targets: dict[str, Target], args) -> None:
                 keep = conn == "keep-alive"
                 cpu0 = t.cpu_s()
                 if proto == "handshake":
-                    times[mode] += handshake_times(t, per_round)
+                    times[mode] += handshake_times(t, per_round, resume=conn == "resumed")
                 elif proto == "http":
                     times[mode] += run_loop(http_times(t, SIZES[size], per_round, keep))
                 else:
