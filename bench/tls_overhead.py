@@ -16,7 +16,8 @@ the client's share and from the box's load). The HTTP client runs on uvloop wher
 is installed, as the agent does (asyncio's own TLS transport is Python code, which
 would bill the client's TLS to the comparison).
 
-    .venv/bin/python bench/tls_overhead.py [--requests 400] [--rounds 5]
+    .venv/bin/python bench/tls_overhead.py [--requests 400] [--rounds 5] [--key rsa]
+        [--cases handshake]
 """
 
 from __future__ import annotations
@@ -194,13 +195,18 @@ def main() -> None:
                     help="requests per case and mode (a tenth for new connections "
                          "with 1 MiB)")
     ap.add_argument("--rounds", type=int, default=5, help="turns the modes take")
+    ap.add_argument("--key", choices=("ec", "rsa"), default="ec",
+                    help="the certificates' keys: EC P-256 (default) or RSA-2048")
+    ap.add_argument("--cases", default="",
+                    help="only the cases whose name starts with one of these "
+                         "(comma-separated: handshake,http keep-alive,...)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "pki").mkdir()
-        ca = make_ca(work / "pki")
-        pki = {"ca": ca, "server": issue_cert(ca, work / "pki", "server"),
-               "client": issue_cert(ca, work / "pki", "client")}
+        ca = make_ca(work / "pki", key_type=args.key)
+        pki = {"ca": ca, "server": issue_cert(ca, work / "pki", "server", key_type=args.key),
+               "client": issue_cert(ca, work / "pki", "client", key_type=args.key)}
         repo = work / "models"
         add_synthetic(repo, "m", size_bytes=1_000_000, max_batch_size=0)
         targets = {m: Target(m, repo, work, pki) for m in MODES}
@@ -218,7 +224,10 @@ def run(targets: dict[str, Target], args) -> None:
     print(f"{'case':<28}" + "".join(f"{m + ' p50/p99 ms':>22}" for m in MODES)
           + f"{'tls vs plain':>22}{'mtls vs plain':>22}"
           + f"{'agent CPU/request us':>24}")
+    wanted = [c for c in args.cases.split(",") if c]
     for proto, conn, size in cases:
+        if wanted and not any(f"{proto} {conn}".startswith(c) for c in wanted):
+            continue
         n = args.requests // (10 if conn == "new" and size == "1MiB" else 1)
         per_round = max(1, n // args.rounds)
         times: dict[str, list[float]] = {m: [] for m in MODES}
