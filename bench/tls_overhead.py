@@ -199,7 +199,7 @@ def main() -> None:
                     help="the certificates' keys: EC P-256 (default) or RSA-2048")
     ap.add_argument("--cases", default="",
                     help="only the cases whose name starts with one of these "
-                         "(comma-separated: handshake,http keep-alive,...)")
+                         "(comma-separated: handshake,http keep-alive 1KiB,grpc,...)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -226,7 +226,8 @@ def run(targets: dict[str, Target], args) -> None:
           + f"{'agent CPU/request us':>24}")
     wanted = [c for c in args.cases.split(",") if c]
     for proto, conn, size in cases:
-        if wanted and not any(f"{proto} {conn}".startswith(c) for c in wanted):
+        name = f"{proto} {conn}" + (f" {size}" if size else " + GET live")
+        if wanted and not any(name.startswith(c) for c in wanted):
             continue
         n = args.requests // (10 if conn == "new" and size == "1MiB" else 1)
         per_round = max(1, n // args.rounds)
@@ -248,7 +249,6 @@ def run(targets: dict[str, Target], args) -> None:
                         for m in MODES)
         vs = "".join(f"{pct(times[m], 50) / base:>10.2f}x {pct(times[m], 50) - base:+8.3f}ms"
                      for m in ("tls", "mtls"))
-        name = f"{proto} {conn}" + (f" {size}" if size else " + GET live")
         per_request = " / ".join(f"{cpu[m] / len(times[m]) * 1e6:.0f}" for m in MODES)
         print(f"{name:<28}{cells}{vs}{per_request:>24}", flush=True)
 
