@@ -428,9 +428,9 @@ class AgentConfig(Section):
         "request bodies read and not yet answered, in all; a body that does not fit "
         "waits for room, then 503", check=size, example="256MiB")] = 256 * 2**20
     grpc_max_concurrent_rpcs: Annotated[AtLeastOne, setting(
-        "gRPC calls served at once; more get RESOURCE_EXHAUSTED. Each holds its message "
-        "(up to max_request_size) before max_request_bytes_in_flight counts it, so this "
-        "times max_request_size bounds what gRPC clients can make the agent hold")] = 64
+        "gRPC calls served at once; more get RESOURCE_EXHAUSTED. A ModelInfer message "
+        "is received only once max_request_size is free in max_request_bytes_in_flight; "
+        "until then its call holds 64 KiB")] = 64
     load_concurrency: Annotated[AtLeastOne, setting(
         "models loading at once, each reserving its peak from the budget (one: loads "
         "measure cleanly); raise it where loads wait on I/O (TF Serving, remote disks)")] = 1

@@ -59,6 +59,7 @@ GRPC_CODES: dict[int, str] = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",  # the request did not arrive within read_timeout_s
     409: "FAILED_PRECONDITION",  # model in use, plan not possible in this state
     413: "RESOURCE_EXHAUSTED",
     429: "RESOURCE_EXHAUSTED",

@@ -196,8 +196,9 @@ class Issued:
 
 
 def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=None,
-                 not_after=None, hosts=()):
-    """(certificate, key): EC P-256, signed by ``issuer`` (None: by itself)."""
+                 not_after=None, hosts=(), key_type: str = "ec"):
+    """(certificate, key): EC P-256 (``key_type`` "rsa": RSA-2048, for comparing
+    handshake costs), signed by ``issuer`` (None: by itself)."""
     import datetime
     import ipaddress
 
@@ -206,7 +207,12 @@ def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=No
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    if key_type == "rsa":
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    else:
+        key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (x509.CertificateBuilder().subject_name(name)
@@ -227,13 +233,13 @@ def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=No
     return builder.sign(issuer.key if issuer else key, hashes.SHA256()), key
 
 
-def make_ca(directory: Path, name: str = "test-ca") -> Issued:
+def make_ca(directory: Path, name: str = "test-ca", key_type: str = "ec") -> Issued:
     """A self-signed CA whose files are written to ``directory``."""
-    return Issued(*_certificate(name, None, ca=True), directory, name)
+    return Issued(*_certificate(name, None, ca=True, key_type=key_type), directory, name)
 
 
 def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_after=None,
-               hosts=("127.0.0.1", "localhost")) -> Issued:
+               hosts=("127.0.0.1", "localhost"), key_type: str = "ec") -> Issued:
     """A leaf certificate for ``name`` signed by ``ca``, valid for ``hosts`` (server
     and client use alike); ``not_after`` in the past: an expired one."""
     if not_after is not None and not_before is None:
@@ -241,7 +247,8 @@ def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_a
 
         not_before = not_after - datetime.timedelta(days=1)
     return Issued(*_certificate(name, ca, ca=False, not_before=not_before,
-                                not_after=not_after, hosts=hosts), directory, name)
+                                not_after=not_after, hosts=hosts, key_type=key_type),
+                  directory, name)
 
 
 # -- real servers in this process -----------------------------------------------------------
