@@ -10,7 +10,8 @@ for room (a lease ending, a load finishing) and tries again. So two loads never 
 hold half of the room, and a load that waits holds nothing.
 
 What a miss costs (``miss_penalty``) is defined here once: the load plus the surplus of
-a cold first run over a warm one (CremeBrulee §VI-A measures both).
+a cold first run over a warm one (CremeBrulee §VI-A measures both), plus the download
+when the model's files are not on disk.
 
 The pool never reads a clock (``now`` is passed in) and never unloads anything itself:
 it only keeps the books and asks the policy.
@@ -58,17 +59,20 @@ class PolicyContractError(RuntimeError):
     """A policy broke its contract (e.g. victims that free too little)."""
 
 
-def miss_penalty(load_seconds, first_exec_seconds=None, exec_seconds=None):
-    """Seconds a miss adds to a request: ``load + max(first_exec − exec, 0)``.
+def miss_penalty(load_seconds, first_exec_seconds=None, exec_seconds=None,
+                 download_seconds=0.0):
+    """Seconds a miss adds to a request: ``load + max(first_exec − exec, 0)``, plus
+    ``download_seconds`` when the model's files must be pulled first (not on disk).
 
     Works on floats and numpy arrays alike; the surplus counts only where both run
     times are known (None or NaN: no surplus), and a cold run faster than a warm one
     is never a discount."""
+    download = np.asarray(download_seconds, dtype=np.float64)
     if first_exec_seconds is None or exec_seconds is None:
-        return np.asarray(load_seconds, dtype=np.float64) + 0.0
+        return np.asarray(load_seconds, dtype=np.float64) + download
     surplus = np.subtract(np.asarray(first_exec_seconds, dtype=np.float64), exec_seconds)
     surplus = np.where(np.isnan(surplus), 0.0, np.maximum(surplus, 0.0))
-    return np.asarray(load_seconds, dtype=np.float64) + surplus
+    return np.asarray(load_seconds, dtype=np.float64) + surplus + download
 
 
 class MemoryPool:
