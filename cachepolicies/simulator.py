@@ -17,10 +17,10 @@ hold the room it needs, it waits in the *room queue* (FIFO, as the agent's) unti
 of them finish, while hits go on being served. The model is admitted when its load
 ends, as in the agent.
 
-With a disk capacity, a miss crosses three tiers (``cachepolicies.tiers``): the memory
-reservation, then the files (a download when they are not on disk), then the load; the
-replay is then the Python one (``_replay``), and the queueing replay's loads take the
-download too.
+With a disk capacity, a miss crosses three tiers (``cachepolicies.tiers``): the files
+first (a download when they are not on disk), then the memory reservation and the load;
+the replay is then the Python one (``_replay``), and in the queueing replay a miss waits
+for its download before it queues for room.
 
 Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node agent's
 cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
@@ -242,11 +242,10 @@ def _replay(
             disk.record_access(key, now)
         if key in pool:
             continue
-        pool.reserve(sizes[key], now)  # everything is evictable: never None
-        penalty = penalties[key]
         if disk is not None:
-            disk.fetch(key, now, pool.__contains__)
-            penalty = disk.penalty(key)
+            disk.fetch(key, now, pool)
+        pool.reserve(sizes[key], now)  # everything is evictable: never None
+        penalty = penalties[key] if disk is None else disk.penalty(key)
         pool.commit(key, sizes[key], sizes[key], penalty, now)
         loads[key] += 1
     return _totals(loads, profiles, resident_count=len(pool.sizes))
@@ -266,7 +265,7 @@ def _totals(
     return misses, misses - resident_count, loaded, delay
 
 
-_ARRIVE, _LOADED, _FINISH = 0, 1, 2  # event kinds, in the order ties are handled
+_ARRIVE, _LOADED, _FINISH, _PULLED = 0, 1, 2, 3  # event kinds, in the order ties are handled
 
 
 def _replay_queued(
@@ -274,8 +273,9 @@ def _replay_queued(
     disk: DiskTier | None = None,
 ) -> tuple[tuple[int, int, int, float], np.ndarray]:
     """The N-worker replay of the module docstring, as discrete events (arrivals, loads
-    done, requests done); also returns response times. With ``disk``, a load takes its
-    download first when the files are not on disk (the delay returned is the loads')."""
+    done, requests done, downloads done); also returns response times. With ``disk``, a
+    miss whose files are not on disk downloads them before it queues for room (the
+    delay returned is the loads')."""
     sizes = profiles.size_bytes.tolist()
     penalties = profiles.penalty_seconds.tolist()
     exec_seconds = profiles.exec_seconds.tolist()
@@ -308,10 +308,7 @@ def _replay_queued(
                 return  # until a request on a resident model finishes
             room_queue.popleft()
             loads[model] += 1
-            seconds = penalties[model]
-            if disk is not None:  # files of resident or loading models are in use
-                seconds += disk.fetch(model, now, lambda k: k in pool or k in loading)
-            schedule(now + seconds, _LOADED, model)
+            schedule(now + penalties[model], _LOADED, model)
 
     def start(i: int, now: float) -> None:
         nonlocal free_workers
@@ -327,8 +324,12 @@ def _replay_queued(
             loading[model].append(i)
         else:
             loading[model] = [i]
-            room_queue.append(model)
-            grant(now)
+            pull = 0.0 if disk is None else disk.fetch(model, now, pool, loading.__contains__)
+            if pull > 0:
+                schedule(now + pull, _PULLED, model)
+            else:
+                room_queue.append(model)
+                grant(now)
 
     for i, arrival in enumerate(arrivals):
         schedule(arrival, _ARRIVE, i)
@@ -345,6 +346,9 @@ def _replay_queued(
             pool.commit(what, size, size, penalty, now)
             for i in loading.pop(what):
                 schedule(now + exec_seconds[what], _FINISH, i)
+        elif kind == _PULLED:
+            room_queue.append(what)
+            grant(now)
         else:
             model = model_of[what]
             in_flight[model] -= 1

@@ -6,16 +6,16 @@ into memory. The disk starts empty and is a cache of its own: a ``MemoryPool`` w
 own policy, whose penalty for a model is its download time. It records every request, as
 the memory policy does, so oracles stay in step with the trace.
 
-The rule (the live agent's): the disk evicts only models whose files are not in use,
-i.e. not resident in memory and not being loaded. A memory miss reserves its memory
-first (its victims' files become evictable), then its files: on disk, a load only;
-else a download and a load. When the models in use hold so much of the disk that no
-room can be made, the download still feeds the load but its files are not kept: the
-model is in memory without files on disk, and its next miss downloads again.
-
-The penalty the memory policy sees is ``pool.miss_penalty`` with the download counted
-only when the files are not on disk when the model is admitted; files are never evicted
-from under a resident model, so that stays true while it is resident.
+The rules are the live agent's (``agent/node/disktier.py``): a miss whose files are not
+on disk pulls them first, then reserves its memory and loads. Room on disk is made from
+the files of *idle* models (not in memory, not being pulled or loaded) when they suffice,
+else from those of idle and *resident* models (in memory: they keep serving, and their
+files are pulled again only if they must reload); never from models being pulled or
+loaded. The memory policy's penalty for a model is ``pool.miss_penalty`` with its
+download counted while its files are not on disk: a resident model whose files are
+evicted is re-admitted at its new penalty, as the live cache does. Where models being
+pulled or loaded hold the whole disk, the live agent refuses the pull (507); a replay
+cannot fail a request, so the pull then feeds the load without keeping its files.
 """
 
 from __future__ import annotations
@@ -46,16 +46,25 @@ class DiskTier:
         """A request for ``key``, hit or miss (the disk policy's rates and recency)."""
         self.policy.record_access(key, now)
 
-    def fetch(self, key: int, now: float, in_use: Callable[[int], bool]) -> float:
-        """Make ``key``'s files available for a load: seconds its download takes, 0 when
-        they are on disk. Files of models for which ``in_use`` is true are not evicted."""
+    def fetch(self, key: int, now: float, memory: MemoryPool,
+              busy: Callable[[int], bool] = lambda key: False) -> float:
+        """Put ``key``'s files on disk for a load: the seconds its download takes, 0 when
+        they are there. ``memory`` holds the resident models; ``busy`` says which are
+        being pulled or loaded (their files stay)."""
         if key in self.pool:
             return 0.0
         self.downloads[key] += 1
         size = self.sizes[key]
-        if self.pool.reserve(size, now, lambda k: not in_use(k)) is not None:
+        victims = self.pool.reserve(size, now, lambda k: k not in memory and not busy(k))
+        if victims is None:
+            victims = self.pool.reserve(size, now, lambda k: not busy(k))
+        if victims is not None:
             self.pool.commit(key, size, size, self.download_seconds[key], now)
             self.kept += 1
+            for victim in victims:
+                if victim in memory:  # its next miss pulls again: re-admitted at that cost
+                    memory.policy.remove(victim)
+                    memory.policy.admit(victim, memory.sizes[victim], self.cold[victim], now)
         return self.download_seconds[key]
 
     def penalty(self, key: int) -> float:

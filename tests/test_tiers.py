@@ -76,47 +76,46 @@ def test_a_disk_too_small_for_the_working_set_pulls_again():
     assert result.load_delay_seconds == pytest.approx(3 * LOAD + 13.0)
 
 
-def test_the_disk_never_evicts_the_files_of_a_model_in_memory():
-    """Memory (by popularity) keeps a, requested three times, and evicts b for c; the
-    disk (LRU) would drop a's files first, but a is in memory: b's go instead."""
-    profiles = tiered([5.0, 3.0, 2.0])
-    trace = trace_of(profiles, "aaabc")
+def test_the_disk_evicts_the_files_of_idle_models_before_those_in_memory():
+    """Memory (by popularity) keeps a, requested three times; b leaves it for c. For d,
+    the disk (LRU) would drop a's files first, but b is idle (not in memory): b's go."""
+    profiles = tiered([5.0, 3.0, 2.0, 1.0])
+    trace = trace_of(profiles, "aaabcd")
     policy, disk_policy = make_policy("popularity"), make_policy("lru")
-    disk = DiskTier(200, disk_policy, profiles)
+    disk = DiskTier(300, disk_policy, profiles)
     simulator_module._replay(trace, profiles, 200, policy, disk)
-    assert sorted(policy.resident()) == [0, 2]         # a and c in memory
+    assert sorted(policy.resident()) == [0, 3]         # a and d in memory
     assert disk_policy._candidates(60.0)[0] == 0       # a's files are LRU on disk ...
-    assert sorted(disk.pool.resident()) == [0, 2]      # ... yet b's went, not a's
-    assert disk.downloads == [1, 1, 1]
+    assert sorted(disk.pool.resident()) == [0, 2, 3]   # ... yet b's went
+    assert disk.downloads == [1, 1, 1, 1]
 
 
-def test_penalty_includes_the_download_only_when_the_files_are_not_on_disk():
-    """Memory for two, disk for one: a is pulled and kept; b's pull finds the disk held
-    by a (in memory), so b loads without keeping its files: its memory penalty counts
-    its download, a's does not. A hit on b pulls nothing."""
+def test_a_resident_model_whose_files_are_evicted_costs_its_download_again():
+    """Memory for two, disk for one: a is pulled; b's pull finds only a's files, a in
+    memory, and evicts them (no idle files to take): a's memory penalty now counts its
+    download, b's does not."""
     profiles = tiered([5.0, 3.0], first_exec=[1.5, 1.5])
     trace = trace_of(profiles, "abb")
     policy = make_policy("lru")
     disk = DiskTier(100, make_policy("lru"), profiles)
     simulator_module._replay(trace, profiles, 200, policy, disk)
     surplus = 1.5 - EXEC
-    assert policy.penalty_of(0) == pytest.approx(LOAD + surplus)
-    assert policy.penalty_of(1) == pytest.approx(LOAD + surplus + 3.0)
-    assert list(disk.pool.resident()) == [0]
+    assert policy.penalty_of(0) == pytest.approx(LOAD + surplus + 5.0)
+    assert policy.penalty_of(1) == pytest.approx(LOAD + surplus)
+    assert list(disk.pool.resident()) == [1]
     assert disk.downloads == [1, 1]
 
 
-def test_a_model_in_memory_without_files_pulls_again_only_when_it_must_reload():
-    """b is served from memory while its files are not on disk (hits: nothing pulled);
-    evicted from memory, its next request pulls it again."""
+def test_a_model_evicted_from_disk_but_in_memory_is_served_and_pulled_again_to_reload():
+    """a's files go for b's while a stays in memory: a's requests are hits (nothing
+    pulled); once a has left memory, its next request pulls it again."""
     profiles = tiered([5.0, 3.0, 1.0])
-    result = simulate(trace_of(profiles, "abbbcb"), profiles, 200, "lru", disk_capacity=100)
-    # a: pull+keep; b: pull, not kept (a in memory); b, b: hits; c: memory evicts a,
-    # disk evicts a's files for c; b: a hit still (b is in memory)
-    assert (result.hits, result.misses, result.downloads) == (3, 3, 3)
-    again = simulate(trace_of(profiles, "abbcab"), profiles, 200, "lru", disk_capacity=100)
-    # ... c evicts a (LRU) from memory; a comes back, evicting b: b's next miss pulls again
-    assert (again.misses, again.downloads) == (5, 5)
+    result = simulate(trace_of(profiles, "abaa"), profiles, 200, "lru", disk_capacity=100)
+    assert (result.hits, result.misses, result.downloads) == (2, 2, 2)
+    again = simulate(trace_of(profiles, "abaaca"), profiles, 200, "lru", disk_capacity=100)
+    # c takes b's files (b in memory) and a's place in memory: a's reload pulls again
+    assert (again.hits, again.misses, again.downloads) == (2, 4, 4)
+    assert again.load_delay_seconds == pytest.approx(4 * LOAD + 5.0 + 3.0 + 1.0 + 5.0)
 
 
 def test_queueing_a_cold_miss_waits_for_download_load_and_run():
@@ -142,9 +141,10 @@ def test_queueing_keeps_the_files_of_a_model_being_loaded():
 
 
 def lru_reference(trace, sizes, disk_sizes, memory, disk):
-    """Memory and disk as two LRU dicts, written out independently of the pools: the
-    disk evicts least recent first among files of models not in memory, and keeps the
-    files of a pull only when that makes room. (loads, downloads)."""
+    """Memory and disk as two LRU dicts, written out independently of the pools: a miss
+    pulls first, making room from idle files (not in memory) when they suffice, else
+    from any (a resident model whose files go is re-admitted: most recent in memory);
+    then memory evicts least recent first. (loads, downloads)."""
     mem, files = OrderedDict(), OrderedDict()
     loads = downloads = 0
     for key in trace:
@@ -153,19 +153,21 @@ def lru_reference(trace, sizes, disk_sizes, memory, disk):
         if key in mem:
             mem.move_to_end(key)
             continue
-        while sum(sizes[k] for k in mem) + sizes[key] > memory:
-            mem.popitem(last=False)
         if key not in files:
             downloads += 1
-            free = disk - sum(disk_sizes[k] for k in files)
-            spare = [k for k in files if k not in mem]
-            if free + sum(disk_sizes[k] for k in spare) >= disk_sizes[key]:
-                for k in spare:
-                    if free >= disk_sizes[key]:
-                        break
-                    del files[k]
-                    free += disk_sizes[k]
-                files[key] = True
+            need = disk_sizes[key] - (disk - sum(disk_sizes[k] for k in files))
+            idle = [k for k in files if k not in mem]
+            pick = idle if sum(disk_sizes[k] for k in idle) >= need else list(files)
+            for k in pick:
+                if need <= 0:
+                    break
+                del files[k]
+                need -= disk_sizes[k]
+                if k in mem:
+                    mem.move_to_end(k)
+            files[key] = True
+        while sum(sizes[k] for k in mem) + sizes[key] > memory:
+            mem.popitem(last=False)
         mem[key] = True
         loads += 1
     return loads, downloads
