@@ -266,3 +266,19 @@ def test_cli_bad_disk_options_are_named(files, args, message):
     assert result.exit_code != 0
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_workload_keeps_the_disk_columns_of_its_profiles():
+    """``workload trace`` pairs functions with profiles: their downloads come along."""
+    from cachepolicies.workloads import TraceOptions, build_workload, synthetic_invocations
+
+    base = tiered([1.0, 2.0, 3.0], sizes=[100, 200, 300], disk=[10, 20, 30])
+    invocations = synthetic_invocations(300, 30, seed=4).with_trigger("http")
+    for names in ("real", "distinct"):
+        work = build_workload(invocations, base, TraceOptions(names=names, seed=1))
+        p = work.profiles
+        assert len(p) > 0
+        # each model carries the download and disk bytes of the profile it was given
+        by_size = {100: (1.0, 10), 200: (2.0, 20), 300: (3.0, 30)}
+        assert [by_size[s] for s in p.size_bytes.tolist()] == list(
+            zip(p.download_seconds.tolist(), p.disk_bytes.tolist()))
