@@ -50,6 +50,32 @@ def http_url(v: Any) -> str:
     return v
 
 
+#: The URL schemes a model's ``source`` may name (``agent.sources`` opens them).
+SOURCE_SCHEMES = ("s3", "oci", "https", "http", "file")
+
+
+def source_url(v: Any) -> str:
+    """``source``: a URL whose scheme ``agent.sources`` opens; the message never echoes
+    the URL (it may carry credentials)."""
+    scheme, sep, rest = (v if isinstance(v, str) else "").partition("://")
+    if not sep or not rest:
+        raise ValueError(f"must be a URL such as s3://bucket/prefix ({', '.join(SOURCE_SCHEMES)})")
+    if scheme.lower() not in SOURCE_SCHEMES:
+        raise ValueError(f"scheme {scheme[:16]!r} is none of {', '.join(SOURCE_SCHEMES)}")
+    return v
+
+
+def source_options(v: Any) -> dict[str, Any]:
+    """``source_options``: a mapping of option names to scalars (``endpoint_url``,
+    ``sha256``, ...); which names a scheme takes is its source's to say."""
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k for k in v):
+        raise ValueError("must be a mapping of option names to values")
+    bad = [k for k, x in v.items() if not isinstance(x, (str, int, float, bool))]
+    if bad:
+        raise ValueError(f"{bad[0]}: must be a string, number or boolean")
+    return dict(v)
+
+
 def host_port(v: Any) -> str:
     if not string(v).rpartition(":")[2].isdigit():
         raise ValueError(f"must be host:port, got {v!r}")
@@ -226,6 +252,16 @@ class ModelConfig(Section):
         "unload it when unused this long", example=600)] = None
     onnxruntime: Annotated[OrtOptions, setting("ONNX Runtime session options")] = \
         field(default_factory=OrtOptions)
+    # -- models that travel (the disk tier) --
+    source: Annotated[str | None, setting(
+        "where its versions come from (s3://bucket/prefix, oci://registry/repo:tag, "
+        "https://host/file#sha256=HEX, file:///path): the model directory then holds no "
+        "version directories; they are pulled into data_dir/models on first use",
+        check=source_url, example="s3://models/resnet")] = None
+    source_options: Annotated[dict[str, Any] | None, setting(
+        "options of its source (endpoint_url for MinIO/Ceph, region, sha256, ...); "
+        "credentials come from the environment, never from here",
+        check=source_options, example={"endpoint_url": "http://127.0.0.1:9000"})] = None
     warmup: Annotated[WarmupOptions | None, setting(
         "warm-up before it is ready: default (one run on zeros shaped by the signature; "
         "a failure is logged), none, {file: sample.json} (a v2 request body in the model "
@@ -245,6 +281,10 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
     config = load(ModelConfig, data, file)
     if config.synthetic is not None and config.backend != "synthetic":
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
+    if config.source_options is not None and config.source is None:
+        raise ConfigError(file, "source_options", "only allowed with source")
+    if config.source is not None and config.backend == "synthetic":
+        raise ConfigError(file, "source", "a synthetic model has no files to pull")
     return config
 
 
@@ -434,6 +474,19 @@ class AgentConfig(Section):
     prediction_cache: Annotated[PredictionCacheOptions, setting(
         "prediction caches of models whose config.yaml does not say")] = \
         SERVER_PREDICTION_CACHE
+    # -- models that travel: the disk tier (data_dir/models) --
+    disk_budget: Annotated[int | None, setting(
+        "bytes the files of pulled models (config.yaml source:) may take under "
+        "data_dir/models; left out: half the file system's free space at start (what "
+        "the tier holds counted as free)", check=size, example="20GiB")] = None
+    disk_policy: Annotated[Text | None, setting(
+        "eviction policy of the disk tier (penalty: a model's measured download "
+        "seconds); left out: policy", example="gdsf")] = None
+    max_concurrent_pulls: Annotated[AtLeastOne, setting(
+        "models downloading at once; more wait for a turn")] = 2
+    pull_bandwidth: Annotated[int | None, setting(
+        "bytes per second all pulls together may take; left out: no cap", check=size,
+        example="50MB")] = None
     tfserving: Annotated[TfServingSettings, setting(
         "TensorFlow Serving, for SavedModels in the repository (pip install "
         "'edgeagent[tfserving]'). Managed (default): the agent runs binary with an empty "
@@ -449,6 +502,11 @@ class AgentConfig(Section):
     @property
     def resident_state_path(self) -> Path:
         return self.state_file or self.data_dir / "resident.json"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where the disk tier keeps pulled models: ``<name>/<version>/``."""
+        return self.data_dir / "models"
 
     @property
     def footprints_path(self) -> Path:
@@ -468,13 +526,14 @@ def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig
     if isinstance(tfserving, dict) and "address" in tfserving and "binary" in tfserving:
         raise ConfigError(file, "tfserving.address", "give binary (the agent runs the "
                           "server) or address (attach to a running one), not both")
-    if isinstance(data, dict) and "policy" in data:
-        from cachepolicies.registry import parse_policy_spec
+    for key in ("policy", "disk_policy"):
+        if isinstance(data, dict) and data.get(key) is not None:
+            from cachepolicies.registry import parse_policy_spec
 
-        try:
-            parse_policy_spec(config.policy)
-        except ValueError as exc:
-            raise ConfigError(file, "policy", str(exc)) from None
+            try:
+                parse_policy_spec(getattr(config, key))
+            except ValueError as exc:
+                raise ConfigError(file, key, str(exc)) from None
     return config
 
 

@@ -24,6 +24,7 @@ from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_bu
                           gpu_budgets)
 from agent.node import state as statefile
 from agent.node.cache import CacheError, ModelCache, ModelInvalid, UnknownModel
+from agent.node.disktier import DiskTier
 from agent.node.lifecycle import State
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
@@ -49,7 +50,9 @@ class Node:
     def __init__(self, config: AgentConfig, *, budgets: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  backend_factory: Callable[..., Backend] = make_backend,
-                 open_file: Callable[..., Any] = open) -> None:
+                 open_file: Callable[..., Any] = open,
+                 open_source: Callable[[str, dict], Any] | None = None,
+                 disk_free: Callable[[Any], int] | None = None) -> None:
         if config.repository is None:
             raise ValueError("the agent needs a model repository")
         self.config = config
@@ -66,13 +69,21 @@ class Node:
         if backend_factory is make_backend:
             backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
                                                 gpu=self.gpu)
+        #: The disk tier: sourced models' files under data_dir/models (the ``fleet``'s
+        #: pull and drop directives use its ``ensure``/``drop``/``holdings``).
+        self.disk = DiskTier(
+            config.models_dir, config.disk_budget, policy=config.disk_policy or config.policy,
+            max_concurrent_pulls=config.max_concurrent_pulls, bandwidth=config.pull_bandwidth,
+            clock=clock, **({"open_source": open_source} if open_source else {}),
+            **({"free_bytes": disk_free} if disk_free else {}))
+        self._listing_task: asyncio.Task | None = None
         self.cache = ModelCache(
-            scan_repository(config.repository), budgets,
+            scan_repository(config.repository, self.disk.listing), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path, open_file),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
             load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
-            load_retry_s=config.load_retry_s)
+            load_retry_s=config.load_retry_s, disk=self.disk)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
@@ -113,9 +124,17 @@ class Node:
             await asyncio.sleep(self.IDLE_CHECK_EVERY)
             self.cache.unload_idle()
 
+    async def refresh_sources(self) -> None:
+        """List the sourced models' versions (off the loop) and rescan when a listing
+        changed."""
+        if await self.disk.refresh():
+            self.rescan(relist=False)
+
     async def _warm_up(self) -> None:
         try:
             from agent.backends.onnx import prime_runtime
+
+            await self.refresh_sources()
 
             await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
                                                              prime_runtime)
@@ -159,9 +178,10 @@ class Node:
         except OSError as exc:
             log.warning("cannot write state file %s: %s", self.config.resident_state_path, exc)
 
-    def rescan(self) -> None:
-        """Re-read the repository (index API, SIGHUP); loads' overrides stay applied."""
-        specs = scan_repository(self.config.repository)
+    def rescan(self, relist: bool = True) -> None:
+        """Re-read the repository (index API, SIGHUP); loads' overrides stay applied.
+        ``relist``: list the sources again too (in the background)."""
+        specs = scan_repository(self.config.repository, self.disk.listing)
         for name, data in list(self.overrides.items()):
             if name in specs and specs[name].error is None:
                 try:
@@ -175,6 +195,10 @@ class Node:
         self.serving.refresh(self.config)
         log.info("repository %s rescanned: %d model(s)", self.config.repository,
                  len(self.cache.specs))
+        if relist and self.disk.sources and self._startup_task is not None and (
+                self._listing_task is None or self._listing_task.done()):
+            self._listing_task = asyncio.get_running_loop().create_task(
+                self.refresh_sources())
 
     async def load_model(self, name: str, override: str | None = None) -> None:
         """The repository extension's load: (re)load ``name``, with ``override`` (a JSON
@@ -194,7 +218,8 @@ class Node:
                                    f"JSON string, got {type(override).__name__}")
             try:
                 data = load_json(override)
-                apply_override(scan_model(self.config.repository / name), data)
+                apply_override(scan_model(self.config.repository / name, self.disk.listing),
+                               data)
             except ValueError as exc:
                 raise ModelInvalid(f"failed to load {name!r}: parameters.config: "
                                    f"{str(exc).removeprefix('parameters.config: ')}") from None
@@ -249,6 +274,8 @@ class Node:
     async def close(self) -> None:
         if self._idle_task is not None:
             self._idle_task.cancel()
+        if self._listing_task is not None:
+            self._listing_task.cancel()
         if self._startup_task is not None and not self._startup_task.done():
             self._startup_task.cancel()
             with contextlib.suppress(BaseException):
@@ -257,6 +284,7 @@ class Node:
             self._persist_task.cancel()
         self.persist_now()
         await self.serving.close()  # queued requests get 503s before the cache stops
+        await self.disk.close()
         await self.cache.close()
         await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
         self.infer_executor.shutdown(wait=False, cancel_futures=True)

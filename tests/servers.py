@@ -1,0 +1,257 @@
+"""Real servers on loopback for the model sources' tests (issue 26), shared by every
+test that pulls models: a Range-capable HTTP file server with fault switches, moto's
+S3-compatible server, and Debian's ``docker-registry`` (the CNCF distribution server).
+Each is a context manager binding port 0; ``s3_server`` and ``oci_registry`` skip the
+calling test, naming the reason, where their server cannot run."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class Served:
+    """One answered request: its path, its ``Range`` header (or None) and the body bytes
+    sent."""
+
+    path: str
+    range: str | None
+    sent: int
+
+
+@dataclass
+class RangeServer:
+    """A threaded HTTP(S) file server over ``root``. Switches: ``cut_after`` (close the
+    connection after that many body bytes, for every GET until reset to None),
+    ``corrupt`` (flip the first body byte), ``ignore_range`` (answer 200 in full);
+    ``served`` records each GET."""
+
+    root: Path
+    ssl_context: ssl.SSLContext | None = None
+    cut_after: int | None = None
+    corrupt: bool = False
+    ignore_range: bool = False
+    served: list[Served] = field(default_factory=list)
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Listen (again, on the same port after a ``stop``)."""
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = server.root / self.path.split("?")[0].lstrip("/")
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                data_size = path.stat().st_size
+                asked = self.headers.get("Range")
+                first, last = 0, data_size - 1
+                if asked and not server.ignore_range and asked.startswith("bytes="):
+                    a, _, b = asked[6:].partition("-")
+                    first = int(a)
+                    last = min(int(b), data_size - 1) if b else data_size - 1
+                    if first >= data_size:
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{data_size}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {first}-{last}/{data_size}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(last - first + 1))
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                sent = 0
+                with open(path, "rb") as f:
+                    f.seek(first)
+                    left = last - first + 1
+                    while left > 0:
+                        chunk = f.read(min(64 << 10, left))
+                        if server.corrupt and sent == 0 and chunk:
+                            chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
+                        if server.cut_after is not None and sent + len(chunk) > server.cut_after:
+                            chunk = chunk[: server.cut_after - sent]
+                            self.wfile.write(chunk)
+                            sent += len(chunk)
+                            self.wfile.flush()
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            break
+                        self.wfile.write(chunk)
+                        sent += len(chunk)
+                        left -= len(chunk)
+                server.served.append(Served(self.path, asked, sent))
+
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        httpd.daemon_threads = True
+        if self.ssl_context is not None:
+            httpd.socket = self.ssl_context.wrap_socket(httpd.socket, server_side=True)
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join(10)
+            self._httpd = None
+
+
+@contextlib.contextmanager
+def range_http_server(root: Path, ssl_context: ssl.SSLContext | None = None
+                      ) -> Iterator[RangeServer]:
+    """A ``RangeServer`` over ``root``, started, stopped on exit."""
+    server = RangeServer(Path(root), ssl_context)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class S3Server:
+    """moto's S3-compatible server on loopback: ``endpoint_url``, and the environment a
+    client needs (fake credentials, a region, no real AWS config)."""
+
+    endpoint_url: str
+    env: dict[str, str]
+
+    def client(self):  # noqa: ANN201 - boto3's client type
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+                            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"])
+
+
+@contextlib.contextmanager
+def s3_server(tmp: Path, *, secret: str = "test-secret-key-9f3b") -> Iterator[S3Server]:
+    """moto's standalone server (``moto[server]``) on a free loopback port, in this
+    process; skips the test where moto is not installed. ``env`` holds credentials with
+    ``secret`` as the secret key and config files under ``tmp`` (none of the user's)."""
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:
+        pytest.skip(f"moto[server] is not installed ({exc}): pip install 'edgeagent[test]'")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {"AWS_ACCESS_KEY_ID": "AKIDTESTEDGEAGENT", "AWS_SECRET_ACCESS_KEY": secret,
+           "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": str(tmp / "aws-config"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "aws-credentials"),
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        yield S3Server(f"http://{host}:{port}", env)
+    finally:
+        server.stop()
+
+
+REGISTRY_BINARIES = ("docker-registry", "registry")
+
+
+@dataclass
+class Registry:
+    """A running CNCF distribution registry: ``host`` (``127.0.0.1:port``), ``url``,
+    its storage directory and process."""
+
+    host: str
+    storage: Path
+    proc: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+
+@contextlib.contextmanager
+def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registry]:
+    """Debian's ``docker-registry`` on a free loopback port with a temporary config and
+    storage directory (basic auth when ``htpasswd`` is given); skips the test where the
+    binary is missing (``apt-get install docker-registry``)."""
+    binary = next((b for b in map(shutil.which, REGISTRY_BINARIES) if b), None)
+    if binary is None:
+        pytest.skip("no docker-registry binary: apt-get install docker-registry "
+                    "(the CNCF distribution server)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    storage = tmp / "storage"
+    auth = (f"auth:\n  htpasswd:\n    realm: edgeagent-test\n    path: {htpasswd}\n"
+            if htpasswd else "")
+    for attempt in range(5):
+        port = _free_port()
+        config = tmp / "config.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n{auth}")
+        log = open(tmp / "registry.log", "w")
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+        log.close()
+        if _wait_port(port, proc):
+            break
+        proc.kill()
+        proc.wait()
+    else:
+        pytest.skip(f"docker-registry did not start: {(tmp / 'registry.log').read_text()[-500:]}")
+    try:
+        yield Registry(f"127.0.0.1:{port}", storage, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    # The registry takes its port from its config file only: one the kernel picked a
+    # moment ago, retried by the caller where another process took it meanwhile.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+        time.sleep(0.05)
+    return False
