@@ -186,15 +186,26 @@ REGISTRY_BINARIES = ("docker-registry", "registry")
 @dataclass
 class Registry:
     """A running CNCF distribution registry: ``host`` (``127.0.0.1:port``), ``url``,
-    its storage directory and process."""
+    its storage directory and process; ``restart()`` starts it again (same port and
+    storage) after a test stopped it."""
 
     host: str
     storage: Path
     proc: subprocess.Popen
+    argv: list[str]
+    log: Path
 
     @property
     def url(self) -> str:
         return f"http://{self.host}"
+
+    def restart(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = _start_registry(self.argv, self.log)
+        if not _wait_port(int(self.host.rpartition(":")[2]), self.proc):
+            raise RuntimeError(f"docker-registry did not restart: {self.log.read_text()[-500:]}")
 
 
 @contextlib.contextmanager
@@ -217,10 +228,8 @@ def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registr
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
             f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: 127.0.0.1:{port}\n{auth}")
-        log = open(tmp / "registry.log", "w")
-        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log,
-                                stderr=subprocess.STDOUT, env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
-        log.close()
+        argv = [binary, "serve", str(config)]
+        proc = _start_registry(argv, tmp / "registry.log")
         if _wait_port(port, proc):
             break
         proc.kill()
@@ -228,14 +237,21 @@ def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registr
     else:
         pytest.skip(f"docker-registry did not start: {(tmp / 'registry.log').read_text()[-500:]}")
     try:
-        yield Registry(f"127.0.0.1:{port}", storage, proc)
+        registry = Registry(f"127.0.0.1:{port}", storage, proc, argv, tmp / "registry.log")
+        yield registry
     finally:
-        proc.terminate()
+        registry.proc.terminate()
         try:
-            proc.wait(10)
+            registry.proc.wait(10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            registry.proc.kill()
+            registry.proc.wait()
+
+
+def _start_registry(argv: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "a") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
 
 
 def _free_port() -> int:

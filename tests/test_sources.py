@@ -478,3 +478,161 @@ def test_s3_credentials_never_reach_a_message_or_a_log(s3, tmp_path, caplog):
     secret = s3.env["AWS_SECRET_ACCESS_KEY"]
     text = "\n".join(messages + [r.getMessage() for r in caplog.records])
     assert len(caplog.records) > 0 and secret not in text
+
+
+# -- oci:// -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(tmp_path):
+    from tests.servers import oci_registry
+
+    with oci_registry(tmp_path / "registry") as reg:
+        yield reg
+
+
+def _blob_file(reg, digest: str) -> Path:
+    hexpart = digest.split(":")[1]
+    return reg.storage / "docker/registry/v2/blobs/sha256" / hexpart[:2] / hexpart / "data"
+
+
+def test_oci_lists_numeric_tags_and_pulls_verified_blobs(registry, tmp_path):
+    for v in (1, 2):
+        d = tmp_path / "push" / str(v)
+        write_mlp(d / "model.onnx", **dict(BIG_MLP, seed=v))
+        (d / "extra").mkdir()
+        (d / "extra" / "labels.txt").write_text("a\nb\n")
+        open_source(f"oci://{registry.host}/models/resnet").push(d, str(v))
+    open_source(f"oci://{registry.host}/models/resnet:latest").push(tmp_path / "push" / "2")
+    src = open_source(f"oci://{registry.host}/models/resnet")
+    assert src.versions() == [1, 2]
+    files = src.files(2)
+    assert [f.path for f in files] == ["extra/labels.txt", "model.onnx"]
+    assert all(f.digest.startswith("sha256:") for f in files)
+    result = src.pull(2, tmp_path / "local" / "2")
+    assert (tmp_path / "local" / "2" / "model.onnx").read_bytes() == \
+        (tmp_path / "push" / "2" / "model.onnx").read_bytes()
+    assert (tmp_path / "local" / "2" / "extra" / "labels.txt").read_text() == "a\nb\n"
+    loads(tmp_path / "local" / "2")
+    # one tag, or the manifest's digest, as the one version given
+    pinned = open_source(f"oci://{registry.host}/models/resnet@{result.digest}", {"version": 5})
+    assert pinned.versions() == [5]
+    assert pinned.pull(5, tmp_path / "pinned" / "5").digest == result.digest
+    assert open_source(f"oci://{registry.host}/models/resnet:latest").versions() == [1]
+    with pytest.raises(SourceNotFound, match="no version 9"):
+        src.pull(9, tmp_path / "local" / "9")
+    with pytest.raises(SourceNotFound):
+        open_source(f"oci://{registry.host}/models/nothing").versions()
+
+
+def test_oci_a_corrupted_blob_is_refused(registry, tmp_path):
+    d = tmp_path / "push"
+    write_mlp(d / "model.onnx", **TINY_MLP)
+    src = open_source(f"oci://{registry.host}/models/bad")
+    src.push(d, "1")
+    (f,) = src.files(1)
+    blob = _blob_file(registry, f.digest)
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    dest = tmp_path / "local" / "1"
+    with pytest.raises(DigestMismatch, match=f.digest):
+        src.pull(1, dest)
+    assert not dest.exists() and not partial_dir(dest).exists()
+
+
+def test_oci_a_stopped_pull_resumes_with_range_and_a_stopped_registry_is_unavailable(
+        registry, tmp_path):
+    d = tmp_path / "push"
+    model = write_mlp(d / "model.onnx", **dict(TINY_MLP, hidden=512, layers=3))
+    src = open_source(f"oci://{registry.host}/models/big")
+    src.push(d, "1")
+    stop = threading.Event()
+    dest = tmp_path / "local" / "1"
+    with pytest.raises(PullStopped):
+        src.pull(1, dest, stop=stop, progress=lambda done: done and stop.set())
+    kept = (partial_dir(dest) / "files" / "model.onnx").stat().st_size
+    assert 0 < kept < model.stat().st_size
+    registry.proc.terminate()
+    registry.proc.wait(10)
+    with pytest.raises(SourceUnavailable, match="unreachable"):
+        src.pull(1, dest)
+    assert partial_dir(dest).exists()
+    registry.restart()
+    result = src.pull(1, dest)
+    assert result.bytes == model.stat().st_size - kept  # the rest only: Range honoured
+    loads(dest)
+
+
+def test_oci_basic_auth_from_docker_config_and_no_password_in_messages(tmp_path, caplog):
+    crypt = pytest.importorskip("crypt", reason="no crypt module to write the htpasswd")
+    from tests.servers import oci_registry
+
+    password = "PASSWORD-SENTINEL-51"
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"alice:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    caplog.set_level(logging.DEBUG)
+    with oci_registry(tmp_path / "registry", htpasswd=htpasswd) as reg:
+        url = f"oci://{reg.host}/models/private"
+        messages = []
+        with pytest.raises(SourceError, match="username/password or docker login") as err:
+            open_source(url).versions()
+        messages.append(str(err.value))
+        with pytest.raises(SourceError, match="refused the credentials|access denied") as err:
+            open_source(url, {"username": "alice", "password": "wrong-" + password}).versions()
+        messages.append(str(err.value))
+        d = tmp_path / "push"
+        write_mlp(d / "model.onnx", **TINY_MLP)
+        open_source(url, {"username": "alice", "password": password}).push(d, "3")
+        config = tmp_path / "docker" / "config.json"
+        config.parent.mkdir()
+        import base64
+        import json
+
+        config.write_text(json.dumps({"auths": {reg.host: {
+            "auth": base64.b64encode(f"alice:{password}".encode()).decode()}}}))
+        src = open_source(url, {"docker_config": str(config)})
+        assert src.versions() == [3]
+        src.pull(3, tmp_path / "local" / "3")
+        loads(tmp_path / "local" / "3")
+        messages.append(repr(src))
+    text = "\n".join(messages + [r.getMessage() for r in caplog.records])
+    assert password not in text
+
+
+# -- edgeagent model push / ls ----------------------------------------------------------
+
+
+def test_model_push_and_ls_through_the_cli(registry, s3, tmp_path):
+    from tests.helpers import EDGEAGENT
+
+    d = tmp_path / "repo" / "resnet" / "4"
+    write_mlp(d / "model.onnx", **TINY_MLP)
+    env = {**os.environ}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([EDGEAGENT, "model", *args], capture_output=True, text=True,
+                              env=env, timeout=120)
+
+    done = run("push", str(d), f"oci://{registry.host}/models/resnet", "--version", "4")
+    assert done.returncode == 0, done.stderr
+    assert f"oci://{registry.host}/models/resnet:4 (sha256:" in done.stdout
+    s3.client().create_bucket(Bucket="cli")
+    done = run("push", str(d), "s3://cli/resnet", "--version", "4",
+               "-o", f"endpoint_url={s3.endpoint_url}")
+    assert done.returncode == 0, done.stderr
+    for url, extra in ((f"oci://{registry.host}/models/resnet", ()),
+                       ("s3://cli/resnet", ("-o", f"endpoint_url={s3.endpoint_url}"))):
+        done = run("ls", url, *extra)
+        assert done.returncode == 0, done.stderr
+        version, name, size, digest = done.stdout.split()
+        assert (version, name, int(size)) == ("4", "model.onnx", (d / "model.onnx").stat().st_size)
+        pulled = tmp_path / "pulled" / url.split(":")[0] / "4"
+        open_source(url, dict([e.split("=", 1) for e in extra[1:]])).pull(4, pulled)
+        loads(pulled)
+    done = run("push", str(d), "s3://cli/resnet")
+    assert done.returncode == 1 and "needs --version" in done.stderr
+    done = run("push", str(d), "https://example.com/x#sha256=" + "0" * 64)
+    assert done.returncode == 1 and "oci:// or s3:// only" in done.stderr
+    done = run("ls", "oci://127.0.0.1:1/nothing")
+    assert done.returncode == 1 and "unreachable" in done.stderr
