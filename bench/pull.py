@@ -26,20 +26,17 @@ its mean response.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import hashlib
-import http.server
 import logging
 import math
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.modelzoo import write_mlp  # noqa: E402
 from agent.sources import open_source  # noqa: E402
 from cachepolicies.simulator import SimulationResult, simulate  # noqa: E402
-from cachepolicies.traces import Profiles, Trace, make_profiles, make_trace  # noqa: E402
+from cachepolicies.traces import Profiles, make_profiles  # noqa: E402
+from tests.helpers import (ThreeTier, real_models, replay_three_tiers,  # noqa: E402
+                           three_tier_workload)
 from tests.servers import oci_registry, range_http_server, s3_server  # noqa: E402
 
 SCHEMES = ("file", "http", "s3", "oci")
@@ -129,42 +128,6 @@ def sources(args: argparse.Namespace) -> None:
 
 
 # -- the three-tier replay ------------------------------------------------------------------
-@dataclass(frozen=True)
-class ThreeTier:
-    """The replay's workload: profiles (with ``download_seconds`` and ``disk_bytes``), the
-    trace, and the two capacities (bytes)."""
-
-    profiles: Profiles
-    trace: Trace
-    memory_bytes: int
-    disk_bytes: int
-
-
-def three_tier_workload(seed: int = 1, models: int = 40, requests: int = 480,
-                        rate: float = 8.0, zipf: float = 0.9, in_memory: int = 6,
-                        on_disk: int = 15, download: tuple[float, float] = (0.05, 3.0)
-                        ) -> ThreeTier:
-    """Zipf (``zipf``) over ``models`` synthetic models, popularity independent of the
-    download seconds (log-uniform in ``download``: a fast mirror to a slow remote store),
-    Poisson arrivals at ``rate``; memory for ``in_memory`` models of mean size, disk for
-    ``on_disk`` models' files of mean size."""
-    rng = np.random.default_rng(seed)
-    names = [f"m{i:02d}" for i in range(models)]
-    size = rng.integers(10, 40, models) * 1_000_000
-    disk = rng.integers(1, 5, models) * 500_000
-    load = rng.uniform(0.1, 0.25, models)
-    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
-    download = np.exp(rng.uniform(*np.log(download), models))
-    weights = 1 / np.arange(1, models + 1) ** zipf
-    weights = weights[rng.permutation(models)]
-    picks = rng.choice(models, requests, p=weights / weights.sum())
-    times = np.cumsum(rng.exponential(1 / rate, requests))
-    profiles = make_profiles(names, size, load, execs, download_seconds=download,
-                             disk_bytes=disk)
-    trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
-    return ThreeTier(profiles, trace, int(in_memory * size.mean()), int(on_disk * disk.mean()))
-
-
 def simulated(work: ThreeTier, policy: str) -> SimulationResult:
     """The simulator's replay of ``work`` with ``policy`` on both tiers."""
     return simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=WORKERS,
@@ -244,137 +207,77 @@ def replay(args: argparse.Namespace) -> None:
             gains.append(ours / lru)
         print(f"simulated, seeds {args.seed}-{args.seed + args.seeds - 1}: cremebrulee / lru "
               f"total delay {' '.join(f'{g:.2f}' for g in gains)}; mean {np.mean(gains):.3f}")
-    if not args.live:
-        return
-    lives = {}
+    if args.live:
+        replay_live_agent(args)
+
+
+def replay_live_agent(args: argparse.Namespace) -> None:
+    """``replay --live``: the same trace on real models, simulated then live."""
     with tempfile.TemporaryDirectory() as tmp:
+        remote = Path(tmp) / "remote"
+        work = three_tier_workload(args.seed, requests=args.requests, rate=args.rate,
+                                   measured=real_models(remote))
+        p = work.profiles
+        print(f"live: the same trace on {len(p)} real ONNX models of "
+              f"{np.median(p.disk_bytes) / 1e6:.1f} MB files, "
+              f"{np.median(p.size_bytes) / 1e6:.1f} MB in memory, loads of "
+              f"{np.median(p.load_seconds):.3f} s (measured here); memory "
+              f"{work.memory_bytes / 1e6:.1f} MB, disk {work.disk_bytes / 1e6:.1f} MB")
+        print(HEADER)
+        lives = {}
         for policy in POLICIES:
-            lives[policy] = live(work, policy, Path(tmp) / policy)
-            sim = sims[policy]
-            loads = lives[policy].loads / sim.loads - 1
-            mean = lives[policy].mean_response / sim.mean_response - 1
-            verdict = ("ok" if abs(loads) <= LOADS_WITHIN and abs(mean) <= MEAN_WITHIN
-                       else "MISSED")
-            print(lives[policy].row(f"live {policy}") + f"   loads {loads:+.1%}, mean "
-                  f"{mean:+.1%} against sim ({verdict})", flush=True)
+            sim = Figures.of(simulated(work, policy))
+            print(sim.row(f"sim {policy}"), flush=True)
+            results, listing, served = replay_three_tiers(work, policy, remote,
+                                                          Path(tmp) / policy)
+            lives[policy] = live_figures(work, results, listing, served)
+            print(lives[policy].row(f"live {policy}") + agreement(lives[policy], sim),
+                  flush=True)
+            booked = replace(work, profiles=as_booked(work.profiles, listing))
+            again = Figures.of(simulated(booked, policy))
+            print(again.row("sim, agent's sizes") + agreement(lives[policy], again),
+                  flush=True)
     gain = lives["cremebrulee"].total_delay / lives["lru"].total_delay
     print(f"live: cremebrulee / lru total delay {gain:.3f} (floor <= {GAIN_FLOOR}: "
           f"{'ok' if gain <= GAIN_FLOOR else 'MISSED'})")
+    print(f"load average {open('/proc/loadavg').read().split()[:3]}")
 
 
-# -- the live replay ------------------------------------------------------------------------
-class TimedFiles:
-    """A threaded HTTP file server on 127.0.0.1 that sends each file in the seconds
-    ``seconds[name]`` says (its body spread over them), with Range (``bytes=N-``)."""
-
-    def __init__(self, root: Path, seconds: dict[str, float]) -> None:
-        files = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                name = self.path.split("?")[0].lstrip("/")
-                path = root / name
-                if not name or not path.is_file():
-                    self.send_error(404)
-                    return
-                data = path.read_bytes()
-                first = 0
-                asked = self.headers.get("Range", "")
-                if asked.startswith("bytes=") and asked.endswith("-"):
-                    first = min(int(asked[6:-1]), len(data))
-                    self.send_response(206)
-                    self.send_header("Content-Range",
-                                     f"bytes {first}-{len(data) - 1}/{len(data)}")
-                else:
-                    self.send_response(200)
-                body = data[first:]
-                self.send_header("Content-Length", str(len(body)))
-                self.send_header("Accept-Ranges", "bytes")
-                self.end_headers()
-                files.send(self.wfile, body, seconds.get(name, 0.0) * len(body)
-                           / max(len(data), 1))
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def send(out, body: bytes, seconds: float, chunks: int = 20) -> None:
-        """``body`` in ``chunks`` pieces, each at its share of ``seconds`` from the start."""
-        start = time.perf_counter()
-        step = -(-len(body) // chunks) or 1
-        for n, at in enumerate(range(0, len(body), step), 1):
-            out.write(body[at:at + step])
-            out.flush()
-            time.sleep(max(start + seconds * n * step / len(body) - time.perf_counter(), 0))
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
-
-
-def live(work: ThreeTier, policy: str, tmp: Path) -> Figures:
-    """``work`` replayed in real time against an agent (``policy`` on both tiers) whose
-    models are synthetic and sourced from a ``TimedFiles`` server."""
-    import yaml
-
-    from agent.config import AgentConfig
-    from tests.helpers import AgentServer, replay_live
-
-    if "disk_budget" not in AgentConfig.__dataclass_fields__:
-        raise SystemExit("--live needs the agent's disk tier (issue 26: branch disk)")
-    p = work.profiles
-    files, repo = tmp / "remote", tmp / "models"
-    files.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for i, name in enumerate(p.names):
-        data = rng.bytes(int(p.disk_bytes[i]))
-        (files / f"{name}.bin").write_bytes(data)
-        (repo / name).mkdir(parents=True)
-    server = TimedFiles(files, {f"{n}.bin": float(s)
-                                for n, s in zip(p.names, p.download_seconds)})
-    try:
-        for i, name in enumerate(p.names):
-            digest = hashlib.sha256((files / f"{name}.bin").read_bytes()).hexdigest()
-            config = {"backend": "synthetic",
-                      "source": f"{server.url}/{name}.bin#sha256={digest}",
-                      "synthetic": {"size_bytes": int(p.size_bytes[i]),
-                                    "load_ms": float(p.load_seconds[i]) * 1000,
-                                    "base_ms": float(p.exec_seconds[i]) * 1000},
-                      "max_batch_size": 0, "slo": {"latency_ms": 60000},
-                      "batching": {"workers": 64}}
-            (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
-        agent = AgentServer(AgentConfig(
-            repository=repo, data_dir=tmp / "data", cpu_budget=work.memory_bytes,
-            disk_budget=work.disk_bytes, policy=policy, infer_threads=2,
-            load_concurrency=32, max_concurrent_pulls=32),
-            budgets={"cpu": work.memory_bytes})
-        try:
-            results = asyncio.run(replay_live(agent.url, work.trace, p.names))
-            listing = agent.request("GET", "/v1/cache")[2]
-            disk = agent.node.disk.summary()
-        finally:
-            agent.close()
-    finally:
-        server.close()
+def live_figures(work: ThreeTier, results, listing, served) -> Figures:
+    """A live replay's figures: loads and load seconds as the agent booked them (each
+    model's last load), pulls as the server sent them (not the sources' 1-byte probes)."""
     failed = [status for _, status in results if status != 200]
     if failed:
-        raise SystemExit(f"live {policy}: {len(failed)} requests failed ({failed[:5]} ...)")
+        raise SystemExit(f"{len(failed)} requests failed ({failed[:5]} ...)")
     loads = sum(m["loads"] for m in listing)
-    load_seconds = sum(m["loads"] * float(p.load_seconds[p.index[m["name"]]])
+    load_seconds = sum(m["loads"] * (m["load_seconds"] + m["first_run_seconds"])
                        for m in listing)
-    download_seconds = float(disk.get("pull_seconds", float("nan")))
-    return Figures(loads, disk["pulls"], disk["pulled_bytes"], download_seconds,
+    pulls = [s for s in served if s.sent > 1]
+    download_seconds = sum(s.seconds for s in pulls)
+    return Figures(loads, len(pulls), sum(s.sent for s in pulls), download_seconds,
                    load_seconds + download_seconds,
                    float(np.mean([seconds for seconds, _ in results])))
+
+
+def as_booked(p: Profiles, listing) -> Profiles:
+    """``p`` with the sizes and load times the agent booked for each model it loaded (its
+    last load), for a simulation of what the agent saw."""
+    booked = {m["name"]: m for m in listing if m["loads"]}
+    size, load, first = (np.array([float(booked[n][key]) if n in booked else default[i]
+                                   for i, n in enumerate(p.names)])
+                         for key, default in (("size_bytes", p.size_bytes),
+                                              ("load_seconds", p.load_seconds),
+                                              ("first_run_seconds", p.first_exec_seconds)))
+    return make_profiles(p.names, size, load, p.exec_seconds, first,
+                         download_seconds=p.download_seconds, disk_bytes=p.disk_bytes)
+
+
+def agreement(live: Figures, sim: Figures) -> str:
+    """How far ``live`` is from ``sim`` against the floors."""
+    loads = live.loads / sim.loads - 1
+    mean = live.mean_response / sim.mean_response - 1
+    verdict = "ok" if abs(loads) <= LOADS_WITHIN and abs(mean) <= MEAN_WITHIN else "MISSED"
+    return f"   live: loads {loads:+.1%}, mean {mean:+.1%} ({verdict})"
 
 
 def main() -> None:
