@@ -739,7 +739,8 @@ def replay_three_tiers(work: ThreeTier, policy: str, remote: Path, tmp: Path, **
     its models (``real_models`` under ``remote``) sourced over HTTP from a
     ``RangeServer`` that waits each file's download seconds before its body; (results
     as ``replay_live``'s, ``/v1/cache``, the server's ``served``); ``config``: more agent
-    settings (default: 32 pulls at once, as many as the simulator runs). The memory budget
+    settings (default: 32 pulls and 32 loads at once: the simulator bounds neither, and
+    models queued to load hold their files on disk). The memory budget
     adds what a load reserves above the model while it runs (the ONNX prior's peak,
     about twice the model), which ``simulate`` does not model."""
     import hashlib
@@ -764,7 +765,8 @@ def replay_three_tiers(work: ThreeTier, policy: str, remote: Path, tmp: Path, **
         agent = AgentServer(AgentConfig(
             repository=repo, data_dir=tmp / "data", cpu_budget=budget,
             disk_budget=work.disk_bytes, policy=policy, infer_threads=2,
-            **{"max_concurrent_pulls": 32, **config}), budgets={"cpu": budget})
+            **{"max_concurrent_pulls": 32, "load_concurrency": 32, **config}),
+            budgets={"cpu": budget})
         try:
             results = asyncio.run(replay_live(agent.url, work.trace, p.names))
             listing = agent.request("GET", "/v1/cache")[2]
