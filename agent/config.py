@@ -283,8 +283,6 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
     if config.source_options is not None and config.source is None:
         raise ConfigError(file, "source_options", "only allowed with source")
-    if config.source is not None and config.backend == "synthetic":
-        raise ConfigError(file, "source", "a synthetic model has no files to pull")
     return config
 
 
@@ -485,7 +483,7 @@ class AgentConfig(Section):
     max_concurrent_pulls: Annotated[AtLeastOne, setting(
         "models downloading at once; more wait for a turn")] = 2
     pull_bandwidth: Annotated[int | None, setting(
-        "bytes per second all pulls together may take; left out: no cap", check=size,
+        "bytes per second each pull may take; left out: no cap", check=size,
         example="50MB")] = None
     tfserving: Annotated[TfServingSettings, setting(
         "TensorFlow Serving, for SavedModels in the repository (pip install "

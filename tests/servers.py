@@ -192,6 +192,96 @@ REGISTRY_BINARIES = ("docker-registry", "registry")
 
 
 @dataclass
+class TokenService:
+    """A bearer-token service for the registry (distribution's ``auth: token``): it
+    answers ``GET /token?service=&scope=`` from ``user``/``password`` (basic auth) with
+    an ES256 JWT granting the scope, signed by a certificate the registry trusts; it
+    counts the tokens it issued."""
+
+    directory: Path
+    user: str
+    password: str
+    service: str = "edgeagent-test"
+    issuer: str = "edgeagent-test-issuer"
+    issued: list[str] = field(default_factory=list)
+    refused: int = 0
+
+    def __post_init__(self) -> None:
+        from tests.helpers import make_ca
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.signer = make_ca(self.directory, "token-signer")
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+
+    def config(self) -> str:
+        return (f"auth:\n  token:\n    realm: {self.url}/token\n    service: {self.service}\n"
+                f"    issuer: {self.issuer}\n    rootcertbundle: {self.signer.cert_file}\n")
+
+    def token(self, scope: str) -> str:
+        import base64
+        import json as _json
+        import secrets
+
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        access = []
+        for item in filter(None, scope.split(" ")):
+            kind, name, actions = item.split(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        header = {"alg": "ES256", "typ": "JWT", "x5c": [base64.b64encode(
+            self.signer.cert.public_bytes(serialization.Encoding.DER)).decode()]}
+        claims = {"iss": self.issuer, "sub": self.user, "aud": self.service, "exp": now + 300,
+                  "nbf": now - 10, "iat": now, "jti": secrets.token_hex(8), "access": access}
+        signing = f"{b64(_json.dumps(header).encode())}.{b64(_json.dumps(claims).encode())}"
+        r, s = decode_dss_signature(self.signer.key.sign(signing.encode(),
+                                                         ec.ECDSA(hashes.SHA256())))
+        token = f"{signing}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+        self.issued.append(token)
+        return token
+
+    def start(self) -> None:
+        import base64
+        import json as _json
+        import urllib.parse
+
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                want = "Basic " + base64.b64encode(
+                    f"{service.user}:{service.password}".encode()).decode()
+                if self.headers.get("Authorization") != want:
+                    service.refused += 1
+                    self.send_error(401)
+                    return
+                query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                body = _json.dumps({"token": service.token(query.get("scope", ""))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+
+@dataclass
 class Registry:
     """A running CNCF distribution registry: ``host`` (``127.0.0.1:port``), ``url``,
     its storage directory and process; ``restart()`` starts it again (same port and
@@ -217,10 +307,12 @@ class Registry:
 
 
 @contextlib.contextmanager
-def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registry]:
+def oci_registry(tmp: Path, *, htpasswd: Path | None = None,
+                 tokens: TokenService | None = None) -> Iterator[Registry]:
     """Debian's ``docker-registry`` on a free loopback port with a temporary config and
-    storage directory (basic auth when ``htpasswd`` is given); skips the test where the
-    binary is missing (``apt-get install docker-registry``)."""
+    storage directory (basic auth when ``htpasswd`` is given, bearer tokens from
+    ``tokens``, started here); skips the test where the binary is missing
+    (``apt-get install docker-registry``)."""
     binary = next((b for b in map(shutil.which, REGISTRY_BINARIES) if b), None)
     if binary is None:
         pytest.skip("no docker-registry binary: apt-get install docker-registry "
@@ -229,6 +321,9 @@ def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registr
     storage = tmp / "storage"
     auth = (f"auth:\n  htpasswd:\n    realm: edgeagent-test\n    path: {htpasswd}\n"
             if htpasswd else "")
+    if tokens is not None:
+        tokens.start()
+        auth = tokens.config()
     for attempt in range(5):
         port = _free_port()
         config = tmp / "config.yml"
@@ -243,11 +338,15 @@ def oci_registry(tmp: Path, *, htpasswd: Path | None = None) -> Iterator[Registr
         proc.kill()
         proc.wait()
     else:
+        if tokens is not None:
+            tokens.stop()
         pytest.skip(f"docker-registry did not start: {(tmp / 'registry.log').read_text()[-500:]}")
+    registry = Registry(f"127.0.0.1:{port}", storage, proc, argv, tmp / "registry.log")
     try:
-        registry = Registry(f"127.0.0.1:{port}", storage, proc, argv, tmp / "registry.log")
         yield registry
     finally:
+        if tokens is not None:
+            tokens.stop()
         registry.proc.terminate()
         try:
             registry.proc.wait(10)

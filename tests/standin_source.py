@@ -4,7 +4,8 @@
 into a partial directory, checked against its listing and renamed into place.
 
 ``StandinSources`` opens them and lets a test make a source slow (seconds per pull),
-unreachable (``down``) or count its pulls; ``secret`` is a credential carried in the
+hold its pulls until an event is set (``hold``), unreachable (``down``) or count its
+pulls; ``secret`` is a credential carried in the
 URL's user part, which ``display_url`` leaves out (the sentinel tests look for it)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class StandinSources:
     """``open_source`` for the tests; what each source directory does, by its path."""
 
     delay: dict[str, float] = field(default_factory=dict)  # seconds per pull
+    hold: dict[str, threading.Event] = field(default_factory=dict)  # a pull waits for it
     down: set[str] = field(default_factory=set)
     pulls: list[tuple[str, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -86,6 +88,9 @@ class StandinSource:
                 progress(done, total)
         if delay:
             time.sleep(delay)
+        gate = self.owner.hold.get(str(self.root))
+        if gate is not None:
+            gate.wait(60)
         self._check()
         os.replace(partial, dest)
         return PullResult(version, total, time.monotonic() - started, "")

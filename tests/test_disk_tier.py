@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import threading
 import urllib.request
@@ -131,11 +132,13 @@ def http_sourced(repo: Path, name: str, server, path: str, **options) -> None:
 
 
 def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src, tmp_path):
-    """A real HTTP source (agent.sources) whose server cuts the transfer."""
+    """A real HTTP source (agent.sources) whose server cuts the transfer, then stops."""
     write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    write_mlp(src / "n" / "model.onnx", **TINY_MLP)
     add_mlp(repo, "local")
     with range_http_server(src) as http:
         http_sourced(repo, "m", http, "m/model.onnx")
+        http_sourced(repo, "n", http, "n/model.onnx")
         http.cut_after = 20_000
         server = agent(repo, real=True, load_retry_s=0.2)
         status, headers, body = infer(server, "m")
@@ -149,12 +152,18 @@ def test_a_pull_cut_midway_leaves_nothing_loadable_and_resumes(agent, repo, src,
         assert any(s.range and not s.range.startswith("bytes=0-") for s in http.served), \
             [s.range for s in http.served]
         assert cache_entry(server, "m")["on_disk"] is True
+        http.stop()  # the server down: a clear 503, the others served
+        status, headers, body = infer(server, "n")
+        assert status == 503 and "model n:1" in body["error"] and "Retry-After" in headers
+        assert infer(server, "m")[0] == 200 and infer(server, "local")[0] == 200
+        http.start()  # back on its port
+        wait_for(lambda: infer(server, "n")[0] == 200, what="the pull once the server is back")
 
 
 def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.5
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     results = []
 
@@ -164,14 +173,41 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     threads = [threading.Thread(target=one) for _ in range(16)]
     for t in threads:
         t.start()
-    seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
-                    and cache_entry(server, "m"), what="the downloading phase")
+    try:
+        seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
+                        and cache_entry(server, "m"), what="the downloading phase")
+        wait_for(lambda: cache_entry(server, "m")["in_flight"] == 16, what="16 waiting")
+    finally:
+        gate.set()
     assert seen["state"] == "loading" and seen["download"]["total_bytes"] > 0
     for t in threads:
         t.join(30)
     assert results == [200] * 16
     assert sources.pulls == [(str(src / "m"), 1)]
     assert server.node.disk.summary()["pulls"] == 1
+
+
+def test_sixteen_cold_requests_download_once_from_a_real_http_source(agent, repo, src):
+    """agent.sources' HTTP source held to ``pull_bandwidth``: the server sends the
+    model's bytes once (besides each pull's one-byte size probe)."""
+    write_mlp(src / "m" / "model.onnx", inputs=4, hidden=256, layers=2, outputs=2)
+    size = (src / "m" / "model.onnx").stat().st_size
+    with range_http_server(src) as http:
+        http_sourced(repo, "m", http, "m/model.onnx")
+        server = agent(repo, real=True, pull_bandwidth=size)  # about a second
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(infer(server, "m")[0]))
+                   for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [200] * 16
+        bodies = [s for s in http.served if s.sent > 1]
+        assert len(bodies) == 1 and bodies[0].sent == size, http.served
+        assert server.node.disk.summary()["pulls"] == 1
+        # held to pull_bandwidth (size bytes/s, less the cap's burst of a tenth)
+        assert server.node.disk.download_seconds(("m", 1)) >= 0.7
 
 
 def test_a_failed_pull_is_a_clear_503_and_others_are_served(agent, repo, src, sources):
@@ -201,34 +237,38 @@ def test_a_listing_is_kept_for_a_restart_with_the_source_down(agent, repo, src, 
     assert infer(first, "m")[0] == 200
     status, headers, body = infer(first, "never")
     assert status == 503 and "never" in body["error"] and "Retry-After" in headers
+    listed = {s["model"]: s for s in first.request("GET", "/v1/disk")[2]["sources"]}
+    assert listed["m"]["versions"] == [1] and listed["m"]["listing_error"] is None
+    assert listed["never"]["versions"] == [] and "unreachable" in listed["never"][
+        "listing_error"]
     first.close()
     sources.down.add(str(src / "m"))
     second = agent(repo)
     assert cache_entry(second, "m")["versions"] == [1]
+    assert "unreachable" in cache_entry(second, "m")["listing_error"]
     status, _, body = infer(second, "m")  # its files are on disk: no pull needed
     assert status == 200, body
     assert len(sources.pulls) == 1
 
 
-def test_the_disk_budget_keeps_a_slow_download_over_a_fast_one(agent, repo, src, sources):
+@pytest.mark.parametrize("disk_policy,kept", [(None, "slow"), ("lru", "fast")])
+def test_the_disk_budget_keeps_a_slow_download_over_a_fast_one(agent, repo, src, sources,
+                                                               disk_policy, kept):
+    """Two versions of one size and popularity, the slow one used least recently: the
+    agent's penalty-aware policy keeps the slow download; LRU (the control) does not."""
     for name in ("fast", "slow", "third"):
         publish(src, name)
         sourced(repo, name, src)
     sources.delay[str(src / "slow")] = 0.6
     size = (src / "fast" / "1" / "model.onnx").stat().st_size
-    server = agent(repo, disk_budget=2 * size + size // 2)
-    for name in ("slow", "fast"):
-        assert infer(server, name)[0] == 200
-    for name in ("slow", "fast"):  # out of memory: the disk tier may evict either
-        server.request("POST", f"/v1/cache/{name}/evict")
+    server = agent(repo, disk_budget=2 * size + size // 2, disk_policy=disk_policy)
     for _ in range(3):
-        for name in ("fast", "slow"):
+        for name in ("slow", "fast"):
             assert infer(server, name)[0] == 200
-    for name in ("slow", "fast"):
-        server.request("POST", f"/v1/cache/{name}/evict")
+            server.request("POST", f"/v1/cache/{name}/evict")  # the disk may evict it
     assert infer(server, "third")[0] == 200
     held = {h["model"] for h in server.node.disk.holdings()}
-    assert held == {"slow", "third"}, held
+    assert held == {kept, "third"}, held
     assert server.node.disk.summary()["evictions"] == 1
 
 
@@ -290,22 +330,85 @@ def tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, sources, tmpfs):
-    write_mlp(src / "big" / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
-    sourced(repo, "big", src)
+def test_a_full_tmpfs_is_a_507_and_resident_models_keep_serving(repo, src, tmpfs):
+    """A real 1 MiB file system and agent.sources' real file:// source. The tier's own
+    check refuses the first pull before a byte is written; told the disk is larger
+    than it is (``disk_free``), it lets the second start, and the source's disk-full
+    error (the real file system's room) is the same 507."""
+    for name in ("big", "bigger"):
+        write_mlp(src / name / "1" / "model.onnx", inputs=4, hidden=512, layers=2, outputs=2)
+        sourced(repo, name, src)
     add_mlp(repo, "local")
+    lie = {"on": False}
+
+    def disk_free(path):
+        return 10**12 if lie["on"] else shutil.disk_usage(path).free
+
     cfg = AgentConfig(repository=repo, data_dir=tmpfs, cpu_budget=200_000_000,
                       infer_threads=2, disk_budget=100 * 2**20)
-    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, open_source=sources.open_source)
+    server = AgentServer(cfg, budgets={"cpu": 200_000_000}, disk_free=disk_free)
     try:
         assert infer(server, "local")[0] == 200
         status, _, body = infer(server, "big")
-        assert status == 507 and "model big:1" in body["error"], body
-        assert "free" in body["error"]
+        assert status == 507 and "model big:1 needs" in body["error"], body
+        assert "bytes) free" in body["error"]
+        lie["on"] = True
+        status, _, body = infer(server, "bigger")
+        assert status == 507 and "model bigger:1" in body["error"], body
+        assert "disk full" in body["error"]
         assert infer(server, "local")[0] == 200
         assert not (tmpfs / "models" / "big" / "1").exists()
+        assert not (tmpfs / "models" / "bigger" / "1").exists()
+        assert server.node.disk.summary()["pull_failures"] == 2
     finally:
         server.close()
+
+
+def test_pinned_files_are_never_evicted_for_a_pull(agent, repo, src, sources):
+    for name in ("kept", "other"):
+        publish(src, name)
+    sourced(repo, "kept", src, pin=True)
+    sourced(repo, "other", src)
+    size = (src / "kept" / "1" / "model.onnx").stat().st_size
+    server = agent(repo, disk_budget=size + size // 2)
+    assert cache_entry(server, "kept")["state"] == "ready"  # pinned: loaded at start
+    status, _, body = infer(server, "other")
+    assert status == 507, body
+    assert "model other:1 needs" in body["error"] and "kept:1" in body["error"]
+    assert cache_entry(server, "kept")["on_disk"] is True
+    assert infer(server, "kept")[0] == 200
+    server.request("POST", "/v1/cache/kept/unpin")
+    server.request("POST", "/v1/cache/kept/evict")
+    assert infer(server, "other")[0] == 200  # unpinned and idle: now it may go
+    assert [h["model"] for h in server.node.disk.holdings()] == ["other"]
+
+
+def test_a_version_published_later_is_listed_at_the_next_rescan(agent, repo, src, sources):
+    publish(src, "m")
+    sourced(repo, "m", src)
+    server = agent(repo)
+    assert infer(server, "m")[2]["model_version"] == "1"
+    publish(src, "m", 2, hidden=8)
+    assert server.request("POST", "/v2/repository/index")[0] == 200
+    wait_for(lambda: cache_entry(server, "m")["versions"] == [1, 2], what="version 2 listed")
+    status, _, body = infer(server, "m")
+    assert status == 200 and body["model_version"] == "2"
+
+
+def test_cold_start_reject_counts_the_download(agent, repo, src, sources):
+    """``cold_start: reject`` expects load + first run + the download while the files
+    are off disk: a request whose deadline the pull would miss is refused at once."""
+    publish(src, "m")
+    sourced(repo, "m", src, cold_start="reject", slo={"latency_ms": 300})
+    sources.delay[str(src / "m")] = 0.6
+    server = agent(repo)
+    assert infer(server, "m")[0] == 200  # the first load: nothing known, served
+    server.request("POST", "/v1/cache/m/evict")
+    assert infer(server, "m")[0] == 200  # from disk: fast enough
+    server.request("POST", "/v1/cache/m/evict")
+    assert server.call(_drop(server.node.disk, "m")) == [1]
+    status, headers, body = infer(server, "m")
+    assert status == 503 and "Retry-After" in headers, body
 
 
 def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
@@ -331,7 +434,7 @@ def test_credentials_in_a_source_url_show_nowhere(agent, repo, src, caplog):
         status, _, bad = infer(server, "userinfo")
         assert status == 400 and "userinfo/config.yaml: source:" in bad["error"], bad
         texts.append(json.dumps(bad))
-        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/metrics",
+        for path in ("/v1/cache", "/v1/cache/m", "/v1/memory", "/v1/disk", "/metrics",
                      "/v2/repository/index"):
             with urllib.request.urlopen(urllib.request.Request(
                     server.url + path, method="POST" if "index" in path else "GET")) as r:
@@ -347,11 +450,14 @@ def test_node_disk_api_ensure_holdings_pulling_drop(agent, repo, src, sources):
     publish(src, "m")
     publish(src, "m", 2)
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 0.4
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     disk = server.node.disk
     future = asyncio.run_coroutine_threadsafe(disk.ensure("m", 1), server.loop)
-    pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    try:
+        pulling = wait_for(lambda: server.call(_pulling(disk)), what="a pull under way")
+    finally:
+        gate.set()
     assert pulling[0]["model"] == "m" and pulling[0]["version"] == 1
     future.result(30)
     assert [h["version"] for h in disk.holdings()] == [1]
@@ -384,7 +490,6 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
         "scheme": {"source": f"ftp://agent:{SECRET}@host/m"},
         "options": {"source": f"file://{src}/ok", "source_options": {"nope": 1}},
         "lonely": {"source_options": {"note": "x"}},
-        "synthetic": {"source": f"file://{src}/ok", "backend": "synthetic"},
         "nested": {"source": f"file://{src}/ok", "source_options": {"note": [1]}},
     }
     for name, config in cases.items():
@@ -392,20 +497,39 @@ def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources,
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
     publish(repo, "dirs")  # a version directory in the repository beside a source
     (repo / "dirs" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}/ok"}))
+    sourced(repo, "triton", src)  # a Triton config.pbtxt beside a source applies too
+    (repo / "triton" / "config.pbtxt").write_text('max_batch_size: 4\n')
     disk = DiskTier(tmp_path / "models", 10**6, open_source=sources.open_source)
     specs = scan_repository(repo, disk.listing)
     assert specs["ok"].error is None and specs["ok"].pending  # not listed yet: 503
+    assert specs["triton"].error is None and specs["triton"].config.max_batch_size == 4
+    assert specs["triton"].config.source == f"file://{src / 'triton'}"
     assert specs["ok"].files_root == tmp_path / "models" / "ok"
     errors = {n: specs[n].error for n in (*cases, "dirs")}
     assert errors["scheme"].endswith("scheme/config.yaml: source: scheme 'ftp' is none of "
                                      "s3, oci, https, http, file")
     assert "options/config.yaml: source: unknown source option 'nope'" in errors["options"]
     assert errors["lonely"].endswith("source_options: only allowed with source")
-    assert "synthetic/config.yaml: source: a synthetic model" in errors["synthetic"]
     assert "nested/config.yaml: source_options: note: must be a string" in errors["nested"]
     assert "dirs/config.yaml: source: a sourced model keeps no version directories" \
         in errors["dirs"]
     assert all(SECRET not in e for e in errors.values())
+
+
+def test_a_sourced_synthetic_model_pulls_its_files_and_serves(agent, repo, src, sources):
+    """A synthetic backend with a source (a replay's stand-in model: its download is its
+    source's files, its load and size its synthetic: keys)."""
+    (src / "s" / "1").mkdir(parents=True)
+    (src / "s" / "1" / "padding.bin").write_bytes(b"\0" * 50_000)
+    sourced(repo, "s", src, backend="synthetic",
+            synthetic={"size_bytes": 2_000_000, "load_ms": 5})
+    server = agent(repo)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    status, _, answer = server.request("POST", "/v2/models/s/infer", body)
+    assert status == 200 and answer["outputs"][0]["data"] == [3.0], answer
+    entry = cache_entry(server, "s")
+    assert entry["on_disk"] is True and entry["disk_bytes"] == 50_000
+    assert entry["backend"] == "synthetic" and entry["size_bytes"] == 2_000_000
 
 
 def test_at_start_partials_are_kept_never_loaded_and_holdings_keep_their_seconds(
@@ -481,7 +605,7 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
                     "installs it where apt is available)")
     publish(src, "m")
     sourced(repo, "m", src)
-    sources.delay[str(src / "m")] = 2.0
+    gate = sources.hold[str(src / "m")] = threading.Event()
     server = agent(repo)
     state = "document.querySelector('#models tr[data-model=\"m\"] td.state')?.textContent"
 
@@ -491,7 +615,10 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             await browser.wait_for(state + " === 'unloaded'")
             request = threading.Thread(target=infer, args=(server, "m"))
             request.start()
-            await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            try:
+                await browser.wait_for(f"({state} || '').startsWith('downloading')")
+            finally:
+                gate.set()
             await browser.wait_for(state + " === 'ready'")
             request.join(30)
             disk = await browser.evaluate(
@@ -500,3 +627,68 @@ def test_the_dashboard_shows_a_download_and_the_disk_tier(agent, repo, src, sour
             assert [e for e in browser.errors if not e.startswith("network:")] == []
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
+        src, sources, tmp_path):
+    """A restart with a smaller disk_budget: what is on disk is kept as found, and the
+    next pull evicts (least valuable first) until it fits."""
+    from agent.config import ModelConfig
+    from agent.node.disktier import DiskTier
+
+    for name in ("a", "b", "c"):
+        publish(src, name)
+    size = (src / "a" / "1" / "model.onnx").stat().st_size
+    root = tmp_path / "models"
+    big = DiskTier(root, 10 * size, policy="lru", open_source=sources.open_source)
+    for name in ("a", "b"):
+        big.listing(name, ModelConfig(source=f"file://{src / name}"), tmp_path)
+        await big.ensure(name, 1)
+    await big.close()
+    small = DiskTier(root, size + size // 2, policy="lru", open_source=sources.open_source)
+    assert small.pool.used == 2 * size > small.pool.budget
+    small.listing("c", ModelConfig(source=f"file://{src / 'c'}"), tmp_path)
+    await small.ensure("c", 1)
+    assert [h["model"] for h in small.holdings()] == ["c"]
+    assert small.pool.used == size and small.summary()["evictions"] == 2
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == \
+        ["a", "b", "c"] and not (root / "a" / "1").exists()
+    await small.close()
+
+
+def test_v1_disk_needs_a_read_token_where_the_agent_has_tokens(agent, repo, tmp_path):
+    token = tmp_path / "admin-token"
+    token.write_text("tok-0123456789abcdef0123456789abcdef")
+    add_mlp(repo, "local")
+    server = agent(repo, admin_token_file=token)
+    assert server.request("GET", "/v1/disk")[0] == 401
+    status, _, body = server.request(
+        "GET", "/v1/disk", headers={"Authorization": f"Bearer {token.read_text()}"})
+    assert status == 200 and body["holdings"] == [] and body["sources"] == []
+
+
+def test_pulls_wait_their_turn_beyond_max_concurrent_pulls(agent, repo, src, sources):
+    for name in ("a", "b"):
+        publish(src, name)
+        sourced(repo, name, src)
+    gates = {n: sources.hold.setdefault(str(src / n), threading.Event()) for n in "ab"}
+    server = agent(repo, max_concurrent_pulls=1)
+    results = {}
+    threads = [threading.Thread(target=lambda n=n: results.update({n: infer(server, n)[0]}))
+               for n in "ab"]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(sources.pulls) == 1, what="one pull started")
+        first = "a" if sources.pulls[0][0].endswith("/a") else "b"
+        wait_for(lambda: all(cache_entry(server, n)["phase"] == "downloading" for n in "ab"),
+                 what="both downloading")
+        assert len(sources.pulls) == 1 and len(server.node.disk.pulling()) == 2
+        gates[first].set()
+        wait_for(lambda: len(sources.pulls) == 2, what="the second pull's turn")
+    finally:
+        for gate in gates.values():
+            gate.set()
+    for t in threads:
+        t.join(30)
+    assert results == {"a": 200, "b": 200}

@@ -420,6 +420,9 @@ def test_s3_lists_versions_and_pulls_checked_by_checksum_or_etag(s3, tmp_path):
         src.pull(3, tmp_path / "local" / "3")
     with pytest.raises(SourceNotFound):
         open_source("s3://no-such-bucket/x", opts).versions()
+    with pytest.raises(SourceUnavailable, match="unreachable"):
+        open_source("s3://models/zoo/resnet", {"endpoint_url": "http://127.0.0.1:1",
+                                               "timeout_s": 2}).versions()
 
 
 def test_s3_multipart_uploads_are_checked_by_their_etag(s3, tmp_path):
@@ -636,3 +639,31 @@ def test_model_push_and_ls_through_the_cli(registry, s3, tmp_path):
     assert done.returncode == 1 and "oci:// or s3:// only" in done.stderr
     done = run("ls", "oci://127.0.0.1:1/nothing")
     assert done.returncode == 1 and "unreachable" in done.stderr
+
+
+def test_oci_bearer_tokens_from_the_challenge_and_no_token_in_messages(tmp_path, caplog):
+    from tests.servers import TokenService, oci_registry
+
+    password = "TOKEN-PASSWORD-SENTINEL-77"
+    tokens = TokenService(tmp_path / "tokens", "bob", password)
+    caplog.set_level(logging.DEBUG)
+    with oci_registry(tmp_path / "registry", tokens=tokens) as reg:
+        url = f"oci://{reg.host}/team/model"
+        with pytest.raises(SourceError, match="token service refused") as err:
+            open_source(url, {"username": "bob", "password": "nope"}).versions()
+        messages = [str(err.value)]
+        opts = {"username": "bob", "password": password}
+        d = tmp_path / "push"
+        write_mlp(d / "model.onnx", **TINY_MLP)
+        open_source(url, opts).push(d, "1")
+        src = open_source(url, opts)
+        assert src.versions() == [1]
+        src.pull(1, tmp_path / "local" / "1")
+        loads(tmp_path / "local" / "1")
+        assert tokens.issued and tokens.refused == 1
+        with pytest.raises(SourceNotFound) as err:  # with a token in hand
+            src.pull(2, tmp_path / "local" / "2")
+        messages.append(str(err.value))
+    text = "\n".join(messages + [r.getMessage() for r in caplog.records])
+    assert password not in text
+    assert not any(t in text or t.split(".")[2] in text for t in tokens.issued)

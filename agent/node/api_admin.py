@@ -76,10 +76,11 @@ async def memory(request: web.Request) -> web.Response:
 
 async def disk(request: web.Request) -> web.Response:
     """``GET /v1/disk``: the disk tier (read-only): its budget and figures, the model
-    versions on disk and the pulls under way with their progress."""
+    versions on disk, the pulls under way with their progress, and each sourced
+    model's listing (its versions, or why its source could not be listed)."""
     tier = request.app[NODE].disk
     return web.json_response({**tier.summary(), "holdings": tier.holdings(),
-                              "pulling": tier.pulling()})
+                              "pulling": tier.pulling(), "sources": tier.listings()})
 
 
 async def metrics(request: web.Request) -> web.Response:

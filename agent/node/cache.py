@@ -644,13 +644,17 @@ class ModelCache:
         run's surplus + its download while its files are not on disk."""
         account = entry.account
         warm = self.warm_exec(entry)
-        download = 0.0
-        if entry.spec.sourced and self.disk is not None and not self.disk.has(entry.id):
-            download = self.disk.download_seconds(entry.id)
         return float(miss_penalty(
             account.load_seconds,
             account.first_run_seconds if first_run is None else first_run,
-            0.0 if warm is None else warm, download))
+            0.0 if warm is None else warm, self.download_seconds(entry)))
+
+    def download_seconds(self, entry: Entry) -> float:
+        """Seconds ``entry``'s files take to pull before it can load: its last measured
+        download while they are not on disk, else 0."""
+        if entry.spec.sourced and self.disk is not None and not self.disk.has(entry.id):
+            return self.disk.download_seconds(entry.id)
+        return 0.0
 
     def _files_changed(self, key: tuple[str, int], on_disk: bool) -> None:
         """The disk tier pulled or evicted ``key``'s files: a resident model's penalty
@@ -948,6 +952,7 @@ class ModelCache:
         ref = disk.sources.get(entry.name)
         return {"phase": entry.life.phase,
                 "source": ref.display_url if ref is not None else None,
+                "listing_error": disk.listing_error(entry.name),
                 "on_disk": disk.has(entry.id),
                 "disk_bytes": disk.held.get(entry.id, 0),
                 "download_seconds": round(disk.download_seconds(entry.id), 6),

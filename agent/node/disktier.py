@@ -125,8 +125,7 @@ class DiskTier:
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
                  free_bytes: Callable[[Path], int] = _free_bytes) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)  # made by the first pull
         self.open_source, self.bandwidth = open_source, bandwidth
         self.clock, self.wall_clock, self.free_bytes = clock, wall_clock, free_bytes
         self.max_concurrent_pulls = max_concurrent_pulls
@@ -145,11 +144,12 @@ class DiskTier:
         self._state = self._read_state()
         self.held: dict[Key, int] = self._scan()
         if budget is None:
-            budget = (free_bytes(self.root) + sum(self.held.values())) // 2
+            existing = next(p for p in (self.root, *self.root.parents) if p.exists())
+            budget = (free_bytes(existing) + sum(self.held.values())) // 2
         self.pool = MemoryPool(budget, make_policy(policy))
-        for key, size in self.held.items():
-            self.pool.reserve(size, clock())  # nothing evicted at start: may be over
-            self.pool.commit(key, size, size, self.download_seconds(key), clock())
+        for key, size in self.held.items():  # as found, over the budget or not: the
+            # next pull evicts down to it
+            self.pool.commit(key, 0, size, self.download_seconds(key), clock())
 
     # -- start: what is on disk ------------------------------------------------------
     def _read_state(self) -> dict[str, Any]:
@@ -164,6 +164,8 @@ class DiskTier:
         """The complete versions on disk with their bytes; leftovers of evictions
         removed, partial pulls kept (never loaded) for a resume."""
         held: dict[Key, int] = {}
+        if not self.root.is_dir():
+            return held
         for model in sorted(self.root.iterdir()):
             if model.name.startswith(TRASH):
                 shutil.rmtree(model, ignore_errors=True)
@@ -193,6 +195,7 @@ class DiskTier:
         path = self.root / STATE_FILE
         tmp = path.with_name(f"{STATE_FILE}.tmp")
         try:
+            self.root.mkdir(parents=True, exist_ok=True)
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)
         except OSError as exc:
@@ -253,6 +256,8 @@ class DiskTier:
             state["listed_at"] = self.wall_clock()
             return before != (state.get("versions"), state.get("listing_error"))
 
+        if not refs:
+            return []
         changed = await asyncio.gather(*(one(n, r) for n, r in refs.items()))
         await self.persist()
         return [n for n, c in zip(refs, changed) if c]
@@ -282,13 +287,29 @@ class DiskTier:
                  "total_bytes": p.total_bytes, "started": p.started}
                 for p in sorted(self.pulls.values(), key=lambda p: p.key)]
 
+    def listings(self) -> list[dict[str, Any]]:
+        """Each sourced model's listing: ``[{model, source, versions, listed_at,
+        listing_error}]`` (its display URL only; the error of its last listing)."""
+        out = []
+        for name, ref in sorted(self.sources.items()):
+            state = self._model_state(name)
+            out.append({"model": name, "source": ref.display_url,
+                        "versions": list(state.get("versions") or ()),
+                        "listed_at": state.get("listed_at"),
+                        "listing_error": state.get("listing_error")})
+        return out
+
+    def listing_error(self, name: str) -> str | None:
+        """Why ``name``'s last listing failed (None: it did not)."""
+        return self._state["models"].get(name, {}).get("listing_error")
+
     def progress(self, key: Key) -> dict[str, int] | None:
         pull = self.pulls.get(key)
         return None if pull is None else {"bytes": pull.done_bytes,
                                           "total_bytes": pull.total_bytes}
 
     def summary(self) -> dict[str, Any]:
-        """The tier's figures (``/v1/memory``'s ``disk``, ``/metrics``)."""
+        """The tier's figures (``/v1/disk``, ``/metrics``)."""
         return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used,
                 "reserved_bytes": self.pool.reserved, "versions": len(self.held),
                 "pulling": len(self.pulls), "pulls": self.pulled,
@@ -328,6 +349,7 @@ class DiskTier:
                 raise self._failure(where, ref, exc) from None
             need = sum(max(int(f.size), 0) for f in files)  # -1: the source does not say
             self.pulls[key].total_bytes = need
+            self.root.mkdir(parents=True, exist_ok=True)
             await self._make_room(key, need)
             try:
                 seconds, size = await self._download(key, ref, need)
@@ -386,6 +408,12 @@ class DiskTier:
         return PullError(f"{where}: pulling from {ref.display_url} failed: "
                          f"{type(exc).__name__}", 503, 5.0)
 
+    def _fs_free(self, key: Key) -> int:
+        """The file system's free bytes less what the other pulls under way have still
+        to write."""
+        return self.free_bytes(self.root) - sum(
+            max(p.total_bytes - p.done_bytes, 0) for k, p in self.pulls.items() if k != key)
+
     async def _make_room(self, key: Key, need: int) -> None:
         """Reserve ``need`` bytes in the budget, evicting (idle versions first, then
         the files of versions resident in memory), and check the file system has them;
@@ -393,7 +421,7 @@ class DiskTier:
         where = f"model {key[0]}:{key[1]}"
         idle = [k for k in self.held if self.usage(k) == "idle"]
         freeable = sum(self.held[k] for k in self.held if self.usage(k) in ("idle", "resident"))
-        fs_free = self.free_bytes(self.root)
+        fs_free = self._fs_free(key)
         if need > fs_free + freeable:
             raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
                            f"the disk tier's file system has {format_size(fs_free)} "
@@ -419,7 +447,7 @@ class DiskTier:
             removals.append(self._delete(victim))
             self.evicted += 1
         await asyncio.gather(*(asyncio.wrap_future(r) for r in removals if r is not None))
-        fs_free = self.free_bytes(self.root)
+        fs_free = self._fs_free(key)
         if need > fs_free:
             self.pool.cancel(need)
             raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "

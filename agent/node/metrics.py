@@ -199,28 +199,29 @@ class _DiskCollector(Collector):
     model version its bytes on disk, last download and the pull under way."""
 
     _VERSION = ["model", "version"]
+    #: (metric, kind, help, ``DiskTier.summary`` key)
+    _FIGURES = (
+        ("edgeagent_disk_budget_bytes", GaugeMetricFamily,
+         "Byte budget of the disk tier (pulled models' files)", "budget_bytes"),
+        ("edgeagent_disk_used_bytes", GaugeMetricFamily,
+         "Bytes of pulled models' files on disk", "used_bytes"),
+        ("edgeagent_disk_pulls_in_progress", GaugeMetricFamily, "Pulls under way", "pulling"),
+        ("edgeagent_disk_pulls", CounterMetricFamily, "Model versions pulled", "pulls"),
+        ("edgeagent_disk_pulled_bytes", CounterMetricFamily, "Bytes of model files pulled",
+         "pulled_bytes"),
+        ("edgeagent_disk_pull_failures", CounterMetricFamily, "Pulls that failed",
+         "pull_failures"),
+        ("edgeagent_disk_evictions", CounterMetricFamily,
+         "Model versions whose files the disk tier evicted", "evictions"),
+    )
 
     def __init__(self, disk: "DiskTier") -> None:
         self.disk = disk
 
     def collect(self) -> Iterator:
         s = self.disk.summary()
-        yield GaugeMetricFamily("edgeagent_disk_budget_bytes",
-                                "Byte budget of the disk tier (pulled models' files)",
-                                value=s["budget_bytes"])
-        yield GaugeMetricFamily("edgeagent_disk_used_bytes",
-                                "Bytes of pulled models' files on disk", value=s["used_bytes"])
-        yield GaugeMetricFamily("edgeagent_disk_pulls_in_progress", "Pulls under way",
-                                value=s["pulling"])
-        yield CounterMetricFamily("edgeagent_disk_pulls", "Model versions pulled",
-                                  value=s["pulls"])
-        yield CounterMetricFamily("edgeagent_disk_pulled_bytes",
-                                  "Bytes of model files pulled", value=s["pulled_bytes"])
-        yield CounterMetricFamily("edgeagent_disk_pull_failures", "Pulls that failed",
-                                  value=s["pull_failures"])
-        yield CounterMetricFamily("edgeagent_disk_evictions",
-                                  "Model versions whose files the disk tier evicted",
-                                  value=s["evictions"])
+        for name, kind, help_, key in self._FIGURES:
+            yield kind(name, help_, value=s[key])
         on_disk = GaugeMetricFamily("edgeagent_model_disk_bytes",
                                     "Bytes of the model version's files on disk",
                                     labels=self._VERSION)

@@ -130,11 +130,18 @@ class Node:
         if await self.disk.refresh():
             self.rescan(relist=False)
 
+    #: Seconds the start waits for the sources' listings before it goes on (they go on
+    #: in the background; a model not listed yet answers 503 + Retry-After meanwhile).
+    LISTING_WAIT_S = 10.0
+
     async def _warm_up(self) -> None:
         try:
             from agent.backends.onnx import prime_runtime
 
-            await self.refresh_sources()
+            if self.disk.sources:
+                self._listing_task = asyncio.get_running_loop().create_task(
+                    self.refresh_sources())
+                await asyncio.wait({self._listing_task}, timeout=self.LISTING_WAIT_S)
 
             await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
                                                              prime_runtime)
@@ -260,6 +267,9 @@ class Node:
         if config.cpu_budget and config.cpu_budget != self.cache.pools["cpu"].budget:
             self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
+        if config.disk_budget and config.disk_budget != self.disk.pool.budget:
+            self.disk.pool.budget = config.disk_budget  # the next pull evicts down to it
+            log.info("SIGHUP: disk budget is now %d bytes", config.disk_budget)
         self.cache.load_wait_max_s = config.load_wait_max_s
         self.cache.load_retry_s = config.load_retry_s
         self.cache.idle_unload_s = config.idle_unload_s

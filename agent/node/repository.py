@@ -90,10 +90,9 @@ def _infer_backend(model_dir: Path, versions: tuple[int, ...]) -> str | None:
 
 
 def _scan_sourced(model_dir: Path, versions: tuple[int, ...], config: ModelConfig,
-                  listings: Listings | None) -> ModelSpec:
+                  backend: str, listings: Listings | None) -> ModelSpec:
     """A sourced model: its versions from ``listings`` (the disk tier's)."""
     name, where = model_dir.name, model_dir / "config.yaml"
-    backend = config.backend or "onnx"
     if versions:
         return ModelSpec(name, model_dir, versions, config, backend,
                          f"{where}: source: a sourced model keeps no version directories "
@@ -115,9 +114,8 @@ def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
         config = load_model_config(model_dir / "config.yaml")
     except ConfigError as exc:
         return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), None, str(exc))
-    if config.source is not None:
-        return _scan_sourced(model_dir, versions, config, listings)
-    backend = config.backend or _infer_backend(model_dir, versions)
+    backend = config.backend or ("onnx" if config.source is not None
+                                 else _infer_backend(model_dir, versions))
     pbtxt = model_dir / "config.pbtxt"
     if pbtxt.is_file():
         where = f"{model_dir.name}/config.pbtxt"
@@ -129,6 +127,8 @@ def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
         except (ConfigError, OSError, UnicodeDecodeError) as exc:
             return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), backend,
                              str(exc))
+    if config.source is not None:
+        return _scan_sourced(model_dir, versions, config, backend, listings)
     error = None
     if backend == "synthetic":
         versions = versions or (1,)

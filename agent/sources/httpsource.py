@@ -106,7 +106,7 @@ class HttpSource(BaseSource):
 
     def _urlopen(self, headers: dict[str, str]) -> Any:
         try:
-            return urllib.request.urlopen(urllib.request.Request(self._url, headers=headers),
+            resp = urllib.request.urlopen(urllib.request.Request(self._url, headers=headers),
                                           timeout=self.timeout_s, context=self._context)
         except urllib.error.HTTPError as exc:
             exc.close()
@@ -122,6 +122,10 @@ class HttpSource(BaseSource):
                     "source_options.ca_file names the CA") from None
             raise SourceUnavailable(f"{self.display_url}: unreachable "
                                     f"({type(reason).__name__})") from None
+        if self._context is not None and not resp.geturl().startswith("https:"):
+            resp.close()
+            raise SourceError(f"{self.display_url}: redirected from https to plain http: refused")
+        return resp
 
 
 def _http_error(where: str, code: int) -> SourceError:

@@ -222,7 +222,13 @@ class BaseSource:
                    max_bytes=self.max_unpacked_bytes,
                    free=lambda: self._disk_free(partial), stop=stop)
         (partial / _FILES).mkdir(exist_ok=True)
-        os.rename(partial / _FILES, dest)
+        try:
+            os.rename(partial / _FILES, dest)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise SourceError(f"pull of {self.display_url} version {version}: {dest} "
+                              "appeared meanwhile (one pull per destination at a time)") from None
         shutil.rmtree(partial, ignore_errors=True)
         return PullResult(version, counter.transferred, self._clock() - started,
                           self.version_digest(version, "".join(sums)))
