@@ -12,10 +12,11 @@ memory and 15 on disk; downloads of 0.05-3 s, as from sources of different speed
 replayed with the penalty-aware policy on both tiers (cremebrulee) and with LRU on both:
 loads, downloads, bytes pulled, total delay (downloads + loads) and mean response, first
 through ``simulate --queueing --disk-capacity`` (seconds), then with ``--live`` against a
-real agent pulling each model's file over HTTP from a local server that sends it in that
-model's download time (Range). Floors: cremebrulee's total delay at most 0.85 x LRU's
-where the simulator predicts a gain; live within 5 % of the simulated loads and 15 % of
-its mean response.
+real agent pulling each model's file over HTTP from a local Range server that waits
+that model's download seconds before sending it (``tests/helpers.py``
+``replay_three_tiers``). Floors: cremebrulee's total delay at most 0.85 x LRU's where
+the simulator predicts a gain; live within 5 % of the simulated loads and 15 % of its
+mean response.
 
     .venv/bin/python bench/pull.py replay [--seed 1] [--seeds 8] [--live] [--out DIR]
 
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.modelzoo import write_mlp  # noqa: E402
 from agent.sources import open_source  # noqa: E402
 from cachepolicies.simulator import SimulationResult, simulate  # noqa: E402
-from cachepolicies.traces import Profiles, make_profiles  # noqa: E402
-from tests.helpers import (ThreeTier, real_models, replay_three_tiers,  # noqa: E402
-                           three_tier_workload)
+from tests.helpers import ThreeTier, replay_three_tiers, three_tier_workload  # noqa: E402
 from tests.servers import oci_registry, range_http_server, s3_server  # noqa: E402
 
 SCHEMES = ("file", "http", "s3", "oci")
@@ -212,30 +211,18 @@ def replay(args: argparse.Namespace) -> None:
 
 
 def replay_live_agent(args: argparse.Namespace) -> None:
-    """``replay --live``: the same trace on real models, simulated then live."""
+    """``replay --live``: the same trace simulated then replayed against a live agent."""
+    work = three_tier_workload(args.seed, requests=args.requests, rate=args.rate)
+    print("live: the same trace against an agent pulling each model's file over HTTP")
+    print(HEADER)
+    lives = {}
     with tempfile.TemporaryDirectory() as tmp:
-        remote = Path(tmp) / "remote"
-        work = three_tier_workload(args.seed, requests=args.requests, rate=args.rate,
-                                   measured=real_models(remote))
-        p = work.profiles
-        print(f"live: the same trace on {len(p)} real ONNX models of "
-              f"{np.median(p.disk_bytes) / 1e6:.1f} MB files, "
-              f"{np.median(p.size_bytes) / 1e6:.1f} MB in memory, loads of "
-              f"{np.median(p.load_seconds):.3f} s (measured here); memory "
-              f"{work.memory_bytes / 1e6:.1f} MB, disk {work.disk_bytes / 1e6:.1f} MB")
-        print(HEADER)
-        lives = {}
         for policy in POLICIES:
             sim = Figures.of(simulated(work, policy))
             print(sim.row(f"sim {policy}"), flush=True)
-            results, listing, served = replay_three_tiers(work, policy, remote,
-                                                          Path(tmp) / policy)
-            lives[policy] = live_figures(work, results, listing, served)
+            results, listing, served = replay_three_tiers(work, policy, Path(tmp) / policy)
+            lives[policy] = live_figures(results, listing, served)
             print(lives[policy].row(f"live {policy}") + agreement(lives[policy], sim),
-                  flush=True)
-            booked = replace(work, profiles=as_booked(work.profiles, listing))
-            again = Figures.of(simulated(booked, policy))
-            print(again.row("sim, agent's sizes") + agreement(lives[policy], again),
                   flush=True)
     gain = lives["cremebrulee"].total_delay / lives["lru"].total_delay
     print(f"live: cremebrulee / lru total delay {gain:.3f} (floor <= {GAIN_FLOOR}: "
@@ -243,7 +230,7 @@ def replay_live_agent(args: argparse.Namespace) -> None:
     print(f"load average {open('/proc/loadavg').read().split()[:3]}")
 
 
-def live_figures(work: ThreeTier, results, listing, served) -> Figures:
+def live_figures(results, listing, served) -> Figures:
     """A live replay's figures: loads and load seconds as the agent booked them (each
     model's last load), pulls as the server sent them (not the sources' 1-byte probes).
     Failed requests are printed (a pull that finds the disk held by models pulling or
@@ -260,19 +247,6 @@ def live_figures(work: ThreeTier, results, listing, served) -> Figures:
     return Figures(loads, len(pulls), sum(s.sent for s in pulls), download_seconds,
                    load_seconds + download_seconds,
                    float(np.mean([seconds for seconds, _ in results])))
-
-
-def as_booked(p: Profiles, listing) -> Profiles:
-    """``p`` with the sizes and load times the agent booked for each model it loaded (its
-    last load), for a simulation of what the agent saw."""
-    booked = {m["name"]: m for m in listing if m["loads"]}
-    size, load, first = (np.array([float(booked[n][key]) if n in booked else default[i]
-                                   for i, n in enumerate(p.names)])
-                         for key, default in (("size_bytes", p.size_bytes),
-                                              ("load_seconds", p.load_seconds),
-                                              ("first_run_seconds", p.first_exec_seconds)))
-    return make_profiles(p.names, size, load, p.exec_seconds, first,
-                         download_seconds=p.download_seconds, disk_bytes=p.disk_bytes)
 
 
 def agreement(live: Figures, sim: Figures) -> str:

@@ -677,16 +677,12 @@ class ThreeTier:
 
 def three_tier_workload(seed: int = 1, models: int = 40, requests: int = 480,
                         rate: float = 8.0, zipf: float = 0.9, in_memory: int = 6,
-                        on_disk: int = 15, download: tuple[float, float] = (0.05, 3.0),
-                        measured=None) -> ThreeTier:
+                        on_disk: int = 15, download: tuple[float, float] = (0.05, 3.0)
+                        ) -> ThreeTier:
     """Zipf (``zipf``) over ``models`` synthetic models, popularity independent of the
     download seconds (log-uniform in ``download``: a fast mirror to a slow remote store),
     Poisson arrivals at ``rate``; memory for ``in_memory`` models of mean size, disk for
-    ``on_disk`` models' files of mean size. ``measured``: real models' profiles (with
-    ``disk_bytes``, ``real_models``) instead of the synthetic sizes and times, and room
-    for ``in_memory`` + 1/2 of their median size (``on_disk`` + 1/2 of their files'), so
-    that a few percent of measurement noise leaves the counts as they are; the same
-    trace and downloads."""
+    ``on_disk`` models' files of mean size."""
     from cachepolicies.traces import make_profiles, make_trace
 
     rng = np.random.default_rng(seed)
@@ -694,79 +690,49 @@ def three_tier_workload(seed: int = 1, models: int = 40, requests: int = 480,
     size = rng.integers(10, 40, models) * 1_000_000
     disk = rng.integers(1, 5, models) * 500_000
     load = rng.uniform(0.1, 0.25, models)
-    execs = rng.uniform(0.06, 0.12, models)
+    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
     seconds = np.exp(rng.uniform(*np.log(download), models))
     weights = 1 / np.arange(1, models + 1) ** zipf
     weights = weights[rng.permutation(models)]
     picks = rng.choice(models, requests, p=weights / weights.sum())
     times = np.cumsum(rng.exponential(1 / rate, requests))
-    memory, room = int(in_memory * size.mean()), int(on_disk * disk.mean())
-    first = None
-    if measured is not None:
-        size, load, execs = measured.size_bytes, measured.load_seconds, measured.exec_seconds
-        disk, first = measured.disk_bytes, measured.first_exec_seconds
-        memory = int((in_memory + 0.5) * np.median(size))
-        room = int((on_disk + 0.5) * np.median(disk))
-    profiles = make_profiles(names, size, load, execs, first, download_seconds=seconds,
+    profiles = make_profiles(names, size, load, execs, download_seconds=seconds,
                              disk_bytes=disk)
     trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
-    return ThreeTier(profiles, trace, memory, room)
+    return ThreeTier(profiles, trace, int(in_memory * size.mean()), int(on_disk * disk.mean()))
 
 
-def real_models(root: Path, models: int = 40, hidden: int = 1200):
-    """``models`` ONNX MLPs of one shape (X [N, 2] -> Y [N, 2], ``BODY``'s input; two
-    hidden layers of ``hidden``) at ``root/mNN/model.onnx``, measured as ``edgeagent
-    profile measure`` does; their profiles, with the files' bytes as ``disk_bytes``."""
-    from agent.backends.onnx import prime_runtime
-    from agent.memory import tune_malloc
-    from agent.profiling import measure_model
-    from cachepolicies.traces import make_profiles
-
-    paths = [write_mlp(root / f"m{i:02d}" / "model.onnx", inputs=2, hidden=hidden,
-                       layers=2, outputs=2, seed=i) for i in range(models)]
-    tune_malloc()
-    prime_runtime()
-    measured = [measure_model(path, runs=5) for path in paths]
-    return make_profiles([f"m{i:02d}" for i in range(models)],
-                         [m.size_bytes for m in measured], [m.load_seconds for m in measured],
-                         [m.exec_seconds for m in measured],
-                         [m.first_exec_seconds for m in measured],
-                         disk_bytes=[p.stat().st_size for p in paths], source="<measured>")
-
-
-def replay_three_tiers(work: ThreeTier, policy: str, remote: Path, tmp: Path, **config):
-    """``work`` replayed in real time against an agent with ``policy`` on both tiers,
-    its models (``real_models`` under ``remote``) sourced over HTTP from a
-    ``RangeServer`` that waits each file's download seconds before its body; (results
-    as ``replay_live``'s, ``/v1/cache``, the server's ``served``); ``config``: more agent
-    settings (default: 32 pulls and 32 loads at once: the simulator bounds neither, and
-    models queued to load hold their files on disk). The memory budget
-    adds what a load reserves above the model while it runs (the ONNX prior's peak,
-    about twice the model), which ``simulate`` does not model."""
+def replay_three_tiers(work: ThreeTier, policy: str, tmp: Path, **config):
+    """``work`` replayed in real time against an agent with ``policy`` on both tiers.
+    Its models are synthetic (the profiles' size, load and run times) and sourced over
+    HTTP: files of their ``disk_bytes`` that a ``RangeServer`` sends after waiting their
+    download seconds. (results as ``replay_live``'s, ``/v1/cache``, the server's
+    ``served``); ``config``: more agent settings (default: 32 pulls and 32 loads at
+    once, as the simulator, which bounds neither)."""
     import hashlib
 
-    from agent.backends.onnx import OnnxBackend
     from agent.config import AgentConfig
     from tests.servers import range_http_server
 
-    p, repo = work.profiles, tmp / "models"
-    delays = {f"{n}/model.onnx": float(s) for n, s in zip(p.names, p.download_seconds)}
-    budget = work.memory_bytes + int((OnnxBackend.PRIORS["cpu"].load_peak - 1)
-                                     * np.median(p.size_bytes))
+    p, remote, repo = work.profiles, tmp / "remote", tmp / "models"
+    rng = np.random.default_rng(0)
     with range_http_server(remote) as server:
-        server.delays.update(delays)
-        for name in p.names:
-            digest = hashlib.sha256((remote / name / "model.onnx").read_bytes()).hexdigest()
-            (repo / name).mkdir(parents=True)
-            (repo / name / "config.yaml").write_text(yaml.safe_dump({
-                "source": f"{server.url}/{name}/model.onnx",
-                "source_options": {"sha256": digest},
-                "slo": {"latency_ms": 60000}, "batching": {"workers": 64}}))
+        for i, name in enumerate(p.names):
+            data = rng.bytes(int(p.disk_bytes[i]))
+            (remote / name).mkdir(parents=True)
+            (remote / name / "model.bin").write_bytes(data)
+            server.delays[f"{name}/model.bin"] = float(p.download_seconds[i])
+            add_synthetic(repo, name, size_bytes=int(p.size_bytes[i]),
+                          load_ms=float(p.load_seconds[i]) * 1000,
+                          base_ms=float(p.exec_seconds[i]) * 1000, max_batch_size=0,
+                          slo={"latency_ms": 60000}, batching={"workers": 64},
+                          source=f"{server.url}/{name}/model.bin",
+                          source_options={"sha256": hashlib.sha256(data).hexdigest()})
         agent = AgentServer(AgentConfig(
-            repository=repo, data_dir=tmp / "data", cpu_budget=budget,
+            repository=repo, data_dir=tmp / "data", cpu_budget=work.memory_bytes,
             disk_budget=work.disk_bytes, policy=policy, infer_threads=2,
             **{"max_concurrent_pulls": 32, "load_concurrency": 32, **config}),
-            budgets={"cpu": budget})
+            budgets={"cpu": work.memory_bytes})
         try:
             results = asyncio.run(replay_live(agent.url, work.trace, p.names))
             listing = agent.request("GET", "/v1/cache")[2]
