@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -696,6 +697,86 @@ async def replay_live(url, trace, names):
         await asyncio.gather(*(one(float(t), names[m]) for t, m in
                                zip(trace.timestamps, trace.model_ids)))
     return results
+
+
+# -- three tiers: remote -> disk -> memory (issue 26) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ThreeTier:
+    """A three-tier replay's workload: profiles (with ``download_seconds`` and
+    ``disk_bytes``), the trace, and the memory and disk capacities (bytes)."""
+
+    profiles: Any
+    trace: Any
+    memory_bytes: int
+    disk_bytes: int
+
+
+def three_tier_workload(seed: int = 1, models: int = 40, requests: int = 480,
+                        rate: float = 8.0, zipf: float = 0.9, in_memory: int = 6,
+                        on_disk: int = 15, download: tuple[float, float] = (0.05, 3.0)
+                        ) -> ThreeTier:
+    """Zipf (``zipf``) over ``models`` synthetic models, popularity independent of the
+    download seconds (log-uniform in ``download``: a fast mirror to a slow remote store),
+    Poisson arrivals at ``rate``; memory for ``in_memory`` models of mean size, disk for
+    ``on_disk`` models' files of mean size."""
+    from cachepolicies.traces import make_profiles, make_trace
+
+    rng = np.random.default_rng(seed)
+    names = [f"m{i:02d}" for i in range(models)]
+    size = rng.integers(10, 40, models) * 1_000_000
+    disk = rng.integers(1, 5, models) * 500_000
+    load = rng.uniform(0.1, 0.25, models)
+    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
+    seconds = np.exp(rng.uniform(*np.log(download), models))
+    weights = 1 / np.arange(1, models + 1) ** zipf
+    weights = weights[rng.permutation(models)]
+    picks = rng.choice(models, requests, p=weights / weights.sum())
+    times = np.cumsum(rng.exponential(1 / rate, requests))
+    profiles = make_profiles(names, size, load, execs, download_seconds=seconds,
+                             disk_bytes=disk)
+    trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
+    return ThreeTier(profiles, trace, int(in_memory * size.mean()), int(on_disk * disk.mean()))
+
+
+def replay_three_tiers(work: ThreeTier, policy: str, tmp: Path, **config):
+    """``work`` replayed in real time against an agent with ``policy`` on both tiers.
+    Its models are synthetic (the profiles' size, load and run times) and sourced over
+    HTTP: files of their ``disk_bytes`` that a ``RangeServer`` sends after waiting their
+    download seconds. (results as ``replay_live``'s, ``/v1/cache``, the server's
+    ``served``); ``config``: more agent settings (default: 32 pulls and 32 loads at
+    once, as the simulator, which bounds neither)."""
+    import hashlib
+
+    from agent.config import AgentConfig
+    from tests.servers import range_http_server
+
+    p, remote, repo = work.profiles, tmp / "remote", tmp / "models"
+    rng = np.random.default_rng(0)
+    with range_http_server(remote) as server:
+        for i, name in enumerate(p.names):
+            data = rng.bytes(int(p.disk_bytes[i]))
+            (remote / name).mkdir(parents=True)
+            (remote / name / "model.bin").write_bytes(data)
+            server.delays[f"{name}/model.bin"] = float(p.download_seconds[i])
+            add_synthetic(repo, name, size_bytes=int(p.size_bytes[i]),
+                          load_ms=float(p.load_seconds[i]) * 1000,
+                          base_ms=float(p.exec_seconds[i]) * 1000, max_batch_size=0,
+                          slo={"latency_ms": 60000}, batching={"workers": 64},
+                          source=f"{server.url}/{name}/model.bin",
+                          source_options={"sha256": hashlib.sha256(data).hexdigest()})
+        agent = AgentServer(AgentConfig(
+            repository=repo, data_dir=tmp / "data", cpu_budget=work.memory_bytes,
+            disk_budget=work.disk_bytes, policy=policy, infer_threads=2,
+            **{"max_concurrent_pulls": 32, "load_concurrency": 32, **config}),
+            budgets={"cpu": work.memory_bytes})
+        try:
+            results = asyncio.run(replay_live(agent.url, work.trace, p.names))
+            listing = agent.request("GET", "/v1/cache")[2]
+        finally:
+            agent.close()
+    return results, listing, server.served
 
 
 # -- a runtime that fails on demand ---------------------------------------------------------

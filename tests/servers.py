@@ -25,26 +25,29 @@ import pytest
 
 @dataclass
 class Served:
-    """One answered request: its path, its ``Range`` header (or None) and the body bytes
-    sent."""
+    """One answered request: its path, its ``Range`` header (or None), the body bytes
+    sent and the seconds from the request to the last of them."""
 
     path: str
     range: str | None
     sent: int
+    seconds: float = 0.0
 
 
 @dataclass
 class RangeServer:
     """A threaded HTTP(S) file server over ``root``. Switches: ``cut_after`` (close the
     connection after that many body bytes, for every GET until reset to None),
-    ``corrupt`` (flip the first body byte), ``ignore_range`` (answer 200 in full);
-    ``served`` records each GET."""
+    ``corrupt`` (flip the first body byte), ``ignore_range`` (answer 200 in full),
+    ``delays`` (path → seconds: a whole file's wait before its body, a remote store's
+    time to the first byte; a range waits its share); ``served`` records each GET."""
 
     root: Path
     ssl_context: ssl.SSLContext | None = None
     cut_after: int | None = None
     corrupt: bool = False
     ignore_range: bool = False
+    delays: dict[str, float] = field(default_factory=dict)
     served: list[Served] = field(default_factory=list)
     port: int = 0
 
@@ -67,7 +70,9 @@ class RangeServer:
                 pass
 
             def do_GET(self) -> None:
-                path = server.root / self.path.split("?")[0].lstrip("/")
+                started = time.perf_counter()
+                name = self.path.split("?")[0].lstrip("/")
+                path = server.root / name
                 if not path.is_file():
                     self.send_error(404)
                     return
@@ -91,6 +96,8 @@ class RangeServer:
                 self.send_header("Content-Length", str(last - first + 1))
                 self.send_header("Accept-Ranges", "bytes")
                 self.end_headers()
+                if server.delays.get(name):
+                    time.sleep(server.delays[name] * (last - first + 1) / max(data_size, 1))
                 sent = 0
                 with open(path, "rb") as f:
                     f.seek(first)
@@ -110,7 +117,8 @@ class RangeServer:
                         self.wfile.write(chunk)
                         sent += len(chunk)
                         left -= len(chunk)
-                server.served.append(Served(self.path, asked, sent))
+                server.served.append(Served(self.path, asked, sent,
+                                            time.perf_counter() - started))
 
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         httpd.daemon_threads = True
