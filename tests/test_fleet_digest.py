@@ -1,6 +1,6 @@
-"""A pinned digest is checked (issue 26, follow-up): real agents, a real coordinator,
-Debian's docker-registry and a Range-capable HTTP server on loopback
-(``tests.servers``), real ONNX models."""
+"""A pinned digest is checked, and a model deleted from the catalog leaves the nodes
+(issue 26, follow-up): real agents, a real coordinator, Debian's docker-registry and a
+Range-capable HTTP server on loopback (``tests.servers``), real ONNX models."""
 
 from __future__ import annotations
 
@@ -106,6 +106,43 @@ def test_a_config_digest_is_checked_and_kept_across_a_restart(tmp_path):
             assert len(www.served) == gets  # served from disk: no pull
         finally:
             agent.close()
+
+
+def test_a_model_deleted_from_the_catalog_is_dropped_by_its_nodes(start_coordinator, agents,
+                                                                  tmp_path):
+    """Deleting a sourced model from the catalog plans at once (a coordinator that plans
+    by itself), and the plan's directives drop it: the node unloads it, removes its
+    assigned directory and its files; the operator's own model of another name,
+    deleted from the catalog too, is untouched."""
+    src = tmp_path / "src"
+    for name in ("gone", "keep"):
+        write_mlp(src / name / "1" / "model.onnx", **TINY_MLP)
+    co = start_coordinator(start_loops=True, **FAST)
+    [agent] = agents(co, ["edge-1"]).values()
+    repo = agent.node.config.repository
+    write_mlp(repo / "own" / "1" / "model.onnx", **TINY_MLP)
+    agent.node.rescan()
+    for name in ("gone", "keep", "own"):
+        body = {"slo_ms": 200, "proc_ms": 5, "cpu_per_replica": 0.5,
+                "source": f"file://{src / ('keep' if name == 'own' else name)}"}
+        assert co.request("PUT", f"/v1/models/{name}", body)[0] == 201
+    wait_for(lambda: reported(co, ["edge-1"]), 20, "the node reports")
+    co.request("POST", "/v1/plan")
+    wait_for(lambda: all(serving(agent, m) for m in ("gone", "keep", "own")), 30,
+             "all three served")
+    assigned = agent.node.config.assigned_dir
+    assert (assigned / "gone").is_dir() and not (assigned / "own").exists()
+    for name in ("gone", "own"):
+        assert co.request("DELETE", f"/v1/models/{name}")[0] == 200
+    wait_for(lambda: co.request("GET", "/v1/plan")[1].get("retired") == ["gone", "own"],
+             20, "a plan made by the deletes retires both")
+    data = agent.node.config.data_dir / "models"
+    wait_for(lambda: not (assigned / "gone").exists() and not (data / "gone" / "1").exists()
+             and "gone" not in agent.node.cache.specs, 30, "the node drops gone")
+    assert infer(agent, "gone")[0] == 404
+    assert agent.node.cache.specs["own"].path == repo / "own"  # the operator's: kept
+    assert (repo / "own" / "1" / "model.onnx").is_file()
+    assert infer(agent, "own")[0] == 200 and infer(agent, "keep")[0] == 200
 
 
 def test_a_directory_digest_is_what_a_pull_of_it_reports(tmp_path):
