@@ -11,6 +11,7 @@ example``) and the help of ``edgeagent serve``'s flags all come from it. An unkn
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +63,18 @@ def source_url(v: Any) -> str:
         raise ValueError(f"must be a URL such as s3://bucket/prefix ({', '.join(SOURCE_SCHEMES)})")
     if scheme.lower() not in SOURCE_SCHEMES:
         raise ValueError(f"scheme {scheme[:16]!r} is none of {', '.join(SOURCE_SCHEMES)}")
+    return v
+
+
+#: A version's digest as ``digest:`` and the coordinator's catalog write it.
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+
+
+def version_digest(v: Any) -> str:
+    """``digest``: ``sha256:<64 lowercase hex>``, the digest of one whole version (what a
+    pull reports: ``agent.sources.PullResult.digest``)."""
+    if not isinstance(v, str) or not _DIGEST.match(v):
+        raise ValueError(f"must be sha256:<64 lowercase hex digits>, got {str(v)[:80]!r}")
     return v
 
 
@@ -262,6 +275,14 @@ class ModelConfig(Section):
         "options of its source (endpoint_url for MinIO/Ceph, region, sha256, ...); "
         "credentials come from the environment, never from here",
         check=source_options, example={"endpoint_url": "http://127.0.0.1:9000"})] = None
+    version: Annotated[AtLeastOne | None, setting(
+        "serve only this version of its source (left out: the newest it lists)",
+        example=2)] = None
+    digest: Annotated[str | None, setting(
+        "the digest the version it serves must have (sha256:<hex>: an oci:// version's "
+        "manifest digest, else the sha256 of its files' sha256sum listing); a pulled "
+        "version that differs is refused and removed", check=version_digest,
+        example="sha256:" + "0" * 64)] = None
     warmup: Annotated[WarmupOptions | None, setting(
         "warm-up before it is ready: default (one run on zeros shaped by the signature; "
         "a failure is logged), none, {file: sample.json} (a v2 request body in the model "
@@ -281,8 +302,9 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
     config = load(ModelConfig, data, file)
     if config.synthetic is not None and config.backend != "synthetic":
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
-    if config.source_options is not None and config.source is None:
-        raise ConfigError(file, "source_options", "only allowed with source")
+    for key in ("source_options", "version", "digest"):
+        if getattr(config, key) is not None and config.source is None:
+            raise ConfigError(file, key, "only allowed with source")
     return config
 
 
