@@ -17,6 +17,11 @@ hold the room it needs, it waits in the *room queue* (FIFO, as the agent's) unti
 of them finish, while hits go on being served. The model is admitted when its load
 ends, as in the agent.
 
+With a disk capacity, a miss crosses three tiers (``cachepolicies.tiers``): the files
+first (a download when they are not on disk), then the memory reservation and the load;
+the replay is then the Python one (``_replay``), and in the queueing replay a miss waits
+for its download before it queues for room.
+
 Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node agent's
 cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
 decisions are compiled kernels, and so is the plain replay (``replay.replay``): a
@@ -41,6 +46,7 @@ from cachepolicies import replay
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, PolicyContractError
 from cachepolicies.registry import make_policy
+from cachepolicies.tiers import DiskTier, check_disk_capacity
 from cachepolicies.traces import Profiles, Trace, check_capacity
 
 
@@ -60,13 +66,19 @@ class SimulationResult:
     workers: int | None = None  # queueing mode only, like the two below
     mean_response_seconds: float | None = None
     p99_response_seconds: float | None = None
+    disk_capacity_bytes: int | None = None  # with a disk tier only, like the five below
+    disk_policy: str | None = None
+    downloads: int | None = None
+    bytes_downloaded: int | None = None
+    download_delay_seconds: float | None = None  # part of load_delay_seconds
+    disk_evictions: int | None = None
 
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.requests if self.requests else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        """The fields as a JSON-ready dict; queueing fields only in queueing mode."""
+        """The fields as a JSON-ready dict; queueing and disk fields only in those modes."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -78,33 +90,49 @@ def simulate(
     *,
     seed: int = 0,
     queueing: int | None = None,
+    disk_capacity: int | None = None,
+    disk_policy: str | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` with the policy ``policy_spec`` names under ``capacity_bytes``.
 
     ``queueing`` is None (count load delay only) or the number of workers N >= 1 (also
-    measure response times). Raises ``SimulationInputError`` before the run when a
-    requested model is larger than the whole capacity.
+    measure response times). ``disk_capacity`` (bytes) adds the disk tier, starting
+    empty, under ``disk_policy`` (default: ``policy_spec``); None: every model's files
+    are on disk throughout. Raises ``SimulationInputError`` before the run when a
+    requested model is larger than the whole capacity (or disk).
     """
     capacity_bytes = int(capacity_bytes)
     check_capacity(trace, profiles, capacity_bytes)
     if queueing is not None and queueing < 1:
         raise ValueError(f"queueing needs at least 1 worker, got {queueing}")
     policy = make_policy(policy_spec, future=trace.model_ids, seed=seed)
+    disk = None
+    if disk_capacity is not None:
+        disk_capacity = int(disk_capacity)
+        check_disk_capacity(trace, profiles, disk_capacity)
+        disk_policy = disk_policy or policy_spec
+        disk = DiskTier(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
+                                                   seed=seed), profiles)
     # The cycle collector would only cost time here; cycles, if any, go after the run.
     collecting = gc.isenabled()
     gc.disable()
     try:
         response = None
         if queueing is not None:
-            counts, response = _replay_queued(trace, profiles, capacity_bytes, policy, queueing)
-        elif _runs_compiled(policy):
+            counts, response = _replay_queued(trace, profiles, capacity_bytes, policy, queueing,
+                                              disk)
+        elif disk is None and _runs_compiled(policy):
             counts = _replay_compiled(trace, profiles, capacity_bytes, policy)
         else:
-            counts = _replay(trace, profiles, capacity_bytes, policy)
+            counts = _replay(trace, profiles, capacity_bytes, policy, disk)
     finally:
         if collecting:
             gc.enable()
     misses, evictions, bytes_loaded, delay = counts
+    tier = {} if disk is None else {"disk_capacity_bytes": disk_capacity,
+                                    "disk_policy": disk_policy, **disk.totals()}
+    if disk is not None:
+        delay += tier["download_delay_seconds"]
     requests = len(trace)
     return SimulationResult(
         policy=policy_spec,
@@ -119,6 +147,7 @@ def simulate(
         workers=queueing,
         mean_response_seconds=_stat(response, np.mean),
         p99_response_seconds=_stat(response, lambda r: np.percentile(r, 99)),
+        **tier,
     )
 
 
@@ -138,23 +167,28 @@ def sweep(
     seed: int = 0,
     queueing: int | None = None,
     progress: bool = True,
+    disk_capacity: int | None = None,
+    disk_policy: str | None = None,
 ) -> list[SimulationResult]:
     """``simulate`` for every (policy, capacity), policy-major, one after the other.
 
     All specs and capacities are checked before the first run; ``progress`` shows a
     tqdm bar on stderr.
     """
-    for spec in policy_specs:
+    for spec in [*policy_specs, *([disk_policy] if disk_policy else [])]:
         make_policy(spec, future=(), seed=seed)  # raises on a bad spec, before any run
     for capacity in capacities:
         check_capacity(trace, profiles, int(capacity))
+    if disk_capacity is not None:
+        check_disk_capacity(trace, profiles, int(disk_capacity))
     runs = [(spec, int(capacity)) for spec in policy_specs for capacity in capacities]
     results = []
     bar = tqdm(runs, desc="simulate", unit="run", file=sys.stderr, disable=not progress)
     for spec, capacity in bar:
         bar.set_postfix_str(f"{spec} @ {capacity} B", refresh=False)
         results.append(
-            simulate(trace, profiles, capacity, spec, seed=seed, queueing=queueing)
+            simulate(trace, profiles, capacity, spec, seed=seed, queueing=queueing,
+                     disk_capacity=disk_capacity, disk_policy=disk_policy)
         )
     return results
 
@@ -192,9 +226,11 @@ def _replay_compiled(
 
 
 def _replay(
-    trace: Trace, profiles: Profiles, capacity: int, policy: Policy
+    trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
+    disk: DiskTier | None = None,
 ) -> tuple[int, int, int, float]:
-    """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay."""
+    """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay
+    (with ``disk``, the delay of the loads only: the downloads are the tier's)."""
     sizes = profiles.size_bytes.tolist()
     penalties = profiles.penalty_seconds.tolist()
     pool = MemoryPool(capacity, policy)
@@ -202,10 +238,15 @@ def _replay(
     record = policy.record_access
     for key, now in zip(trace.model_ids.tolist(), trace.timestamps.tolist()):
         record(key, now)
+        if disk is not None:
+            disk.record_access(key, now)
         if key in pool:
             continue
+        if disk is not None:
+            disk.fetch(key, now, pool)
         pool.reserve(sizes[key], now)  # everything is evictable: never None
-        pool.commit(key, sizes[key], sizes[key], penalties[key], now)
+        penalty = penalties[key] if disk is None else disk.penalty(key)
+        pool.commit(key, sizes[key], sizes[key], penalty, now)
         loads[key] += 1
     return _totals(loads, profiles, resident_count=len(pool.sizes))
 
@@ -224,14 +265,17 @@ def _totals(
     return misses, misses - resident_count, loaded, delay
 
 
-_ARRIVE, _LOADED, _FINISH = 0, 1, 2  # event kinds, in the order ties are handled
+_ARRIVE, _LOADED, _FINISH, _PULLED = 0, 1, 2, 3  # event kinds, in the order ties are handled
 
 
 def _replay_queued(
-    trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int
+    trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int,
+    disk: DiskTier | None = None,
 ) -> tuple[tuple[int, int, int, float], np.ndarray]:
     """The N-worker replay of the module docstring, as discrete events (arrivals, loads
-    done, requests done); also returns response times."""
+    done, requests done, downloads done); also returns response times. With ``disk``, a
+    miss whose files are not on disk downloads them before it queues for room (the
+    delay returned is the loads')."""
     sizes = profiles.size_bytes.tolist()
     penalties = profiles.penalty_seconds.tolist()
     exec_seconds = profiles.exec_seconds.tolist()
@@ -271,6 +315,8 @@ def _replay_queued(
         free_workers -= 1
         model = model_of[i]
         policy.record_access(model, now)
+        if disk is not None:
+            disk.record_access(model, now)
         in_flight[model] += 1
         if model in pool:
             schedule(now + exec_seconds[model], _FINISH, i)
@@ -278,8 +324,12 @@ def _replay_queued(
             loading[model].append(i)
         else:
             loading[model] = [i]
-            room_queue.append(model)
-            grant(now)
+            pull = 0.0 if disk is None else disk.fetch(model, now, pool, loading.__contains__)
+            if pull > 0:
+                schedule(now + pull, _PULLED, model)
+            else:
+                room_queue.append(model)
+                grant(now)
 
     for i, arrival in enumerate(arrivals):
         schedule(arrival, _ARRIVE, i)
@@ -292,9 +342,13 @@ def _replay_queued(
                 ready.append(what)
         elif kind == _LOADED:
             size = sizes[what]
-            pool.commit(what, size, size, penalties[what], now)
+            penalty = penalties[what] if disk is None else disk.penalty(what)
+            pool.commit(what, size, size, penalty, now)
             for i in loading.pop(what):
                 schedule(now + exec_seconds[what], _FINISH, i)
+        elif kind == _PULLED:
+            room_queue.append(what)
+            grant(now)
         else:
             model = model_of[what]
             in_flight[model] -= 1

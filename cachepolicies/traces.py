@@ -2,8 +2,10 @@
 
 - trace: ``timestamp,model`` — seconds (float, non-decreasing, >= 0) and a model name;
   extra columns are ignored.
-- profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus an optional
-  ``first_exec_seconds``; extra columns (e.g. ``disk_mb``) are ignored.
+- profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus the optional
+  ``first_exec_seconds``, ``download_seconds`` (pulling the model's files from its source
+  into the disk tier; absent: 0) and ``disk_bytes`` (the files' bytes on disk; absent:
+  ``size_bytes``); extra columns (e.g. ``disk_mb``) are ignored.
 
 Model names are interned: a trace holds, per request, the integer id of its model (the
 row of that model in the profiles), so the simulator works on ints only.
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
-OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds",)
+OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "download_seconds", "disk_bytes")
 
 
 class SimulationInputError(ValueError):
@@ -74,6 +76,9 @@ class Profiles:
     penalty_seconds: np.ndarray  # float64: what a miss costs, see the module docstring
     index: dict[str, int]
     source: str
+    # The disk tier's columns (``cachepolicies.tiers``); None where the file has none.
+    download_seconds: np.ndarray | None = None  # float64
+    disk_bytes: np.ndarray | None = None  # int64
 
     def __len__(self) -> int:
         return len(self.names)
@@ -116,14 +121,19 @@ def read_profiles(path: str | Path) -> Profiles:
     optional = [c for c in OPTIONAL_PROFILE_COLUMNS if c in header]
     types = {"model": pa.string(), "size_bytes": pa.float64(), "load_seconds": pa.float64(),
              "exec_seconds": pa.float64(), **{c: pa.float64() for c in optional}}
-    table = _read_table(source, header, types, nullable=set(optional))
-    first_exec = table["first_exec_seconds"] if optional else None
+    table = _read_table(source, header, types, nullable={"first_exec_seconds"})
+
+    def column(name: str) -> np.ndarray | None:
+        return _floats(table[name]) if name in optional else None
+
     return _build_profiles(
         names=table["model"].to_pylist(),
         size_bytes=_floats(table["size_bytes"]),
         load_seconds=_floats(table["load_seconds"]),
         exec_seconds=_floats(table["exec_seconds"]),
-        first_exec_seconds=None if first_exec is None else _floats(first_exec),
+        first_exec_seconds=column("first_exec_seconds"),
+        download_seconds=column("download_seconds"),
+        disk_bytes=column("disk_bytes"),
         source=source,
         line_offset=2,
     )
@@ -136,17 +146,23 @@ def make_profiles(
     exec_seconds: list[float] | np.ndarray,
     first_exec_seconds: list[float] | np.ndarray | None = None,
     *,
+    download_seconds: list[float] | np.ndarray | None = None,
+    disk_bytes: list[int] | np.ndarray | None = None,
     source: str = "<profiles>",
 ) -> Profiles:
     """Profiles from in-memory columns, validated like a file (rows count from 1)."""
+
+    def floats(values):
+        return None if values is None else np.asarray(values, dtype=np.float64)
+
     return _build_profiles(
         names=list(names),
         size_bytes=np.asarray(size_bytes, dtype=np.float64),
         load_seconds=np.asarray(load_seconds, dtype=np.float64),
         exec_seconds=np.asarray(exec_seconds, dtype=np.float64),
-        first_exec_seconds=None
-        if first_exec_seconds is None
-        else np.asarray(first_exec_seconds, dtype=np.float64),
+        first_exec_seconds=floats(first_exec_seconds),
+        download_seconds=floats(download_seconds),
+        disk_bytes=floats(disk_bytes),
         source=source,
         line_offset=1,
     )
@@ -161,10 +177,13 @@ def _build_profiles(
     first_exec_seconds: np.ndarray | None,
     source: str,
     line_offset: int,
+    download_seconds: np.ndarray | None = None,
+    disk_bytes: np.ndarray | None = None,
 ) -> Profiles:
     if not names:
         raise SimulationInputError(source, "no models after the header")
-    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds)
+    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds, download_seconds,
+               disk_bytes)
     if any(c is not None and len(c) != len(names) for c in columns):
         raise SimulationInputError(source, "columns of different lengths")
     index: dict[str, int] = {}
@@ -186,19 +205,22 @@ def _build_profiles(
         ("load_seconds", load_seconds),
         ("exec_seconds", exec_seconds),
         ("first_exec_seconds", first_exec_seconds),
+        ("download_seconds", download_seconds),
+        ("disk_bytes", disk_bytes),
     ):
         if values is None:
             continue
         _check_non_negative(source, column, values, line_offset, allow_nan=column == "first_exec_seconds")
-    whole = np.flatnonzero(size_bytes != np.floor(size_bytes))
-    if whole.size:
-        i = int(whole[0])
-        raise SimulationInputError(
-            source,
-            f"{float(size_bytes[i])!r} is not a whole number of bytes",
-            line=i + line_offset,
-            column="size_bytes",
-        )
+    for column, values in (("size_bytes", size_bytes), ("disk_bytes", disk_bytes)):
+        whole = np.flatnonzero(values != np.floor(values)) if values is not None else ()
+        if len(whole):
+            i = int(whole[0])
+            raise SimulationInputError(
+                source,
+                f"{float(values[i])!r} is not a whole number of bytes",
+                line=i + line_offset,
+                column=column,
+            )
     return Profiles(
         names=names,
         size_bytes=size_bytes.astype(np.int64),
@@ -208,6 +230,8 @@ def _build_profiles(
         penalty_seconds=load_penalty(load_seconds, exec_seconds, first_exec_seconds),
         index=index,
         source=source,
+        download_seconds=download_seconds,
+        disk_bytes=None if disk_bytes is None else disk_bytes.astype(np.int64),
     )
 
 

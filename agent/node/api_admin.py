@@ -1,4 +1,4 @@
-"""Cache admin (``/v1/cache``), ``/v1/memory`` and ``/metrics``."""
+"""Cache admin (``/v1/cache``), ``/v1/memory``, ``/v1/disk`` and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -74,6 +74,16 @@ async def memory(request: web.Request) -> web.Response:
     return web.json_response(memory)
 
 
+async def disk(request: web.Request) -> web.Response:
+    """``GET /v1/disk``: the disk tier (read-only): its budget and figures, the model
+    versions on disk, the pulls under way with their progress, and each sourced
+    model's listing (its versions, or why its source could not be listed)."""
+    tier = request.app[NODE].disk
+    return web.json_response({**tier.summary(), "holdings": tier.holdings(),
+                              "pulling": tier.pulling(), "sources": tier.listings(),
+                              "pull_errors": tier.pull_errors()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -90,4 +100,5 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/cache/{name}/{action:pin|unpin|evict}", cache_action)
     r.add_post("/v1/cache/{name}/workers", cache_workers)
     r.add_get("/v1/memory", memory)
+    r.add_get("/v1/disk", disk)
     r.add_get("/metrics", metrics)
