@@ -337,7 +337,8 @@ class DiskTier:
         """The tier's figures (``/v1/disk``, ``/metrics``)."""
         return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used,
                 "reserved_bytes": self.pool.reserved, "versions": len(self.held),
-                "pulling": len(self.pulls), "pulls": self.pulled,
+                "pulling": len(self.pulls), "waiting_pulls": len(self.waiting),
+                "pulls": self.pulled,
                 "pulled_bytes": self.pulled_bytes, "pull_failures": self.pull_failures,
                 "evictions": self.evicted}
 
@@ -487,14 +488,17 @@ class DiskTier:
                     f"({format_size(self.pool.reserved)}) and by versions pinned or "
                     f"loading: {', '.join(busy) or 'none'}")
         removals = request.future.result()  # DiskFull where ``wake`` found it never fits
-        await asyncio.gather(*(asyncio.wrap_future(r) for r in removals))
-        fs_free = self._fs_free(key)
-        if need > fs_free:
+        try:
+            await asyncio.gather(*(asyncio.wrap_future(r) for r in removals))
+            fs_free = self._fs_free(key)
+            if need > fs_free:
+                raise DiskFull(f"model {key[0]}:{key[1]} needs {format_size(need)} ({need} "
+                               f"bytes) on disk but the disk tier's file system has "
+                               f"{format_size(fs_free)} ({fs_free} bytes) free")
+        except BaseException:
             self.pool.cancel(need)
             self.wake()
-            raise DiskFull(f"model {key[0]}:{key[1]} needs {format_size(need)} ({need} "
-                           f"bytes) on disk but the disk tier's file system has "
-                           f"{format_size(fs_free)} ({fs_free} bytes) free")
+            raise
 
     def _never_fits(self, key: Key, need: int) -> DiskFull | None:
         """Why ``need`` bytes can never be had (None: they can): more than the budget
