@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "Plan replicas per model under latency SLOs and cluster limits (Faro)."),
     "profile": ("agent.commands.profile:profile",
                 "Measure model profiles (memory, load and execution time)."),
+    "selection": ("agent.commands.selection:selection",
+                  "Inspect and reset a running agent's selection apps."),
     "serve": ("agent.commands.serve:serve",
               "Run the node agent (OIP v2 REST and gRPC + TF Serving REST + cache admin + "
               "/metrics)."),

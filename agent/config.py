@@ -11,6 +11,7 @@ example``) and the help of ``edgeagent serve``'s flags all come from it. An unkn
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,9 +21,16 @@ from agent.authconfig import AgentAuthSettings
 from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
                           Port, Positive, Section, Text, load, setting)
 from agent.tls import TlsSettings
-from agent.validation import ConfigError, choice, device, load_yaml, size, string
+from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
+#: A model's ``backend:``: a runtime, or ``selection`` (an app over other models).
+MODEL_BACKENDS = (*BACKENDS, "selection")
+#: A selection app's policies (``agent.node.selection.policies``); clipper_exp4 is the
+#: paper's literal update, kept as a control.
+SELECTION_POLICIES = ("exp3", "exp4", "epsilon_greedy", "thompson", "static", "clipper_exp4")
+#: What an app's output is: class ids (INT64 [N, 1]), scores (FP32 [N, C]) or values.
+OUTPUT_KINDS = ("label", "scores", "value")
 #: What a request for a model that is not loaded does: wait for the load (``serve``,
 #: late answers count as SLO violations) or fail fast when the load outlasts its
 #: deadline (``reject``: 503 + Retry-After while the load goes on in the background).
@@ -62,6 +70,18 @@ def source_url(v: Any) -> str:
         raise ValueError(f"must be a URL such as s3://bucket/prefix ({', '.join(SOURCE_SCHEMES)})")
     if scheme.lower() not in SOURCE_SCHEMES:
         raise ValueError(f"scheme {scheme[:16]!r} is none of {', '.join(SOURCE_SCHEMES)}")
+    return v
+
+
+#: A version's digest as ``digest:`` and the coordinator's catalog write it.
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+
+
+def version_digest(v: Any) -> str:
+    """``digest``: ``sha256:<64 lowercase hex>``, the digest of one whole version (what a
+    pull reports: ``agent.sources.PullResult.digest``)."""
+    if not isinstance(v, str) or not _DIGEST.match(v):
+        raise ValueError(f"must be sha256:<64 lowercase hex digits>, got {str(v)[:80]!r}")
     return v
 
 
@@ -107,6 +127,41 @@ class OrtOptions(Section):
         = True
 
 
+class ErrorSpan(Section, array_like=True):
+    """Rows whose id is in [from_row, to_row) answer wrong at ``rate`` (a failure)."""
+
+    from_row: Annotated[AtLeastZero, setting("first row id")]
+    to_row: Annotated[AtLeastZero, setting("row id after the last")]
+    rate: Annotated[float, setting("error rate", ge=0, le=1)]
+
+
+class ClassifierOptions(Section):
+    """The synthetic classifier (``synthetic.classifier``): input X FP32 [N, 3] = (row id,
+    true label, group), output Y INT64 [N, 1]; wrong on a deterministic subset of rows."""
+
+    classes: Annotated[int, setting("number of classes", ge=2)] = 10
+    seed: Annotated[int, setting("seed of the rows it gets wrong (with the model name)")] = 1
+    error: Annotated[float, setting("error rate of rows neither listed below", ge=0,
+                                    le=1)] = 0.1
+    schedule: Annotated[tuple[ErrorSpan, ...], setting(
+        "[from_row, to_row, rate] spans of row ids with their own error rate",
+        example=[[5000, 10000, 0.9]])] = ()
+    groups: Annotated[dict[int, Annotated[float, Meta(ge=0, le=1)]], setting(
+        "error rate by group (the third input column)", example={3: 0.15})] = \
+        field(default_factory=dict)
+    scores: Annotated[bool, setting("also answer SCORES FP32 [N, classes]")] = False
+
+
+class JitterOptions(Section):
+    """Random latency on top of ``base_ms`` (``synthetic.jitter``): stragglers."""
+
+    lognormal_sigma: Annotated[NonNegative, setting(
+        "base_ms is scaled by exp(sigma × a standard normal)")] = 0.0
+    outlier_p: Annotated[float, setting("chance a batch takes outlier_ms more", ge=0,
+                                        le=1)] = 0.0
+    outlier_ms: Annotated[NonNegative, setting("an outlier's extra ms")] = 0.0
+
+
 class SyntheticOptions(Section):
     """The synthetic backend's behaviour (``synthetic:`` in config.yaml)."""
 
@@ -115,6 +170,9 @@ class SyntheticOptions(Section):
     size_bytes: Annotated[int, setting("memory the model takes (bytes or a size such as "
                                        "512MB)", check=size, example="1MB")] = 1_000_000
     load_ms: Annotated[NonNegative, setting("ms a load takes")] = 0.0
+    classifier: Annotated[ClassifierOptions | None, setting(
+        "answer as a classifier (tests and benches of selection apps)")] = None
+    jitter: Annotated[JitterOptions | None, setting("random latency (stragglers)")] = None
 
 
 class SloOptions(Section):
@@ -160,6 +218,82 @@ class ServerBatching(BatchingOptions):
 
 SERVER_BATCHING = ServerBatching(enabled=True, adaptive=True, window_ms_max=100.0,
                                  aimd_step=2, budget_fraction=0.5, workers=1)
+
+
+class AppOutput(Section):
+    """The output a selection app combines (``selection.output``)."""
+
+    name: Annotated[Text, setting("the members' output tensor")] = "Y"
+    kind: Annotated[str, setting("label (INT64 [N, 1] class ids: a weighted vote), scores "
+                                 "(FP32 [N, C]) or value (FP32): a weighted mean",
+                                 check=choice(*OUTPUT_KINDS))] = "label"
+
+
+class FeedbackOptions(Section):
+    """How long predictions wait for their labels (``selection.feedback``)."""
+
+    window_s: Annotated[Positive, setting("a prediction takes feedback this long")] = 600.0
+    max_pending: Annotated[AtLeastOne, setting(
+        "predictions waiting for feedback at most (the oldest fall out, counted)")] = 100_000
+
+
+Candidate = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*(:[0-9]+)?\Z",
+                                extra={"expected": "a model name or name:version"})]
+
+
+class SelectionOptions(Section):
+    """A selection app (``backend: selection``): members it picks or combines, the
+    policy that learns from feedback, what it answers when unsure (Clipper §5)."""
+
+    policy: Annotated[str, setting("how members are picked and weighted",
+                                   check=choice(*SELECTION_POLICIES), example="exp4")] = "exp4"
+    candidates: Annotated[tuple[Candidate, ...], setting(
+        "member models (name or name:version); their inputs and output must agree",
+        min_length=1, example=["resnet", "mobilenet:2"])] = ()
+    output: Annotated[AppOutput, setting("the output combined")] = \
+        field(default_factory=AppOutput)
+    default_output: Annotated[tuple[float, ...], setting(
+        "each row's answer when no member answers in time or confidence is below "
+        "min_confidence (flagged default)")] = (-1.0,)
+    min_confidence: Annotated[Annotated[float, Meta(ge=0, le=1)] | None, setting(
+        "rows whose share of members agreeing is below this get default_output",
+        example=0.5)] = None
+    context_parameter: Annotated[Text, setting(
+        "the request parameter naming the user or session whose state is used")] = "context"
+    max_contexts: Annotated[AtLeastOne, setting(
+        "contexts kept (least recently used fall out of memory; persisted ones return)")] \
+        = 10_000
+    weights: Annotated[tuple[Annotated[float, Meta(ge=0)], ...], setting(
+        "initial weights, one per candidate (static: the fixed split)",
+        example=[0.9, 0.1])] = ()
+    eta: Annotated[Positive, setting("exp3/exp4 learning rate")] = 0.1
+    share: Annotated[Annotated[float, Meta(ge=0, lt=1)] | None, setting(
+        "exp3/exp4 fixed share mixed back after each update (0: none; default 0.01, "
+        "exp3 0.001)", example=0.01)] = None
+    gamma: Annotated[float, setting("exp3 uniform exploration", ge=0, le=1)] = 0.05
+    epsilon: Annotated[float, setting("epsilon_greedy exploration", ge=0, le=1)] = 0.1
+    discount: Annotated[Annotated[float, Meta(gt=0, le=1)] | None, setting(
+        "epsilon_greedy/thompson discount per observation (1: none; default 0.98, "
+        "thompson 0.995)", example=0.995)] = None
+    load_min_weight: Annotated[float, setting(
+        "a cold member is loaded in the background only when its weight is at least "
+        "this", ge=0, le=1)] = 0.1
+    write_every_s: Annotated[Positive, setting(
+        "learned state is written to $data_dir at most this often (and at shutdown)")] \
+        = 2.0
+    feedback: Annotated[FeedbackOptions, setting("the pending predictions")] = \
+        field(default_factory=FeedbackOptions)
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise SchemaError("candidates", "required: at least one member model")
+        if self.weights and len(self.weights) != len(self.candidates):
+            raise SchemaError("weights", f"must give one weight per candidate "
+                              f"({len(self.candidates)}), got {len(self.weights)}")
+        if len(set(self.candidates)) != len(self.candidates):
+            raise SchemaError("candidates", "names a member twice")
+        if self.policy == "static" and self.weights and not sum(self.weights):
+            raise SchemaError("weights", "must not all be 0")
 
 
 class PredictionCacheOptions(Section):
@@ -225,7 +359,8 @@ class ModelConfig(Section):
 
     backend: Annotated[str | None, setting(
         "the backend that serves it; left out: inferred from the files (model.onnx: "
-        "onnx, saved_model.pb: tfserving)", check=choice(*BACKENDS), example="onnx")] = None
+        "onnx, saved_model.pb: tfserving; selection: an app over other models)",
+        check=choice(*MODEL_BACKENDS), example="onnx")] = None
     device: Annotated[str, setting("cpu, cuda (cuda:0) or cuda:N", check=device)] = "cpu"
     slo: Annotated[SloOptions | None, setting("the model's latency SLO")] = None
     max_batch_size: Annotated[AtLeastZero | None, setting(
@@ -262,6 +397,14 @@ class ModelConfig(Section):
         "options of its source (endpoint_url for MinIO/Ceph, region, sha256, ...); "
         "credentials come from the environment, never from here",
         check=source_options, example={"endpoint_url": "http://127.0.0.1:9000"})] = None
+    version: Annotated[AtLeastOne | None, setting(
+        "serve only this version of its source (left out: the newest it lists)",
+        example=2)] = None
+    digest: Annotated[str | None, setting(
+        "the digest the version it serves must have (sha256:<hex>: an oci:// version's "
+        "manifest digest, else the sha256 of its files' sha256sum listing); a pulled "
+        "version that differs is refused and removed", check=version_digest,
+        example="sha256:" + "0" * 64)] = None
     warmup: Annotated[WarmupOptions | None, setting(
         "warm-up before it is ready: default (one run on zeros shaped by the signature; "
         "a failure is logged), none, {file: sample.json} (a v2 request body in the model "
@@ -269,6 +412,8 @@ class ModelConfig(Section):
         "the load", check=warmup_option, example="default")] = None
     synthetic: Annotated[SyntheticOptions | None, setting(
         "what the synthetic backend pretends (backend: synthetic only)")] = None
+    selection: Annotated[SelectionOptions | None, setting(
+        "a selection app's members and policy (backend: selection only)")] = None
     #: From a Triton config.pbtxt or a load's config override: the inputs/outputs it
     #: declares (checked against the model at load) and where they were said.
     declared_inputs: Annotated[tuple[DeclaredTensor, ...] | None, INTERNAL] = None
@@ -281,8 +426,13 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
     config = load(ModelConfig, data, file)
     if config.synthetic is not None and config.backend != "synthetic":
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
-    if config.source_options is not None and config.source is None:
-        raise ConfigError(file, "source_options", "only allowed with source")
+    if (config.selection is not None) != (config.backend == "selection"):
+        raise ConfigError(file, "selection", "only allowed with backend: selection"
+                          if config.selection is not None else
+                          "required with backend: selection")
+    for key in ("source_options", "version", "digest"):
+        if getattr(config, key) is not None and config.source is None:
+            raise ConfigError(file, key, "only allowed with source")
     return config
 
 

@@ -280,10 +280,10 @@ class _Walk:
                 for k, item in v.items()}
 
     def _key(self, t: Any, k: Any, key: str | None) -> Any:
-        """A mapping's key: a string, or an integer written as one (JSON keys)."""
+        """A mapping's key: a string, or an integer (written as one in JSON keys)."""
         inner, extra, _ = _unwrap(t)
         try:
-            if isinstance(inner, mi.IntType):
+            if isinstance(inner, mi.IntType) and not (type(k) is int and self.config):
                 if not (isinstance(k, str) and k.isascii() and _JSON_INT_KEY.match(k)):
                     raise ValueError("not an integer")
                 k = int(k)

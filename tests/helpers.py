@@ -106,6 +106,30 @@ def add_synthetic(repo: Path, name: str, *, size_bytes: int = 10_000_000, load_m
     return d
 
 
+def add_classifier(repo: Path, name: str, *, base_ms: float = 1.0, load_ms: float = 0,
+                   size_bytes: int = 10_000_000, jitter: dict | None = None,
+                   **classifier) -> Path:
+    """A synthetic classifier (``synthetic.classifier``: ``classifier`` its options)."""
+    d = add_synthetic(repo, name, size_bytes=size_bytes, load_ms=load_ms, base_ms=base_ms)
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    cfg["synthetic"]["classifier"] = classifier
+    if jitter:
+        cfg["synthetic"]["jitter"] = jitter
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return d
+
+
+def add_app(repo: Path, name: str, candidates: list[str], *, policy: str = "exp4",
+            slo_ms: float = 200, **selection) -> Path:
+    """A selection app (``backend: selection``) over ``candidates``."""
+    d = repo / name
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"backend": "selection", "slo": {"latency_ms": slo_ms},
+           "selection": {"policy": policy, "candidates": list(candidates), **selection}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return d
+
+
 def add_mlp(repo: Path, name: str, version: int = 1, config: dict | None = None,
             **shape) -> Path:
     """A real ONNX MLP at ``repo/name/version/model.onnx`` (TINY_MLP by default)."""

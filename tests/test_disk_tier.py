@@ -114,7 +114,7 @@ def test_a_sourced_model_is_pulled_and_served_on_its_first_request(agent, repo, 
     assert entry["download_seconds"] > 0
     assert server.node.disk.holdings() == [
         {"model": "m", "version": 2, "bytes": entry["disk_bytes"],
-         "download_seconds": entry["download_seconds"]}]
+         "download_seconds": entry["download_seconds"], "digest": None}]
     assert sources.pulls == [(str(src / "m"), 2)]
     status, _, body = infer(server, "m", 1)  # the other version: one more pull
     assert status == 200 and body["model_version"] == "1"

@@ -68,6 +68,14 @@ def assigned_nodes(plan, model):
     return sorted(n for n, row in plan["assignment"].items() if row.get(model))
 
 
+def assign_error(agent, model, timeout=20):
+    """``model``'s error under ``assign_errors`` in the agent's /v1/coordinator, once
+    there."""
+    status = wait_for(lambda: (lambda s: s if model in s["assign_errors"] else None)(
+        agent.request("GET", "/v1/coordinator")[2]), timeout, f"{model}'s pull error")
+    return status["assign_errors"][model]
+
+
 def serving(agent, model):
     status, _, body = agent.request("GET", f"/v1/cache/{model}")
     return status == 200 and body.get("state") == "ready"
@@ -186,9 +194,7 @@ def test_pulls_of_bad_or_shadowed_models_leave_the_node_serving(start_coordinato
     plan = co.request("POST", "/v1/plan")[1]
     assert assigned_nodes(plan, "good") == ["edge-1"], plan
     wait_for(lambda: serving(agent, "good"), 30, "good is served")
-    status = wait_for(lambda: (lambda s: s if "missing" in s["assign_errors"] else None)(
-        agent.request("GET", "/v1/coordinator")[2]), 20, "the missing version's error")
-    assert "no version 9" in status["assign_errors"]["missing"]
+    assert "no version 9" in assign_error(agent, "missing")
     assert agent.node.cache.specs["own"].path == repo / "own"  # the operator's entry
     assert not (agent.node.config.assigned_dir / "own").exists()
     assert infer(agent, "own")[0] == 200 and infer(agent, "good")[0] == 200

@@ -20,7 +20,7 @@ import urllib.parse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import REPORT, add_mlp, v2_body
+from tests.helpers import REPORT, add_app, add_mlp, v2_body
 
 EXAMPLES = int(os.environ.get("EDGEAGENT_FUZZ_EXAMPLES", "100"))
 
@@ -43,6 +43,8 @@ VALID_BODIES = [
     (r"/report$", REPORT),
     (r"^/v1/models/\{name\}$", {"slo_ms": 100, "percentile": 99}),
     (r"/sizing$", {"models": {"a": {"rate": 10, "slo_ms": 100}}}),
+    (r"/feedback$", {"id": "q1", "labels": [1], "context": "u1"}),
+    (r"/selection/\{name\}/weights$", {"weights": [1, 1], "freeze": False}),
 ]
 
 
@@ -82,7 +84,8 @@ def requests(draw, routes, names):
     method, template = draw(st.sampled_from(routes))
     fill = {"name": draw(st.sampled_from(names) | SEGMENTS),
             "version": draw(st.sampled_from(["1", "2"]) | SEGMENTS),
-            "action": draw(st.sampled_from(["pin", "unpin", "evict", "load"]) | SEGMENTS)}
+            "action": draw(st.sampled_from(["pin", "unpin", "evict", "load"]) | SEGMENTS),
+            "context": draw(st.sampled_from(["u1", "x" * 300]) | SEGMENTS)}
     path = re.sub(r"\{(\w+)[^}]*\}",
                   lambda m: urllib.parse.quote(fill.get(m.group(1), "x"), safe=""), template)
     headers = {}
@@ -139,11 +142,17 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
 
 def test_fuzz_every_agent_endpoint(repo, start_agent):
     add_mlp(repo, "mlp")
+    add_mlp(repo, "mlp2", seed=3)
+    add_app(repo, "app", ["mlp", "mlp2"], output={"name": "Y", "kind": "scores"})
     agent = start_agent(repo)
     routes = _routes(agent.app)
+    status, _, reply = agent.request("POST", "/v2/models/app/infer",
+                                     {**v2_body([1, 2, 3, 4]), "id": "q1",
+                                      "parameters": {"context": "u1"}})
+    assert status == 200, reply
 
     @FUZZ
-    @given(requests(routes, ["mlp", "nope"]))
+    @given(requests(routes, ["mlp", "app", "nope"]))
     def one(request):
         method, path, body, headers = request
         check_answer(*_send(agent, method, path, body, headers), f"{method} {path}")
@@ -151,6 +160,8 @@ def test_fuzz_every_agent_endpoint(repo, start_agent):
     one()
     status, _, reply = agent.request("POST", "/v2/models/mlp/infer", v2_body([1, 2, 3, 4]))
     assert status == 200, reply  # the agent still serves
+    status, _, reply = agent.request("POST", "/v2/models/app/infer", v2_body([1, 2, 3, 4]))
+    assert status == 200, reply
     assert agent.request("GET", "/v2/health/ready")[0] == 200
 
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.node.metrics import ENDPOINTS
-from tests.helpers import TINY_MLP, add_mlp
+from tests.helpers import TINY_MLP, add_app, add_mlp
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "edgeagent.json"
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -31,12 +31,14 @@ def v2(data, shape=(1, TINY_MLP["inputs"])):
 
 @pytest.fixture
 def scraped(repo, start_agent):
-    """(exposition text, families by name) after v2 and TF traffic, errors, a load and
-    an eviction."""
+    """(exposition text, families by name) after v2 and TF traffic, a selection app's,
+    errors, a load and an eviction."""
     add_mlp(repo, "mlp")
     add_mlp(repo, "other", seed=5)
+    add_app(repo, "app", ["mlp", "other"], output={"name": "Y", "kind": "scores"})
     agent = start_agent(repo)
     assert agent.request("POST", "/v2/models/mlp/infer", v2(X))[0] == 200
+    assert agent.request("POST", "/v2/models/app/infer", v2(X))[0] == 200
     assert agent.request("POST", "/v1/models/mlp:predict", {"instances": [X]})[0] == 200
     assert agent.request("POST", "/v2/models/mlp/infer", v2(X[:-1], (1, 3)))[0] == 400
     assert agent.request("POST", "/v2/models/nope/infer", v2(X))[0] == 404
@@ -128,7 +130,9 @@ def test_endpoint_label_and_the_traffic_it_counts(scraped):
     assert by[("mlp", "", "", "tfserving-rest", "404")] == 1  # no version 7
     latency = {(s.labels["model"], s.labels["endpoint"]): s.value
                for s in samples(families, "edgeagent_request_duration_seconds_count")}
-    assert latency == {("mlp", "v2"): 1, ("mlp", "tfserving-rest"): 1}  # successes only
+    assert by[("app", "", "", "v2", "200")] == 1  # an app: no version or device of its own
+    assert latency == {("mlp", "v2"): 1, ("mlp", "tfserving-rest"): 1,  # successes only
+                       ("app", "v2"): 1}
 
 
 def test_cache_figures_in_base_units(scraped):

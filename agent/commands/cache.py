@@ -75,17 +75,29 @@ def _show(ctx: click.Context, doc: Any) -> None:
             click.echo(f"{k.ljust(width)}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
 
 
+def agent_options(f):
+    """``--url``, ``--json``, ``--token-file`` and the TLS options of a command group that
+    calls a running agent's admin API (``agent_context`` keeps them)."""
+    f = tls_options(f)
+    f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
+    f = click.option("--json", "as_json", is_flag=True,
+                     help="Print JSON instead of a table.")(f)
+    return click.option(
+        "--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
+        show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")(f)
+
+
+def agent_context(url: str, as_json: bool, token_file: str | None) -> dict[str, Any]:
+    return {"url": url, "json": as_json, "token": _read_token(token_file)}
+
+
 @click.group()
-@click.option("--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
-              show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-              help="Admin bearer token file (or $EDGEAGENT_TOKEN).")
-@tls_options
+@agent_options
 @click.pass_context
 def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
     """Inspect and steer a running agent's model cache."""
-    ctx.obj = {"url": url, "json": as_json, "token": _read_token(token_file)}
+    ctx.obj = agent_context(url, as_json, token_file)
 
 
 def _read_token(token_file: str | None) -> str | None:
@@ -118,11 +130,20 @@ def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
 @click.pass_context
 def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
     """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
-    disk and download seconds; then the disk tier's budget, pulls and evictions."""
+    disk and download seconds; then the disk tier's budget, pulls and evictions, and the
+    selection apps served over the models."""
     _apply(ctx, sub_url, sub_json)
     _show(ctx, _call(ctx, "GET", "/v1/cache"))
     if not ctx.obj["json"]:
         click.echo(disk_line(_call(ctx, "GET", "/v1/disk")))
+        try:
+            apps = _call(ctx, "GET", "/v1/selection")
+        except click.ClickException:  # an agent without apps' routes, or no admin token
+            return
+        if apps:
+            from agent.commands.selection import apps_table
+
+            click.echo("\n" + apps_table(apps))
 
 
 def disk_line(disk: dict[str, Any]) -> str:

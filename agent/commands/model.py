@@ -66,9 +66,11 @@ def push(directory: Path, url: str, version: int | None, options: tuple[str, ...
         elif url.startswith("s3://"):
             if version is None:
                 raise click.ClickException("s3:// needs --version (the prefix's subdirectory)")
+            from agent.sources.transfer import tree_digest
+
             keys = source.push(directory, version)
             click.echo(f"pushed {len(keys)} file(s) from {directory} to "
-                       f"{source.display_url}/{version}/")
+                       f"{source.display_url}/{version}/ ({tree_digest(directory)})")
         else:
             raise click.ClickException("push writes to oci:// or s3:// only")
     except SourceError as exc:

@@ -19,11 +19,10 @@ or a query string (nodes take credentials from their own environment).
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agent.config import parse_model_config
+from agent.config import parse_model_config, version_digest
 from agent.errors import AgentError
 from agent.validation import ConfigError, number
 from agent.wire import NAME, refuse_credentials
@@ -76,11 +75,12 @@ _FIELDS = {
 }
 #: Where the model comes from (``source`` and what goes with it).
 _SOURCE_FIELDS = ("source", "source_options", "version", "digest", "config")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 #: Keys of a model's config that the catalog entry itself says, or the plan does (its
 #: directives pin what a node runs; a pin in the config would outlive a drop).
 _NOT_IN_CONFIG = {"source": "set the entry's own 'source' field",
                   "source_options": "set the entry's own 'source_options' field",
+                  "version": "set the entry's own 'version' field",
+                  "digest": "set the entry's own 'digest' field",
                   "pin": "the plan's directives pin what a node runs"}
 
 
@@ -152,10 +152,10 @@ def parse_source(data: dict[str, Any]) -> dict[str, Any]:
         out["version"] = version
     digest = given.get("digest")
     if digest is not None:
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
-            raise CatalogError("field 'digest' must be sha256:<64 lowercase hex digits>, "
-                               f"got {digest!r}")
-        out["digest"] = digest
+        try:
+            out["digest"] = version_digest(digest)
+        except ValueError as exc:
+            raise CatalogError(f"field 'digest' {exc}") from None
     config = given.get("config", {})
     if not isinstance(config, dict):
         raise CatalogError("field 'config' must be an object of the model's config.yaml "

@@ -100,6 +100,9 @@ class Plan:
     started: int = 0  # replicas started and stopped against the previous plan
     stopped: int = 0
     excluded: dict[str, str] = field(default_factory=dict)  # model -> why left out
+    #: models with a source that an earlier plan ran and the catalog no longer holds:
+    #: dropped wherever a node holds them
+    retired: tuple[str, ...] = ()
 
     def free_cpu(self) -> float:
         """Cores of the capacity that no planned replica takes."""
@@ -116,7 +119,8 @@ class Plan:
                 "models": {name: m.to_json() for name, m in self.models.items()},
                 "assignment": {n: dict(row) for n, row in self.assignment.items()},
                 "moves": {"started": self.started, "stopped": self.stopped},
-                "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()]}
+                "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()],
+                "retired": list(self.retired)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Plan":
@@ -133,18 +137,21 @@ class Plan:
                                for n, row in (data.get("assignment") or {}).items()},
                    started=moves.get("started", 0), stopped=moves.get("stopped", 0),
                    excluded={e["model"]: e["reason"] for e in data.get("excluded") or ()
-                             if isinstance(e, dict) and "model" in e and "reason" in e})
+                             if isinstance(e, dict) and "model" in e and "reason" in e},
+                   retired=tuple(m for m in data.get("retired") or () if isinstance(m, str)))
 
 
 def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
     """Each node's row of a plan's JSON form: the JSON of ``[workers, drop_rate, pulls,
     away]`` (the node's replicas per model, those models' drop rates, the pulls of
-    those with a source, and the models with a source the plan runs elsewhere), what
+    those with a source, and the models with a source the plan runs elsewhere or that
+    the catalog no longer holds, ``retired``), what
     answering a report needs of a plan: one bytes object per node, which the garbage
     collector does not track, instead of a dict per node (a 10,000-node plan in every
     report process)."""
     models = plan.get("models") or {}
-    sourced = sorted(m for m, row in models.items() if row.get("source") is not None)
+    sourced = sorted({m for m, row in models.items() if row.get("source") is not None}
+                     | set(plan.get("retired") or ()))
     rows = {}
     for node, assigned in (plan.get("assignment") or {}).items():
         workers = {m: int(n) for m, n in assigned.items() if n > 0}

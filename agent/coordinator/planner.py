@@ -373,7 +373,8 @@ class Planner:
                             allocation.utility, allocation.drop_rate, placement, details,
                             now, kind, allocation.solver, allocation.objective)
         plan = dataclasses.replace(plan, excluded={
-            m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d})
+            m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
+            retired=self._retired(self.current_plan()))
         stored = self._saved(plan, kind, now)
         self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
         self.last_error = None
@@ -441,6 +442,15 @@ class Planner:
         live = self.live_reports(now)
         return self._rescale(current, grown, {n: r for n, (_, r) in live.items()}, now)
 
+    def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
+        """The models with a source that ``previous`` ran (or had retired) and the
+        catalog no longer holds: nodes that hold them drop them (assigned copies only)."""
+        if previous is None:
+            return ()
+        plan = previous.parsed
+        ran = {n for n, m in plan.models.items() if m.source is not None}
+        return tuple(sorted((ran | set(plan.retired)) - {m.name for m in self.store.models()}))
+
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
                  live: dict[str, NodeReport], now: float) -> StoredPlan:
         """The current plan with ``grown`` replica counts, re-placed and re-scored."""
@@ -461,6 +471,7 @@ class Planner:
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
                            now, "reactive", plan.solver, None)
+        new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 
 

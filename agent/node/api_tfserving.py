@@ -9,7 +9,8 @@ from agent.node.batching import rows_of
 from agent.node.entry import Entry
 from agent.node.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
-from agent.node.tensors import check_tf_size, decode_tf_checked, encode_tf_body, json_object
+from agent.node.tensors import (check_tf_size, decode_tf_checked, dumps, encode_tf_body,
+                                encode_tf_response, json_object)
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
               State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
@@ -22,6 +23,8 @@ async def predict(request: web.Request) -> web.Response:
     name, version = model_ref(request)
     raw = await request_body(request)
     limits = node.serving.request_limits(name, version)
+    if node.selection.is_app(name):
+        return await _predict_app(request, name, version, raw, arrived)
     known = node.cache.entry(name, version).signature
     body: dict | None = None
     inputs, style = None, "row"
@@ -46,6 +49,22 @@ async def predict(request: web.Request) -> web.Response:
     out = await node.decoder.run(sum(a.nbytes for a in results.values()), encode_tf_body,
                                  results, style)
     return await send_body(request, out, "application/json")
+
+
+async def _predict_app(request: web.Request, name: str, version: int | None, raw: bytes,
+                       arrived: float) -> web.StreamResponse:
+    """A selection app's predict: its answer with ``id`` and ``parameters`` (confidence,
+    members used and missing, default) beside the predictions."""
+    node = request.app[NODE]
+    app = node.selection.app(name, version)
+    await app.ensure_valid(node.serving)
+    inputs, style = await node.decoder.run(len(raw), decode_tf_checked, raw, app.inputs,
+                                           node.serving.request_limits(name, version))
+    results, answer = await node.selection.infer(name, version, inputs, {}, arrived=arrived,
+                                                 timeout=None, rid=None)
+    doc = {**encode_tf_response(results, style), "id": answer.pop("id"),
+           "parameters": answer}
+    return await send_body(request, dumps(doc), "application/json")
 
 
 async def status(request: web.Request) -> web.Response:

@@ -49,6 +49,12 @@ async def model_metadata_doc(node: Node, name: str, version: int | None) -> dict
     """A model's metadata document (HTTP and gRPC): name, versions, platform, inputs,
     outputs. The signature is read from the loaded model: a cold model loads, as for
     infer."""
+    if node.selection.is_app(name):
+        app = node.selection.app(name, version)
+        await app.ensure_valid(node.serving)
+        return {"name": name, "versions": ["1"], "platform": "selection",
+                "inputs": [s.as_json() for s in app.inputs],
+                "outputs": [app.output.as_json()] if app.output else []}
     cache = node.cache
     entry = cache.entry(name, version)
     if entry.metadata is None:
@@ -64,7 +70,14 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def model_ready(request: web.Request) -> web.Response:
     name, version = model_ref(request)
-    entry = request.app[NODE].cache.entry(name, version)
+    node = request.app[NODE]
+    if node.selection.is_app(name):
+        app = node.selection.app(name, version)
+        if app.error:
+            return web.json_response({"name": name, "ready": False, "error": app.error},
+                                     status=400)
+        return web.json_response({"name": name, "ready": True})
+    entry = node.cache.entry(name, version)
     if entry.state is not State.READY:
         return web.json_response({"name": name, "ready": False,
                                   "error": f"model {entry.key} is {entry.state.value}"},
@@ -87,6 +100,16 @@ async def infer(request: web.Request) -> web.Response:
     limits = node.serving.request_limits(name, version)
     inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
                                           limits)
+    if node.selection.is_app(name):
+        results, answer = await node.selection.infer(
+            name, version, inputs, meta["parameters"], arrived=arrived,
+            timeout=timeout_parameter(meta["parameters"]), rid=meta["id"])
+        rid = answer.pop("id")
+        meta = {**meta, "id": rid, "parameters": {**meta["parameters"], **answer}}
+        out, header_len = await node.decoder.run(
+            sum(a.nbytes for a in results.values()), encode_v2_response, name, 1, results,
+            meta)
+        return await _send_answer(request, out, header_len)
     known = node.cache.entry(name, version).signature
     if known is not None:  # reject bad input before it can cause a load
         try:
@@ -106,6 +129,11 @@ async def infer(request: web.Request) -> web.Response:
     out, header_len = await node.decoder.run(sum(a.nbytes for a in results.values()),
                                              encode_v2_response, name, entry.version,
                                              results, meta)
+    return await _send_answer(request, out, header_len)
+
+
+async def _send_answer(request: web.Request, out: bytes, header_len: int | None
+                       ) -> web.StreamResponse:
     if header_len is None:
         return await send_body(request, out, "application/json")
     return await send_body(request, out, "application/octet-stream",
@@ -126,6 +154,14 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         reason = entry.life.error or entry.spec.error
         if reason:
             item["reason"] = reason
+        out.append(item)
+    for app in node.selection.apps.values():
+        if only_ready and app.error:
+            continue
+        item = {"name": app.name, "version": "1",
+                "state": "UNAVAILABLE" if app.error else "READY"}
+        if app.error:
+            item["reason"] = app.error
         out.append(item)
     return out
 
@@ -162,7 +198,9 @@ async def load_with_parameters(node: Node, name: str, parameters: dict) -> None:
 
 async def repository_unload(request: web.Request) -> web.Response:
     await request_body(request)
-    await request.app[NODE].cache.evict(request.match_info["name"])
+    node = request.app[NODE]
+    if not node.selection.is_app(request.match_info["name"]):  # an app holds no memory
+        await node.cache.evict(request.match_info["name"])
     return web.json_response({})
 
 

@@ -1,7 +1,7 @@
 """The node agent's aiohttp application: ``create_app`` assembles the ``Node``
 (``agent.node.node``) and the route modules (``api_v2``, ``api_tfserving``,
-``api_admin``, ``reporter``; they share ``agent.node.routes`` and never import this
-module); ``prepare_process`` sets the process up before serving.
+``api_admin``, ``api_selection``, ``reporter``; they share ``agent.node.routes`` and
+never import this module); ``prepare_process`` sets the process up before serving.
 
 Errors: every failure is JSON ``{"error": "..."}`` with a fitting status (the
 ``errors`` middleware answers through ``agent.errors``); 503s carry ``Retry-After``.
@@ -23,7 +23,7 @@ from agent.httpbody import body_timeout_middleware
 from agent.httpauth import host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
-from agent.node import api_admin, api_tfserving, api_triton, api_v2, reporter
+from agent.node import api_admin, api_selection, api_tfserving, api_triton, api_v2, reporter
 from agent.node.node import Node
 from agent.node.routes import NODE
 
@@ -89,6 +89,7 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
+    api_selection.add_routes(app)
     add_dashboard(app, "node.html")
     # Before the node's hooks: the reporter stops before the cache closes.
     reporter.setup(app, app[NODE])

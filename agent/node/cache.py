@@ -243,7 +243,8 @@ class ModelCache:
     def update_specs(self, specs: dict[str, ModelSpec]) -> None:
         """Adopt a rescan: new models appear, removed idle ones are unloaded and dropped,
         resident ones keep serving their loaded version until evicted; a new default
-        version rolls out (``_hold_serving``)."""
+        version rolls out (``_hold_serving``); a failed load whose config changed is
+        forgotten."""
         serving = {n: self.serving_version.get(n, s.default_version)
                    for n, s in self.specs.items()}
         self.specs = dict(specs)
@@ -251,6 +252,8 @@ class ModelCache:
         for (name, version), entry in list(self.entries.items()):
             spec = specs.get(name)
             if spec is not None and version in spec.versions:
+                if entry.state is State.FAILED and spec.config != entry.spec.config:
+                    self.forget_failure(entry)  # its config changed: try it again at once
                 entry.spec = spec
                 if entry.state is State.UNLOADED:
                     entry.account.pinned = entry.account.pinned or spec.config.pin
@@ -530,7 +533,7 @@ class ModelCache:
             return
         entry.life.phase = DOWNLOADING
         try:
-            await self.disk.ensure(entry.name, entry.version)
+            await self.disk.ensure(entry.name, entry.version, loading=True)
         finally:
             entry.life.phase = None
 

@@ -17,7 +17,9 @@ deadline-then-arrival order when a pull or a load ends, by its model's
 free) and a full file system fail the pull with ``DiskFull`` (507) naming the model, the
 bytes it needs and the bytes free, and evict nothing. A pull in flight is a window on
 the memory tier's meter: a load measured meanwhile (its RSS counts the pull's buffers)
-is booked at its estimate.
+is booked at its estimate. A model whose config pins a ``digest`` gets only a version of
+that digest (the pull's ``PullResult.digest``, kept in ``.tier.json`` with each
+version): one that differs is removed and refused (502), naming both digests.
 
 It also keeps each sourced model's version listing (``listing``), listed off the event
 loop (``refresh``) and kept with the download seconds in ``.tier.json`` so that a restart
@@ -53,6 +55,7 @@ from agent.errors import AgentError
 from agent.memory import MemoryMeter
 from agent.node.repository import Listing
 from agent.node.roomqueue import RoomRequest
+from agent.sources.errors import DigestMismatch
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.disk")
@@ -119,6 +122,7 @@ class SourceRef:
     options: dict[str, Any]
     source: Any  # agent.sources.Source
     display_url: str
+    digest: str | None = None  # the config's pinned digest of the version it serves
 
 
 def _free_bytes(path: Path) -> int:
@@ -166,6 +170,8 @@ class DiskTier:
         self.pulls: dict[Key, Pull] = {}
         self.pulled = self.evicted = self.pull_failures = 0
         self.pulled_bytes = 0
+        #: the last failure of each version's pull (cleared when one succeeds)
+        self.errors: dict[Key, str] = {}
         self._state = self._read_state()
         self.held: dict[Key, int] = self._scan()
         if budget is None:
@@ -235,6 +241,7 @@ class DiskTier:
             source = self.open_source(config.source, options)
             ref = SourceRef(config.source, options, source, source.display_url)
             self.sources[name] = ref
+        ref.digest = config.digest
         return ref
 
     def listing(self, name: str, config: ModelConfig, where: Path) -> Listing:
@@ -251,6 +258,12 @@ class DiskTier:
             state.clear()
             state["source"] = ref.display_url
         versions = tuple(sorted(state.get("versions") or ()))
+        if config.version is not None and versions:
+            if config.version not in versions:
+                return Listing((), root, pending=(
+                    f"model {name!r}: {ref.display_url} lists no version {config.version} "
+                    f"(versions: {', '.join(map(str, versions))})"))
+            versions = (config.version,)
         if versions:
             return Listing(versions, root)
         failed = state.get("listing_error")
@@ -289,7 +302,16 @@ class DiskTier:
 
     # -- holdings ------------------------------------------------------------------------
     def has(self, key: Key) -> bool:
-        return key in self.held
+        """``key``'s files are on disk (and of the digest its config pins, if any)."""
+        return key in self.held and self._digest_ok(key)
+
+    def digest(self, key: Key) -> str | None:
+        """The digest ``key`` had when it was pulled (None: not known)."""
+        return self._state["models"].get(key[0], {}).get("digests", {}).get(str(key[1]))
+
+    def _digest_ok(self, key: Key) -> bool:
+        ref = self.sources.get(key[0])
+        return ref is None or ref.digest is None or self.digest(key) == ref.digest
 
     def download_seconds(self, key: Key) -> float:
         """The last measured download of ``key`` (0 before any)."""
@@ -301,9 +323,10 @@ class DiskTier:
         self.pool.policy.record_access(key, self.clock())
 
     def holdings(self) -> list[dict[str, Any]]:
-        """What is on disk: ``[{model, version, bytes, download_seconds}]``."""
+        """What is on disk: ``[{model, version, bytes, download_seconds, digest}]``."""
         return [{"model": n, "version": v, "bytes": size,
-                 "download_seconds": round(self.download_seconds((n, v)), 6)}
+                 "download_seconds": round(self.download_seconds((n, v)), 6),
+                 "digest": self.digest((n, v))}
                 for (n, v), size in sorted(self.held.items())]
 
     def pulling(self) -> list[dict[str, Any]]:
@@ -324,6 +347,11 @@ class DiskTier:
                         "listing_error": state.get("listing_error")})
         return out
 
+    def pull_errors(self) -> list[dict[str, Any]]:
+        """Each version's last failed pull: ``[{model, version, error}]``."""
+        return [{"model": n, "version": v, "error": e}
+                for (n, v), e in sorted(self.errors.items())]
+
     def listing_error(self, name: str) -> str | None:
         """Why ``name``'s last listing failed (None: it did not)."""
         return self._state["models"].get(name, {}).get("listing_error")
@@ -343,14 +371,20 @@ class DiskTier:
                 "evictions": self.evicted}
 
     # -- pulling ---------------------------------------------------------------------------
-    async def ensure(self, name: str, version: int) -> None:
-        """Pull ``name``'s ``version`` if it is not on disk; every caller of a version
-        being pulled awaits that one pull. ``PullError`` (``DiskFull``) when it fails."""
+    async def ensure(self, name: str, version: int, *, loading: bool = False) -> None:
+        """Pull ``name``'s ``version`` if it is not on disk (or is, of a digest other
+        than its pinned one); every caller of a version being pulled awaits that one
+        pull. ``PullError`` (``DiskFull``) when it fails. ``loading``: the caller is the
+        version's own load, which has read none of its files yet."""
         key = (name, int(version))
-        if key in self.held:
-            return
         if name not in self.sources:
+            if key in self.held:
+                return
             raise NotSourced(f"model {name!r} has no source this node pulls from")
+        if key in self.held:
+            if self._digest_ok(key):
+                return
+            self._drop_other_digest(key, loading)
         pull = self.pulls.get(key)
         if pull is None:
             task = asyncio.get_running_loop().create_task(self._pull(key))
@@ -358,10 +392,29 @@ class DiskTier:
             task.add_done_callback(lambda t: self._pull_done(key, t))
         await asyncio.shield(pull.task)
 
+    def _drop_other_digest(self, key: Key, loading: bool) -> None:
+        """Take off disk ``key``'s files of a digest other than the pinned one, so that
+        the pinned one is pulled; a 409 ``PullError`` while memory still uses them."""
+        name, version = key
+        found, want = self.digest(key), self.sources[name].digest
+        if self.usage(key) != "idle" and not loading:
+            raise PullError(f"model {name}:{version}: the files on disk have digest "
+                            f"{found or 'unknown'} but its config pins {want}; they are "
+                            "in use: unload the model to pull the pinned version", 409)
+        log.info("disk tier: %s:%s on disk has digest %s, not the pinned %s: pulled again",
+                 name, version, found or "unknown", want)
+        self.pool.remove(key)
+        self._delete(key)
+        self.evicted += 1
+
     def _pull_done(self, key: Key, task: asyncio.Task) -> None:
         self.pulls.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             self.pull_failures += 1
+            if not task.cancelled():
+                self.errors[key] = str(task.exception())
+        else:
+            self.errors.pop(key, None)
         self.wake()
 
     async def _pull(self, key: Key) -> None:
@@ -380,7 +433,7 @@ class DiskTier:
             await self._make_room(key, need)
             try:
                 with self._in_flight():
-                    seconds, size = await self._download(key, ref, need)
+                    seconds, size, digest = await self._download(key, ref, need)
             except BaseException:
                 self.pool.cancel(need)
                 raise
@@ -389,6 +442,7 @@ class DiskTier:
         self.pulled += 1
         self.pulled_bytes += size
         self._model_state(name).setdefault("download_seconds", {})[str(version)] = seconds
+        self._model_state(name).setdefault("digests", {})[str(version)] = digest or None
         await self.persist()
         log.info("disk tier: pulled %s from %s: %s in %.3fs; disk %s/%s", where,
                  ref.display_url, format_size(size), seconds, format_size(self.pool.used),
@@ -396,8 +450,10 @@ class DiskTier:
         for hook in self.on_change:
             hook(key, True)
 
-    async def _download(self, key: Key, ref: SourceRef, need: int) -> tuple[float, int]:
-        """Pull ``key`` into its directory in a thread; (seconds, bytes)."""
+    async def _download(self, key: Key, ref: SourceRef,
+                        need: int) -> tuple[float, int, str | None]:
+        """Pull ``key`` into its directory in a thread; (seconds, bytes, digest). A
+        version whose digest is not the one pinned is removed before anything sees it."""
         name, version = key
         pull = self.pulls[key]
         dest = self.root / name / str(version)
@@ -411,6 +467,14 @@ class DiskTier:
         def run() -> tuple[Any, int]:
             result = ref.source.pull(version, dest, progress=progress, stop=self._stop,
                                      bandwidth_bps=self.bandwidth)
+            found, want = getattr(result, "digest", None), ref.digest
+            if want is not None and found != want:
+                trash = self.root / f"{TRASH}{os.getpid()}-{next(self._trash_seq)}"
+                os.replace(dest, trash)  # never held: nothing loads it
+                shutil.rmtree(trash, ignore_errors=True)
+                raise DigestMismatch(f"{ref.display_url} version {version} has digest "
+                                     f"{found}, but the model pins {want}; refused, "
+                                     "nothing kept")
             return result, _tree_bytes(dest)  # with what a resumed pull had before
 
         started = self.clock()
@@ -419,7 +483,8 @@ class DiskTier:
                 self.executor, run)
         except Exception as exc:  # noqa: BLE001
             raise self._failure(f"model {name}:{version}", ref, exc) from None
-        return float(getattr(result, "seconds", 0.0) or (self.clock() - started)), size
+        return (float(getattr(result, "seconds", 0.0) or (self.clock() - started)), size,
+                getattr(result, "digest", None))
 
     def _failure(self, where: str, ref: SourceRef, exc: BaseException) -> PullError:
         """``exc`` as a ``PullError`` naming the model and the source's display URL."""

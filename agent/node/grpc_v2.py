@@ -237,12 +237,19 @@ def decode_infer_request(request: Any, limits: Limits = NO_LIMITS,
 
 
 def encode_infer_response(model: str, version: int, results: dict[str, np.ndarray],
-                          meta: dict[str, Any]) -> Any:
+                          meta: dict[str, Any], parameters: dict[str, Any] | None = None
+                          ) -> Any:
     """The ``ModelInferResponse``: the requested outputs (all, when none were named) in
-    ``raw_output_contents``, in order."""
+    ``raw_output_contents``, in order; ``parameters`` (a selection app's answer) as
+    ``InferParameter``s."""
     wanted = [o["name"] for o in meta["outputs"]] if meta["outputs"] else list(results)
     response = pb.ModelInferResponse(model_name=model, model_version=str(version),
                                      id=meta["id"] or "")
+    for key, value in (parameters or {}).items():
+        kind = ("bool_param" if isinstance(value, bool) else "int64_param"
+                if isinstance(value, int) else "double_param" if isinstance(value, float)
+                else "string_param")
+        setattr(response.parameters[key], kind, value)
     for name in wanted:
         if name not in results:
             raise BadRequest(f"unknown output {name!r}: the model's outputs are "
@@ -401,7 +408,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/models/m/ready")
-        entry = self.node.cache.entry(request.name, _version(request.version, request.name))
+        version = _version(request.version, request.name)
+        if self.node.selection.is_app(request.name):
+            app = self.node.selection.app(request.name, version)
+            return pb.ModelReadyResponse(ready=app.error is None)
+        entry = self.node.cache.entry(request.name, version)
         return pb.ModelReadyResponse(ready=entry.state is State.READY)
 
     @_rpc
@@ -462,7 +473,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             arrived = node.serving.clock()
             name = request.model_name
             version = _version(request.model_version, name)
-            known = node.cache.entry(name, version).signature  # unknown model: 404
+            app = node.selection.is_app(name)
+            known = None if app else node.cache.entry(name, version).signature  # else 404
             inputs, meta = decode_infer_request(
                 request, node.serving.request_limits(name, version), raw)
             if known is not None:  # reject bad input before it can cause a load
@@ -471,6 +483,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             remaining = context.time_remaining()  # the client's deadline, if it set one
             if remaining is not None and (timeout is None or remaining < timeout):
                 timeout = max(remaining, 1e-6)
+
+            if app:
+                results, answer = await node.selection.infer(
+                    name, version, inputs, meta["parameters"], arrived=arrived,
+                    timeout=timeout, rid=meta["id"] or None)
+                meta = {**meta, "id": answer.pop("id")}
+                code = 200
+                return encode_infer_response(name, 1, results, meta, answer)
 
             def prepare(entry: Entry) -> dict[str, np.ndarray]:
                 check_inputs(entry.backend.inputs, inputs)
@@ -491,8 +511,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             node.body_memory.release(counted[0])
             self._trim_after(counted[0])
-            node.metrics.observe(name if name in node.cache.specs else "<unknown>",
-                                 ENDPOINT, code,
+            known_name = name in node.cache.specs or node.selection.is_app(name)
+            node.metrics.observe(name if known_name else "<unknown>", ENDPOINT, code,
                                  time.perf_counter() - started if code == 200 else None)
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:

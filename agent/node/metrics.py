@@ -21,16 +21,19 @@ from prometheus_client import (
     CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector,
     ProcessCollector, generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
 from prometheus_client.registry import Collector
 
 from agent.errors import AgentError
+from agent.node.selection.app import CONFIDENCE_BUCKETS
 
 if TYPE_CHECKING:
     from agent.httpbody import BodyMemory
     from agent.node.cache import ModelCache
     from agent.node.disktier import DiskTier
     from agent.node.entry import Entry
+    from agent.node.selection.apps import SelectionApps
     from agent.node.serving import Serving
 
 #: The values of the ``endpoint`` label: the APIs a request can arrive through.
@@ -194,6 +197,55 @@ class _BodyMemoryCollector(Collector):
                                   value=m["refused"])
 
 
+class _SelectionCollector(Collector):
+    """Per selection app and member: weight (global state), selected, answered, missing
+    by reason; per app: feedback accepted/unmatched, default answers, confidence."""
+
+    def __init__(self, apps: "SelectionApps") -> None:
+        self.apps = apps
+
+    def collect(self) -> Iterator:
+        member = ["app", "member"]
+        weight = GaugeMetricFamily("edgeagent_selection_member_weight",
+                                   "The member's weight in the app's global state",
+                                   labels=member)
+        selected = CounterMetricFamily("edgeagent_selection_member_selected",
+                                       "Requests the policy asked the member", labels=member)
+        answered = CounterMetricFamily("edgeagent_selection_member_answered",
+                                       "Requests the member answered by the deadline", labels=member)
+        missing = CounterMetricFamily(
+            "edgeagent_selection_member_missing",
+            "Requests the member missed (deadline, cold, shed, error)",
+            labels=[*member, "reason"])
+        feedback = CounterMetricFamily(
+            "edgeagent_selection_feedback", "Feedback items by outcome (accepted, unmatched)",
+            labels=["app", "outcome"])
+        defaults = CounterMetricFamily("edgeagent_selection_default_answers",
+                                       "Answers that fell back to default_output",
+                                       labels=["app"])
+        confidence = HistogramMetricFamily(
+            "edgeagent_selection_confidence",
+            "Lowest confidence of each answer (share of members agreeing)", labels=["app"])
+        for app in self.apps.apps.values():
+            keys = app.keys or list(app.options.candidates)
+            weights = app.policy.probabilities(app.state)
+            for i, key in enumerate(keys):
+                labels = [app.name, key]
+                weight.add_metric(labels, weights[i])
+                selected.add_metric(labels, app.selected[i])
+                answered.add_metric(labels, app.answered[i])
+                for reason in ("deadline", "cold", "shed", "error"):
+                    missing.add_metric([*labels, reason], app.missing[(i, reason)])
+            feedback.add_metric([app.name, "accepted"], app.accepted)
+            feedback.add_metric([app.name, "unmatched"], app.unmatched)
+            defaults.add_metric([app.name], app.defaults)
+            cumulative, total = [], 0
+            for bound, count in zip(CONFIDENCE_BUCKETS, app.confidence):
+                total += count
+                cumulative.append((str(bound), total))
+            confidence.add_metric([app.name], [*cumulative[:-1], ("+Inf", total)],
+                                  app.confidence_sum)
+        yield from (weight, selected, answered, missing, feedback, defaults, confidence)
 class _DiskCollector(Collector):
     """The disk tier (``agent.node.disktier``): its budget, pulls and evictions, and per
     model version its bytes on disk, last download and the pull under way."""
@@ -251,7 +303,8 @@ class Metrics:
     """The agent's metrics and their registry (process and Python collectors included)."""
 
     def __init__(self, cache: "ModelCache", serving: "Serving | None" = None,
-                 body_memory: "BodyMemory | None" = None) -> None:
+                 body_memory: "BodyMemory | None" = None,
+                 selection: "SelectionApps | None" = None) -> None:
         self.cache = cache
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
@@ -272,6 +325,8 @@ class Metrics:
             self.registry.register(_ServingCollector(serving))
         if body_memory is not None:
             self.registry.register(_BodyMemoryCollector(body_memory))
+        if selection is not None:
+            self.registry.register(_SelectionCollector(selection))
         if cache.disk is not None:
             self.registry.register(_DiskCollector(cache.disk))
         cache.on_load.append(self._loaded)

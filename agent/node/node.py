@@ -1,5 +1,5 @@
 """The ``Node``: everything one agent process serves (repository, model cache, batching
-layer, metrics, tokens, the TF Serving host, GPU accounting), with its warm start,
+layer, selection apps, metrics, tokens, the TF Serving host, GPU accounting), with its warm start,
 state file and reload. ``agent.node.app`` stores it on the aiohttp app under
 ``agent.node.routes.NODE``, where the route modules find it.
 """
@@ -30,6 +30,7 @@ from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
 from agent.node.rollout import Rollouts
+from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
 
 log = logging.getLogger("edgeagent.node")
@@ -78,8 +79,9 @@ class Node:
             clock=clock, **({"open_source": open_source} if open_source else {}),
             **({"free_bytes": disk_free} if disk_free else {}))
         self._listing_task: asyncio.Task | None = None
+        models, apps = split_apps(self._scan(config))
         self.cache = ModelCache(
-            self._scan(config), budgets,
+            models, budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path, open_file),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
@@ -91,9 +93,12 @@ class Node:
                 self.cache.set_pinned(name, bool(pinned))
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
+        #: Selection apps (``backend: selection``), served above the cache.
+        self.selection = SelectionApps(self.serving, config.data_dir)
+        self.selection.update(apps, models)
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
-        self.metrics = Metrics(self.cache, self.serving, self.body_memory)
+        self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
@@ -122,6 +127,7 @@ class Node:
         loop = asyncio.get_running_loop()
         self._startup_task = loop.create_task(self._warm_up())
         self._idle_task = loop.create_task(self._unload_idle_forever())
+        self.selection.start()
         if self.config.source_poll_s:
             self._poll_task = loop.create_task(self._poll_sources_forever())
 
@@ -208,7 +214,7 @@ class Node:
     def rescan(self, relist: bool = True) -> None:
         """Re-read the repository (index API, SIGHUP); loads' overrides stay applied.
         ``relist``: list the sources again too (in the background)."""
-        specs = self._scan(self.config)
+        specs, apps = split_apps(self._scan(self.config))
         for name, data in list(self.overrides.items()):
             if name in specs and specs[name].error is None:
                 try:
@@ -219,6 +225,7 @@ class Node:
                                 "dropped: %s", name, exc)
             self.overrides.pop(name)
         self.cache.update_specs(specs)
+        self.selection.update(apps, specs)
         self.serving.refresh(self.config)
         log.info("repository %s rescanned: %d model(s)", self.config.repository,
                  len(self.cache.specs))
@@ -236,6 +243,12 @@ class Node:
         the model's config and state as they were."""
         from agent.validation import load_json
 
+        if self.selection.is_app(name):  # an app's load: its members agree (loaded if new)
+            if override is not None:
+                raise ModelInvalid(f"failed to load {name!r}: a selection app takes no "
+                                   "parameters.config (edit its config.yaml)")
+            await self.selection.app(name).ensure_valid(self.serving)
+            return
         if name not in self.cache.specs:
             raise UnknownModel(f"failed to load {name!r}: no such model in the repository")
         data = None
@@ -315,6 +328,7 @@ class Node:
         if self._persist_task is not None and not self._persist_task.done():
             self._persist_task.cancel()
         self.persist_now()
+        await self.selection.close()
         await self.serving.close()  # queued requests get 503s before the cache stops
         await self.disk.close()
         await self.cache.close()

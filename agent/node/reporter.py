@@ -22,7 +22,9 @@ What applying means:
   directory, ``<data_dir>/assigned/<model>/config.yaml`` (its config with the source;
   the repository scan's second root, where the operator's own entry of the same name
   wins, logged), its source listed, its files pulled by the disk tier
-  (``DiskTier.ensure``) and, with ``load``, loaded. A pull naming a version (or digest)
+  (``DiskTier.ensure``) and, with ``load``, loaded. A pull with a ``digest`` pins it in
+  the config (with its ``version``, the one version served): the disk tier refuses a
+  version of another digest. A pull naming a version (or digest)
   the node has not seen lists the source again: a newer version found is rolled out
   (``agent.node.rollout``). A pull that lapses is not undone, only not renewed.
 * ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
@@ -483,6 +485,10 @@ class Reporter:
         refuse_credentials(pull.source, pull.source_options)
         doc = {**pull.config, "source": pull.source,
                "source_options": dict(pull.source_options)}
+        if pull.digest is not None:  # a digest pins one version: the catalog's, or
+            doc["digest"] = pull.digest  # the newest listed
+            if pull.version is not None:
+                doc["version"] = pull.version
         where = node.config.assigned_dir / name / "config.yaml"
         parse_model_config(doc, where)  # ConfigError (a ValueError) names the key
         text = yaml_text(doc)

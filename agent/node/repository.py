@@ -4,7 +4,8 @@ A model directory may hold a ``config.yaml`` (see ``agent.config``) and a Triton
 ``config.pbtxt`` (see ``agent.node.triton_config``: what maps onto the model config is
 applied, what cannot be honoured makes the model an error). Versions are the
 numeric subdirectories; the highest is served by default. A synthetic model is a
-directory with only a ``config.yaml`` (``backend: synthetic``) and gets version 1.
+directory with only a ``config.yaml`` (``backend: synthetic``) and gets version 1, as
+does a selection app (``backend: selection``, served by ``agent.node.selection``).
 A model whose config or layout is wrong is still listed, with ``error`` saying why, so
 one bad directory never hides the others.
 
@@ -133,7 +134,7 @@ def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
     if config.source is not None:
         return _scan_sourced(model_dir, versions, config, backend, listings)
     error = None
-    if backend == "synthetic":
+    if backend in ("synthetic", "selection"):
         versions = versions or (1,)
     elif backend is None:
         error = (f"{model_dir}: no version directory holds model.onnx or saved_model.pb "

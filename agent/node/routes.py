@@ -41,7 +41,8 @@ def counted(endpoint: str) -> Callable:
                 raise
             finally:
                 name = request.match_info.get("name", "")
-                node.metrics.observe(name if name in node.cache.specs else "<unknown>",
+                known = name in node.cache.specs or node.selection.is_app(name)
+                node.metrics.observe(name if known else "<unknown>",
                                      endpoint, code,
                                      time.perf_counter() - started if code == 200 else None,
                                      _asked_version(request))

@@ -106,6 +106,25 @@ class _Hashes:
         return got.hexdigest() == want.lower()
 
 
+def sums_line(sha256_hex: str, path: str) -> str:
+    """One file's line of a version's ``SHA256SUMS`` text (``sha256sum``'s format)."""
+    return f"{sha256_hex}  {path}\n"
+
+
+def tree_digest(directory: Path) -> str:
+    """The digest a pull of the version directory ``directory``'s files reports from a
+    ``file://`` or ``s3://`` source: the sha256 of their ``SHA256SUMS`` text."""
+    lines = []
+    for path in sorted((p for p in Path(directory).rglob("*") if p.is_file()),
+                       key=lambda p: p.relative_to(directory).as_posix()):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                h.update(chunk)
+        lines.append(sums_line(h.hexdigest(), path.relative_to(directory).as_posix()))
+    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
 def check_digest(digest: str, where: str) -> str:
     """``digest`` when it reads ``sha256:<64 hex>``, else a SourceError naming it."""
     algo, _, hexpart = digest.partition(":")
@@ -150,7 +169,7 @@ class BaseSource:
 
     def version_digest(self, version: int, sums: str) -> str:
         """The digest a pull reports: by default the sha256 of the version's
-        ``SHA256SUMS`` text (``sums``)."""
+        ``SHA256SUMS`` text (``sums``: ``sums_line`` of each file, sorted by path)."""
         return "sha256:" + hashlib.sha256(sums.encode()).hexdigest()
 
     def __repr__(self) -> str:
@@ -213,7 +232,7 @@ class BaseSource:
         sums = []
         for f in sorted(listing, key=lambda f: f.path):
             sha = self._pull_file(version, f, root / f.path, counter, stop, bucket)
-            sums.append(f"{sha}  {f.path}\n")
+            sums.append(sums_line(sha, f.path))
         if self.archive:
             content = partial / _FILES
             shutil.rmtree(content, ignore_errors=True)
