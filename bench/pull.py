@@ -220,7 +220,9 @@ def replay_live_agent(args: argparse.Namespace) -> None:
         for policy in POLICIES:
             sim = Figures.of(simulated(work, policy))
             print(sim.row(f"sim {policy}"), flush=True)
-            results, listing, served = replay_three_tiers(work, policy, Path(tmp) / policy)
+            results, listing, served = replay_three_tiers(
+                work, policy, Path(tmp) / policy, load_concurrency=args.loads,
+                max_concurrent_pulls=args.pulls)
             lives[policy] = live_figures(results, listing, served)
             print(lives[policy].row(f"live {policy}") + agreement(lives[policy], sim),
                   flush=True)
@@ -233,8 +235,8 @@ def replay_live_agent(args: argparse.Namespace) -> None:
 def live_figures(results, listing, served) -> Figures:
     """A live replay's figures: loads and load seconds as the agent booked them (each
     model's last load), pulls as the server sent them (not the sources' 1-byte probes).
-    Failed requests are printed (a pull that finds the disk held by models pulling or
-    loading is a 507: the simulator lets it through without keeping its files)."""
+    Failed requests are printed (there should be none: a pull that finds the disk held
+    by models pulling or loading waits for room)."""
     failed = [status for _, status in results if status != 200]
     if failed:
         print(f"  {len(failed)} of {len(results)} requests failed: "
@@ -273,6 +275,10 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=8.0, help="requests/s")
     p.add_argument("--live", action="store_true",
                    help="also replay against a real agent and HTTP server (real time)")
+    p.add_argument("--loads", type=int, default=32,
+                   help="--live: the agent's load_concurrency (the simulator bounds none)")
+    p.add_argument("--pulls", type=int, default=32,
+                   help="--live: the agent's max_concurrent_pulls")
     p.add_argument("--out", help="write the trace and profiles CSV files here")
     p.set_defaults(run=replay)
     args = parser.parse_args()

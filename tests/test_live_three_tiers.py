@@ -22,13 +22,12 @@ def test_live_three_tiers_agree_with_the_simulator(tmp_path, policy):
     assert sim.downloads > 10 and sim.disk_evictions > 5  # the disk does bite
     assert sim.misses > sim.downloads  # and so does memory: loads from disk too
 
-    # two pulls at once: with the loads they feed, they seldom hold the whole disk. The
-    # live agent refuses a pull that finds it so (507), where the simulator lets it
-    # through; on a starved box loads queue and hold their files: a few such 507s.
+    # two pulls at once: with the loads they feed, they may hold the whole disk; a pull
+    # that finds it so waits for room (as the simulator lets it through): no failure.
     results, listing, served = replay_three_tiers(work, policy, tmp_path,
                                                   max_concurrent_pulls=2)
     failed = [status for _, status in results if status != 200]
-    assert set(failed) <= {507} and len(failed) <= 0.05 * len(results), failed
+    assert failed == [], failed
     pulls = [s for s in served if s.sent > 1]  # not the sources' 1-byte size probes
     assert len(pulls) == pytest.approx(sim.downloads, rel=0.1)
     assert sum(s.sent for s in pulls) == pytest.approx(sim.bytes_downloaded, rel=0.1)

@@ -71,10 +71,11 @@ from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendCrashed, BackendError, LoadResult
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
-from agent.node.disktier import DiskTier, PullError
+from agent.node.disktier import DiskBusy, DiskTier, PullError
 from agent.node.entry import Entry
 from agent.node.lifecycle import AT_REST, DOWNLOADING, IllegalTransition, State, transition
 from agent.node.repository import ModelSpec, read_warmup_sample
+from agent.node.roomqueue import RoomRequest
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")
@@ -137,17 +138,6 @@ class LoadFailed(CacheError):
                  status: int = 503):
         super().__init__(message)
         self.retry_after, self.status = retry_after, status
-
-
-@dataclass(order=True)
-class RoomRequest:
-    """A load waiting in its pool's room queue for ``need`` bytes."""
-
-    deadline: float
-    seq: int
-    key: tuple[str, int] = field(compare=False)
-    need: int = field(compare=False)
-    future: asyncio.Future = field(compare=False)
 
 
 @dataclass
@@ -244,6 +234,8 @@ class ModelCache:
         self.disk = disk
         if disk is not None:
             disk.usage = self._disk_usage
+            disk.wait_bound = self._pull_wait_bound
+            disk.meter = self.meter
             disk.on_change.append(self._files_changed)
         self.update_specs(specs)
 
@@ -474,7 +466,7 @@ class ModelCache:
             plan = await self._price(entry)
             result = await self._reserve_and_load(entry, plan)
             first_run = self._measure(entry, plan, result)
-        except CacheBusy as exc:
+        except (CacheBusy, DiskBusy) as exc:
             transition(life, State.UNLOADED, expected_from=State.LOADING)
             life.error = str(exc)
             raise
@@ -509,6 +501,8 @@ class ModelCache:
             self._commit(entry, plan, first_run)
         finally:
             life.task = None
+            if self.disk is not None:
+                self.disk.wake()  # its files, if any, are no longer being read
 
     def forget_failure(self, entry: Entry) -> None:
         """Forget ``entry``'s failed load (a config override that was rolled back): the
@@ -521,6 +515,11 @@ class ModelCache:
         """Seconds a load of ``entry`` may wait for room: its config, else the agent's."""
         own = entry.spec.config.load_wait_max_s
         return self.load_wait_max_s if own is None else own
+
+    def _pull_wait_bound(self, key: tuple[str, int]) -> float:
+        """Seconds a pull of ``key`` may wait for disk room: its model's ``wait_bound``."""
+        entry = self.entries.get(key)
+        return self.load_wait_max_s if entry is None else self.wait_bound(entry)
 
     def _pinned_bytes(self, pool: Pool, but: Entry) -> int:
         return sum(e.account.size_bytes for e in self.entries.values()
@@ -873,6 +872,8 @@ class ModelCache:
             and entry.spec.backend not in ("synthetic", "tfserving") else logging.INFO
         log.log(level, "unloaded %s (%s): accounted %s, RSS went down by %s", entry.key,
                 reason, format_size(size), format_size(-freed))
+        if self.disk is not None:
+            self.disk.wake()  # a TF Serving model's files are no longer read
         for hook in self.on_unload:
             hook(entry, reason)
 
@@ -936,6 +937,8 @@ class ModelCache:
         pool = self.pool_of(entry)
         if pool is not None and pool.waiting:
             self._grant(pool)
+        if self.disk is not None and not pinned:
+            self.disk.wake()
         return entry
 
     # -- reporting -------------------------------------------------------------------

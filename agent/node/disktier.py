@@ -9,10 +9,17 @@ whose penalty is each version's measured download seconds, so a slow download is
 over a fast one. Victims are first the versions not in memory; only when those do not
 make room, the files of versions resident in memory (they keep serving; their files are
 pulled again only if they must reload). Nothing pinned, loading or pulling is evicted.
-A full disk fails the pull with ``DiskFull`` (507) naming the model, the bytes it needs
-and the bytes free, and evicts nothing. A model whose config pins a ``digest`` gets only
-a version of that digest (the pull's ``PullResult.digest``, kept in ``.tier.json`` with
-each version): one that differs is removed and refused (502), naming both digests.
+A pull that finds no room now (the budget held by pulls under way and by versions
+loading) waits in the tier's room queue, as a load waits for memory: granted in
+deadline-then-arrival order when a pull or a load ends, by its model's
+``load_wait_max_s`` (``DiskBusy``, 503 + Retry-After, after it). Files that can never fit
+(more than the budget less the pinned versions, or than the file system could ever
+free) and a full file system fail the pull with ``DiskFull`` (507) naming the model, the
+bytes it needs and the bytes free, and evict nothing. A pull in flight is a window on
+the memory tier's meter: a load measured meanwhile (its RSS counts the pull's buffers)
+is booked at its estimate. A model whose config pins a ``digest`` gets only a version of
+that digest (the pull's ``PullResult.digest``, kept in ``.tier.json`` with each
+version): one that differs is removed and refused (502), naming both digests.
 
 It also keeps each sourced model's version listing (``listing``), listed off the event
 loop (``refresh``) and kept with the download seconds in ``.tier.json`` so that a restart
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
+import heapq
 import itertools
 import json
 import logging
@@ -36,14 +45,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cachepolicies.pool import MemoryPool
 from cachepolicies.registry import make_policy
 
 from agent.config import ModelConfig
 from agent.errors import AgentError
+from agent.memory import MemoryMeter
 from agent.node.repository import Listing
+from agent.node.roomqueue import RoomRequest
 from agent.sources.errors import DigestMismatch
 from agent.units import format_size
 
@@ -72,10 +83,18 @@ class PullError(AgentError):
 
 
 class DiskFull(PullError):
-    """The disk (or the disk budget, all of it pinned or in use) has no room (507)."""
+    """The files can never fit: the disk, or the disk budget less what is pinned (507)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, 507)
+
+
+class DiskBusy(PullError):
+    """A pull waited its model's ``load_wait_max_s`` for disk room that pulls and loads
+    held (503 + Retry-After); nothing is remembered: the next request tries again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 503, 1.0)
 
 
 class NotSourced(AgentError):
@@ -139,8 +158,14 @@ class DiskTier:
         self._trash_seq = itertools.count()
         #: Set by the memory tier: what it does with a version (one of ``USAGES``).
         self.usage: Callable[[Key], str] = lambda key: "idle"
+        #: Set by the memory tier: seconds a pull of a version may wait for room.
+        self.wait_bound: Callable[[Key], float] = lambda key: 30.0
+        #: Set by the memory tier: its meter; a pull in flight is a window on it.
+        self.meter: MemoryMeter | None = None
         #: Called as ``f(key, on_disk)`` when a version's files arrive or leave.
         self.on_change: list[Callable[[Key, bool], None]] = []
+        self.waiting: list[RoomRequest] = []  # pulls waiting for room (a heap)
+        self._room_seq = itertools.count()
         self.sources: dict[str, SourceRef] = {}
         self.pulls: dict[Key, Pull] = {}
         self.pulled = self.evicted = self.pull_failures = 0
@@ -340,7 +365,8 @@ class DiskTier:
         """The tier's figures (``/v1/disk``, ``/metrics``)."""
         return {"budget_bytes": self.pool.budget, "used_bytes": self.pool.used,
                 "reserved_bytes": self.pool.reserved, "versions": len(self.held),
-                "pulling": len(self.pulls), "pulls": self.pulled,
+                "pulling": len(self.pulls), "waiting_pulls": len(self.waiting),
+                "pulls": self.pulled,
                 "pulled_bytes": self.pulled_bytes, "pull_failures": self.pull_failures,
                 "evictions": self.evicted}
 
@@ -389,6 +415,7 @@ class DiskTier:
                 self.errors[key] = str(task.exception())
         else:
             self.errors.pop(key, None)
+        self.wake()
 
     async def _pull(self, key: Key) -> None:
         name, version = key
@@ -405,7 +432,8 @@ class DiskTier:
             self.root.mkdir(parents=True, exist_ok=True)
             await self._make_room(key, need)
             try:
-                seconds, size, digest = await self._download(key, ref, need)
+                with self._in_flight():
+                    seconds, size, digest = await self._download(key, ref, need)
             except BaseException:
                 self.pool.cancel(need)
                 raise
@@ -479,45 +507,132 @@ class DiskTier:
         return self.free_bytes(self.root) - sum(
             max(p.total_bytes - p.done_bytes, 0) for k, p in self.pulls.items() if k != key)
 
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """A window on the memory tier's meter while a pull runs: its buffers count in
+        the process's RSS, so a load measured meanwhile is not clean."""
+        window = self.meter.begin() if self.meter is not None else None
+        try:
+            yield
+        finally:
+            if window is not None:
+                self.meter.end(window)
+
     async def _make_room(self, key: Key, need: int) -> None:
-        """Reserve ``need`` bytes in the budget, evicting (idle versions first, then
-        the files of versions resident in memory), and check the file system has them;
-        ``DiskFull`` (nothing evicted) when either cannot be."""
+        """Reserve ``need`` bytes in the budget, evicting (idle versions first, then the
+        files of versions resident in memory), waiting in the room queue while pulls and
+        loads hold the room, and check the file system has them. ``DiskFull`` (nothing
+        evicted) when they can never fit; ``DiskBusy`` after the wait bound."""
+        never = self._never_fits(key, need)
+        if never is not None:
+            raise never
+        bound = self.wait_bound(key)
+        give_up = self.clock() + bound
+        request = RoomRequest(give_up, next(self._room_seq), key, need,
+                              asyncio.get_running_loop().create_future())
+        heapq.heappush(self.waiting, request)
+        self.wake()
+        if not request.future.done():
+            log.info("disk tier: pull of %s:%s waits for room: needs %s, %s free, %s "
+                     "reserved by pulls, %d pull(s) waiting", *key, format_size(need),
+                     format_size(max(self.pool.free, 0)), format_size(self.pool.reserved),
+                     len(self.waiting))
+            try:
+                await asyncio.wait({request.future}, timeout=max(give_up - self.clock(), 0))
+            except BaseException:
+                self._withdraw(request)
+                raise
+            if not request.future.done():
+                self._withdraw(request)
+                busy = [f"{n}:{v}" for (n, v) in self.held
+                        if self.usage((n, v)) in ("pinned", "reading")]
+                raise DiskBusy(
+                    f"model {key[0]}:{key[1]} waited {bound:.1f}s (load_wait_max_s) for "
+                    f"{format_size(need)} ({need} bytes) of the disk budget "
+                    f"({format_size(self.pool.budget)}); held by pulls under way "
+                    f"({format_size(self.pool.reserved)}) and by versions pinned or "
+                    f"loading: {', '.join(busy) or 'none'}")
+        removals = request.future.result()  # DiskFull where ``wake`` found it never fits
+        try:
+            await asyncio.gather(*(asyncio.wrap_future(r) for r in removals))
+            fs_free = self._fs_free(key)
+            if need > fs_free:
+                raise DiskFull(f"model {key[0]}:{key[1]} needs {format_size(need)} ({need} "
+                               f"bytes) on disk but the disk tier's file system has "
+                               f"{format_size(fs_free)} ({fs_free} bytes) free")
+        except BaseException:
+            self.pool.cancel(need)
+            self.wake()
+            raise
+
+    def _never_fits(self, key: Key, need: int) -> DiskFull | None:
+        """Why ``need`` bytes can never be had (None: they can): more than the budget
+        less the pinned versions, or than the file system's free bytes and every
+        unpinned version together."""
         where = f"model {key[0]}:{key[1]}"
-        idle = [k for k in self.held if self.usage(k) == "idle"]
-        freeable = sum(self.held[k] for k in self.held if self.usage(k) in ("idle", "resident"))
-        fs_free = self._fs_free(key)
+        pinned = {k: size for k, size in self.held.items() if self.usage(k) == "pinned"}
+        room = self.pool.budget - sum(pinned.values())
+        if need > room:
+            return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) but the "
+                           f"disk budget is {format_size(self.pool.budget)} "
+                           f"({self.pool.budget} bytes), of which {format_size(max(room, 0))} "
+                           f"({max(room, 0)} bytes) can ever be freed; pinned: "
+                           f"{', '.join(f'{n}:{v}' for n, v in pinned) or 'none'}")
+        fs_free = self.free_bytes(self.root)
+        freeable = sum(size for k, size in self.held.items() if k not in pinned)
         if need > fs_free + freeable:
-            raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
-                           f"the disk tier's file system has {format_size(fs_free)} "
-                           f"({fs_free} bytes) free and {format_size(freeable)} of "
-                           "evictable models")
+            return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
+                            f"the disk tier's file system has {format_size(fs_free)} "
+                            f"({fs_free} bytes) free and {format_size(freeable)} of "
+                            "evictable models")
+        return None
+
+    def _reserve(self, need: int) -> list[Key] | None:
+        """``pool.reserve`` of ``need`` bytes with victims among the idle versions,
+        else among the idle and resident ones; None when neither makes room."""
         now = self.clock()
+        idle = {k for k in self.held if self.usage(k) == "idle"}
         victims = self.pool.reserve(need, now, lambda k: k in idle)
         if victims is None:
             victims = self.pool.reserve(
                 need, now, lambda k: self.usage(k) in ("idle", "resident"))
-        if victims is None:
-            free = max(self.pool.free, 0)
-            kept = [f"{n}:{v}" for (n, v) in self.held
-                    if self.usage((n, v)) in ("pinned", "reading")]
-            raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) but the "
-                           f"disk budget ({format_size(self.pool.budget)}) has "
-                           f"{format_size(free)} ({free} bytes) free and the rest is "
-                           f"pinned, loading or pulling: {', '.join(kept) or 'none'}")
-        removals = []
-        for victim in victims:
-            log.info("disk tier: evict %s:%s (%s, download %.3fs) for %s", *victim,
-                     format_size(self.held[victim]), self.download_seconds(victim), where)
-            removals.append(self._delete(victim))
-            self.evicted += 1
-        await asyncio.gather(*(asyncio.wrap_future(r) for r in removals if r is not None))
-        fs_free = self._fs_free(key)
-        if need > fs_free:
-            self.pool.cancel(need)
-            raise DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
-                           f"the disk tier's file system has {format_size(fs_free)} "
-                           f"({fs_free} bytes) free")
+        return victims
+
+    def wake(self) -> None:
+        """Give room to the pulls waiting for it, in queue order, as far as room allows
+        now; the victims' files go at once (nothing loads them from here on). Called when
+        a pull or a load ends, a pin is lifted or files are dropped."""
+        while self.waiting:
+            head = self.waiting[0]
+            victims = self._reserve(head.need)
+            if victims is None:
+                if self.pool.reserved or any(self.usage(k) == "reading" for k in self.held):
+                    return  # a pull or a load under way frees room when it ends
+                heapq.heappop(self.waiting)  # only pinned versions hold it: never
+                head.future.set_exception(self._never_fits(head.key, head.need) or DiskFull(
+                    f"model {head.key[0]}:{head.key[1]} needs {format_size(head.need)} "
+                    f"({head.need} bytes) but the disk budget is held by pinned versions"))
+                continue
+            heapq.heappop(self.waiting)
+            removals = []
+            for victim in victims:
+                log.info("disk tier: evict %s:%s (%s, download %.3fs) for %s:%s", *victim,
+                         format_size(self.held[victim]), self.download_seconds(victim),
+                         *head.key)
+                removals.append(self._delete(victim))
+                self.evicted += 1
+            head.future.set_result([r for r in removals if r is not None])
+
+    def _withdraw(self, request: RoomRequest) -> None:
+        """Take a waiting pull out of the room queue (it gave up or was cancelled)."""
+        if request.future.done() and not request.future.cancelled():
+            if request.future.exception() is None:
+                self.pool.cancel(request.need)  # granted meanwhile: give the room back
+        else:
+            request.future.cancel()
+            self.waiting.remove(request)
+            heapq.heapify(self.waiting)
+        self.wake()
 
     def _delete(self, key: Key) -> concurrent.futures.Future | None:
         """Take ``key``'s files off disk (already out of the budget's books): renamed
@@ -552,6 +667,7 @@ class DiskTier:
         if dropped:
             log.info("disk tier: dropped %s version(s) %s", name,
                      ", ".join(map(str, dropped)))
+            self.wake()
         return dropped
 
     async def close(self) -> None:

@@ -258,6 +258,8 @@ class _DiskCollector(Collector):
         ("edgeagent_disk_used_bytes", GaugeMetricFamily,
          "Bytes of pulled models' files on disk", "used_bytes"),
         ("edgeagent_disk_pulls_in_progress", GaugeMetricFamily, "Pulls under way", "pulling"),
+        ("edgeagent_disk_pulls_waiting", GaugeMetricFamily,
+         "Pulls waiting for room in the disk budget", "waiting_pulls"),
         ("edgeagent_disk_pulls", CounterMetricFamily, "Model versions pulled", "pulls"),
         ("edgeagent_disk_pulled_bytes", CounterMetricFamily, "Bytes of model files pulled",
          "pulled_bytes"),
