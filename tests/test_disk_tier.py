@@ -174,12 +174,14 @@ def test_sixteen_cold_requests_cause_one_download(agent, repo, src, sources):
     for t in threads:
         t.start()
     try:
-        seen = wait_for(lambda: cache_entry(server, "m").get("phase") == "downloading"
-                        and cache_entry(server, "m"), what="the downloading phase")
+        # the phase shows first; the download's size once the source has listed it
+        seen = wait_for(lambda: (lambda e: e.get("phase") == "downloading"
+                                 and e["download"]["total_bytes"] > 0 and e)(
+            cache_entry(server, "m")), what="the downloading phase with its size")
         wait_for(lambda: cache_entry(server, "m")["in_flight"] == 16, what="16 waiting")
     finally:
         gate.set()
-    assert seen["state"] == "loading" and seen["download"]["total_bytes"] > 0
+    assert seen["state"] == "loading"
     for t in threads:
         t.join(30)
     assert results == [200] * 16

@@ -52,7 +52,7 @@ from cachepolicies.registry import make_policy
 
 from agent.config import ModelConfig
 from agent.errors import AgentError
-from agent.memory import MemoryMeter
+from agent.memory import MemoryMeter, write_atomic
 from agent.node.repository import Listing
 from agent.node.roomqueue import RoomRequest
 from agent.sources.errors import DigestMismatch
@@ -173,6 +173,9 @@ class DiskTier:
         #: the last failure of each version's pull (cleared when one succeeds)
         self.errors: dict[Key, str] = {}
         self._state = self._read_state()
+        #: ``.tier.json`` snapshots taken and the newest written (``persist``).
+        self._snapshots = self._written = 0
+        self._write_lock = threading.Lock()
         self.held: dict[Key, int] = self._scan()
         if budget is None:
             existing = next(p for p in (self.root, *self.root.parents) if p.exists())
@@ -218,19 +221,23 @@ class DiskTier:
         return self._state["models"].setdefault(name, {})
 
     async def persist(self) -> None:
-        """Write the listings and download seconds (``.tier.json``), off the loop."""
-        text = json.dumps(self._state, sort_keys=True)
-        await asyncio.get_running_loop().run_in_executor(self.executor, self._write, text)
+        """Write the listings, download seconds and digests (``.tier.json``), off the loop;
+        of writes that overlap, the newest snapshot is the one left on disk."""
+        self._snapshots += 1
+        snapshot, text = self._snapshots, json.dumps(self._state, sort_keys=True)
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._write,
+                                                         snapshot, text)
 
-    def _write(self, text: str) -> None:
+    def _write(self, snapshot: int, text: str) -> None:
         path = self.root / STATE_FILE
-        tmp = path.with_name(f"{STATE_FILE}.tmp")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("disk tier: cannot write %s: %s", path, exc)
+        with self._write_lock:
+            if snapshot < self._written:
+                return  # a newer snapshot is on disk already
+            try:
+                write_atomic(path, text)
+                self._written = snapshot
+            except OSError as exc:
+                log.warning("disk tier: cannot write %s: %s", path, exc)
 
     # -- listings ----------------------------------------------------------------------
     def _source(self, name: str, config: ModelConfig) -> SourceRef:
