@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cachepolicies.simulator import simulate
+from cachepolicies.twin import Queueing
 from tests.helpers import add_workload_models, replay_live, zipf_workload
 
 
@@ -32,7 +33,8 @@ def test_live_agent_and_simulator_agree(repo, start_agent, policy):
     live_evictions = sum(m["evictions"] for m in listing)
     live_mean = float(np.mean([seconds for seconds, _ in results]))
 
-    sim = simulate(trace, profiles, budget, policy, queueing=256)
+    sim = simulate(trace, profiles, budget, policy,
+                   queueing=Queueing(workers=64, load_concurrency=32))
     requests = len(trace)
     assert sim.misses > 20 and sim.evictions > 10  # the budget does bite
     assert live_loads == pytest.approx(sim.misses, rel=0.05)

@@ -21,6 +21,7 @@ from cachepolicies.jit import COMPILED
 from cachepolicies.rates import CumulativeRate, DecayedRate
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
+from cachepolicies.twin import Queueing
 from tests.helpers import run_pytest_compiled
 
 
@@ -246,7 +247,7 @@ def test_the_compiled_loop_decides_as_the_python_verbs(
                 captured: list = []
                 drive_with(monkeypatch, captured)
                 results.append(simulate(trace, profiles, capacity, name, seed=4,
-                                        queueing=workers))
+                                        queueing=Queueing(workers=workers)))
                 policies.append(captured[0])
         assert simulator_module._runs_compiled(policies[0])
         assert not simulator_module._runs_compiled(policies[1])

@@ -22,6 +22,7 @@ from agent.units import parse_size
 if TYPE_CHECKING:
     from cachepolicies.simulator import SimulationResult
     from cachepolicies.traces import Profiles, Trace
+    from cachepolicies.twin import Queueing
 
 # cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
 # (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
@@ -49,9 +50,12 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of load delay against capacity, one line per policy.")
 @click.option("--queueing", is_flag=True,
-              help="Replay through a FIFO queue and --workers workers: adds response times.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Workers in queueing mode.")
+              help="Replay through the agent's twin (load slots, room queue, per-model "
+                   "workers and batching, with the agent's defaults): adds response times.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Workers per model in queueing mode [default: the agent's].")
+@click.option("--load-concurrency", type=click.IntRange(min=1),
+              help="Load slots in queueing mode [default: the agent's load_concurrency].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of 'random'.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
@@ -66,7 +70,8 @@ def simulate_command(
     as_json: bool,
     plot_path: Path | None,
     queueing: bool,
-    workers: int,
+    workers: int | None,
+    load_concurrency: int | None,
     seed: int,
     progress: bool | None,
     demo: bool,
@@ -96,8 +101,9 @@ def simulate_command(
 
                 trace, profiles = inputs.result()
         sizes = _parse_capacities(capacities)
+        twin = agent_queueing(workers, load_concurrency) if queueing else None
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=workers if queueing else None, progress=progress)
+                        queueing=twin, progress=progress)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -109,6 +115,25 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
+
+
+def agent_queueing(workers: int | None = None, load_concurrency: int | None = None
+                   ) -> Queueing:
+    """The twin's settings: the agent's defaults (its config declarations), with
+    ``workers`` per model and ``load_concurrency`` load slots where given."""
+    from agent.config import AgentConfig
+    from agent.memory import PLAIN
+    from cachepolicies.twin import Queueing
+
+    config = AgentConfig()
+    batching, slo = config.batching, config.slo.latency_ms / 1000
+    return Queueing(
+        workers=workers or batching.workers,
+        load_concurrency=load_concurrency or config.load_concurrency,
+        max_batch_size=batching.max_batch_size if batching.enabled else 1,
+        aimd_step=batching.aimd_step, batch_budget_seconds=slo * batching.budget_fraction,
+        load_peak=PLAIN.load_peak, load_wait_max_s=config.load_wait_max_s,
+        cold_start=config.cold_start, slo_seconds=slo)
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:
@@ -139,7 +164,8 @@ def format_table(results: Sequence[SimulationResult]) -> str:
     header = ["policy", "capacity", "requests", "hits", "misses", "hit%", "load_delay_s",
               "mean_delay_s", "evictions", "loaded"]
     if queueing:
-        header += ["mean_resp_s", "p99_resp_s"]
+        header += ["load_wait_s", "failed", "mean_resp_s", "p95_resp_s", "p99_resp_s",
+                   "slo_viol"]
     rows = []
     for r in results:
         row = [r.policy, _size_label(r.capacity_bytes), str(r.requests), str(r.hits),
@@ -147,7 +173,9 @@ def format_table(results: Sequence[SimulationResult]) -> str:
                f"{r.mean_load_delay_seconds:.4f}", str(r.evictions),
                _size_label(r.bytes_loaded, exact=False)]
         if queueing:
-            row += [f"{r.mean_response_seconds:.4f}", f"{r.p99_response_seconds:.4f}"]
+            row += [f"{r.load_wait_seconds:.1f}", str(r.failed),
+                    f"{r.mean_response_seconds:.4f}", f"{r.p95_response_seconds:.4f}",
+                    f"{r.p99_response_seconds:.4f}", str(r.slo_violations)]
         rows.append(row)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = []
