@@ -2,8 +2,9 @@
 
 - trace: ``timestamp,model`` — seconds (float, non-decreasing, >= 0) and a model name;
   extra columns are ignored.
-- profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus an optional
-  ``first_exec_seconds``; extra columns (e.g. ``disk_mb``) are ignored.
+- profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus the optional
+  ``first_exec_seconds`` and ``exec_seconds_per_row`` (what each row beyond the first
+  adds to a batch: the twin's batching); extra columns (e.g. ``disk_mb``) are ignored.
 
 Model names are interned: a trace holds, per request, the integer id of its model (the
 row of that model in the profiles), so the simulator works on ints only.
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
-OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds",)
+OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "exec_seconds_per_row")
 
 
 class SimulationInputError(ValueError):
@@ -74,6 +75,7 @@ class Profiles:
     penalty_seconds: np.ndarray  # float64: what a miss costs, see the module docstring
     index: dict[str, int]
     source: str
+    exec_seconds_per_row: np.ndarray | None = None  # float64, NaN where not measured
 
     def __len__(self) -> int:
         return len(self.names)
@@ -117,13 +119,17 @@ def read_profiles(path: str | Path) -> Profiles:
     types = {"model": pa.string(), "size_bytes": pa.float64(), "load_seconds": pa.float64(),
              "exec_seconds": pa.float64(), **{c: pa.float64() for c in optional}}
     table = _read_table(source, header, types, nullable=set(optional))
-    first_exec = table["first_exec_seconds"] if optional else None
+
+    def maybe(column: str) -> np.ndarray | None:
+        return _floats(table[column]) if column in optional else None
+
     return _build_profiles(
         names=table["model"].to_pylist(),
         size_bytes=_floats(table["size_bytes"]),
         load_seconds=_floats(table["load_seconds"]),
         exec_seconds=_floats(table["exec_seconds"]),
-        first_exec_seconds=None if first_exec is None else _floats(first_exec),
+        first_exec_seconds=maybe("first_exec_seconds"),
+        exec_seconds_per_row=maybe("exec_seconds_per_row"),
         source=source,
         line_offset=2,
     )
@@ -136,17 +142,21 @@ def make_profiles(
     exec_seconds: list[float] | np.ndarray,
     first_exec_seconds: list[float] | np.ndarray | None = None,
     *,
+    exec_seconds_per_row: list[float] | np.ndarray | None = None,
     source: str = "<profiles>",
 ) -> Profiles:
     """Profiles from in-memory columns, validated like a file (rows count from 1)."""
+
+    def floats(values) -> np.ndarray | None:
+        return None if values is None else np.asarray(values, dtype=np.float64)
+
     return _build_profiles(
         names=list(names),
         size_bytes=np.asarray(size_bytes, dtype=np.float64),
         load_seconds=np.asarray(load_seconds, dtype=np.float64),
         exec_seconds=np.asarray(exec_seconds, dtype=np.float64),
-        first_exec_seconds=None
-        if first_exec_seconds is None
-        else np.asarray(first_exec_seconds, dtype=np.float64),
+        first_exec_seconds=floats(first_exec_seconds),
+        exec_seconds_per_row=floats(exec_seconds_per_row),
         source=source,
         line_offset=1,
     )
@@ -161,10 +171,12 @@ def _build_profiles(
     first_exec_seconds: np.ndarray | None,
     source: str,
     line_offset: int,
+    exec_seconds_per_row: np.ndarray | None = None,
 ) -> Profiles:
     if not names:
         raise SimulationInputError(source, "no models after the header")
-    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds)
+    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds,
+               exec_seconds_per_row)
     if any(c is not None and len(c) != len(names) for c in columns):
         raise SimulationInputError(source, "columns of different lengths")
     index: dict[str, int] = {}
@@ -186,10 +198,12 @@ def _build_profiles(
         ("load_seconds", load_seconds),
         ("exec_seconds", exec_seconds),
         ("first_exec_seconds", first_exec_seconds),
+        ("exec_seconds_per_row", exec_seconds_per_row),
     ):
         if values is None:
             continue
-        _check_non_negative(source, column, values, line_offset, allow_nan=column == "first_exec_seconds")
+        _check_non_negative(source, column, values, line_offset,
+                            allow_nan=column in OPTIONAL_PROFILE_COLUMNS)
     whole = np.flatnonzero(size_bytes != np.floor(size_bytes))
     if whole.size:
         i = int(whole[0])
@@ -208,6 +222,7 @@ def _build_profiles(
         penalty_seconds=load_penalty(load_seconds, exec_seconds, first_exec_seconds),
         index=index,
         source=source,
+        exec_seconds_per_row=exec_seconds_per_row,
     )
 
 

@@ -18,8 +18,10 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
   agent's ``Serving._check_cold`` does;
 - a loaded model serves its queue with ``workers`` workers, each taking up to the AIMD
   limit of rows (Clipper: +``aimd_step`` after a full batch within
-  ``budget_fraction`` × SLO, × 0.9 after one over it, never above ``max_batch_size``); a
-  batch of b rows runs ``exec_seconds + (b − 1) × per-row seconds``.
+  ``budget_fraction`` × SLO, × 0.9 after one over it and a ceiling below its size, never
+  above ``max_batch_size``); a batch of b rows runs ``exec_seconds + (b − 1) × per-row
+  seconds`` (per-row: the profiles' ``exec_seconds_per_row``; unknown: ``exec_seconds``,
+  no gain from batching).
 
 What it leaves out (the error to expect: docs/simulator.md): the batcher's delay window
 (it waits only when requests arrive faster than a batch's fixed cost), admission control
@@ -106,7 +108,7 @@ class _Twin:
         self.sizes = profiles.size_bytes.tolist()
         self.penalties = profiles.penalty_seconds.tolist()
         self.exec_seconds = profiles.exec_seconds.tolist()
-        per_row = getattr(profiles, "exec_seconds_per_row", None)
+        per_row = profiles.exec_seconds_per_row
         # Unknown per-row cost: a batch of b rows costs b single runs (no batching gain).
         self.per_row = (self.exec_seconds if per_row is None else
                         [e if math.isnan(p) else p
@@ -126,6 +128,7 @@ class _Twin:
         self.queue: list[deque[int]] = [deque() for _ in range(n)]
         self.busy = [0] * n
         self.limit = [1] * n
+        self.ceiling: list[int | None] = [None] * n
         self.slots = settings.load_concurrency or math.inf
         self.slot_queue: deque[int] = deque()
         self.room_queue: list[tuple[float, int, int]] = []  # (give up at, seq, model)
@@ -188,7 +191,7 @@ class _Twin:
             rows = min(len(queue), self.limit[m] if self.s.max_batch_size >= 2 else 1)
             batch = [queue.popleft() for _ in range(rows)]
             self.busy[m] += 1
-            seconds = self.exec_seconds[m] + (rows - 1) * self.per_row[m]
+            seconds = self.batch_seconds(m, rows)
             self.schedule(now + seconds, _BATCH_DONE, (m, batch, seconds))
 
     def batch_done(self, what: tuple[int, list[int], float], now: float) -> None:
@@ -203,14 +206,33 @@ class _Twin:
             self.grant(now)
 
     def tune(self, m: int, rows: int, seconds: float) -> None:
-        """The agent's AIMD batch limit after a batch of ``rows`` that took ``seconds``."""
-        if self.s.max_batch_size < 2:
+        """The agent's AIMD batch limit (``agent.node.batch_tuner.AimdLimit``) after a
+        batch of ``rows`` that took ``seconds``, with its ceiling after an overshoot."""
+        s, limit = self.s, self.limit[m]
+        if s.max_batch_size < 2:
             return
-        if seconds > self.s.batch_budget_seconds:
-            if rows <= self.limit[m]:
-                self.limit[m] = max(1, math.floor(self.limit[m] * BACKOFF))
-        elif rows >= self.limit[m]:
-            self.limit[m] = min(self.limit[m] + self.s.aimd_step, self.s.max_batch_size)
+        if seconds > s.batch_budget_seconds:
+            if rows >= limit:
+                self.ceiling[m] = max(1, min(self.ceiling[m] or rows, rows - 1))
+            if rows <= limit:
+                limit = max(1, math.floor(limit * BACKOFF))
+                self.limit[m] = min(limit, self.ceiling[m] or limit)
+            return
+        if rows < limit:
+            return
+        target = min(limit + s.aimd_step, s.max_batch_size)
+        ceiling = self.ceiling[m]
+        if ceiling is not None and target > ceiling:
+            if limit < ceiling:
+                target = ceiling
+            elif self.batch_seconds(m, limit + s.aimd_step) <= s.batch_budget_seconds:
+                self.ceiling[m] = None  # a step fits the budget again
+            else:
+                target = limit
+        self.limit[m] = target
+
+    def batch_seconds(self, m: int, rows: int) -> float:
+        return self.exec_seconds[m] + (rows - 1) * self.per_row[m]
 
     # -- loads ---------------------------------------------------------------------------
     def start_load(self, m: int, now: float) -> None:

@@ -657,7 +657,9 @@ def cremebrulee_workload(seed=7, rate=5.0, seconds=90.0, compress=20.0, zipf=0.9
     times = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 1.2)))
     times = times[times < seconds]
     picks = order[rng.choice(len(names), len(times), p=weights / weights.sum())]
-    profiles = make_profiles(names, sizes, loads, execs)
+    # the synthetic models' batches cost base_ms whatever their rows
+    profiles = make_profiles(names, sizes, loads, execs,
+                             exec_seconds_per_row=np.zeros(len(names)))
     trace = make_trace(times, [names[i] for i in picks], profiles)
     return names, sizes, loads, execs, trace, profiles
 
