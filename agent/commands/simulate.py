@@ -1,14 +1,19 @@
 """``edgeagent simulate``: replay a request trace against eviction policies and capacities.
 
 Prints one row per (policy, capacity): a table by default, a JSON list with ``--json``;
-``--plot`` draws mean load delay per request against capacity (CremeBrulee Fig. 8).
-``--demo`` needs no files: the shipped CremeBrulee profiles on a synthetic workload.
+``--plot`` draws mean load delay per request against capacity (CremeBrulee Fig. 8), or
+with ``--queueing`` the response times and load waits. ``--demo`` needs no files: the
+shipped CremeBrulee profiles on a synthetic workload. ``--from URL|DIR`` is the
+what-if: a node's own record (``edgeagent cache trace``) through the twin.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +51,12 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--policy", "policies", multiple=True,
               help=f"Policy spec, e.g. cremebrulee:rate=cumulative; repeatable. "
                    f"Names: {', '.join(POLICY_NAMES)}.")
+@click.option("--from", "source",
+              help="What-if from a node's record: its URL (GET /v1/trace and /v1/profiles, "
+                   "admin) or a directory written by 'edgeagent cache trace'; implies "
+                   "--queueing.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="Admin bearer token file for --from URL (or $EDGEAGENT_TOKEN).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of load delay against capacity, one line per policy.")
@@ -67,6 +78,8 @@ def simulate_command(
     profiles_path: Path | None,
     capacities: Sequence[str],
     policies: Sequence[str],
+    source: str | None,
+    token_file: str | None,
     as_json: bool,
     plot_path: Path | None,
     queueing: bool,
@@ -79,8 +92,20 @@ def simulate_command(
     """Simulate model-level caching: load delay per policy and capacity."""
     if progress is None:
         progress = sys.stderr.isatty()
+    settings: dict[str, object] = {}
     try:
-        if demo:
+        if source is not None:
+            if trace_path or profiles_path or demo:
+                raise click.UsageError("--from replaces --trace, --profiles and --demo")
+            queueing = True
+            with tempfile.TemporaryDirectory() as tmp:
+                trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
+                settings = _record_settings(profiles_path)
+                trace, profiles = _read_inputs(trace_path, profiles_path)
+            from cachepolicies.simulator import sweep
+            if not capacities or not policies:
+                raise click.UsageError("--from needs --capacity and --policy")
+        elif demo:
             from cachepolicies.simulator import sweep
 
             trace, profiles = _demo_workload(seed)
@@ -101,7 +126,7 @@ def simulate_command(
 
                 trace, profiles = inputs.result()
         sizes = _parse_capacities(capacities)
-        twin = agent_queueing(workers, load_concurrency) if queueing else None
+        twin = agent_queueing(workers, load_concurrency, settings) if queueing else None
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                         queueing=twin, progress=progress)
         if plot_path is not None:
@@ -117,23 +142,78 @@ def simulate_command(
         click.echo(format_table(results))
 
 
-def agent_queueing(workers: int | None = None, load_concurrency: int | None = None
-                   ) -> Queueing:
-    """The twin's settings: the agent's defaults (its config declarations), with
-    ``workers`` per model and ``load_concurrency`` load slots where given."""
+def agent_queueing(workers: int | None = None, load_concurrency: int | None = None,
+                   recorded: dict[str, object] | None = None) -> Queueing:
+    """The twin's settings: the agent's defaults (its config declarations), then what a
+    node's record says (``recorded``: ``_record_settings``), then ``workers`` per model
+    and ``load_concurrency`` load slots where given."""
     from agent.config import AgentConfig
     from agent.memory import PLAIN
     from cachepolicies.twin import Queueing
 
     config = AgentConfig()
-    batching, slo = config.batching, config.slo.latency_ms / 1000
+    batching, recorded = config.batching, recorded or {}
+    slo = float(recorded.get("slo_seconds") or config.slo.latency_ms / 1000)
     return Queueing(
-        workers=workers or batching.workers,
+        workers=workers or int(recorded.get("workers") or batching.workers),
         load_concurrency=load_concurrency or config.load_concurrency,
-        max_batch_size=batching.max_batch_size if batching.enabled else 1,
+        max_batch_size=int(recorded.get("max_batch_size")
+                           or (batching.max_batch_size if batching.enabled else 1)),
         aimd_step=batching.aimd_step, batch_budget_seconds=slo * batching.budget_fraction,
-        load_peak=PLAIN.load_peak, load_wait_max_s=config.load_wait_max_s,
-        cold_start=config.cold_start, slo_seconds=slo)
+        load_peak=float(recorded.get("load_peak") or PLAIN.load_peak),
+        load_wait_max_s=config.load_wait_max_s, cold_start=config.cold_start,
+        slo_seconds=slo)
+
+
+def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
+    """The trace and profiles files of ``--from``: fetched from a node's URL into
+    ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record
+
+    if source.startswith(("http://", "https://")):
+        token = (open(token_file).read().strip() if token_file
+                 else os.environ.get("EDGEAGENT_TOKEN"))
+        texts = fetch_record(source, token)
+        for name, text in zip((TRACE_FILE, PROFILES_FILE), texts):
+            (tmp / name).write_text(text)
+        directory = tmp
+    else:
+        directory = Path(source)
+        if not directory.is_dir():
+            raise click.BadParameter(f"{source!r} is neither an http(s) URL nor a "
+                                     "directory", param_hint="--from")
+    paths = directory / TRACE_FILE, directory / PROFILES_FILE
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise click.BadParameter(f"{directory} has no {' or '.join(missing)} (write both "
+                                 "with: edgeagent cache trace --out DIR)", param_hint="--from")
+    return paths
+
+
+#: Columns of a node's profiles file that set the twin (``agent.node.record``), and how
+#: one value is taken for all models: the most workers, the largest batches, the
+#: tightest SLO, the highest load peak.
+_RECORDED = {"workers": max, "max_batch_size": max, "slo_seconds": min, "load_peak": max}
+
+
+def _record_settings(profiles_path: Path) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``_RECORDED``); {} for a
+    profiles file without them."""
+    with open(profiles_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out: dict[str, object] = {}
+    for column, pick in _RECORDED.items():
+        values = []
+        for row in rows:
+            try:
+                values.append(float(row.get(column) or "nan"))
+            except ValueError:
+                raise click.ClickException(f"{profiles_path}: column {column!r}: "
+                                           f"{row.get(column)!r} is not a number") from None
+        values = [v for v in values if v == v and v > 0]
+        if values:
+            out[column] = pick(values)
+    return out
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:
@@ -201,23 +281,36 @@ def _size_label(n: int, *, exact: bool = True) -> str:
 
 
 def _plot(results: Sequence[SimulationResult], path: Path) -> None:
-    """Mean load delay per request against capacity (log2 axis), one line per policy."""
+    """Mean load delay per request against capacity (log2 axis), one line per policy;
+    with response times (the twin), mean and p99 response and the loads' wait too."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy in dict.fromkeys(r.policy for r in results):
-        points = sorted((r.capacity_bytes, r.mean_load_delay_seconds)
-                        for r in results if r.policy == policy)
-        ax.plot([c / 1e9 for c, _ in points], [d for _, d in points], marker="o", label=policy)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("cache capacity (GB)")
-    ax.set_ylabel("mean model load delay per request (s)")
-    ax.set_title("Load delay against cache capacity")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    twin = all(r.mean_response_seconds is not None for r in results)
+    panels = ((("mean_response_seconds", "mean response"),
+               ("p99_response_seconds", "p99 response")),
+              (("mean_load_delay_seconds", "load delay per request"),)) if twin \
+        else ((("mean_load_delay_seconds", "mean model load delay per request"),),)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, lines in zip(axes[0], panels):
+        for policy in dict.fromkeys(r.policy for r in results):
+            mine = sorted((r for r in results if r.policy == policy),
+                          key=lambda r: r.capacity_bytes)
+            for (field, label), style in zip(lines, ("-", "--")):
+                ax.plot([r.capacity_bytes / 1e9 for r in mine],
+                        [getattr(r, field) for r in mine], style, marker="o",
+                        label=f"{policy}: {label}" if twin else policy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("cache capacity (GB)")
+        ax.set_ylabel("seconds" if twin else lines[0][1] + " (s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0][0].set_title("Response against cache capacity" if twin
+                         else "Load delay against cache capacity")
+    if twin:
+        axes[0][1].set_title("Load delay against cache capacity")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)
