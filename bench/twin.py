@@ -28,7 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.commands.simulate import agent_queueing  # noqa: E402
+from agent.commands.cache import PROFILES_FILE, TRACE_FILE  # noqa: E402
+from agent.config import AgentConfig  # noqa: E402
+from agent.twinsettings import twin_settings  # noqa: E402
 from cachepolicies.simulator import simulate  # noqa: E402
 from tests.helpers import (AgentServer, add_synthetic, cremebrulee_workload,  # noqa: E402
                            replay_live)
@@ -57,10 +59,11 @@ def served(seconds: list[float]) -> tuple[float, float]:
     return float(np.mean(seconds)), float(np.percentile(seconds, 99))
 
 
-def run_live(work: Path, workload, budget: int, policy: str, load_concurrency: int
-             ) -> tuple[Figures, AgentServer | None]:
-    """Replay the trace against a fresh agent with its defaults; its figures."""
-    from agent.config import AgentConfig
+def run_live(work: Path, workload, budget: int, policy: str, load_concurrency: int,
+             record: Path | None = None) -> Figures:
+    """Replay the trace against a fresh agent with its defaults; its figures. With
+    ``record``, the agent's own record (``GET /v1/trace``, ``/v1/profiles``) is saved
+    there as ``edgeagent cache trace`` saves it."""
 
     names, sizes, loads, execs, trace, _ = workload
     repo = work / "models"
@@ -77,19 +80,23 @@ def run_live(work: Path, workload, budget: int, policy: str, load_concurrency: i
         results = asyncio.run(replay_live(agent.url, trace, names))
         listing = agent.request("GET", "/v1/cache")[2]
         memory = agent.request("GET", "/v1/memory")[2]
+        if record is not None:
+            record.mkdir(parents=True, exist_ok=True)
+            for path, name in (("/v1/trace", TRACE_FILE), ("/v1/profiles", PROFILES_FILE)):
+                (record / name).write_bytes(agent.request("GET", path)[2])
     finally:
         agent.close()
     ok = [s for s, status in results if status == 200]
     mean, p99 = served(ok)
     wait = sum(p.get("room_wait_seconds", 0.0) for p in memory.values())
     return Figures(sum(m["loads"] for m in listing), mean, p99, len(results) - len(ok),
-                   wait), None
+                   wait)
 
 
 def run_twin(workload, budget: int, policy: str, load_concurrency: int) -> Figures:
     trace, profiles = workload[4], workload[5]
     r = simulate(trace, profiles, budget, policy,
-                 queueing=agent_queueing(load_concurrency=load_concurrency))
+                 queueing=twin_settings(AgentConfig(), load_concurrency=load_concurrency))
     return Figures(r.misses, r.mean_response_seconds, r.p99_response_seconds, r.failed,
                    r.load_wait_seconds)
 
@@ -98,7 +105,7 @@ def utilisation(workload, budget: int, policy: str, slots: int) -> float:
     """Share of the run the twin's load slots are busy: loads' seconds / (slots × span)."""
     trace, profiles = workload[4], workload[5]
     r = simulate(trace, profiles, budget, policy,
-                 queueing=agent_queueing(load_concurrency=slots))
+                 queueing=twin_settings(AgentConfig(), load_concurrency=slots))
     return r.load_delay_seconds / (slots * float(trace.timestamps[-1]))
 
 
@@ -116,7 +123,7 @@ def report(label: str, live: Figures, twin: Figures) -> bool:
 def compare(work: Path, workload, fraction: float, policy: str, slots: int,
             label: str) -> bool:
     budget = int(workload[1].sum() * fraction)
-    live, _ = run_live(work, workload, budget, policy, slots)
+    live = run_live(work, workload, budget, policy, slots)
     return report(label, live, run_twin(workload, budget, policy, slots))
 
 
@@ -162,16 +169,27 @@ def rate_for(fraction: float, target: float, slots: int, seconds: float) -> floa
 
 
 def whatif_case(work: Path, seconds: float, policies) -> list[bool]:
-    """Run at B, ask the twin for 2B on the same trace, run at 2B: twin vs the 2B run."""
+    """Run the agent at B, ask the twin for 2B from the agent's own record (its trace
+    and measured profiles), run the agent at 2B on the same trace: twin vs that run."""
+    from agent.commands.simulate import record_settings
+    from cachepolicies.traces import read_profiles, read_trace
+
     out = []
     workload = cremebrulee_workload(7, 5.0, seconds)
     total = workload[1].sum()
     for policy in policies:
-        at_b, _ = run_live(work, workload, int(total * 0.15), policy, 1)
-        twin = run_twin(workload, int(total * 0.3), policy, 1)
-        at_2b, _ = run_live(work, workload, int(total * 0.3), policy, 1)
-        print(f"{policy}: at B (15 %) live mean {at_b.mean:.3f} s, loads {at_b.loads}")
-        out.append(report(f"what-if 2B (30 %) {policy}", at_2b, twin))
+        record = work / f"record-{policy}"
+        at_b = run_live(work, workload, int(total * 0.15), policy, 1, record=record)
+        profiles = read_profiles(record / PROFILES_FILE)
+        trace = read_trace(record / TRACE_FILE, profiles)
+        r = simulate(trace, profiles, int(total * 0.3), policy, queueing=twin_settings(
+            AgentConfig(), record_settings(record / PROFILES_FILE), load_concurrency=1))
+        twin = Figures(r.misses, r.mean_response_seconds, r.p99_response_seconds, r.failed,
+                       r.load_wait_seconds)
+        at_2b = run_live(work, workload, int(total * 0.3), policy, 1)
+        print(f"{policy}: at B (15 %) live loads {at_b.loads}, mean {at_b.mean:.3f} s, "
+              f"p99 {at_b.p99:.3f} s; record: {len(trace)} requests", flush=True)
+        out.append(report(f"what-if 2B (30 %) from the record, {policy}", at_2b, twin))
     return out
 
 

@@ -119,21 +119,10 @@ def simulate(
 
 
 def _timing(outcome: twin.Outcome, queueing: Queueing) -> dict[str, object]:
-    """The twin's fields of a result: response statistics of the requests served."""
-    served = outcome.response[~np.isnan(outcome.response)]
-    failed = len(outcome.response) - len(served)
-
-    def stat(statistic) -> float:
-        return float(statistic(served)) if served.size else 0.0
-
-    return dict(
-        workers=queueing.workers, load_concurrency=queueing.load_concurrency,
-        load_wait_seconds=outcome.load_wait_seconds, failed=failed,
-        mean_response_seconds=stat(np.mean),
-        p95_response_seconds=stat(lambda r: np.percentile(r, 95)),
-        p99_response_seconds=stat(lambda r: np.percentile(r, 99)),
-        slo_violations=int(np.count_nonzero(served > queueing.slo_seconds)) + failed,
-    )
+    """The twin's fields of a result."""
+    return dict(workers=queueing.workers, load_concurrency=queueing.load_concurrency,
+                load_wait_seconds=outcome.load_wait_seconds,
+                **outcome.stats(queueing.slo_seconds))
 
 
 def sweep(

@@ -3,8 +3,11 @@
 - trace: ``timestamp,model`` — seconds (float, non-decreasing, >= 0) and a model name;
   extra columns are ignored.
 - profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus the optional
-  ``first_exec_seconds`` and ``exec_seconds_per_row`` (what each row beyond the first
-  adds to a batch: the twin's batching); extra columns (e.g. ``disk_mb``) are ignored.
+  ``first_exec_seconds``, and for the twin ``exec_seconds_per_row`` (what each row
+  beyond the first adds to a batch) and ``load_slot_seconds`` (how long a load held its
+  load slot once it had room, as a node measured it: the load and the runtime's
+  hand-offs); extra
+  columns (e.g. ``disk_mb``) are ignored.
 
 Model names are interned: a trace holds, per request, the integer id of its model (the
 row of that model in the profiles), so the simulator works on ints only.
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
 
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
-OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "exec_seconds_per_row")
+OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "exec_seconds_per_row",
+                            "load_slot_seconds")
 
 
 class SimulationInputError(ValueError):
@@ -76,6 +80,7 @@ class Profiles:
     index: dict[str, int]
     source: str
     exec_seconds_per_row: np.ndarray | None = None  # float64, NaN where not measured
+    load_slot_seconds: np.ndarray | None = None  # float64, NaN where not measured
 
     def __len__(self) -> int:
         return len(self.names)
@@ -130,6 +135,7 @@ def read_profiles(path: str | Path) -> Profiles:
         exec_seconds=_floats(table["exec_seconds"]),
         first_exec_seconds=maybe("first_exec_seconds"),
         exec_seconds_per_row=maybe("exec_seconds_per_row"),
+        load_slot_seconds=maybe("load_slot_seconds"),
         source=source,
         line_offset=2,
     )
@@ -143,6 +149,7 @@ def make_profiles(
     first_exec_seconds: list[float] | np.ndarray | None = None,
     *,
     exec_seconds_per_row: list[float] | np.ndarray | None = None,
+    load_slot_seconds: list[float] | np.ndarray | None = None,
     source: str = "<profiles>",
 ) -> Profiles:
     """Profiles from in-memory columns, validated like a file (rows count from 1)."""
@@ -157,6 +164,7 @@ def make_profiles(
         exec_seconds=np.asarray(exec_seconds, dtype=np.float64),
         first_exec_seconds=floats(first_exec_seconds),
         exec_seconds_per_row=floats(exec_seconds_per_row),
+        load_slot_seconds=floats(load_slot_seconds),
         source=source,
         line_offset=1,
     )
@@ -172,11 +180,12 @@ def _build_profiles(
     source: str,
     line_offset: int,
     exec_seconds_per_row: np.ndarray | None = None,
+    load_slot_seconds: np.ndarray | None = None,
 ) -> Profiles:
     if not names:
         raise SimulationInputError(source, "no models after the header")
     columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds,
-               exec_seconds_per_row)
+               exec_seconds_per_row, load_slot_seconds)
     if any(c is not None and len(c) != len(names) for c in columns):
         raise SimulationInputError(source, "columns of different lengths")
     index: dict[str, int] = {}
@@ -199,6 +208,7 @@ def _build_profiles(
         ("exec_seconds", exec_seconds),
         ("first_exec_seconds", first_exec_seconds),
         ("exec_seconds_per_row", exec_seconds_per_row),
+        ("load_slot_seconds", load_slot_seconds),
     ):
         if values is None:
             continue
@@ -223,6 +233,7 @@ def _build_profiles(
         index=index,
         source=source,
         exec_seconds_per_row=exec_seconds_per_row,
+        load_slot_seconds=load_slot_seconds,
     )
 
 

@@ -9,8 +9,9 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
   load takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
   queue* (deadline then arrival, head-of-line: a later load never overtakes the head)
   until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
-  models; it runs for the model's penalty (load + cold first run), then commits its
-  steady size, frees its slot and wakes the next loads;
+  models; it runs for the model's penalty (load + cold first run; or the slot time a
+  node measured, the profiles' ``load_slot_seconds``), then commits its steady size,
+  frees its slot and wakes the next loads;
 - a load that has waited ``load_wait_max_s`` (for a slot or room) gives up: its
   requests fail (the agent's 503);
 - with ``cold_start="reject"`` a request for a model not loaded whose known penalty
@@ -87,6 +88,20 @@ class Outcome:
     load_wait_seconds: float
     events: list[tuple[float, str, int]] | None  # (time, what, model) when asked
 
+    def stats(self, slo_seconds: float) -> dict[str, float | int]:
+        """Response statistics of the requests served (0 without any), the requests that
+        failed, and the SLO violations (served later than ``slo_seconds``, or failed)."""
+        served = self.response[~np.isnan(self.response)]
+        failed = len(self.response) - len(served)
+
+        def stat(statistic) -> float:
+            return float(statistic(served)) if served.size else 0.0
+
+        return dict(failed=failed, mean_response_seconds=stat(np.mean),
+                    p95_response_seconds=stat(lambda r: np.percentile(r, 95)),
+                    p99_response_seconds=stat(lambda r: np.percentile(r, 99)),
+                    slo_violations=int(np.count_nonzero(served > slo_seconds)) + failed)
+
 
 # Event kinds, in the order ties are handled (an arrival before a load's end, as the
 # existing queueing replay did; give-ups last).
@@ -113,6 +128,12 @@ class _Twin:
         self.per_row = (self.exec_seconds if per_row is None else
                         [e if math.isnan(p) else p
                          for e, p in zip(self.exec_seconds, per_row.tolist())])
+        slot = profiles.load_slot_seconds
+        # How long a load holds its slot: as the node measured it where it did (the
+        # load and the runtime's hand-offs), else the penalty.
+        self.hold = (self.penalties if slot is None else
+                     [p if math.isnan(t) else t
+                      for p, t in zip(self.penalties, slot.tolist())])
         self.model_of = trace.model_ids.tolist()
         self.arrivals = trace.timestamps.tolist()
         n = len(self.sizes)
@@ -269,7 +290,7 @@ class _Twin:
             self.loads[m] += 1
             self.load_wait += now - self.asked[m]
             self.note(now, "load", m)
-            self.schedule(now + self.penalties[m], _LOADED, m)
+            self.schedule(now + self.hold[m], _LOADED, m)
 
     def loaded(self, m: int, now: float) -> None:
         self.pool.commit(m, self.need[m], self.sizes[m], self.penalties[m], now)

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from agent.commands.simulate import agent_queueing
 from agent.config import AgentConfig
+from agent.twinsettings import twin_settings
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
 from cachepolicies.twin import Queueing
@@ -51,6 +51,16 @@ def test_requests_share_a_load_that_waits_for_a_slot():
     times = responses(*TWO, [0.0, 0.0, 1.0], ["a", "b", "b"], 100, load_concurrency=1,
                       workers=2)
     assert times == pytest.approx([2.1, 4.1, 3.1])
+
+
+def test_a_load_holds_its_slot_as_long_as_the_node_measured():
+    # a's load costs 2 s (its penalty, what the policy weighs) but held its slot 2.5 s on
+    # the node that recorded it: b's load waits that long
+    profiles = make_profiles(*TWO, load_slot_seconds=[2.5, np.nan])
+    trace = make_trace([0.0, 0.0], ["a", "b"], profiles)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(load_concurrency=1))
+    assert result.mean_response_seconds == pytest.approx((2.6 + 4.6) / 2)
+    assert result.load_delay_seconds == pytest.approx(4.0)  # the penalties
 
 
 def test_a_load_holds_its_peak_while_it_runs():
@@ -133,14 +143,16 @@ def test_bad_settings_are_refused():
 
 def test_the_cli_twin_takes_the_agents_defaults():
     config = AgentConfig()
-    twin = agent_queueing()
+    twin = twin_settings(AgentConfig())
     assert twin.load_concurrency == config.load_concurrency
     assert twin.workers == config.batching.workers
     assert twin.max_batch_size == config.batching.max_batch_size
     assert twin.load_wait_max_s == config.load_wait_max_s
     assert twin.cold_start == config.cold_start
     assert twin.slo_seconds == config.slo.latency_ms / 1000
-    assert agent_queueing(workers=3, load_concurrency=2).load_concurrency == 2
+    flagged = twin_settings(AgentConfig(), {"workers": 4, "slo_seconds": 0.5},
+                            load_concurrency=2)
+    assert (flagged.load_concurrency, flagged.workers, flagged.slo_seconds) == (2, 4, 0.5)
 
 
 def test_the_twin_predicts_a_live_agent_where_loads_are_the_bottleneck(tmp_path):
@@ -164,7 +176,7 @@ def test_the_twin_predicts_a_live_agent_where_loads_are_the_bottleneck(tmp_path)
         agent.close()
     assert all(status == 200 for _, status in results)
     seconds = [s for s, _ in results]
-    twin = simulate(trace, profiles, budget, "lru", queueing=agent_queueing())
+    twin = simulate(trace, profiles, budget, "lru", queueing=twin_settings(AgentConfig()))
     assert twin.misses > 20 and twin.load_wait_seconds > 5  # loads queue for the slot
     assert twin.misses == pytest.approx(live_loads, rel=0.05)
     live_mean, live_p99 = float(np.mean(seconds)), float(np.percentile(seconds, 99))

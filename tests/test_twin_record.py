@@ -77,6 +77,8 @@ def test_trace_and_profiles_are_admin_only_in_the_simulators_formats(recorded, t
     assert profiles.size_bytes[b] == 20_000_000
     assert 0.05 <= profiles.load_seconds[b] < 0.5  # its 60 ms load, measured
     assert 0.004 <= profiles.exec_seconds[b] < 0.1  # its 5 ms + 1 ms a row batch
+    # the time its loads held their slot: the load and the hand-offs around it
+    assert profiles.load_seconds[b] <= profiles.load_slot_seconds[b] < 1.0
     rows = trace_text.splitlines()
     assert rows[0].split(",") == ["timestamp", "model", "rows", "status",
                                   "latency_seconds", "unix_time"]

@@ -27,7 +27,6 @@ from agent.units import parse_size
 if TYPE_CHECKING:
     from cachepolicies.simulator import SimulationResult
     from cachepolicies.traces import Profiles, Trace
-    from cachepolicies.twin import Queueing
 
 # cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
 # (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
@@ -100,7 +99,7 @@ def simulate_command(
             queueing = True
             with tempfile.TemporaryDirectory() as tmp:
                 trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
-                settings = _record_settings(profiles_path)
+                settings = record_settings(profiles_path)
                 trace, profiles = _read_inputs(trace_path, profiles_path)
             from cachepolicies.simulator import sweep
             if not capacities or not policies:
@@ -126,7 +125,13 @@ def simulate_command(
 
                 trace, profiles = inputs.result()
         sizes = _parse_capacities(capacities)
-        twin = agent_queueing(workers, load_concurrency, settings) if queueing else None
+        twin = None
+        if queueing:
+            from agent.config import AgentConfig
+            from agent.twinsettings import twin_settings
+
+            twin = twin_settings(AgentConfig(), settings, workers=workers,
+                                 load_concurrency=load_concurrency)
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                         queueing=twin, progress=progress)
         if plot_path is not None:
@@ -140,29 +145,6 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
-
-
-def agent_queueing(workers: int | None = None, load_concurrency: int | None = None,
-                   recorded: dict[str, object] | None = None) -> Queueing:
-    """The twin's settings: the agent's defaults (its config declarations), then what a
-    node's record says (``recorded``: ``_record_settings``), then ``workers`` per model
-    and ``load_concurrency`` load slots where given."""
-    from agent.config import AgentConfig
-    from agent.memory import PLAIN
-    from cachepolicies.twin import Queueing
-
-    config = AgentConfig()
-    batching, recorded = config.batching, recorded or {}
-    slo = float(recorded.get("slo_seconds") or config.slo.latency_ms / 1000)
-    return Queueing(
-        workers=workers or int(recorded.get("workers") or batching.workers),
-        load_concurrency=load_concurrency or config.load_concurrency,
-        max_batch_size=int(recorded.get("max_batch_size")
-                           or (batching.max_batch_size if batching.enabled else 1)),
-        aimd_step=batching.aimd_step, batch_budget_seconds=slo * batching.budget_fraction,
-        load_peak=float(recorded.get("load_peak") or PLAIN.load_peak),
-        load_wait_max_s=config.load_wait_max_s, cold_start=config.cold_start,
-        slo_seconds=slo)
 
 
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
@@ -190,30 +172,15 @@ def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path,
     return paths
 
 
-#: Columns of a node's profiles file that set the twin (``agent.node.record``), and how
-#: one value is taken for all models: the most workers, the largest batches, the
-#: tightest SLO, the highest load peak.
-_RECORDED = {"workers": max, "max_batch_size": max, "slo_seconds": min, "load_peak": max}
+def record_settings(profiles_path: Path) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
+    from agent.twinsettings import recorded_settings
 
-
-def _record_settings(profiles_path: Path) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``_RECORDED``); {} for a
-    profiles file without them."""
     with open(profiles_path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    out: dict[str, object] = {}
-    for column, pick in _RECORDED.items():
-        values = []
-        for row in rows:
-            try:
-                values.append(float(row.get(column) or "nan"))
-            except ValueError:
-                raise click.ClickException(f"{profiles_path}: column {column!r}: "
-                                           f"{row.get(column)!r} is not a number") from None
-        values = [v for v in values if v == v and v > 0]
-        if values:
-            out[column] = pick(values)
-    return out
+        try:
+            return recorded_settings(list(csv.DictReader(f)))
+        except ValueError as error:
+            raise click.ClickException(f"{profiles_path}: {error}") from None
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:

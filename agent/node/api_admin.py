@@ -1,5 +1,5 @@
 """Cache admin (``/v1/cache``), ``/v1/memory``, the twin's record (``/v1/trace``,
-``/v1/profiles``) and ``/metrics``."""
+``/v1/profiles``) and curve (``/v1/whatif``), and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -110,6 +110,12 @@ async def profiles(request: web.Request) -> web.Response:
                         content_type="text/csv")
 
 
+async def whatif(request: web.Request) -> web.Response:
+    """``GET /v1/whatif``: the last hour through the twin at a few multiples of the cpu
+    budget (``agent.node.whatif``; the dashboard's curve); read scope."""
+    return web.json_response(await request.app[NODE].whatif.curve())
+
+
 async def metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -128,4 +134,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/memory", memory)
     r.add_get("/v1/trace", trace)
     r.add_get("/v1/profiles", profiles)
+    r.add_get("/v1/whatif", whatif)
     r.add_get("/metrics", metrics)

@@ -29,6 +29,7 @@ from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import apply_override, scan_model, scan_repository
 from agent.node.serving import Serving
+from agent.node.whatif import WhatIf
 
 log = logging.getLogger("edgeagent.node")
 
@@ -79,6 +80,8 @@ class Node:
                 self.cache.set_pinned(name, bool(pinned))
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
+        #: The dashboard's what-if curve: the last hour through the twin.
+        self.whatif = WhatIf(self.serving)
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
         self.metrics = Metrics(self.cache, self.serving, self.body_memory)

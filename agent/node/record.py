@@ -31,8 +31,8 @@ TRACE_HEADER = ("timestamp", "model", "rows", "status", "latency_seconds", "unix
 #: The profiles file's columns: the simulator's, then the twin's and the agent's
 #: settings of the model (what ``simulate --from`` replays it with).
 PROFILE_HEADER = ("model", "size_bytes", "load_seconds", "exec_seconds",
-                  "first_exec_seconds", "exec_seconds_per_row", "load_peak", "workers",
-                  "max_batch_size", "slo_seconds")
+                  "first_exec_seconds", "exec_seconds_per_row", "load_slot_seconds",
+                  "load_peak", "workers", "max_batch_size", "slo_seconds")
 
 
 class RequestRecord:

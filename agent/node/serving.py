@@ -399,8 +399,8 @@ class Serving:
     def profiles(self) -> list[dict[str, Any]]:
         """Each model version loaded at least once, as measured: its size, load and
         first-run seconds, warm batch seconds (one row, and each further row where two
-        batch sizes were seen), its load peak and its serving settings
-        (``agent.node.record.PROFILE_HEADER``)."""
+        batch sizes were seen), its loads' mean time holding a load slot, its load peak
+        and its serving settings (``agent.node.record.PROFILE_HEADER``)."""
         from agent.backends import backend_class
 
         out = []
@@ -425,6 +425,7 @@ class Serving:
                 "first_exec_seconds": round(account.first_run_seconds, 6)
                 if account.first_run_seconds else None,
                 "exec_seconds_per_row": None if line is None else round(line[1], 6),
+                "load_slot_seconds": round(entry.stats.slot_seconds / entry.stats.loads, 6),
                 "load_peak": round(peak, 4), "workers": rt.workers,
                 "max_batch_size": rt.settings.max_batch_size if rt.settings.batching else 1,
                 "slo_seconds": rt.settings.slo})
