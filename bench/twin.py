@@ -120,13 +120,30 @@ def report(label: str, live: Figures, twin: Figures) -> bool:
     return ok
 
 
+def from_record(record: Path, budget: int, policy: str, slots: int) -> Figures:
+    """The twin on a live run's own record (``edgeagent cache trace``'s files): its
+    trace, measured profiles (with the time its loads held their slot) and settings."""
+    from agent.commands.simulate import record_settings
+    from cachepolicies.traces import read_profiles, read_trace
+
+    profiles = read_profiles(record / PROFILES_FILE)
+    trace = read_trace(record / TRACE_FILE, profiles)
+    r = simulate(trace, profiles, budget, policy, queueing=twin_settings(
+        AgentConfig(), record_settings(record / PROFILES_FILE), load_concurrency=slots))
+    return Figures(r.misses, r.mean_response_seconds, r.p99_response_seconds, r.failed,
+                   r.load_wait_seconds)
+
+
 def compare(work: Path, workload, fraction: float, policy: str, slots: int,
             label: str) -> bool:
+    """Live against the twin on the workload's nominal profiles, and against the twin
+    on the run's own record (measured profiles: what ``simulate --from`` sees)."""
     budget = int(workload[1].sum() * fraction)
-    live = run_live(work, workload, budget, policy, slots)
-    return report(label, live, run_twin(workload, budget, policy, slots))
-
-
+    record = Path(tempfile.mkdtemp(dir=work))
+    live = run_live(work, workload, budget, policy, slots, record=record)
+    ok = report(label, live, run_twin(workload, budget, policy, slots))
+    recorded = from_record(record, budget, policy, slots)
+    return report("  (twin on the run's record)", live, recorded) and ok
 def issue_case(work: Path, seconds: float, policies) -> list[bool]:
     out = []
     for seed, rate in ((7, 5.0), (8, 3.0)):
@@ -168,27 +185,21 @@ def rate_for(fraction: float, target: float, slots: int, seconds: float) -> floa
     return (low * high) ** 0.5
 
 
-def whatif_case(work: Path, seconds: float, policies) -> list[bool]:
+def whatif_case(work: Path, seconds: float, policies, keep: Path | None = None
+                ) -> list[bool]:
     """Run the agent at B, ask the twin for 2B from the agent's own record (its trace
     and measured profiles), run the agent at 2B on the same trace: twin vs that run."""
-    from agent.commands.simulate import record_settings
-    from cachepolicies.traces import read_profiles, read_trace
-
     out = []
     workload = cremebrulee_workload(7, 5.0, seconds)
     total = workload[1].sum()
     for policy in policies:
-        record = work / f"record-{policy}"
+        record = (keep or work) / policy
         at_b = run_live(work, workload, int(total * 0.15), policy, 1, record=record)
-        profiles = read_profiles(record / PROFILES_FILE)
-        trace = read_trace(record / TRACE_FILE, profiles)
-        r = simulate(trace, profiles, int(total * 0.3), policy, queueing=twin_settings(
-            AgentConfig(), record_settings(record / PROFILES_FILE), load_concurrency=1))
-        twin = Figures(r.misses, r.mean_response_seconds, r.p99_response_seconds, r.failed,
-                       r.load_wait_seconds)
+        twin = from_record(record, int(total * 0.3), policy, 1)
+        trace_len = (record / TRACE_FILE).read_text().count("\n") - 1
         at_2b = run_live(work, workload, int(total * 0.3), policy, 1)
         print(f"{policy}: at B (15 %) live loads {at_b.loads}, mean {at_b.mean:.3f} s, "
-              f"p99 {at_b.p99:.3f} s; record: {len(trace)} requests", flush=True)
+              f"p99 {at_b.p99:.3f} s; record: {trace_len} requests", flush=True)
         out.append(report(f"what-if 2B (30 %) from the record, {policy}", at_2b, twin))
     return out
 
@@ -198,12 +209,15 @@ def main() -> None:
     ap.add_argument("--case", choices=("issue", "grid", "whatif"), default="issue")
     ap.add_argument("--seconds", type=float, default=90.0, help="trace length per run")
     ap.add_argument("--policy", action="append", help="default: cremebrulee and lru")
+    ap.add_argument("--keep", type=Path,
+                    help="whatif: keep each run-at-B record in KEEP/POLICY (for simulate --from)")
     args = ap.parse_args()
     cases = {"issue": issue_case, "grid": grid_case, "whatif": whatif_case}
     started = time.monotonic()
     print("live/twin per figure, (twin error); floors: loads 5 %, mean 15 %, p99 25 %")
     with tempfile.TemporaryDirectory() as tmp:
-        oks = cases[args.case](Path(tmp), args.seconds, args.policy or POLICIES)
+        extra = {"keep": args.keep} if args.case == "whatif" else {}
+        oks = cases[args.case](Path(tmp), args.seconds, args.policy or POLICIES, **extra)
     print(f"{sum(oks)}/{len(oks)} within the floors ({time.monotonic() - started:.0f} s)")
 
 

@@ -77,8 +77,8 @@ def test_trace_and_profiles_are_admin_only_in_the_simulators_formats(recorded, t
     assert profiles.size_bytes[b] == 20_000_000
     assert 0.05 <= profiles.load_seconds[b] < 0.5  # its 60 ms load, measured
     assert 0.004 <= profiles.exec_seconds[b] < 0.1  # its 5 ms + 1 ms a row batch
-    # the time its loads held their slot: the load and the hand-offs around it
-    assert profiles.load_seconds[b] <= profiles.load_slot_seconds[b] < 1.0
+    # the time its loads held their slot (their mean): the load and the hand-offs
+    assert 0.06 <= profiles.load_slot_seconds[b] < 1.0
     rows = trace_text.splitlines()
     assert rows[0].split(",") == ["timestamp", "model", "rows", "status",
                                   "latency_seconds", "unix_time"]
@@ -107,8 +107,9 @@ def test_the_ring_keeps_the_last_requests_within_its_bytes():
     assert len(record) == 5 and record.added == 8
     assert kept.rows.tolist() == [4, 5, 6, 7, 8]  # the oldest overwritten first
     assert record.nbytes == 5 * ENTRY_BYTES
-    assert sum(a.nbytes for a in (record._arrival, record._latency, record._model,
-                                  record._rows, record._status)) == record.nbytes
+    assert sum(a.itemsize * len(a) for a in (record._arrival, record._latency,
+                                             record._model, record._rows,
+                                             record._status)) == record.nbytes
     from agent.config import AgentConfig
     from agent.schema import settings
     help = settings(AgentConfig)["record_requests"].help

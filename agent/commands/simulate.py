@@ -262,13 +262,13 @@ def _plot(results: Sequence[SimulationResult], path: Path) -> None:
         else ((("mean_load_delay_seconds", "mean model load delay per request"),),)
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
     for ax, lines in zip(axes[0], panels):
-        for policy in dict.fromkeys(r.policy for r in results):
+        for i, policy in enumerate(dict.fromkeys(r.policy for r in results)):
             mine = sorted((r for r in results if r.policy == policy),
                           key=lambda r: r.capacity_bytes)
             for (field, label), style in zip(lines, ("-", "--")):
                 ax.plot([r.capacity_bytes / 1e9 for r in mine],
                         [getattr(r, field) for r in mine], style, marker="o",
-                        label=f"{policy}: {label}" if twin else policy)
+                        color=f"C{i}", label=f"{policy}: {label}" if twin else policy)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("cache capacity (GB)")
         ax.set_ylabel("seconds" if twin else lines[0][1] + " (s)")

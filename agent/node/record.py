@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -41,11 +42,12 @@ class RequestRecord:
     def __init__(self, capacity: int, *, wall_clock: Callable[[], float] = time.time) -> None:
         self.capacity = int(capacity)
         self.wall_clock = wall_clock
-        self._arrival = np.zeros(self.capacity, np.float64)  # wall clock, seconds
-        self._latency = np.zeros(self.capacity, np.float32)
-        self._model = np.zeros(self.capacity, np.int32)
-        self._rows = np.zeros(self.capacity, np.int32)
-        self._status = np.zeros(self.capacity, np.int16)
+        # typed arrays (item stores are cheaper than numpy's), read as numpy by ``since``
+        self._arrival = array("d", bytes(8 * self.capacity))  # wall clock, seconds
+        self._latency = array("f", bytes(4 * self.capacity))
+        self._model = array("i", bytes(4 * self.capacity))
+        self._rows = array("i", bytes(4 * self.capacity))
+        self._status = array("h", bytes(2 * self.capacity))
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
         self.added = 0  # requests ever added
@@ -70,7 +72,7 @@ class RequestRecord:
         self._arrival[i] = self.wall_clock() - latency
         self._latency[i] = latency
         self._model[i] = ident
-        self._rows[i] = rows
+        self._rows[i] = min(rows, 2**31 - 1)
         self._status[i] = status
         self.added += 1
 
@@ -79,12 +81,16 @@ class RequestRecord:
         arrival order; to the microsecond, as the trace file writes them (so a
         ``unix_time`` read back from one selects its own request)."""
         kept = len(self)
-        arrival = self._arrival[:kept]
+
+        def column(values: array) -> np.ndarray:
+            return np.frombuffer(values, dtype=values.typecode)[:kept].copy()
+
+        arrival = column(self._arrival)
         order = np.argsort(arrival, kind="stable")
         order = order[arrival[order] >= when - 1e-6]
-        return Requests(arrival[order], self._latency[:kept][order],
-                        [self._names[i] for i in self._model[:kept][order]],
-                        self._rows[:kept][order], self._status[:kept][order])
+        return Requests(arrival[order], column(self._latency)[order],
+                        [self._names[i] for i in column(self._model)[order]],
+                        column(self._rows)[order], column(self._status)[order])
 
 
 @dataclass(frozen=True)
