@@ -35,7 +35,8 @@ def recorded(repo, start_agent, tmp_path):
     tokens.write_text(yaml.safe_dump([
         {"name": "ops", "sha256": token_hash(ADMIN), "scopes": ["admin"]},
         {"name": "dash", "sha256": token_hash(READ), "scopes": ["read"]}]))
-    agent = start_agent(repo, budget=36_000_000, auth=AgentAuthSettings(token_file=tokens))
+    agent = start_agent(repo, budget=36_000_000, policy="lru",
+                        auth=AgentAuthSettings(token_file=tokens))
 
     async def send():
         async with aiohttp.ClientSession() as session:
@@ -83,6 +84,10 @@ def test_trace_and_profiles_are_admin_only_in_the_simulators_formats(recorded, t
     assert rows[0].split(",") == ["timestamp", "model", "rows", "status",
                                   "latency_seconds", "unix_time"]
     assert all(line.split(",")[3] == "200" for line in rows[1:])
+    metrics = agent.request("GET", "/metrics")[2].decode()
+    assert "edgeagent_record_requests 30.0" in metrics
+    assert f"edgeagent_record_bytes {100_000 * 22:.1f}" in metrics or \
+        "edgeagent_record_bytes 2.2e+06" in metrics
 
 
 def test_since_keeps_the_later_requests_and_refuses_the_future(recorded):
@@ -136,8 +141,10 @@ def test_cache_trace_then_simulate_from_the_directory(recorded, tmp_path):
         ("cremebrulee", 60_000_000)]
     listing = get(agent, "/v1/cache")[1]
     live_loads = sum(m["loads"] for m in listing)
-    # the agent ran its default policy; its requests came one by one: same loads
-    assert rows[2]["misses"] == live_loads
+    # the agent ran lru, whose choices depend on the order of requests only, and they
+    # came one by one: the same loads (cremebrulee's rates would see the recorded
+    # arrival times, a little earlier than the cache's own)
+    assert rows[0]["misses"] == live_loads
     assert rows[1]["misses"] == 3  # 60 MB holds all three: cold misses only
     assert rows[0]["load_concurrency"] == 1 and "p95_response_seconds" in rows[0]
 

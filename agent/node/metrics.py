@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agent.httpbody import BodyMemory
     from agent.node.cache import ModelCache
     from agent.node.entry import Entry
+    from agent.node.record import RequestRecord
     from agent.node.serving import Serving
 
 #: The values of the ``endpoint`` label: the APIs a request can arrive through.
@@ -193,6 +194,21 @@ class _BodyMemoryCollector(Collector):
                                   value=m["refused"])
 
 
+class _RecordCollector(Collector):
+    """The size of the request record the twin reads (``agent.node.record``)."""
+
+    def __init__(self, record: "RequestRecord") -> None:
+        self.record = record
+
+    def collect(self) -> Iterator:
+        yield GaugeMetricFamily("edgeagent_record_requests",
+                                "Requests held in the record for the twin (GET /v1/trace)",
+                                value=len(self.record))
+        yield GaugeMetricFamily("edgeagent_record_bytes",
+                                "Bytes the request record holds (allocated at start)",
+                                value=self.record.nbytes)
+
+
 class Metrics:
     """The agent's metrics and their registry (process and Python collectors included)."""
 
@@ -216,6 +232,7 @@ class Metrics:
         self.registry.register(_CacheCollector(cache))
         if serving is not None:
             self.registry.register(_ServingCollector(serving))
+            self.registry.register(_RecordCollector(serving.record))
         if body_memory is not None:
             self.registry.register(_BodyMemoryCollector(body_memory))
         cache.on_load.append(self._loaded)
