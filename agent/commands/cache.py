@@ -68,10 +68,11 @@ def _show(ctx: click.Context, doc: Any) -> None:
 @click.pass_context
 def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -> None:
     """Inspect and steer a running agent's model cache."""
-    ctx.obj = {"url": url, "json": as_json, "token": _read_token(token_file)}
+    ctx.obj = {"url": url, "json": as_json, "token": read_token(token_file)}
 
 
-def _read_token(token_file: str | None) -> str | None:
+def read_token(token_file: str | None) -> str | None:
+    """The admin token a command sends: its ``--token-file``, else $EDGEAGENT_TOKEN."""
     return open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
 
 
@@ -87,7 +88,7 @@ def _common(f):
 
 def _sub_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value:
-        ctx.ensure_object(dict)["token"] = _read_token(value)
+        ctx.ensure_object(dict)["token"] = read_token(value)
 
 
 def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:

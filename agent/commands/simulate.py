@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -150,12 +149,10 @@ def simulate_command(
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
     """The trace and profiles files of ``--from``: fetched from a node's URL into
     ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
-    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record, read_token
 
     if source.startswith(("http://", "https://")):
-        token = (open(token_file).read().strip() if token_file
-                 else os.environ.get("EDGEAGENT_TOKEN"))
-        texts = fetch_record(source, token)
+        texts = fetch_record(source, read_token(token_file))
         for name, text in zip((TRACE_FILE, PROFILES_FILE), texts):
             (tmp / name).write_text(text)
         directory = tmp
