@@ -62,6 +62,9 @@ def test_trace_and_profiles_are_admin_only_in_the_simulators_formats(recorded, t
     for path in ("/v1/trace", "/v1/profiles"):
         assert get(agent, path, None)[0] == 401
         assert get(agent, path, READ)[0] == 403  # the node's traffic: admin only
+    assert get(agent, "/v1/whatif", None)[0] == 401
+    status, curve = get(agent, "/v1/whatif", READ)  # the dashboard's curve: read
+    assert status == 200 and curve["requests"] == 30 and curve["policy"] == "lru"
     status, trace_text = get(agent, "/v1/trace")
     assert status == 200
     status, profiles_text = get(agent, "/v1/profiles")
