@@ -26,7 +26,8 @@ def twin_settings(config: AgentConfig, recorded: dict[str, object] | None = None
     slo = float(recorded.get("slo_seconds") or config.slo.latency_ms / 1000)
     return Queueing(
         workers=workers or int(recorded.get("workers") or batching.workers),
-        load_concurrency=load_concurrency or config.load_concurrency,
+        load_concurrency=load_concurrency or int(recorded.get("load_concurrency")
+                                                 or config.load_concurrency),
         max_batch_size=int(recorded.get("max_batch_size")
                            or (batching.max_batch_size if batching.enabled else 1)),
         aimd_step=batching.aimd_step, batch_budget_seconds=slo * batching.budget_fraction,
@@ -36,8 +37,10 @@ def twin_settings(config: AgentConfig, recorded: dict[str, object] | None = None
 
 
 #: A node's profile columns that set the twin, and how one value is taken for all its
-#: models: the most workers, the largest batches, the tightest SLO, the highest peak.
-RECORDED = {"workers": max, "max_batch_size": max, "slo_seconds": min, "load_peak": max}
+#: models: the most workers, the largest batches, the tightest SLO, the highest peak
+#: (and the node's load slots, the same on every row).
+RECORDED = {"workers": max, "max_batch_size": max, "slo_seconds": min, "load_peak": max,
+            "load_concurrency": max}
 
 
 def recorded_settings(rows: list[dict[str, object]]) -> dict[str, object]:

@@ -150,6 +150,12 @@ def test_cache_trace_then_simulate_from_the_directory(recorded, tmp_path):
     assert rows[0]["misses"] == live_loads
     assert rows[1]["misses"] == 3  # 60 MB holds all three: cold misses only
     assert rows[0]["load_concurrency"] == 1 and "p95_response_seconds" in rows[0]
+    # the node's settings travel in its profiles: a node with 2 load slots is replayed so
+    text = (out / "profiles.csv").read_text().replace(",1.0,1\n", ",1.0,2\n")
+    (out / "profiles.csv").write_text(text)
+    two = CliRunner().invoke(main, ["simulate", "--from", str(out), "--capacity", "60MB",
+                                    "--policy", "lru", "--json", "--no-progress"])
+    assert json.loads(two.stdout)[0]["load_concurrency"] == 2
 
 
 def test_simulate_from_a_url_plots_the_curve(recorded, tmp_path):

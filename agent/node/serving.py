@@ -428,7 +428,8 @@ class Serving:
                 "load_slot_seconds": round(entry.stats.slot_seconds / entry.stats.loads, 6),
                 "load_peak": round(peak, 4), "workers": rt.workers,
                 "max_batch_size": rt.settings.max_batch_size if rt.settings.batching else 1,
-                "slo_seconds": rt.settings.slo})
+                "slo_seconds": rt.settings.slo,
+                "load_concurrency": self.config.load_concurrency})
         return out
 
     # -- admin -----------------------------------------------------------------------
