@@ -154,12 +154,13 @@ def issue_case(work: Path, seconds: float, policies) -> list[bool]:
     return out
 
 
-def grid_case(work: Path, seconds: float, policies) -> list[bool]:
+def grid_case(work: Path, seconds: float, policies, slot_counts=(1, 2),
+              fractions=(0.15, 0.25, 0.5)) -> list[bool]:
     """Budgets 15–50 %; for each, the rate whose load-slot utilisation (in the twin) is
     30, 60 or 90 %; 1 and 2 load slots."""
     out = []
-    for slots in (1, 2):
-        for fraction in (0.15, 0.25, 0.5):
+    for slots in slot_counts:
+        for fraction in fractions:
             for target in (0.3, 0.6, 0.9):
                 rate = rate_for(fraction, target, slots, seconds)
                 workload = cremebrulee_workload(11, rate, seconds)
@@ -209,6 +210,8 @@ def main() -> None:
     ap.add_argument("--case", choices=("issue", "grid", "whatif"), default="issue")
     ap.add_argument("--seconds", type=float, default=90.0, help="trace length per run")
     ap.add_argument("--policy", action="append", help="default: cremebrulee and lru")
+    ap.add_argument("--slots", help="grid: load slots, comma-separated [default: 1,2]")
+    ap.add_argument("--budgets", help="grid: budget fractions [default: 0.15,0.25,0.5]")
     ap.add_argument("--keep", type=Path,
                     help="whatif: keep each run-at-B record in KEEP/POLICY (for simulate --from)")
     args = ap.parse_args()
@@ -217,6 +220,11 @@ def main() -> None:
     print("live/twin per figure, (twin error); floors: loads 5 %, mean 15 %, p99 25 %")
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"keep": args.keep} if args.case == "whatif" else {}
+        if args.case == "grid":
+            if args.slots:
+                extra["slot_counts"] = [int(x) for x in args.slots.split(",")]
+            if args.budgets:
+                extra["fractions"] = [float(x) for x in args.budgets.split(",")]
         oks = cases[args.case](Path(tmp), args.seconds, args.policy or POLICIES, **extra)
     print(f"{sum(oks)}/{len(oks)} within the floors ({time.monotonic() - started:.0f} s)")
 
