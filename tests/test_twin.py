@@ -2,11 +2,14 @@
 agent it replays, on hand-computed timelines, then one short live run against it."""
 
 import asyncio
+import json
 import math
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from agent.cli import main
 from agent.config import AgentConfig
 from agent.twinsettings import twin_settings
 from cachepolicies.simulator import simulate
@@ -157,9 +160,11 @@ def test_the_cli_twin_takes_the_agents_defaults():
 
 def test_the_twin_predicts_a_live_agent_where_loads_are_the_bottleneck(tmp_path):
     """bench/twin.py's issue case, short: one load slot, a quarter of the models' bytes,
-    the agent's defaults; loads within 5 %, mean and p99 response within the floors (a
-    loaded box only adds to the live times: the lower bounds are the floors, the upper
-    ones looser)."""
+    the agent's defaults. The twin on the agent's own record (its trace and measured
+    profiles, as ``simulate --from`` reads them) is within the floors: loads 5 %, mean
+    15 %, p99 25 %; on the nominal profiles the loads are too, and the times are not
+    above the live ones (a busy box only adds to those: the runtime's hand-offs around
+    each load, which the record measures)."""
     names, sizes, loads, execs, trace, profiles = cremebrulee_workload(7, 5.0, 20.0)
     repo = tmp_path / "models"
     for name, size, load, exe in zip(names, sizes, loads, execs):
@@ -169,17 +174,31 @@ def test_the_twin_predicts_a_live_agent_where_loads_are_the_bottleneck(tmp_path)
     agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
                                     cpu_budget=budget, infer_threads=2, policy="lru"),
                         budgets={"cpu": budget})
+    record = tmp_path / "record"
+    record.mkdir()
     try:
         results = asyncio.run(asyncio.wait_for(replay_live(agent.url, trace, names), 120))
         live_loads = sum(m["loads"] for m in agent.request("GET", "/v1/cache")[2])
+        for path, name in (("/v1/trace", "trace.csv"), ("/v1/profiles", "profiles.csv")):
+            (record / name).write_bytes(agent.request("GET", path)[2])
     finally:
         agent.close()
     assert all(status == 200 for _, status in results)
     seconds = [s for s, _ in results]
-    twin = simulate(trace, profiles, budget, "lru", queueing=twin_settings(AgentConfig()))
-    assert twin.misses > 20 and twin.load_wait_seconds > 5  # loads queue for the slot
-    assert twin.misses == pytest.approx(live_loads, rel=0.05)
     live_mean, live_p99 = float(np.mean(seconds)), float(np.percentile(seconds, 99))
-    # the floors above the live figures; below them with room for a loaded box's delays
-    assert 0.7 * live_mean <= twin.mean_response_seconds <= 1.15 * live_mean, (live_mean, twin)
-    assert 0.6 * live_p99 <= twin.p99_response_seconds <= 1.25 * live_p99, (live_p99, twin)
+
+    nominal = simulate(trace, profiles, budget, "lru", queueing=twin_settings(AgentConfig()))
+    assert nominal.misses > 20 and nominal.load_wait_seconds > 5  # loads queue for a slot
+    assert nominal.misses == pytest.approx(live_loads, rel=0.05)
+    assert nominal.mean_response_seconds <= 1.15 * live_mean, (live_mean, nominal)
+    assert nominal.p99_response_seconds <= 1.25 * live_p99, (live_p99, nominal)
+
+    result = CliRunner().invoke(main, ["simulate", "--from", str(record), "--capacity",
+                                       str(budget), "--policy", "lru", "--json",
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    (twin,) = json.loads(result.stdout)
+    assert twin["requests"] == len(trace) and twin["failed"] == 0
+    assert twin["misses"] == pytest.approx(live_loads, rel=0.05)
+    assert twin["mean_response_seconds"] == pytest.approx(live_mean, rel=0.15)
+    assert twin["p99_response_seconds"] == pytest.approx(live_p99, rel=0.25)
