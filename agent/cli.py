@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Show each configuration file's keys, or check a file."),
     "coordinator": ("agent.commands.coordinator:coordinator",
                     "Run the fleet coordinator (Faro planning) or talk to one."),
+    "model": ("agent.commands.model:model",
+              "Put model versions where agents pull them from, and list what a source holds."),
     "plan": ("agent.commands.plan:plan",
              "Plan replicas per model under latency SLOs and cluster limits (Faro)."),
     "profile": ("agent.commands.profile:profile",

@@ -11,6 +11,7 @@ example``) and the help of ``edgeagent serve``'s flags all come from it. An unkn
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,6 +49,44 @@ def http_url(v: Any) -> str:
     if not string(v).startswith(("http://", "https://")):
         raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
     return v
+
+
+#: The URL schemes a model's ``source`` may name (``agent.sources`` opens them).
+SOURCE_SCHEMES = ("s3", "oci", "https", "http", "file")
+
+
+def source_url(v: Any) -> str:
+    """``source``: a URL whose scheme ``agent.sources`` opens; the message never echoes
+    the URL (it may carry credentials)."""
+    scheme, sep, rest = (v if isinstance(v, str) else "").partition("://")
+    if not sep or not rest:
+        raise ValueError(f"must be a URL such as s3://bucket/prefix ({', '.join(SOURCE_SCHEMES)})")
+    if scheme.lower() not in SOURCE_SCHEMES:
+        raise ValueError(f"scheme {scheme[:16]!r} is none of {', '.join(SOURCE_SCHEMES)}")
+    return v
+
+
+#: A version's digest as ``digest:`` and the coordinator's catalog write it.
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+
+
+def version_digest(v: Any) -> str:
+    """``digest``: ``sha256:<64 lowercase hex>``, the digest of one whole version (what a
+    pull reports: ``agent.sources.PullResult.digest``)."""
+    if not isinstance(v, str) or not _DIGEST.match(v):
+        raise ValueError(f"must be sha256:<64 lowercase hex digits>, got {str(v)[:80]!r}")
+    return v
+
+
+def source_options(v: Any) -> dict[str, Any]:
+    """``source_options``: a mapping of option names to scalars (``endpoint_url``,
+    ``sha256``, ...); which names a scheme takes is its source's to say."""
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k for k in v):
+        raise ValueError("must be a mapping of option names to values")
+    bad = [k for k, x in v.items() if not isinstance(x, (str, int, float, bool))]
+    if bad:
+        raise ValueError(f"{bad[0]}: must be a string, number or boolean")
+    return dict(v)
 
 
 def host_port(v: Any) -> str:
@@ -226,6 +265,24 @@ class ModelConfig(Section):
         "unload it when unused this long", example=600)] = None
     onnxruntime: Annotated[OrtOptions, setting("ONNX Runtime session options")] = \
         field(default_factory=OrtOptions)
+    # -- models that travel (the disk tier) --
+    source: Annotated[str | None, setting(
+        "where its versions come from (s3://bucket/prefix, oci://registry/repo:tag, "
+        "https://host/file#sha256=HEX, file:///path): the model directory then holds no "
+        "version directories; they are pulled into data_dir/models on first use",
+        check=source_url, example="s3://models/resnet")] = None
+    source_options: Annotated[dict[str, Any] | None, setting(
+        "options of its source (endpoint_url for MinIO/Ceph, region, sha256, ...); "
+        "credentials come from the environment, never from here",
+        check=source_options, example={"endpoint_url": "http://127.0.0.1:9000"})] = None
+    version: Annotated[AtLeastOne | None, setting(
+        "serve only this version of its source (left out: the newest it lists)",
+        example=2)] = None
+    digest: Annotated[str | None, setting(
+        "the digest the version it serves must have (sha256:<hex>: an oci:// version's "
+        "manifest digest, else the sha256 of its files' sha256sum listing); a pulled "
+        "version that differs is refused and removed", check=version_digest,
+        example="sha256:" + "0" * 64)] = None
     warmup: Annotated[WarmupOptions | None, setting(
         "warm-up before it is ready: default (one run on zeros shaped by the signature; "
         "a failure is logged), none, {file: sample.json} (a v2 request body in the model "
@@ -245,6 +302,9 @@ def parse_model_config(data: Any, file: str | Path | None = None) -> ModelConfig
     config = load(ModelConfig, data, file)
     if config.synthetic is not None and config.backend != "synthetic":
         raise ConfigError(file, "synthetic", "only allowed with backend: synthetic")
+    for key in ("source_options", "version", "digest"):
+        if getattr(config, key) is not None and config.source is None:
+            raise ConfigError(file, key, "only allowed with source")
     return config
 
 
@@ -390,9 +450,9 @@ class AgentConfig(Section):
         "request bodies read and not yet answered, in all; a body that does not fit "
         "waits for room, then 503", check=size, example="256MiB")] = 256 * 2**20
     grpc_max_concurrent_rpcs: Annotated[AtLeastOne, setting(
-        "gRPC calls served at once; more get RESOURCE_EXHAUSTED. Each holds its message "
-        "(up to max_request_size) before max_request_bytes_in_flight counts it, so this "
-        "times max_request_size bounds what gRPC clients can make the agent hold")] = 64
+        "gRPC calls served at once; more get RESOURCE_EXHAUSTED. A ModelInfer message "
+        "is received only once max_request_size is free in max_request_bytes_in_flight; "
+        "until then its call holds 64 KiB")] = 64
     record_requests: Annotated[AtLeastZero, setting(
         "requests the agent remembers for its twin (GET /v1/trace, edgeagent simulate "
         "--from): a ring of 22 bytes a request, allocated at start, the oldest "
@@ -438,6 +498,23 @@ class AgentConfig(Section):
     prediction_cache: Annotated[PredictionCacheOptions, setting(
         "prediction caches of models whose config.yaml does not say")] = \
         SERVER_PREDICTION_CACHE
+    # -- models that travel: the disk tier (data_dir/models) --
+    disk_budget: Annotated[int | None, setting(
+        "bytes the files of pulled models (config.yaml source:) may take under "
+        "data_dir/models; left out: half the file system's free space at start (what "
+        "the tier holds counted as free)", check=size, example="20GiB")] = None
+    disk_policy: Annotated[Text | None, setting(
+        "eviction policy of the disk tier (penalty: a model's measured download "
+        "seconds); left out: policy", example="gdsf")] = None
+    max_concurrent_pulls: Annotated[AtLeastOne, setting(
+        "models downloading at once; more wait for a turn")] = 2
+    pull_bandwidth: Annotated[int | None, setting(
+        "bytes per second each pull may take; left out: no cap", check=size,
+        example="50MB")] = None
+    source_poll_s: Annotated[Positive | None, setting(
+        "list the sources of sourced models this often: a new version found there is "
+        "pulled and rolled out (loaded beside the old one, switched once ready); left "
+        "out: only at start, on a rescan and on a coordinator's pull", example=300)] = None
     tfserving: Annotated[TfServingSettings, setting(
         "TensorFlow Serving, for SavedModels in the repository (pip install "
         "'edgeagent[tfserving]'). Managed (default): the agent runs binary with an empty "
@@ -453,6 +530,17 @@ class AgentConfig(Section):
     @property
     def resident_state_path(self) -> Path:
         return self.state_file or self.data_dir / "resident.json"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where the disk tier keeps pulled models: ``<name>/<version>/``."""
+        return self.data_dir / "models"
+
+    @property
+    def assigned_dir(self) -> Path:
+        """The model directories the coordinator's pull directives write (a second
+        repository root: the operator's own entry wins a name clash)."""
+        return self.data_dir / "assigned"
 
     @property
     def footprints_path(self) -> Path:
@@ -472,13 +560,14 @@ def parse_agent_config(data: Any, file: str | Path | None = None) -> AgentConfig
     if isinstance(tfserving, dict) and "address" in tfserving and "binary" in tfserving:
         raise ConfigError(file, "tfserving.address", "give binary (the agent runs the "
                           "server) or address (attach to a running one), not both")
-    if isinstance(data, dict) and "policy" in data:
-        from cachepolicies.registry import parse_policy_spec
+    for key in ("policy", "disk_policy"):
+        if isinstance(data, dict) and data.get(key) is not None:
+            from cachepolicies.registry import parse_policy_spec
 
-        try:
-            parse_policy_spec(config.policy)
-        except ValueError as exc:
-            raise ConfigError(file, "policy", str(exc)) from None
+            try:
+                parse_policy_spec(getattr(config, key))
+            except ValueError as exc:
+                raise ConfigError(file, key, str(exc)) from None
     return config
 
 

@@ -3,7 +3,8 @@
 - ``AgentError``: the base of every error that knows its answer: ``status`` (the HTTP
   status) and ``retry_after`` (seconds, or None). The cache's errors (``CacheError``,
   ``Shed``), the backends' (``BackendError``, ``InvalidInput``) and the coordinator's
-  (``CatalogError``, ``PlanError``, ``ReportError``) derive from it.
+  (``CatalogError``, ``PlanError``, ``ReportError``) and the model sources'
+  (``agent.sources.errors``: 400/403/404/502/503/507) derive from it.
 - ``http_status(exc)``: the one map from any exception to an HTTP status;
   ``grpc_code(exc)`` the same error as a gRPC status code name (for a gRPC endpoint).
 - ``retry_after_seconds`` / ``retry_after_header``: the one ``Retry-After`` rounding
@@ -58,12 +59,14 @@ GRPC_CODES: dict[int, str] = {
     403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",  # the request did not arrive within read_timeout_s
     409: "FAILED_PRECONDITION",  # model in use, plan not possible in this state
     413: "RESOURCE_EXHAUSTED",
     429: "RESOURCE_EXHAUSTED",
     499: "CANCELLED",
     500: "INTERNAL",
     501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",  # a model source served bytes that fail their digest
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
     507: "RESOURCE_EXHAUSTED",  # the model can never fit in its budget

@@ -29,25 +29,40 @@ not planned with).
 ``node_type`` (optional, the agent config's ``coordinator.node_type``) names the kind of
 machine, a key of the coordinator's ``node_types`` price table (fleet sizing and
 provisioning); nodes without one are not counted there.
+``disk`` (optional) lists the model versions whose files the node holds in its disk tier,
+``pulling`` those being downloaded (bytes so far, of ``total`` when known)::
+
+    "disk": [{"model": "resnet", "version": 2, "bytes": 102760448}],
+    "pulling": [{"model": "bert", "version": 1, "bytes": 1048576, "total": 438000000}]
 
 **Directives**, the answer to every report, valid for ``ttl_s`` seconds::
 
     {"node": "edge-1", "plan_id": 7, "ttl_s": 60,
      "workers": {"resnet": 2}, "pin": ["resnet"], "prefetch": ["resnet"],
-     "drop_rate": {"bert": 0.05}}
+     "drop_rate": {"bert": 0.05},
+     "pull": [{"model": "resnet", "source": "s3://models/resnet",
+               "source_options": {"endpoint_url": "http://10.0.0.9:9000"}, "version": 2,
+               "digest": null, "config": {"max_batch_size": 8}, "load": true}],
+     "drop": ["vit"]}
 
 ``workers``: replicas of the plan on this node (the model's worker count). ``pin``: keep
 these resident (the plan runs replicas here). ``prefetch``: of those, the ones not
 resident yet: load them now. ``drop_rate``: the share of requests to shed (penalty
 objectives only; absent means 0). A node reverts what it applied when directives are
 not renewed within ``ttl_s`` (coordinator gone): a missing coordinator never leaves
-models pinned forever. Both sides keep directives in a ``DirectiveBook``.
+models pinned forever. ``pull``: catalogued models with a source that the plan assigns
+this node: where to pull them from (``version`` None: the source's newest), the model
+config to serve them with, and whether to load them now; never credentials (the node
+has its own). ``drop``: models the node holds from an earlier pull that the plan moved
+away (the node removes them once idle). A lapsed pull is not undone, just not renewed.
+Both sides keep directives in a ``DirectiveBook``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Mapping
+from urllib.parse import urlsplit
 
 from msgspec import Meta, Struct
 
@@ -161,6 +176,27 @@ class ModelReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
         return seconds, done
 
 
+Version = Annotated[int, expected("versions >= 0", ge=0, le=999_999_999)]
+MAX_HELD = 100_000  # model versions one node lists on disk or pulling
+
+
+class DiskHolding(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One model version whose files the node holds in its disk tier."""
+
+    model: ModelName
+    version: Version
+    bytes: Bytes = 0.0
+
+
+class Pulling(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One model version being downloaded: bytes so far, of ``total`` when known."""
+
+    model: ModelName
+    version: Version | None = None
+    bytes: Bytes = 0.0
+    total: Bytes | None = None
+
+
 class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
     """A node's report (``POST /v1/nodes/{name}/report``); only ``capacity`` is required."""
 
@@ -168,6 +204,13 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     models: dict[ModelName, ModelReport] = {}
     interval_s: Seconds = 0.0
     node_type: NodeTypeName | None = None
+    disk: Annotated[tuple[DiskHolding, ...], Meta(max_length=MAX_HELD)] = ()
+    pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
+
+    def held(self) -> set[str]:
+        """Models whose files the node holds or is pulling, or that it serves."""
+        return ({h.model for h in self.disk} | {p.model for p in self.pulling}
+                | set(self.models))
 
 
 def parse_report(node: str, body: bytes | str | Any) -> NodeReport:
@@ -202,7 +245,78 @@ def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> fl
     return points[-1][1] if points else None
 
 
+# -- sources ------------------------------------------------------------------------------
+
+MAX_SOURCE_URL = 2048
+#: Option keys that name a credential: refused in catalog entries and pull directives
+#: (a node takes credentials from its own environment, never from the coordinator).
+CREDENTIAL_KEY = re.compile(
+    r"secret|passw|token|credential|private|access[_-]?key|session|auth|api[_-]?key|"
+    r"signature|cookie|bearer|\bkey\Z|_key\Z", re.I)
+
+
+def _with_user(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return False
+
+
+def refuse_credentials(url: Any, options: Any = None) -> None:
+    """ValueError naming the problem where a model's source (``url`` and its
+    ``options``, as a catalog entry or a pull directive carries them) would carry a
+    credential: a user, password or query string in the URL (a signed URL), an option
+    whose key looks like a credential or whose value is a URL with a user. Neither the
+    URL nor a value is echoed. The scheme's own rules are ``agent.sources.open_source``'s."""
+    if not isinstance(url, str) or not url or len(url) > MAX_SOURCE_URL:
+        raise ValueError(f"source must be a URL of 1-{MAX_SOURCE_URL} characters")
+    if _with_user(url):
+        raise ValueError("source may not hold a user or password (nodes take credentials "
+                         "from their own environment)")
+    if urlsplit(url).query:
+        raise ValueError("source may not hold a query string (a signed URL carries "
+                         "credentials; nodes take them from their own environment)")
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise ValueError(f"source_options must be an object, got {type(options).__name__}")
+    secret = sorted(k for k in options if isinstance(k, str) and CREDENTIAL_KEY.search(k))
+    if secret:
+        raise ValueError(f"source_options {', '.join(map(repr, secret))} look like "
+                         "credentials: nodes take credentials from their own environment "
+                         "(AWS_* variables, ~/.aws, ~/.docker/config.json), never from "
+                         "the catalog")
+    for key, value in options.items():
+        if not isinstance(key, str) or not NAME.match(key):
+            raise ValueError(f"source_options keys must be {_NAMED}, got {key!r}")
+        if not isinstance(value, (str, int, float, bool)) and value is not None:
+            raise ValueError(f"source_options {key!r} must be a string, number or boolean")
+        if isinstance(value, str) and "://" in value and _with_user(value):
+            raise ValueError(f"source_options {key!r} may not hold a URL with a user "
+                             "or password")
+
+
 # -- directives --------------------------------------------------------------------------
+
+
+class Pull(Struct, frozen=True, gc=False, kw_only=True):
+    """Pull ``model`` from ``source`` (``version`` None: its newest) and serve it with
+    ``config`` (its config.yaml keys); ``load``: load it once pulled."""
+
+    model: ModelName
+    source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE_URL)]
+    source_options: dict[str, Any] = {}  # flat: ``refuse_credentials`` checks them
+    version: Version | None = None
+    digest: str | None = None
+    config: dict[str, Any] = {}
+    load: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "source": self.source,
+                "source_options": dict(self.source_options), "version": self.version,
+                "digest": self.digest, "config": dict(self.config), "load": self.load}
+
 
 
 class Directives(Struct, frozen=True, gc=False, kw_only=True):
@@ -216,11 +330,14 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     pin: tuple[str, ...] = ()
     prefetch: tuple[str, ...] = ()
     drop_rate: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
+    pull: tuple[Pull, ...] = ()
+    drop: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
                 "workers": dict(self.workers), "pin": list(self.pin),
-                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate)}
+                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
+                "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
 
     @classmethod
     def from_json(cls, body: bytes | str | Any) -> Directives:

@@ -20,7 +20,7 @@ before -> after (the box may be shared: a load above its cores starves the coord
 ``--report-workers N`` runs the coordinator with that many report workers (its
 ``report_workers``); ``--tls`` serves it over TLS (a CA and a certificate made on the
 fly; every node's connection verifies it, one handshake per node as the reporter's
-kept connection; the warm-up is longer by a second per 250 nodes, for the handshakes); ``--dashboard S`` keeps the dashboard open (its requests every S
+kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes); ``--dashboard S`` keeps the dashboard open (its requests every S
 s, or ten times as long as the last refresh took where that is longer, as the page
 waits; each refresh timed); ``--timeline MS`` also prints each second whose slowest report
 took over MS ms (stalls show their period: a plan, a collection). The client
@@ -331,7 +331,9 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             # everyone reported twice, connections open (with TLS, the whole fleet's
             # handshakes at once, as after a coordinator restart, settle first: the
             # window measures the steady state of kept connections)
-            warmup = args.interval * 2 + (nodes / 250 if args.tls else 0.0)
+            # (a handshake costs the two sides ~3.5 ms of CPU together, Python's ssl and
+            # OpenSSL 3.0: 10,000 of them take ~35 s of this box's two cores)
+            warmup = args.interval * 2 + (nodes / 100 if args.tls else 0.0)
             t0 = time.time() + 2.0
             out: mp.Queue = mp.get_context("fork").Queue()
             procs = [mp.get_context("fork").Process(

@@ -10,7 +10,9 @@ for room (a lease ending, a load finishing) and tries again. So two loads never 
 hold half of the room, and a load that waits holds nothing.
 
 What a miss costs (``miss_penalty``) is defined here once: the load plus the surplus of
-a cold first run over a warm one (CremeBrulee §VI-A measures both).
+a cold first run over a warm one (CremeBrulee §VI-A measures both), plus the download
+where the model's files are not on the node's disk (the three-tier miss: remote → disk
+→ memory).
 
 The pool never reads a clock (``now`` is passed in) and never unloads anything itself:
 it only keeps the books and asks the policy.
@@ -58,17 +60,23 @@ class PolicyContractError(RuntimeError):
     """A policy broke its contract (e.g. victims that free too little)."""
 
 
-def miss_penalty(load_seconds, first_exec_seconds=None, exec_seconds=None):
-    """Seconds a miss adds to a request: ``load + max(first_exec − exec, 0)``.
+def miss_penalty(load_seconds, first_exec_seconds=None, exec_seconds=None,
+                 download_seconds=0.0):
+    """Seconds a miss adds to a request:
+    ``download + load + max(first_exec − exec, 0)``.
 
     Works on floats and numpy arrays alike; the surplus counts only where both run
     times are known (None or NaN: no surplus), and a cold run faster than a warm one
-    is never a discount."""
+    is never a discount. ``download_seconds``: the pull of the model's files, where
+    they are not on disk (0: they are; NaN counts as 0)."""
+    download = np.asarray(download_seconds, dtype=np.float64)
+    download = np.where(np.isnan(download), 0.0, np.maximum(download, 0.0))
+    load = np.asarray(load_seconds, dtype=np.float64) + download
     if first_exec_seconds is None or exec_seconds is None:
-        return np.asarray(load_seconds, dtype=np.float64) + 0.0
+        return load + 0.0
     surplus = np.subtract(np.asarray(first_exec_seconds, dtype=np.float64), exec_seconds)
     surplus = np.where(np.isnan(surplus), 0.0, np.maximum(surplus, 0.0))
-    return np.asarray(load_seconds, dtype=np.float64) + surplus
+    return load + surplus
 
 
 class MemoryPool:

@@ -11,6 +11,11 @@ hit (``load_delay_seconds`` sums the penalties paid). With ``queueing`` (a
 load slots, the room queue, loads holding their peak, single flight, per-model workers
 and batching, as the node agent's cache and batcher do them; it adds response times.
 
+With a disk capacity, a miss crosses three tiers (``cachepolicies.tiers``): the files
+first (a download when they are not on disk), then the memory reservation and the load;
+the replay is then the Python one (``_replay``), and in the twin a miss downloads its
+files before it asks for a load slot, as the agent's load task does.
+
 Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node agent's
 cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
 decisions are compiled kernels, and so is the plain replay (``replay.replay``): a
@@ -33,6 +38,7 @@ from cachepolicies import replay, twin
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, PolicyContractError
 from cachepolicies.registry import make_policy
+from cachepolicies.tiers import DiskTier, check_disk_capacity
 from cachepolicies.traces import Profiles, Trace, check_capacity
 from cachepolicies.twin import Queueing
 
@@ -58,13 +64,19 @@ class SimulationResult:
     p95_response_seconds: float | None = None
     p99_response_seconds: float | None = None
     slo_violations: int | None = None  # served later than the SLO, or failed
+    disk_capacity_bytes: int | None = None  # with a disk tier only, like the five below
+    disk_policy: str | None = None
+    downloads: int | None = None
+    bytes_downloaded: int | None = None
+    download_delay_seconds: float | None = None  # part of load_delay_seconds
+    disk_evictions: int | None = None
 
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.requests if self.requests else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        """The fields as a JSON-ready dict; queueing fields only in queueing mode."""
+        """The fields as a JSON-ready dict; queueing and disk fields only in those modes."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
@@ -76,32 +88,48 @@ def simulate(
     *,
     seed: int = 0,
     queueing: Queueing | None = None,
+    disk_capacity: int | None = None,
+    disk_policy: str | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` with the policy ``policy_spec`` names under ``capacity_bytes``.
 
     ``queueing`` is None (count load delay only) or the agent settings the twin replays
-    (also measure response times). Raises ``SimulationInputError`` before the run when a
-    requested model is larger than the whole capacity.
+    (also measure response times). ``disk_capacity`` (bytes) adds the disk tier, starting
+    empty, under ``disk_policy`` (default: ``policy_spec``); None: every model's files
+    are on disk throughout. Raises ``SimulationInputError`` before the run when a
+    requested model is larger than the whole capacity (or disk).
     """
     capacity_bytes = int(capacity_bytes)
     check_capacity(trace, profiles, capacity_bytes)
     policy = make_policy(policy_spec, future=trace.model_ids, seed=seed)
+    disk = None
+    if disk_capacity is not None:
+        disk_capacity = int(disk_capacity)
+        check_disk_capacity(trace, profiles, disk_capacity)
+        disk_policy = disk_policy or policy_spec
+        disk = DiskTier(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
+                                                   seed=seed), profiles)
     # The cycle collector would only cost time here; cycles, if any, go after the run.
     collecting = gc.isenabled()
     gc.disable()
     try:
         outcome = None
         if queueing is not None:
-            outcome = twin.replay(trace, profiles, capacity_bytes, policy, queueing)
+            outcome = twin.replay(trace, profiles, capacity_bytes, policy, queueing,
+                                  disk=disk)
             counts = _totals(outcome.loads, profiles, resident_count=len(policy))
-        elif _runs_compiled(policy):
+        elif disk is None and _runs_compiled(policy):
             counts = _replay_compiled(trace, profiles, capacity_bytes, policy)
         else:
-            counts = _replay(trace, profiles, capacity_bytes, policy)
+            counts = _replay(trace, profiles, capacity_bytes, policy, disk)
     finally:
         if collecting:
             gc.enable()
     misses, evictions, bytes_loaded, delay = counts
+    tier = {} if disk is None else {"disk_capacity_bytes": disk_capacity,
+                                    "disk_policy": disk_policy, **disk.totals()}
+    if disk is not None:
+        delay += tier["download_delay_seconds"]
     requests = len(trace)
     timing = {} if outcome is None else _timing(outcome, queueing)
     return SimulationResult(
@@ -115,6 +143,7 @@ def simulate(
         evictions=evictions,
         bytes_loaded=bytes_loaded,
         **timing,
+        **tier,
     )
 
 
@@ -134,23 +163,28 @@ def sweep(
     seed: int = 0,
     queueing: Queueing | None = None,
     progress: bool = True,
+    disk_capacity: int | None = None,
+    disk_policy: str | None = None,
 ) -> list[SimulationResult]:
     """``simulate`` for every (policy, capacity), policy-major, one after the other.
 
     All specs and capacities are checked before the first run; ``progress`` shows a
     tqdm bar on stderr.
     """
-    for spec in policy_specs:
+    for spec in [*policy_specs, *([disk_policy] if disk_policy else [])]:
         make_policy(spec, future=(), seed=seed)  # raises on a bad spec, before any run
     for capacity in capacities:
         check_capacity(trace, profiles, int(capacity))
+    if disk_capacity is not None:
+        check_disk_capacity(trace, profiles, int(disk_capacity))
     runs = [(spec, int(capacity)) for spec in policy_specs for capacity in capacities]
     results = []
     bar = tqdm(runs, desc="simulate", unit="run", file=sys.stderr, disable=not progress)
     for spec, capacity in bar:
         bar.set_postfix_str(f"{spec} @ {capacity} B", refresh=False)
         results.append(
-            simulate(trace, profiles, capacity, spec, seed=seed, queueing=queueing)
+            simulate(trace, profiles, capacity, spec, seed=seed, queueing=queueing,
+                     disk_capacity=disk_capacity, disk_policy=disk_policy)
         )
     return results
 
@@ -188,9 +222,11 @@ def _replay_compiled(
 
 
 def _replay(
-    trace: Trace, profiles: Profiles, capacity: int, policy: Policy
+    trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
+    disk: DiskTier | None = None,
 ) -> tuple[int, int, int, float]:
-    """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay."""
+    """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay
+    (with ``disk``, the delay of the loads only: the downloads are the tier's)."""
     sizes = profiles.size_bytes.tolist()
     penalties = profiles.penalty_seconds.tolist()
     pool = MemoryPool(capacity, policy)
@@ -198,10 +234,15 @@ def _replay(
     record = policy.record_access
     for key, now in zip(trace.model_ids.tolist(), trace.timestamps.tolist()):
         record(key, now)
+        if disk is not None:
+            disk.record_access(key, now)
         if key in pool:
             continue
+        if disk is not None:
+            disk.fetch(key, now, pool)
         pool.reserve(sizes[key], now)  # everything is evictable: never None
-        pool.commit(key, sizes[key], sizes[key], penalties[key], now)
+        penalty = penalties[key] if disk is None else disk.penalty(key)
+        pool.commit(key, sizes[key], sizes[key], penalty, now)
         loads[key] += 1
     return _totals(loads, profiles, resident_count=len(pool.sizes))
 

@@ -3,10 +3,11 @@
 - trace: ``timestamp,model`` — seconds (float, non-decreasing, >= 0) and a model name;
   extra columns are ignored.
 - profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus the optional
-  ``first_exec_seconds``, and for the twin ``exec_seconds_per_row`` (what each row
-  beyond the first adds to a batch) and ``load_slot_seconds`` (how long a load held its
-  load slot once it had room, as a node measured it: the load and the runtime's
-  hand-offs); extra
+  ``first_exec_seconds``, ``download_seconds`` (pulling the model's files from its source
+  into the disk tier; absent: 0) and ``disk_bytes`` (the files' bytes on disk; absent:
+  ``size_bytes``), and for the twin ``exec_seconds_per_row`` (what each row beyond the
+  first adds to a batch) and ``load_slot_seconds`` (how long a load held its load slot
+  once it had room, as a node measured it: the load and the runtime's hand-offs); extra
   columns (e.g. ``disk_mb``) are ignored.
 
 Model names are interned: a trace holds, per request, the integer id of its model (the
@@ -46,7 +47,9 @@ if TYPE_CHECKING:
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
 OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "exec_seconds_per_row",
-                            "load_slot_seconds")
+                            "load_slot_seconds", "download_seconds", "disk_bytes")
+#: Optional columns whose cells may be empty (not measured).
+_NULLABLE = ("first_exec_seconds", "exec_seconds_per_row", "load_slot_seconds")
 
 
 class SimulationInputError(ValueError):
@@ -81,6 +84,9 @@ class Profiles:
     source: str
     exec_seconds_per_row: np.ndarray | None = None  # float64, NaN where not measured
     load_slot_seconds: np.ndarray | None = None  # float64, NaN where not measured
+    # The disk tier's columns (``cachepolicies.tiers``); None where the file has none.
+    download_seconds: np.ndarray | None = None  # float64
+    disk_bytes: np.ndarray | None = None  # int64
 
     def __len__(self) -> int:
         return len(self.names)
@@ -123,19 +129,21 @@ def read_profiles(path: str | Path) -> Profiles:
     optional = [c for c in OPTIONAL_PROFILE_COLUMNS if c in header]
     types = {"model": pa.string(), "size_bytes": pa.float64(), "load_seconds": pa.float64(),
              "exec_seconds": pa.float64(), **{c: pa.float64() for c in optional}}
-    table = _read_table(source, header, types, nullable=set(optional))
+    table = _read_table(source, header, types, nullable=set(optional) & set(_NULLABLE))
 
-    def maybe(column: str) -> np.ndarray | None:
-        return _floats(table[column]) if column in optional else None
+    def column(name: str) -> np.ndarray | None:
+        return _floats(table[name]) if name in optional else None
 
     return _build_profiles(
         names=table["model"].to_pylist(),
         size_bytes=_floats(table["size_bytes"]),
         load_seconds=_floats(table["load_seconds"]),
         exec_seconds=_floats(table["exec_seconds"]),
-        first_exec_seconds=maybe("first_exec_seconds"),
-        exec_seconds_per_row=maybe("exec_seconds_per_row"),
-        load_slot_seconds=maybe("load_slot_seconds"),
+        first_exec_seconds=column("first_exec_seconds"),
+        exec_seconds_per_row=column("exec_seconds_per_row"),
+        load_slot_seconds=column("load_slot_seconds"),
+        download_seconds=column("download_seconds"),
+        disk_bytes=column("disk_bytes"),
         source=source,
         line_offset=2,
     )
@@ -150,6 +158,8 @@ def make_profiles(
     *,
     exec_seconds_per_row: list[float] | np.ndarray | None = None,
     load_slot_seconds: list[float] | np.ndarray | None = None,
+    download_seconds: list[float] | np.ndarray | None = None,
+    disk_bytes: list[int] | np.ndarray | None = None,
     source: str = "<profiles>",
 ) -> Profiles:
     """Profiles from in-memory columns, validated like a file (rows count from 1)."""
@@ -165,6 +175,8 @@ def make_profiles(
         first_exec_seconds=floats(first_exec_seconds),
         exec_seconds_per_row=floats(exec_seconds_per_row),
         load_slot_seconds=floats(load_slot_seconds),
+        download_seconds=floats(download_seconds),
+        disk_bytes=floats(disk_bytes),
         source=source,
         line_offset=1,
     )
@@ -181,11 +193,13 @@ def _build_profiles(
     line_offset: int,
     exec_seconds_per_row: np.ndarray | None = None,
     load_slot_seconds: np.ndarray | None = None,
+    download_seconds: np.ndarray | None = None,
+    disk_bytes: np.ndarray | None = None,
 ) -> Profiles:
     if not names:
         raise SimulationInputError(source, "no models after the header")
     columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds,
-               exec_seconds_per_row, load_slot_seconds)
+               exec_seconds_per_row, load_slot_seconds, download_seconds, disk_bytes)
     if any(c is not None and len(c) != len(names) for c in columns):
         raise SimulationInputError(source, "columns of different lengths")
     index: dict[str, int] = {}
@@ -209,20 +223,23 @@ def _build_profiles(
         ("first_exec_seconds", first_exec_seconds),
         ("exec_seconds_per_row", exec_seconds_per_row),
         ("load_slot_seconds", load_slot_seconds),
+        ("download_seconds", download_seconds),
+        ("disk_bytes", disk_bytes),
     ):
         if values is None:
             continue
         _check_non_negative(source, column, values, line_offset,
-                            allow_nan=column in OPTIONAL_PROFILE_COLUMNS)
-    whole = np.flatnonzero(size_bytes != np.floor(size_bytes))
-    if whole.size:
-        i = int(whole[0])
-        raise SimulationInputError(
-            source,
-            f"{float(size_bytes[i])!r} is not a whole number of bytes",
-            line=i + line_offset,
-            column="size_bytes",
-        )
+                            allow_nan=column in _NULLABLE)
+    for column, values in (("size_bytes", size_bytes), ("disk_bytes", disk_bytes)):
+        whole = np.flatnonzero(values != np.floor(values)) if values is not None else ()
+        if len(whole):
+            i = int(whole[0])
+            raise SimulationInputError(
+                source,
+                f"{float(values[i])!r} is not a whole number of bytes",
+                line=i + line_offset,
+                column=column,
+            )
     return Profiles(
         names=names,
         size_bytes=size_bytes.astype(np.int64),
@@ -234,6 +251,8 @@ def _build_profiles(
         source=source,
         exec_seconds_per_row=exec_seconds_per_row,
         load_slot_seconds=load_slot_seconds,
+        download_seconds=download_seconds,
+        disk_bytes=None if disk_bytes is None else disk_bytes.astype(np.int64),
     )
 
 

@@ -5,8 +5,9 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
 
 - a request records its access and takes a reference on its model when it arrives (a
   model with requests in flight or waiting for its load is never a victim);
-- a miss starts one load (single flight: later requests for the model wait on it); the
-  load takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
+- a miss starts one load (single flight: later requests for the model wait on it); with
+  a disk tier (``cachepolicies.tiers``) it first pulls the model's files when they are
+  not on disk (``DiskTier.fetch``: its download seconds), then the load takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
   queue* (deadline then arrival, head-of-line: a later load never overtakes the head)
   until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
   models; it runs for the model's penalty (load + cold first run; or the slot time a
@@ -40,6 +41,7 @@ import numpy as np
 
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool
+from cachepolicies.tiers import DiskTier
 from cachepolicies.traces import Profiles, Trace
 
 #: Clipper's multiplicative decrease of the batch limit (the agent's ``BACKOFF``).
@@ -104,22 +106,25 @@ class Outcome:
 
 
 # Event kinds, in the order ties are handled (an arrival before a load's end, as the
-# existing queueing replay did; give-ups last).
-_ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP = 0, 1, 2, 3
+# existing queueing replay did; give-ups last; downloads done after them).
+_ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = 0, 1, 2, 3, 4
 
 
 def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-           settings: Queueing, *, log_events: bool = False) -> Outcome:
-    """Replay ``trace`` through the twin (the module docstring's model)."""
-    return _Twin(trace, profiles, capacity, policy, settings, log_events).run()
+           settings: Queueing, *, disk: DiskTier | None = None,
+           log_events: bool = False) -> Outcome:
+    """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
+    disk tier a miss pulls its files into first (None: every model's files on disk)."""
+    return _Twin(trace, profiles, capacity, policy, settings, disk, log_events).run()
 
 
 class _Twin:
     """The replay's state and its event handlers (one instance per replay)."""
 
     def __init__(self, trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-                 settings: Queueing, log_events: bool) -> None:
+                 settings: Queueing, disk: DiskTier | None, log_events: bool) -> None:
         self.s = settings
+        self.disk = disk
         self.sizes = profiles.size_bytes.tolist()
         self.penalties = profiles.penalty_seconds.tolist()
         self.exec_seconds = profiles.exec_seconds.tolist()
@@ -179,31 +184,35 @@ class _Twin:
                 self.loaded(what, now)
             elif kind == _BATCH_DONE:
                 self.batch_done(what, now)
-            else:
+            elif kind == _GIVE_UP:
                 self.give_up(what, now)
+            else:  # _PULLED: the files are on disk, the load asks for its slot
+                self.start_load(what, now)
         return Outcome(self.response, self.loads, self.load_wait, self.log)
 
     # -- requests ----------------------------------------------------------------------
     def arrive(self, i: int, now: float) -> None:
         m = self.model_of[i]
         self.policy.record_access(m, now)
+        if self.disk is not None:
+            self.disk.record_access(m, now)
         if m in self.pool:
             self.in_flight[m] += 1
             self.queue[m].append(i)
             self.dispatch(m, now)
             return
         if self.s.cold_start == "reject" and self.loaded_once[m] \
-                and self.penalties[m] + self.exec_seconds[m] > self.s.slo_seconds:
+                and self.penalty(m) + self.exec_seconds[m] > self.s.slo_seconds:
             if m not in self.waiters:  # the agent loads it in the background
                 self.waiters[m] = []
-                self.start_load(m, now)
+                self.fetch(m, now)
             return  # failed at once (NaN)
         self.in_flight[m] += 1
         if m in self.waiters:  # single flight
             self.waiters[m].append(i)
             return
         self.waiters[m] = [i]
-        self.start_load(m, now)
+        self.fetch(m, now)
 
     def dispatch(self, m: int, now: float) -> None:
         """Free workers of ``m`` take batches from its queue."""
@@ -256,6 +265,22 @@ class _Twin:
         return self.exec_seconds[m] + (rows - 1) * self.per_row[m]
 
     # -- loads ---------------------------------------------------------------------------
+    def penalty(self, m: int) -> float:
+        """What a miss on ``m`` costs now: its load, plus its download while its files
+        are not on disk."""
+        return self.penalties[m] if self.disk is None else self.disk.penalty(m)
+
+    def fetch(self, m: int, now: float) -> None:
+        """A miss's first step: ``m``'s files onto disk (a download when they are not
+        there; models being pulled or loaded keep theirs), then ``start_load``."""
+        pull = 0.0 if self.disk is None else \
+            self.disk.fetch(m, now, self.pool, self.waiters.__contains__)
+        if pull > 0:
+            self.note(now, "pull", m)
+            self.schedule(now + pull, _PULLED, m)
+        else:
+            self.start_load(m, now)
+
     def start_load(self, m: int, now: float) -> None:
         self.load_id[m] += 1
         self.asked[m] = now
@@ -293,7 +318,7 @@ class _Twin:
             self.schedule(now + self.hold[m], _LOADED, m)
 
     def loaded(self, m: int, now: float) -> None:
-        self.pool.commit(m, self.need[m], self.sizes[m], self.penalties[m], now)
+        self.pool.commit(m, self.need[m], self.sizes[m], self.penalty(m), now)
         self.note(now, "loaded", m)
         self.stage[m] = ""
         self.loaded_once[m] = True

@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,9 @@ class Issued:
 
 
 def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=None,
-                 not_after=None, hosts=()):
-    """(certificate, key): EC P-256, signed by ``issuer`` (None: by itself)."""
+                 not_after=None, hosts=(), key_type: str = "ec"):
+    """(certificate, key): EC P-256 (``key_type`` "rsa": RSA-2048, for comparing
+    handshake costs), signed by ``issuer`` (None: by itself)."""
     import datetime
     import ipaddress
 
@@ -206,7 +208,12 @@ def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=No
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    if key_type == "rsa":
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    else:
+        key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     builder = (x509.CertificateBuilder().subject_name(name)
@@ -227,13 +234,13 @@ def _certificate(subject: str, issuer: Issued | None, *, ca: bool, not_before=No
     return builder.sign(issuer.key if issuer else key, hashes.SHA256()), key
 
 
-def make_ca(directory: Path, name: str = "test-ca") -> Issued:
+def make_ca(directory: Path, name: str = "test-ca", key_type: str = "ec") -> Issued:
     """A self-signed CA whose files are written to ``directory``."""
-    return Issued(*_certificate(name, None, ca=True), directory, name)
+    return Issued(*_certificate(name, None, ca=True, key_type=key_type), directory, name)
 
 
 def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_after=None,
-               hosts=("127.0.0.1", "localhost")) -> Issued:
+               hosts=("127.0.0.1", "localhost"), key_type: str = "ec") -> Issued:
     """A leaf certificate for ``name`` signed by ``ca``, valid for ``hosts`` (server
     and client use alike); ``not_after`` in the past: an expired one."""
     if not_after is not None and not_before is None:
@@ -241,7 +248,8 @@ def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_a
 
         not_before = not_after - datetime.timedelta(days=1)
     return Issued(*_certificate(name, ca, ca=False, not_before=not_before,
-                                not_after=not_after, hosts=hosts), directory, name)
+                                not_after=not_after, hosts=hosts, key_type=key_type),
+                  directory, name)
 
 
 # -- real servers in this process -----------------------------------------------------------
@@ -610,6 +618,37 @@ async def http_open_loop(url, rate, seconds, seed=0):
     return results, len(tasks)
 
 
+class SteadyClient:
+    """v2 infer requests for ``model`` at ``rate`` per second in a thread until
+    ``stop``: each answer's (status, served version) in ``answers``, when it came in
+    ``times`` (a client that keeps calling through a rollout)."""
+
+    def __init__(self, agent, model, rate=50.0, body=None):
+        self.agent, self.model, self.period = agent, model, 1.0 / rate
+        self.body = body or v2_body([1.0, 2.0, 3.0, 4.0])
+        self.answers: list[tuple[int, str | None]] = []
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            status, _, body = self.agent.request("POST", f"/v2/models/{self.model}/infer",
+                                                 self.body)
+            self.answers.append((status, body.get("model_version")
+                                 if isinstance(body, dict) else None))
+            self.times.append(time.monotonic())
+            next_at += self.period
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
+        return self.answers
+
+
 def zipf_workload(seed=5, models=12, requests=240, rate=12.0):
     """A trace for a live agent and the simulator alike: Zipf (s = 0.9) over ``models``
     synthetic models, Poisson arrivals at ``rate``; (names, sizes, load seconds, exec
@@ -684,6 +723,86 @@ async def replay_live(url, trace, names):
         await asyncio.gather(*(one(float(t), names[m]) for t, m in
                                zip(trace.timestamps, trace.model_ids)))
     return results
+
+
+# -- three tiers: remote -> disk -> memory (issue 26) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ThreeTier:
+    """A three-tier replay's workload: profiles (with ``download_seconds`` and
+    ``disk_bytes``), the trace, and the memory and disk capacities (bytes)."""
+
+    profiles: Any
+    trace: Any
+    memory_bytes: int
+    disk_bytes: int
+
+
+def three_tier_workload(seed: int = 1, models: int = 40, requests: int = 480,
+                        rate: float = 8.0, zipf: float = 0.9, in_memory: int = 6,
+                        on_disk: int = 15, download: tuple[float, float] = (0.05, 3.0)
+                        ) -> ThreeTier:
+    """Zipf (``zipf``) over ``models`` synthetic models, popularity independent of the
+    download seconds (log-uniform in ``download``: a fast mirror to a slow remote store),
+    Poisson arrivals at ``rate``; memory for ``in_memory`` models of mean size, disk for
+    ``on_disk`` models' files of mean size."""
+    from cachepolicies.traces import make_profiles, make_trace
+
+    rng = np.random.default_rng(seed)
+    names = [f"m{i:02d}" for i in range(models)]
+    size = rng.integers(10, 40, models) * 1_000_000
+    disk = rng.integers(1, 5, models) * 500_000
+    load = rng.uniform(0.1, 0.25, models)
+    execs = rng.uniform(0.06, 0.12, models)  # well above the HTTP round trip
+    seconds = np.exp(rng.uniform(*np.log(download), models))
+    weights = 1 / np.arange(1, models + 1) ** zipf
+    weights = weights[rng.permutation(models)]
+    picks = rng.choice(models, requests, p=weights / weights.sum())
+    times = np.cumsum(rng.exponential(1 / rate, requests))
+    profiles = make_profiles(names, size, load, execs, download_seconds=seconds,
+                             disk_bytes=disk)
+    trace = make_trace(times - times[0], [names[i] for i in picks], profiles)
+    return ThreeTier(profiles, trace, int(in_memory * size.mean()), int(on_disk * disk.mean()))
+
+
+def replay_three_tiers(work: ThreeTier, policy: str, tmp: Path, **config):
+    """``work`` replayed in real time against an agent with ``policy`` on both tiers.
+    Its models are synthetic (the profiles' size, load and run times) and sourced over
+    HTTP: files of their ``disk_bytes`` that a ``RangeServer`` sends after waiting their
+    download seconds. (results as ``replay_live``'s, ``/v1/cache``, the server's
+    ``served``); ``config``: more agent settings (default: 32 pulls and 32 loads at
+    once; the twin replays the 32 load slots, its pulls are unbounded)."""
+    import hashlib
+
+    from agent.config import AgentConfig
+    from tests.servers import range_http_server
+
+    p, remote, repo = work.profiles, tmp / "remote", tmp / "models"
+    rng = np.random.default_rng(0)
+    with range_http_server(remote) as server:
+        for i, name in enumerate(p.names):
+            data = rng.bytes(int(p.disk_bytes[i]))
+            (remote / name).mkdir(parents=True)
+            (remote / name / "model.bin").write_bytes(data)
+            server.delays[f"{name}/model.bin"] = float(p.download_seconds[i])
+            add_synthetic(repo, name, size_bytes=int(p.size_bytes[i]),
+                          load_ms=float(p.load_seconds[i]) * 1000,
+                          base_ms=float(p.exec_seconds[i]) * 1000, max_batch_size=0,
+                          slo={"latency_ms": 60000}, batching={"workers": 64},
+                          source=f"{server.url}/{name}/model.bin",
+                          source_options={"sha256": hashlib.sha256(data).hexdigest()})
+        agent = AgentServer(AgentConfig(
+            repository=repo, data_dir=tmp / "data", cpu_budget=work.memory_bytes,
+            disk_budget=work.disk_bytes, policy=policy, infer_threads=2,
+            **{"max_concurrent_pulls": 32, "load_concurrency": 32, **config}),
+            budgets={"cpu": work.memory_bytes})
+        try:
+            results = asyncio.run(replay_live(agent.url, work.trace, p.names))
+            listing = agent.request("GET", "/v1/cache")[2]
+        finally:
+            agent.close()
+    return results, listing, server.served
 
 
 # -- a runtime that fails on demand ---------------------------------------------------------

@@ -163,3 +163,52 @@ async def test_unloading_a_model_in_use_is_refused_even_without_asserts(repo):
     await asyncio.wait_for(cache.evict("m"), 5)
     assert entry.state is State.UNLOADED
     await cache.close()
+
+
+async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
+    """A sourced model's pull (remote -> disk) is LOADING in phase ``downloading``, then
+    LOADING without a phase (disk -> memory), then READY; a failed pull is FAILED with
+    the pull's status remembered and no phase left over."""
+    import threading
+
+    from agent.node.disktier import DiskTier, PullError
+    from agent.node.lifecycle import DOWNLOADING
+    from tests.helpers import TINY_MLP
+    from tests.standin_source import StandinSources
+    from agent.modelzoo import write_mlp
+    import yaml
+
+    src = tmp_path / "src"
+    for name in ("m", "down"):
+        write_mlp(src / name / "1" / "model.onnx", **TINY_MLP)
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src / name}"}))
+    sources = StandinSources()
+    sources.delay[str(src / "m")] = 0.3
+    disk = DiskTier(tmp_path / "data" / "models", 10 * MB, policy="lru",
+                    open_source=sources.open_source)
+    scan_repository(repo, disk.listing)
+    await disk.refresh()
+    cache = ModelCache(scan_repository(repo, disk.listing), {"cpu": 100 * MB}, disk=disk)
+    entry = cache.entry("m")
+    seen = []
+    task = asyncio.get_running_loop().create_task(cache.ensure_loaded("m"))
+    while not task.done():
+        seen.append((entry.state, entry.life.phase))
+        await asyncio.sleep(0.01)
+    await task
+    assert (State.LOADING, DOWNLOADING) in seen
+    assert seen.index((State.LOADING, DOWNLOADING)) < len(seen) - 1
+    assert entry.state is State.READY and entry.life.phase is None
+    sources.down.add(str(src / "down"))
+    with pytest.raises(PullError) as err:
+        await cache.acquire("down")
+    failed = cache.entry("down")
+    assert failed.state is State.FAILED and failed.life.phase is None
+    assert err.value.status == 503 and failed.life.failed_status == 503
+    with pytest.raises(LoadFailed) as again:  # remembered: no new pull for load_retry_s
+        await cache.acquire("down")
+    assert again.value.status == 503 and "unreachable" in str(again.value)
+    assert len(sources.pulls) == 1
+    await cache.close()
+    await disk.close()

@@ -182,3 +182,37 @@ def test_node_credentials_and_join_tokens(path):
     assert other.node_credentials() == []
     s.close()
     other.close()
+
+
+def test_a_catalog_of_version_4_gains_the_source_columns(path, monkeypatch):
+    """Migration 5: a store written before sources keeps its catalog; entries then
+    hold a source, its options, version, digest and config, read back as written."""
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:4])
+    Store(path).close()
+    old_rows = "INSERT INTO models (name, slo_ms, percentile, priority, cpu_per_replica, " \
+        "memory_per_replica_bytes, proc_ms, updated) VALUES ('old', 50, 99, 1, 1, 0, NULL, 0)"
+    if isinstance(path, str):  # a row as a version-4 coordinator wrote it
+        import psycopg
+
+        with psycopg.connect(path) as db:
+            db.execute(old_rows)
+    else:
+        with sqlite3.connect(path) as db:
+            db.execute(old_rows)
+    monkeypatch.undo()
+    s = Store(path)
+    assert s.version == len(store_module.MIGRATIONS)
+    assert s.models() == [ModelSLO("old", slo_ms=50)]
+    sourced = ModelSLO("new", slo_ms=80, source="s3://models/new",
+                       source_options={"endpoint_url": "http://127.0.0.1:9000", "n": 2},
+                       version=3, digest="sha256:" + "a" * 64,
+                       config={"max_batch_size": 8, "slo": {"latency_ms": 80}})
+    assert s.put_model(sourced, now=1.0) is True
+    s.close()
+    s = Store(path)
+    assert s.models() == [sourced, ModelSLO("old", slo_ms=50)]
+    assert s.model("new").pull() == {
+        "source": "s3://models/new", "version": 3, "digest": "sha256:" + "a" * 64,
+        "source_options": {"endpoint_url": "http://127.0.0.1:9000", "n": 2},
+        "config": {"max_batch_size": 8, "slo": {"latency_ms": 80}}}
+    s.close()

@@ -276,6 +276,25 @@ def test_raw_contents_of_the_wrong_size(repo, serve):
     assert "INPUT1" in details and "60 bytes" in details and "64" in details
 
 
+def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
+    """ModelInfer receives its message itself (after room for it is counted): bytes
+    that are not a ModelInferRequest are INVALID_ARGUMENT; a message that does not
+    arrive within ``read_timeout_s`` is DEADLINE_EXCEEDED, and its room is given back."""
+    agent = serve(_repo(repo), read_timeout_s=0.5)
+    method = "/inference.GRPCInferenceService/ModelInfer"
+
+    def late():
+        time.sleep(3)
+        yield b""
+
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        code, details, _ = _code(channel.unary_unary(method), b"\xff\xff\xff")
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "ModelInferRequest" in details
+        code, details, _ = _code(channel.stream_unary(method), late(), timeout=30)
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED and "read_timeout_s" in details
+    assert agent.node.body_memory.in_flight_bytes == 0
+
+
 def test_request_limits_are_resource_exhausted(repo, serve):
     """max_request_rows, max_tensor_bytes (checked from the declared shapes, as over
     HTTP: 413) and max_request_size (the largest gRPC message) answer

@@ -134,6 +134,15 @@ def test_shared_leaves_import_no_upper_layer():
                                 "agent.commands", "agent.cli", "agent.profiling")) == []
 
 
+def test_sources_are_a_shared_leaf():
+    # agent/sources (where models come from) sits beside the leaves: the node, the
+    # coordinator and the commands build on it, never the other way.
+    sources = _files("agent/sources")
+    assert sources, "agent/sources moved: update this test and docs/architecture.md"
+    assert _violations(sources, ("agent.backends", "agent.node", "agent.coordinator",
+                                 "agent.commands", "agent.cli", "agent.profiling")) == []
+
+
 def test_cachepolicies_knows_no_agent():
     assert _violations(_files("cachepolicies"), ("agent",)) == []
 

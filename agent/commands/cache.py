@@ -30,18 +30,36 @@ def _wait(m: dict[str, Any]) -> str:
     return "-" if not waiting and not seconds else f"{waiting}/{seconds:.1f}s"
 
 
+def _state(m: dict[str, Any]) -> str:
+    """The state, or ``downloading N%`` while its files are pulled."""
+    download = m.get("download") or {}
+    if m.get("phase") != "downloading":
+        return m["state"]
+    total = download.get("total_bytes")
+    return f"downloading {100 * download['bytes'] // total}%" if total else "downloading"
+
+
+def _disk(m: dict[str, Any]) -> str:
+    """A sourced model's files on disk (``-``: not sourced; ``no``: not on disk)."""
+    if "on_disk" not in m:
+        return "-"
+    return format_size(m["disk_bytes"]) if m["on_disk"] else "no"
+
+
 def table(models: list[dict[str, Any]]) -> str:
     """The readable ``cache ls`` table."""
     head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
-            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS"]
-    rows = [[m["name"], str(m["version"]), m["state"],
+            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK",
+            "DL_S"]
+    rows = [[m["name"], str(m["version"]), _state(m),
              format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
                                              else ""),
              _num(m["load_seconds"], ".3f"), str(m["hits"]), str(m["misses"]),
              str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
              "yes" if m["pinned"] else "no", str(m["in_flight"]),
              _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
-             _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f")] for m in models]
+             _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
+             _num(m.get("download_seconds"), ".3f")] for m in models]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
                      for r in [head] + rows)
@@ -101,9 +119,23 @@ def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
 @_common
 @click.pass_context
 def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
-    """All models: state, size, load time, hits/misses, rate, utility, pinned."""
+    """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
+    disk and download seconds; then the disk tier's budget, pulls and evictions."""
     _apply(ctx, sub_url, sub_json)
     _show(ctx, _call(ctx, "GET", "/v1/cache"))
+    if not ctx.obj["json"]:
+        click.echo(disk_line(_call(ctx, "GET", "/v1/disk")))
+
+
+def disk_line(disk: dict[str, Any]) -> str:
+    """The disk tier in one line, under the ``cache ls`` table."""
+    pulling = ", ".join(f"{p['model']}:{p['version']} {format_size(p['bytes'])}/"
+                        f"{format_size(p['total_bytes'])}" for p in disk["pulling"])
+    return (f"disk tier: {format_size(disk['used_bytes'])} of "
+            f"{format_size(disk['budget_bytes'])} in {disk['versions']} version(s); "
+            f"pulls {disk['pulls']} ({format_size(disk['pulled_bytes'])}), failed "
+            f"{disk['pull_failures']}, evictions {disk['evictions']}"
+            + (f"; pulling {pulling}" if pulling else ""))
 
 
 @cache.command()

@@ -193,11 +193,11 @@ def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
         return
     click.echo(_table(
         ["NAME", "SLO_MS", "PCTL", "PRIORITY", "CPU/REPL", "PROC_MS", "REPLICAS",
-         "PRED_MS", "NODES"],
+         "PRED_MS", "NODES", "SOURCE"],
         [[m["name"], _fmt(m["slo_ms"]), _fmt(m["percentile"]), _fmt(m["priority"]),
           _fmt(m["cpu_per_replica"]), _fmt(m["proc_ms"]), _fmt(m["replicas"]),
-          _fmt(m["predicted_latency_ms"], ".1f"), ",".join(m["nodes"]) or "-"]
-         for m in doc]))
+          _fmt(m["predicted_latency_ms"], ".1f"), ",".join(m["nodes"]) or "-",
+          _fmt(m.get("source"))] for m in doc]))
 
 
 @models.command("set")
@@ -210,15 +210,48 @@ def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
               help="Working memory per replica in bytes (default 0).")
 @click.option("--proc-ms", type=float,
               help="Processing time to assume until nodes measure one.")
+@click.option("--source", help="Where nodes pull it from (s3://, oci://, https://, "
+              "file://): then any live node may serve it.")
+@click.option("--source-option", "source_options", multiple=True, metavar="KEY=VALUE",
+              help="An option of the source (repeatable; a JSON value or a string); "
+                   "never a credential: nodes use their own.")
+@click.option("--version", "version", type=int,
+              help="The version nodes must serve at least (a newer one makes them list "
+                   "the source again: how a publish is pushed).")
+@click.option("--digest", help="sha256:<hex> of the version, carried to the nodes.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="A model config.yaml whose keys the nodes serve it with.")
 @_client_options
 def models_set(name: str, url: str, as_json: bool, token_file: str | None,
+               source_options: tuple[str, ...], config_file: str | None,
                **fields: Any) -> None:
-    """Add or update NAME's SLO in the catalog."""
+    """Add or update NAME's SLO (and where it comes from) in the catalog."""
     body = {k: v for k, v in fields.items() if v is not None}
+    if source_options:
+        body["source_options"] = dict(_option(o) for o in source_options)
+    if config_file:
+        from pathlib import Path
+
+        from agent.validation import load_yaml
+
+        body["config"] = load_yaml(Path(config_file)) or {}
     doc = _call(url, token_file, "PUT", f"/v1/models/{name}", body)
     click.echo(json.dumps(doc, indent=2) if as_json else
                f"{name}: SLO {doc['slo_ms']:g} ms at p{doc['percentile']:g}, "
-               f"priority {doc['priority']:g}")
+               f"priority {doc['priority']:g}"
+               + (f", from {doc['source']}" if doc.get("source") else ""))
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--source-option``: the value as JSON where it parses."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"expected KEY=VALUE, got {text!r}",
+                                 param_hint="--source-option")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 @models.command("rm")

@@ -43,7 +43,7 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--trace", "trace_path", type=_PATH_IN, help="Trace CSV: timestamp,model.")
 @click.option("--profiles", "profiles_path", type=_PATH_IN,
               help="Profiles CSV: model,size_bytes,load_seconds,exec_seconds "
-                   "[,first_exec_seconds].")
+                   "[,first_exec_seconds,download_seconds,disk_bytes].")
 @click.option("--capacity", "capacities", multiple=True,
               help="Cache capacity: bytes or units (16GB, 512MiB); repeat or comma-separate.")
 @click.option("--policy", "policies", multiple=True,
@@ -55,6 +55,11 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
                    "--queueing.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Admin bearer token file for --from URL (or $EDGEAGENT_TOKEN).")
+@click.option("--disk-capacity",
+              help="Add the disk tier, starting empty, of this size (16GB, 512MiB): a miss "
+                   "whose files are not on disk downloads them first (download_seconds).")
+@click.option("--disk-policy",
+              help="Policy spec of the disk tier [default: each run's --policy].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of load delay against capacity, one line per policy.")
@@ -78,6 +83,8 @@ def simulate_command(
     policies: Sequence[str],
     source: str | None,
     token_file: str | None,
+    disk_capacity: str | None,
+    disk_policy: str | None,
     as_json: bool,
     plot_path: Path | None,
     queueing: bool,
@@ -124,6 +131,9 @@ def simulate_command(
 
                 trace, profiles = inputs.result()
         sizes = _parse_capacities(capacities)
+        if disk_policy is not None and disk_capacity is None:
+            raise click.UsageError("--disk-policy needs --disk-capacity")
+        disk = None if disk_capacity is None else _parse_size(disk_capacity, "--disk-capacity")
         twin = None
         if queueing:
             from agent.config import AgentConfig
@@ -132,7 +142,8 @@ def simulate_command(
             twin = twin_settings(AgentConfig(), settings, workers=workers,
                                  load_concurrency=load_concurrency)
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=twin, progress=progress)
+                        queueing=twin, progress=progress, disk_capacity=disk,
+                        disk_policy=disk_policy)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -195,21 +206,30 @@ def _parse_capacities(values: Sequence[str]) -> list[int]:
         for item in value.split(","):
             if not item.strip():
                 raise click.BadParameter(f"empty item in {value!r}", param_hint="--capacity")
-            try:
-                sizes.append(parse_size(item.strip()))
-            except ValueError as error:
-                raise click.BadParameter(str(error), param_hint="--capacity") from None
+            sizes.append(_parse_size(item.strip(), "--capacity"))
     return sizes
+
+
+def _parse_size(value: str, option: str) -> int:
+    """A byte count or a size with units, or a usage error naming ``option``."""
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=option) from None
 
 
 def format_table(results: Sequence[SimulationResult]) -> str:
     """An aligned text table, one row per result."""
     queueing = any(r.workers is not None for r in results)
+    tiered = any(r.disk_capacity_bytes is not None for r in results)
     header = ["policy", "capacity", "requests", "hits", "misses", "hit%", "load_delay_s",
               "mean_delay_s", "evictions", "loaded"]
     if queueing:
         header += ["load_wait_s", "failed", "mean_resp_s", "p95_resp_s", "p99_resp_s",
                    "slo_viol"]
+    if tiered:
+        header += ["disk", "disk_policy", "downloads", "download_s", "pulled",
+                   "disk_evictions"]
     rows = []
     for r in results:
         row = [r.policy, _size_label(r.capacity_bytes), str(r.requests), str(r.hits),
@@ -220,6 +240,10 @@ def format_table(results: Sequence[SimulationResult]) -> str:
             row += [f"{r.load_wait_seconds:.1f}", str(r.failed),
                     f"{r.mean_response_seconds:.4f}", f"{r.p95_response_seconds:.4f}",
                     f"{r.p99_response_seconds:.4f}", str(r.slo_violations)]
+        if tiered:
+            row += [_size_label(r.disk_capacity_bytes), r.disk_policy, str(r.downloads),
+                    f"{r.download_delay_seconds:.1f}",
+                    _size_label(r.bytes_downloaded, exact=False), str(r.disk_evictions)]
         rows.append(row)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     lines = []

@@ -191,15 +191,16 @@ class Coordinator:
                             if leading else "lost the planning lock: another one plans")
                 self.leader = leading
                 if leading and self.start_loops:
-                    self.spawn(self._takeover())
+                    self.spawn(self.replan_quietly("takeover", "long-term"))
 
-    async def _takeover(self) -> None:
+    async def replan_quietly(self, why: str, kind: str = "manual") -> None:
+        """Plan now in the background (a failure is logged: the loops try again)."""
         try:
-            await self.loops.replan("long-term")
+            await self.loops.replan(kind)
         except PlanError as exc:
-            log.info("takeover: no plan: %s", exc)
+            log.info("%s: no plan: %s", why, exc)
         except Exception:  # noqa: BLE001 - the loops try again
-            log.exception("takeover plan failed")
+            log.exception("%s: plan failed", why)
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -215,6 +216,7 @@ class Coordinator:
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
                 "capacity": report.get("capacity"), "models": models,
+                "disk": report.get("disk") or [], "pulling": report.get("pulling") or [],
                 "directives": directives.to_json() if directives else None,
                 "directives_expire_in_s": None if directives is None or expires is None
                 else round(expires - now, 3)}
@@ -413,8 +415,13 @@ async def model_put(request: web.Request) -> web.Response:
 async def model_delete(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = check_name(request.match_info["name"])
-    if not co.store.delete_model(name):
+    slo = co.store.model(name)
+    if slo is None or not co.store.delete_model(name):
         return json_error(404, f"model {name!r} is not in the catalog")
+    log.info("catalog: deleted %s", name)
+    if slo.source is not None and co.leader and co.start_loops:
+        # plan now: the plan's directives stop its pulls and drop the nodes' copies
+        co.spawn(co.replan_quietly(f"catalog delete of {name}"))
     return web.json_response({"deleted": name})
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 import orjson
 
 from agent.coordinator.catalog import CatalogError
-from agent.coordinator.plan import directives_from_row
+from agent.coordinator.plan import directives_from_row, row_away
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.errors import AgentError
@@ -77,6 +77,9 @@ class Fleet:
         # what the node holds resident do not change it; (None, JSON) where a report
         # worker answered (``answered``)
         self._answers: dict[str, tuple[Directives | None, bytes]] = {}
+        # node -> the models with a source its last answer's plan runs elsewhere (a
+        # change in what it holds of them changes its drop list)
+        self._away: dict[str, tuple[str, ...]] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
@@ -96,12 +99,15 @@ class Fleet:
             return
         self.plan = plan
 
-    def directives(self, node: str, resident: set[str]) -> Directives:
-        """``node``'s directives under the current plan (empty without one)."""
+    def directives(self, node: str, resident: set[str],
+                   held: set[str] = frozenset()) -> Directives:  # type: ignore[assignment]
+        """``node``'s directives under the current plan (empty without one); ``held``:
+        the models it reported holding (``NodeReport.held``)."""
         plan = self.plan
         if plan is None:
             return Directives(node=node, ttl_s=self.ttl_s)
-        return directives_from_row(plan.rows.get(node), node, resident, self.ttl_s, plan.id)
+        return directives_from_row(plan.rows.get(node), node, resident, self.ttl_s, plan.id,
+                                   held)
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued
@@ -115,15 +121,21 @@ class Fleet:
 
     def answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
         """``node``'s directives for ``report`` and their JSON (the same objects as
-        the last answer when neither the plan nor the prefetch list changed)."""
+        the last answer when neither the plan, the prefetch list nor the drop list
+        changed)."""
         plan_id = self.plan.id if self.plan is not None else None
         models = report.models
         last = self._answers.get(node)
+        away = self._away.get(node, ())
+        held = report.held() if away else frozenset()
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
                 and last[0].prefetch == tuple(m for m in last[0].pin
-                                              if m not in models or not models[m].resident):
+                                              if m not in models or not models[m].resident) \
+                and last[0].drop == tuple(m for m in away if m in held):
             return last
-        directives = self.directives(node, {m for m, r in models.items() if r.resident})
+        directives = self.directives(node, {m for m, r in models.items() if r.resident},
+                                     report.held())
+        self._away[node] = row_away(self.plan.rows.get(node) if self.plan else None)
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
@@ -139,6 +151,7 @@ class Fleet:
 
     def forget(self, node: str) -> bool:
         self._answers.pop(node, None)
+        self._away.pop(node, None)
         return self.nodes.pop(node, None) is not None
 
     def by_model(self, since: float, percentiles: dict[str, float] | None = None

@@ -11,8 +11,13 @@ JSON (``Plan.to_json``; the API adds the stored plan's ``id``)::
                            "percentile": 99.0, "priority": 1.0, "cpu_per_replica": 1.0,
                            "memory_per_replica_bytes": 0.0, "predicted_latency_ms": 48.0,
                            "utility": 1.0, "drop_rate": 0.0, "placement": {"edge-1": 2},
-                           "unplaced": 0, "rate_points": 42, "proc_source": "measured"}},
+                           "unplaced": 0, "rate_points": 42, "proc_source": "measured",
+                           "source": {"source": "s3://models/resnet", "source_options": {},
+                                      "version": 2, "digest": null, "config": {}}}},
      "assignment": {"edge-1": {"resnet": 2}}, "moves": {"started": 2, "stopped": 0}}
+
+``source`` (only for a model catalogued with one): where the nodes the plan assigns it
+pull it from (``catalog.ModelSLO.pull``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Mapping
 import orjson
 
 from agent.coordinator.faro import Capacity, ModelSpec
-from agent.wire import Directives
+from agent.wire import Directives, Pull
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class ModelPlan:
     unplaced: int = 0
     rate_points: int | None = None  # history points the forecast saw (long-term plans)
     proc_source: str | None = None  # measured | catalog | default
+    source: dict[str, Any] | None = None  # catalog.ModelSLO.pull(): where nodes pull it
 
     def spec(self, name: str) -> ModelSpec:
         """The solver's view of this model (rate, times in seconds, needs)."""
@@ -66,6 +72,8 @@ class ModelPlan:
             out["rate_points"] = self.rate_points
         if self.proc_source is not None:
             out["proc_source"] = self.proc_source
+        if self.source is not None:
+            out["source"] = dict(self.source)
         return out
 
     @classmethod
@@ -92,6 +100,9 @@ class Plan:
     started: int = 0  # replicas started and stopped against the previous plan
     stopped: int = 0
     excluded: dict[str, str] = field(default_factory=dict)  # model -> why left out
+    #: models with a source that an earlier plan ran and the catalog no longer holds:
+    #: dropped wherever a node holds them
+    retired: tuple[str, ...] = ()
 
     def free_cpu(self) -> float:
         """Cores of the capacity that no planned replica takes."""
@@ -108,7 +119,8 @@ class Plan:
                 "models": {name: m.to_json() for name, m in self.models.items()},
                 "assignment": {n: dict(row) for n, row in self.assignment.items()},
                 "moves": {"started": self.started, "stopped": self.stopped},
-                "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()]}
+                "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()],
+                "retired": list(self.retired)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Plan":
@@ -125,30 +137,54 @@ class Plan:
                                for n, row in (data.get("assignment") or {}).items()},
                    started=moves.get("started", 0), stopped=moves.get("stopped", 0),
                    excluded={e["model"]: e["reason"] for e in data.get("excluded") or ()
-                             if isinstance(e, dict) and "model" in e and "reason" in e})
+                             if isinstance(e, dict) and "model" in e and "reason" in e},
+                   retired=tuple(m for m in data.get("retired") or () if isinstance(m, str)))
 
 
 def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
-    """Each node's row of a plan's JSON form: the JSON of ``[workers, drop_rate]`` (the
-    node's replicas per model, and those models' drop rates), what answering a report
-    needs of a plan: one bytes object per node, which the garbage collector does not
-    track, instead of a dict per node (a 10,000-node plan in every report process)."""
+    """Each node's row of a plan's JSON form: the JSON of ``[workers, drop_rate, pulls,
+    away]`` (the node's replicas per model, those models' drop rates, the pulls of
+    those with a source, and the models with a source the plan runs elsewhere or that
+    the catalog no longer holds, ``retired``), what
+    answering a report needs of a plan: one bytes object per node, which the garbage
+    collector does not track, instead of a dict per node (a 10,000-node plan in every
+    report process)."""
     models = plan.get("models") or {}
+    sourced = sorted({m for m, row in models.items() if row.get("source") is not None}
+                     | set(plan.get("retired") or ()))
     rows = {}
     for node, assigned in (plan.get("assignment") or {}).items():
         workers = {m: int(n) for m, n in assigned.items() if n > 0}
         drops = {m: float(models[m].get("drop_rate") or 0.0) for m in workers if m in models}
-        rows[node] = orjson.dumps([workers, {m: r for m, r in drops.items() if r > 0}])
+        pulls = [{"model": m, **models[m]["source"], "load": True}
+                 for m in sorted(workers) if m in models and models[m].get("source")]
+        away = [m for m in sourced if m not in workers]
+        rows[node] = orjson.dumps([workers, {m: r for m, r in drops.items() if r > 0},
+                                   pulls, away])
     return rows
 
 
 def directives_from_row(row: bytes | None, node: str, resident: set[str], ttl_s: float,
-                        plan_id: int | None = None) -> Directives:
+                        plan_id: int | None = None,
+                        held: set[str] = frozenset()) -> Directives:  # type: ignore[assignment]
     """The directives of ``node``'s ``directive_rows`` row (None: the plan has none for
-    it). ``resident``: the models the node reported resident (no need to prefetch them)."""
+    it). ``resident``: the models the node reported resident (no need to prefetch them);
+    ``held``: those it reported at all, on disk or pulling (``NodeReport.held``: a model
+    with a source the plan runs elsewhere is dropped only where it is held)."""
     if row is None:
         return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id)
-    workers, drops = orjson.loads(row)
+    workers, drops, *rest = orjson.loads(row)
+    pulls, away = (rest + [[], []])[:2]  # a row of an older plan has neither
     pin = tuple(sorted(workers))
     return Directives(node=node, ttl_s=ttl_s, plan_id=plan_id, workers=workers, pin=pin,
-                      prefetch=tuple(m for m in pin if m not in resident), drop_rate=drops)
+                      prefetch=tuple(m for m in pin if m not in resident), drop_rate=drops,
+                      pull=tuple(Pull(**p) for p in pulls),
+                      drop=tuple(m for m in away if m in held))
+
+
+def row_away(row: bytes | None) -> tuple[str, ...]:
+    """The models with a source that a ``directive_rows`` row's plan runs elsewhere."""
+    if row is None:
+        return ()
+    parsed = orjson.loads(row)
+    return tuple(parsed[3]) if len(parsed) > 3 else ()

@@ -25,6 +25,11 @@ Decisions where the papers leave room:
   repository has it, preferring the last plan's nodes, then nodes where it is
   resident; GPU-device models count no CPU memory (their node's cache keeps
   the GPU budget). Replicas that fit nowhere are listed in the plan as ``unplaced``.
+* A model catalogued with a ``source`` may go to any live node with room (the node
+  pulls it: ``plan.directive_rows``); among nodes otherwise alike, those that hold its
+  files (``NodeReport.disk``, or pulling them) come first, after the last plan's. A
+  catalogued model that no live node holds and that has no source is left out, under
+  ``excluded`` with that reason.
 * A model reported by nodes but absent from the catalog has no SLO: it is not planned
   and no directive touches it.
 """
@@ -217,10 +222,13 @@ class Planner:
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
         present = {m for r in live.values() for m in r.models}
-        catalog = [m for m in self.store.models() if m.name in present]
+        catalog, nowhere = [], []
+        for m in self.store.models():
+            (catalog if m.name in present or m.source is not None else nowhere).append(m)
         if not catalog:
-            raise PlanError("no catalogued model is in a live node's repository; add one "
-                            "with PUT /v1/models/{name} or 'edgeagent coordinator models set'")
+            raise PlanError("no catalogued model is in a live node's repository or has a "
+                            "source; add one with PUT /v1/models/{name} or 'edgeagent "
+                            "coordinator models set'")
         ends: dict[str, float] = {}  # model -> the earliest last report of its nodes
         holders: dict[str, list[NodeReport]] = {}  # model -> the reports that have it
         for last_seen, r in seen.values():
@@ -228,6 +236,9 @@ class Planner:
                 ends[m] = min(ends.get(m, last_seen), last_seen)
                 holders.setdefault(m, []).append(r)
         specs, details = [], {}
+        for slo in nowhere:
+            details[slo.name] = {"excluded": "no live node holds it and it has no source "
+                                             "to pull it from"}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
@@ -244,6 +255,8 @@ class Planner:
                 continue
             specs.append(spec)
             details[slo.name] = {"rate_points": points, "proc_source": source}
+            if slo.source is not None:
+                details[slo.name]["source"] = slo.pull()
         capacity = Capacity(cpu=sum(r.capacity.cores for r in live.values()),
                             memory_bytes=sum(r.capacity.cpu_memory_bytes for r in live.values()))
         problem = Problem(capacity=capacity, models=tuple(specs),
@@ -252,23 +265,31 @@ class Planner:
 
     # -- plans -----------------------------------------------------------------------
     def _place(self, problem: Problem, replicas: dict[str, int],
-               live: dict[str, NodeReport], previous: StoredPlan | None):
+               live: dict[str, NodeReport], previous: StoredPlan | None,
+               sourced: set[str] = frozenset()):  # type: ignore[assignment]
+        """``sourced``: the models with a source (they may go to any node)."""
         nodes = [Node(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
                  for n, r in sorted(live.items())]
         holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
+        files: dict[str, set[str]] = {}  # model -> nodes holding (or pulling) its files
         for n, r in live.items():
             for name, m in r.models.items():
                 holders.setdefault(name, {})[n] = m
+            for held in (*r.disk, *r.pulling):
+                files.setdefault(held.model, set()).add(n)
         demands = []
         for spec in problem.models:
             on = list(holders.get(spec.name, {}).values())
             cpu_model = all(m.device == "cpu" for m in on)
+            anywhere = spec.name in sourced
             demands.append(ModelDemand(
                 name=spec.name, replicas=replicas[spec.name],
                 cpu_per_replica=spec.cpu_per_replica,
                 resident_bytes=max((m.size_bytes for m in on), default=0.0) if cpu_model else 0.0,
                 memory_per_replica_bytes=spec.memory_per_replica_bytes,
-                pinned_nodes=frozenset(holders.get(spec.name, {}))))
+                pinned_nodes=frozenset() if anywhere else frozenset(holders.get(spec.name, {})),
+                preferred_nodes=frozenset(files.get(spec.name, ())) if anywhere
+                else frozenset()))
         current = {n: dict(row) for n, row in
                    (previous.parsed.assignment if previous else {}).items()}
         # A model the last plan did not place starts where it is resident (no new load).
@@ -346,12 +367,14 @@ class Planner:
         except (PlanError, ProblemError) as exc:
             self.last_error = str(exc)
             raise PlanError(str(exc)) from None
-        placement = self._place(problem, allocation.replicas, live, self.current_plan())
+        placement = self._place(problem, allocation.replicas, live, self.current_plan(),
+                                {m for m, d in details.items() if "source" in d})
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
                             now, kind, allocation.solver, allocation.objective)
         plan = dataclasses.replace(plan, excluded={
-            m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d})
+            m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
+            retired=self._retired(self.current_plan()))
         stored = self._saved(plan, kind, now)
         self.reactive = {m: ReactiveState(n) for m, n in allocation.replicas.items()}
         self.last_error = None
@@ -419,6 +442,15 @@ class Planner:
         live = self.live_reports(now)
         return self._rescale(current, grown, {n: r for n, (_, r) in live.items()}, now)
 
+    def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
+        """The models with a source that ``previous`` ran (or had retired) and the
+        catalog no longer holds: nodes that hold them drop them (assigned copies only)."""
+        if previous is None:
+            return ()
+        plan = previous.parsed
+        ran = {n for n, m in plan.models.items() if m.source is not None}
+        return tuple(sorted((ran | set(plan.retired)) - {m.name for m in self.store.models()}))
+
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
                  live: dict[str, NodeReport], now: float) -> StoredPlan:
         """The current plan with ``grown`` replica counts, re-placed and re-scored."""
@@ -431,12 +463,15 @@ class Planner:
         for spec in specs:
             utility[spec.name], latency[spec.name], drops[spec.name] = model_value(
                 spec, replicas[spec.name], problem)
-        placement = self._place(problem, replicas, live, current)
+        placement = self._place(problem, replicas, live, current,
+                                {n for n, m in plan.models.items() if m.source is not None})
         details = {n: {k: v for k, v in (("rate_points", m.rate_points),
-                                         ("proc_source", m.proc_source)) if v is not None}
+                                         ("proc_source", m.proc_source),
+                                         ("source", m.source)) if v is not None}
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
                            now, "reactive", plan.solver, None)
+        new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 
 

@@ -116,6 +116,14 @@ MIGRATIONS: tuple[str, ...] = (
         not_after REAL NOT NULL
     );
     """,
+    # 5: where a catalogued model comes from (catalog.py: nodes pull it from there).
+    """
+    ALTER TABLE models ADD COLUMN source TEXT;
+    ALTER TABLE models ADD COLUMN source_options TEXT;  -- JSON object
+    ALTER TABLE models ADD COLUMN version INTEGER;
+    ALTER TABLE models ADD COLUMN digest TEXT;
+    ALTER TABLE models ADD COLUMN config TEXT;          -- JSON object: config.yaml keys
+    """,
 )
 
 PLANS_KEPT = 100
@@ -138,6 +146,14 @@ def _json_text(doc: Any) -> str:
     if isinstance(doc, bytes):
         return doc.decode()
     return doc if isinstance(doc, str) else json.dumps(doc)
+
+
+def _json_or_none(doc: dict[str, Any] | None) -> str | None:
+    return None if doc is None else orjson.dumps(doc).decode()
+
+
+def _object(text: str | None) -> dict[str, Any] | None:
+    return None if text is None else orjson.loads(text)
 
 
 def plan_text(plan: dict[str, Any]) -> str:
@@ -403,21 +419,30 @@ class Store:
         with self._tx() as db:
             new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
             db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
-                       "cpu_per_replica, memory_per_replica_bytes, proc_ms, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                       "cpu_per_replica, memory_per_replica_bytes, proc_ms, source, "
+                       "source_options, version, digest, config, updated) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                       "ON CONFLICT(name) DO UPDATE SET "
                        "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
                        "priority = excluded.priority, "
                        "cpu_per_replica = excluded.cpu_per_replica, "
                        "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
-                       "proc_ms = excluded.proc_ms, updated = excluded.updated",
+                       "proc_ms = excluded.proc_ms, source = excluded.source, "
+                       "source_options = excluded.source_options, "
+                       "version = excluded.version, digest = excluded.digest, "
+                       "config = excluded.config, updated = excluded.updated",
                        (slo.name, slo.slo_ms, slo.percentile, slo.priority,
-                        slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms, now))
+                        slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms,
+                        slo.source, _json_or_none(slo.source_options), slo.version,
+                        slo.digest, _json_or_none(slo.config), now))
             return new
 
     def models(self) -> list[ModelSLO]:
-        return [ModelSLO(*row) for row in self._query(
-            "SELECT name, slo_ms, percentile, priority, cpu_per_replica, "
-            "memory_per_replica_bytes, proc_ms FROM models ORDER BY name")]
+        return [ModelSLO(*row[:8], _object(row[8]), row[9], row[10], _object(row[11]))
+                for row in self._query(
+                    "SELECT name, slo_ms, percentile, priority, cpu_per_replica, "
+                    "memory_per_replica_bytes, proc_ms, source, source_options, version, "
+                    "digest, config FROM models ORDER BY name")]
 
     def model(self, name: str) -> ModelSLO | None:
         found = [m for m in self.models() if m.name == name]

@@ -9,16 +9,19 @@ coordinator sharing a PostgreSQL store) reads a few hundred bytes per node and b
 the planner's ``NodeReport`` from it without validating the report again.
 
 The format is JSON: ``[cores, cpu_memory_bytes, node_type, [[model, device, resident,
-size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...]]``; a
-percentile is its report's key (``"p99"``; a summary written before the wire types kept
-the number, 99.0, read the same way).
+size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...], [[model,
+version, bytes], ...], [[model, version], ...]]`` (the last two: what the node holds on
+disk and is pulling; a summary written before them has four items); a percentile is its
+report's key (``"p99"``; a summary written before the wire types kept the number, 99.0,
+read the same way).
 """
 
 from __future__ import annotations
 
 import orjson
 
-from agent.wire import BatchCount, ModelReport, NodeCapacity, NodeReport
+from agent.wire import (BatchCount, DiskHolding, ModelReport, NodeCapacity, NodeReport,
+                        Pulling)
 
 
 def summarize(report: NodeReport) -> bytes:
@@ -28,7 +31,9 @@ def summarize(report: NodeReport) -> bytes:
         [(name, m.device, m.resident, m.size_bytes,
           [(b, (c.count, c.seconds)) for b, c in m.batches.items()],
           [(q, ms) for q, ms in m.latency_ms.items() if ms is not None])
-         for name, m in report.models.items()]])
+         for name, m in report.models.items()],
+        [(h.model, h.version, h.bytes) for h in report.disk],
+        [(p.model, p.version) for p in report.pulling]])
 
 
 def _model(name: str, device: str, resident: bool, size: float, batches: list,
@@ -43,6 +48,9 @@ def _model(name: str, device: str, resident: bool, size: float, batches: list,
 def expand(summary: bytes | str) -> NodeReport:
     """The planner's ``NodeReport`` from a ``summary`` (trusted: it was written from a
     validated report); fields the summary leaves out take their defaults."""
-    cores, memory, node_type, models = orjson.loads(summary)
+    cores, memory, node_type, models, *held = orjson.loads(summary)
+    disk, pulling = (held + [[], []])[:2]
     return NodeReport(capacity=NodeCapacity(cores, memory),
-                      models={m[0]: _model(*m) for m in models}, node_type=node_type)
+                      models={m[0]: _model(*m) for m in models}, node_type=node_type,
+                      disk=tuple(DiskHolding(*h) for h in disk),
+                      pulling=tuple(Pulling(*p) for p in pulling))

@@ -1,5 +1,5 @@
-"""Cache admin (``/v1/cache``), ``/v1/memory``, the twin's record (``/v1/trace``,
-``/v1/profiles``) and curve (``/v1/whatif``), and ``/metrics``."""
+"""Cache admin (``/v1/cache``), ``/v1/memory``, ``/v1/disk``, the twin's record
+(``/v1/trace``, ``/v1/profiles``) and curve (``/v1/whatif``), and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -116,6 +116,16 @@ async def whatif(request: web.Request) -> web.Response:
     return web.json_response(await request.app[NODE].whatif.curve())
 
 
+async def disk(request: web.Request) -> web.Response:
+    """``GET /v1/disk``: the disk tier (read-only): its budget and figures, the model
+    versions on disk, the pulls under way with their progress, and each sourced
+    model's listing (its versions, or why its source could not be listed)."""
+    tier = request.app[NODE].disk
+    return web.json_response({**tier.summary(), "holdings": tier.holdings(),
+                              "pulling": tier.pulling(), "sources": tier.listings(),
+                              "pull_errors": tier.pull_errors()})
+
+
 async def metrics(request: web.Request) -> web.Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -135,4 +145,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v1/trace", trace)
     r.add_get("/v1/profiles", profiles)
     r.add_get("/v1/whatif", whatif)
+    r.add_get("/v1/disk", disk)
     r.add_get("/metrics", metrics)

@@ -14,11 +14,15 @@ the measured size with ``miss_penalty`` (load + cold-run surplus); every unload 
 the model. So a decision the simulator shows is the one the agent makes. Models are
 keyed ``(name, version)`` in the pools and policies.
 
-A miss runs one load task in five steps (``_load``): *price* (make the backend, estimate
+A miss runs one load task in six steps (``_load``): *fetch* (a sourced model's files
+not on disk are pulled into the disk tier, ``agent.node.disktier``: remote -> disk; the
+LOADING phase ``downloading``) -> *price* (make the backend, estimate
 it, refuse it with 507 if it can never fit, size the reservation) -> *reserve* (a load
 slot, then room) -> *load* (wait for the pool's unloads, load in a thread) -> *measure*
 (its size and load times) -> *commit* (resident at the measured size with its miss
-penalty, shed any overdraft, wake waiting loads, run the hooks).
+penalty, shed any overdraft, wake waiting loads, run the hooks). A sourced model's
+penalty adds its download seconds while its files are not on disk (``_reprice`` when
+the disk tier evicts or pulls them again).
 
 Waiting for room: a load first takes one of ``load_concurrency`` load slots (so only
 loads that run hold room), then reserves its peak (``Backend.load_room``: the runtime's
@@ -67,8 +71,9 @@ from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendCrashed, BackendError, LoadResult
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
+from agent.node.disktier import DiskTier, PullError
 from agent.node.entry import Entry
-from agent.node.lifecycle import AT_REST, IllegalTransition, State, transition
+from agent.node.lifecycle import AT_REST, DOWNLOADING, IllegalTransition, State, transition
 from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.units import format_size
 
@@ -106,6 +111,14 @@ class ModelInUse(CacheError):
     status = 409
 
 
+class NotListed(CacheError):
+    """A sourced model whose versions are not known yet (its source not listed yet,
+    or unreachable with no listing kept): 503 + Retry-After."""
+
+    status = 503
+    retry_after = 5.0
+
+
 class Reloading(CacheError):
     """The model's runtime failed while running (``BackendCrashed``): it is unloaded
     once its requests in flight are done and loaded again by the next request; 503."""
@@ -120,9 +133,10 @@ class LoadFailed(CacheError):
 
     status = 503
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None,
+                 status: int = 503):
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.status = retry_after, status
 
 
 @dataclass(order=True)
@@ -199,6 +213,7 @@ class ModelCache:
         load_wait_max_s: float = 30.0,
         idle_unload_s: float | None = None,
         load_retry_s: float = 30.0,
+        disk: DiskTier | None = None,
     ) -> None:
         self.policy_spec = policy
         prime_policy(policy)  # the first request must not pay for loading the kernels
@@ -224,16 +239,30 @@ class ModelCache:
         #: Called as ``f(entry)`` after each successful load / eviction (metrics, state).
         self.on_load: list[Callable[[Entry], None]] = []
         self.on_unload: list[Callable[[Entry, str], None]] = []
+        self.serving_version: dict[str, int] = {}  # rollouts (``_hold_serving``)
+        self.on_new_version: list[Callable[[str, int, int], None]] = []
+        #: The disk tier sourced models' files are pulled into (None: none).
+        self.disk = disk
+        if disk is not None:
+            disk.usage = self._disk_usage
+            disk.on_change.append(self._files_changed)
         self.update_specs(specs)
 
     # -- repository ------------------------------------------------------------------
     def update_specs(self, specs: dict[str, ModelSpec]) -> None:
         """Adopt a rescan: new models appear, removed idle ones are unloaded and dropped,
-        resident ones keep serving their loaded version until evicted."""
+        resident ones keep serving their loaded version until evicted; a new default
+        version rolls out (``_hold_serving``); a failed load whose config changed is
+        forgotten."""
+        serving = {n: self.serving_version.get(n, s.default_version)
+                   for n, s in self.specs.items()}
         self.specs = dict(specs)
+        self._hold_serving(serving)
         for (name, version), entry in list(self.entries.items()):
             spec = specs.get(name)
             if spec is not None and version in spec.versions:
+                if entry.state is State.FAILED and spec.config != entry.spec.config:
+                    self.forget_failure(entry)  # its config changed: try it again at once
                 entry.spec = spec
                 if entry.state is State.UNLOADED:
                     entry.account.pinned = entry.account.pinned or spec.config.pin
@@ -245,6 +274,23 @@ class ModelCache:
             if spec.default_version is not None:
                 self._entry_for(spec, spec.default_version)
 
+    def _hold_serving(self, serving: dict[str, int | None]) -> None:
+        """A new default version of a model whose ``serving`` one is READY is not served
+        until it is READY too: the old one keeps serving (``serving_version``) and
+        ``on_new_version`` is called (the node rolls it out)."""
+        for name, spec in self.specs.items():
+            old, new = serving.get(name), spec.default_version
+            entry = self.entries.get((name, old)) if old is not None else None
+            if old == new or new is None or old not in spec.versions or entry is None \
+                    or entry.state is not State.READY or not self.on_new_version:
+                self.serving_version.pop(name, None)
+                continue
+            self.serving_version[name] = old
+            for hook in self.on_new_version:
+                hook(name, old, new)
+        for name in set(self.serving_version) - set(self.specs):
+            del self.serving_version[name]
+
     def _entry_for(self, spec: ModelSpec, version: int) -> Entry:
         entry = self.entries.get((spec.name, version))
         if entry is None:
@@ -253,12 +299,15 @@ class ModelCache:
         return entry
 
     def entry(self, name: str, version: int | None = None) -> Entry:
-        """The entry for ``name`` (default: highest version); ``UnknownModel`` if none."""
+        """The entry for ``name`` (default: the highest version, or the one still serving
+        while a newer one rolls out); ``UnknownModel`` if none."""
         spec = self.specs.get(name)
         if spec is None:
             raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
-            version = spec.default_version
+            version = self.serving_version.get(name, spec.default_version)
+            if version is None and spec.pending and not spec.error:
+                raise NotListed(spec.pending)
             if version is None:
                 raise ModelInvalid(spec.error or f"model {name!r} has no version")
         elif version not in spec.versions:
@@ -295,6 +344,8 @@ class ModelCache:
         pool = self.pool_of(entry)
         if record and pool is not None:
             pool.policy.record_access(entry.id, self.clock())
+        if record and self.disk is not None and entry.spec.sourced:
+            self.disk.record_access(entry.id)
         if entry.life.crashed is not None and entry.state is State.READY:
             raise Reloading(f"{entry.life.crashed}; model {entry.key} is being reloaded")
         entry.account.in_flight += 1
@@ -334,7 +385,7 @@ class ModelCache:
             if task.cancelled():
                 raise LoadFailed(f"the load of model {entry.key} was cancelled")
             exc = task.exception()
-            if isinstance(exc, CacheError):
+            if isinstance(exc, (CacheError, PullError)):
                 raise exc
             if exc is not None and waiting_for_load:  # (a failed unload: go on)
                 raise LoadFailed(str(exc)) from exc
@@ -397,26 +448,30 @@ class ModelCache:
             return
         left = life.failed_at + self.retry_bound(entry) - self.clock()
         if left > 0:
-            raise LoadFailed(f"{life.error}; the next try is in {left:.0f}s", left)
+            raise LoadFailed(f"{life.error}; the next try is in {left:.0f}s", left,
+                             life.failed_status)
 
     def _failure_message(self, entry: Entry, exc: BaseException) -> str:
         """The reason a load failed, naming the model and version, with the repository's
         host path cut from it (a file is named relative to the repository)."""
         text = str(exc)
-        root = entry.spec.path.parent
-        for where in {str(root.resolve()), str(root)}:
-            text = text.replace(where + "/", "").replace(where, "<repository>")
+        for root, name in ((entry.spec.version_root.parent, "<models>"),
+                           (entry.spec.path.parent, "<repository>")):
+            for where in {str(root.resolve()), str(root)}:
+                text = text.replace(where + "/", "").replace(where, name)
         return f"model {entry.key} failed to load: {text}"
 
     async def _load(self, entry: Entry) -> None:
-        """``entry``'s load task: price -> reserve -> load -> measure, then commit. A load
-        that fails leaves it FAILED (``LoadFailed`` for a backend's error); one that gave
-        up waiting for room, or was cancelled, leaves it UNLOADED."""
+        """``entry``'s load task: fetch -> price -> reserve -> load -> measure, then
+        commit. A load that fails leaves it FAILED (``LoadFailed`` for a backend's error,
+        ``PullError`` for a pull's); one that gave up waiting for room, or was
+        cancelled, leaves it UNLOADED."""
         life = entry.life
         transition(life, State.LOADING, expected_from=(State.UNLOADED, State.FAILED))
         life.error, life.load_started = None, self.clock()
         life.load_attempts += 1
         try:
+            await self._fetch(entry)
             plan = await self._price(entry)
             result = await self._reserve_and_load(entry, plan)
             first_run = self._measure(entry, plan, result)
@@ -429,9 +484,18 @@ class ModelCache:
             life.error = str(exc)
             log.warning("load %s failed: %s", entry.key, exc)
             raise
+        except PullError as exc:
+            transition(life, State.FAILED, expected_from=State.LOADING)
+            life.error, life.failed_status = str(exc), exc.status
+            # a full disk is checked again by the next request (no I/O); a source's
+            # failure is remembered for load_retry_s, as a broken file is
+            life.failed_at = None if exc.status == 507 else self.clock()
+            log.warning("%s", life.error)
+            raise
         except BackendError as exc:
             transition(life, State.FAILED, expected_from=State.LOADING)
             life.error, life.failed_at = self._failure_message(entry, exc), self.clock()
+            life.failed_status = LoadFailed.status
             log.warning("%s (retried after %.0fs)", life.error, self.retry_bound(entry))
             raise LoadFailed(life.error, self.retry_bound(entry)) from None
         except asyncio.CancelledError:
@@ -464,12 +528,24 @@ class ModelCache:
                    if e.account.pinned and e is not but and e.state is State.READY
                    and self.pool_of(e) is pool)
 
+    async def _fetch(self, entry: Entry) -> None:
+        """Step 0: a sourced model's files onto disk (the disk tier's one pull per
+        version), shown as the LOADING phase ``downloading``."""
+        if not entry.spec.sourced or self.disk is None or self.disk.has(entry.id):
+            return
+        entry.life.phase = DOWNLOADING
+        try:
+            await self.disk.ensure(entry.name, entry.version, loading=True)
+        finally:
+            entry.life.phase = None
+
     async def _make_backend(self, entry: Entry, pool: Pool) -> Backend:
         """A backend for ``entry``, with its explicit warm-up sample read and its device
         set up (the CUDA context: the pool's overhead, once); nothing loaded yet."""
         kind = entry.spec.backend or "onnx"
-        backend = self.backend_factory(kind, entry.name, entry.version, entry.spec.path,
-                                       entry.spec.config, self.footprints)
+        backend = self.backend_factory(kind, entry.name, entry.version,
+                                       entry.spec.version_root, entry.spec.config,
+                                       self.footprints)
         loop = asyncio.get_running_loop()
         if entry.spec.config.warmup is not None and entry.spec.config.warmup.explicit:
             backend.warmup_sample, backend.warmup_source = await loop.run_in_executor(
@@ -579,11 +655,8 @@ class ModelCache:
         entry.backend = plan.backend
         entry.stats.loads += 1
         entry.stats.slot_seconds += self.clock() - plan.granted  # the twin's profile
-        warm = self.warm_exec(entry)
-        penalty = miss_penalty(account.load_seconds, first_run,
-                               0.0 if warm is None else warm)
-        pool.memory.commit(entry.id, plan.reserve, account.size_bytes, float(penalty),
-                           self.clock())
+        pool.memory.commit(entry.id, plan.reserve, account.size_bytes,
+                           self.penalty(entry, first_run), self.clock())
         account.idle_since = self.clock()
         log.info("loaded %s on %s in %.3fs (+ first run %.4fs): size %s (%s; estimate %s), "
                  "pool %s/%s", entry.key, pool.name, account.load_seconds, first_run,
@@ -595,6 +668,52 @@ class ModelCache:
         self._grant(pool)
         for hook in self.on_load:
             hook(entry)
+
+    def penalty(self, entry: Entry, first_run: float | None = None) -> float:
+        """Seconds a miss of ``entry`` costs (``miss_penalty``): load + the cold first
+        run's surplus + its download while its files are not on disk."""
+        account = entry.account
+        warm = self.warm_exec(entry)
+        return float(miss_penalty(
+            account.load_seconds,
+            account.first_run_seconds if first_run is None else first_run,
+            0.0 if warm is None else warm, self.download_seconds(entry)))
+
+    def download_seconds(self, entry: Entry) -> float:
+        """Seconds ``entry``'s files take to pull before it can load: its last measured
+        download while they are not on disk, else 0."""
+        if entry.spec.sourced and self.disk is not None and not self.disk.has(entry.id):
+            return self.disk.download_seconds(entry.id)
+        return 0.0
+
+    def _files_changed(self, key: tuple[str, int], on_disk: bool) -> None:
+        """The disk tier pulled or evicted ``key``'s files: a resident model's penalty
+        changes (its download counts while they are off disk)."""
+        entry = self.entries.get(key)
+        pool = self.pool_of(entry) if entry is not None else None
+        if pool is None or key not in pool.memory:
+            return
+        penalty = self.penalty(entry)
+        pool.policy.remove(key)
+        pool.policy.admit(key, pool.memory.sizes[key], penalty, self.clock())
+        log.info("%s: files %s disk; miss penalty now %.3fs", entry.key,
+                 "back on" if on_disk else "evicted from", penalty)
+
+    def _disk_usage(self, key: tuple[str, int]) -> str:
+        """What memory does with ``key``'s files, for the disk tier's eviction: pinned,
+        reading (loading, or a TF Serving model, whose server reads its directory),
+        resident (in memory, files not needed), or idle."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return "idle"
+        if entry.account.pinned:
+            return "pinned"
+        if entry.state is State.LOADING or (entry.state is not State.UNLOADED
+                                            and entry.spec.backend == "tfserving"):
+            return "reading"
+        if entry.state in (State.READY, State.UNLOADING):
+            return "resident"
+        return "idle"
 
     def _shed_overdraft(self, pool: Pool, entry: Entry) -> None:
         """``entry``'s measurement exceeded its reservation: evict others (idle, unpinned)
@@ -851,7 +970,23 @@ class ModelCache:
             "waiting_requests": account.in_flight if not ready else 0,
             "room_waits": stats.room_waits,
             "room_wait_seconds": round(stats.room_wait_seconds, 6),
+            **self._describe_disk(entry),
         }
+
+    def _describe_disk(self, entry: Entry) -> dict[str, Any]:
+        """A sourced model's disk tier fields (``/v1/cache``): its source (display URL
+        only), files on disk, download progress and seconds."""
+        disk = self.disk
+        if not entry.spec.sourced or disk is None:
+            return {"phase": entry.life.phase}
+        ref = disk.sources.get(entry.name)
+        return {"phase": entry.life.phase,
+                "source": ref.display_url if ref is not None else None,
+                "listing_error": disk.listing_error(entry.name),
+                "on_disk": disk.has(entry.id),
+                "disk_bytes": disk.held.get(entry.id, 0),
+                "download_seconds": round(disk.download_seconds(entry.id), 6),
+                "download": disk.progress(entry.id)}
 
     def memory(self) -> dict[str, dict[str, Any]]:
         return {p.name: {"used_bytes": p.used, "reserved_bytes": p.reserved,

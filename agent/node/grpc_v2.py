@@ -19,6 +19,10 @@ UNAUTHENTICATED, a token without the scope PERMISSION_DENIED, a throttled peer
 RESOURCE_EXHAUSTED. ``ModelStreamInfer`` answers
 UNIMPLEMENTED.
 
+Memory: ``ModelInfer`` receives its message itself (``ReceiveInferItself``), once
+``max_request_bytes_in_flight`` has room for it, and reads ``raw_input_contents`` as
+views of the received bytes (``split_infer_request``), not protobuf's copies.
+
 Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
 order: little-endian values, BYTES as 4-byte length + bytes per element, the layout of
 the HTTP binary extension) or in its typed ``contents``; outputs always go back in
@@ -37,10 +41,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
+from agent.httpbody import NoRoomForBody
+from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
@@ -96,10 +103,11 @@ def _shape(tensor: Any) -> tuple[int, ...]:
     return shape
 
 
-def _from_raw(raw: bytes, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+def _from_raw(raw: bytes | memoryview, datatype: str, shape: tuple[int, ...],
+              name: str) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        return from_bytes_elements(raw, count, name).reshape(shape)
+        return from_bytes_elements(bytes(raw), count, name).reshape(shape)
     dtype = DATATYPES[datatype]
     if len(raw) != count * dtype.itemsize:
         raise BadRequest(f"input {name!r}: {len(raw)} bytes of raw_input_contents, shape "
@@ -135,15 +143,65 @@ def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...],
     return np.fromiter(values, dtype=dtype, count=count).reshape(shape)
 
 
-def decode_infer_request(request: Any, limits: Limits = NO_LIMITS
+#: ``ModelInferRequest.raw_input_contents``'s field number on the wire.
+_RAW_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    """(the protobuf varint at ``at``, the offset after it)."""
+    value = shift = 0
+    for end in range(at, min(at + 10, len(data))):
+        value |= (data[end] & 0x7F) << shift
+        if data[end] < 0x80:
+            return value, end + 1
+        shift += 7
+    raise BadRequest("the message is not a ModelInferRequest (a varint runs past its end)")
+
+
+def split_infer_request(message: bytes) -> tuple[Any, list[memoryview]]:
+    """A serialized ``ModelInferRequest`` as (the message parsed without its
+    ``raw_input_contents``, those entries as views of ``message``): protobuf would copy
+    each entry twice, once parsing and once more reading the field."""
+    view = memoryview(message)
+    rest, raw, at = bytearray(), [], 0
+    while at < len(view):
+        start = at
+        key, at = _varint(view, at)
+        wire = key & 7
+        if wire == 0:
+            at = _varint(view, at)[1]
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        elif wire == 2:
+            length, at = _varint(view, at)
+            if key >> 3 == _RAW_FIELD and at + length <= len(view):
+                raw.append(view[at:at + length])
+                at += length
+                continue
+            at += length
+        else:
+            raise BadRequest(f"the message is not a ModelInferRequest (wire type {wire})")
+        if at > len(view):
+            raise BadRequest("the message is not a ModelInferRequest (a field runs past "
+                             "its end)")
+        rest += view[start:at]
+    try:
+        return pb.ModelInferRequest.FromString(bytes(rest)), raw
+    except DecodeError:
+        raise BadRequest("the message is not a ModelInferRequest") from None
+
+
+def decode_infer_request(request: Any, limits: Limits = NO_LIMITS,
+                         raw: list[memoryview] | None = None
                          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(inputs by name, ``{"id", "parameters", "outputs"}`` as ``decode_v2_request``
-    gives them) from a ``ModelInferRequest``; ``BadRequest`` naming the problem,
+    gives them) from a ``ModelInferRequest`` (``raw``: its ``raw_input_contents`` as
+    ``split_infer_request`` gives them); ``BadRequest`` naming the problem,
     ``TooLarge`` past ``limits`` (checked from the declared shapes before any tensor is
     built, as over HTTP)."""
     if not request.inputs:
         raise BadRequest("the request has no inputs")
-    raw = request.raw_input_contents
+    raw = request.raw_input_contents if raw is None else raw
     if raw and len(raw) != len(request.inputs):
         raise BadRequest(f"raw_input_contents holds {len(raw)} entries for "
                          f"{len(request.inputs)} inputs: one per input, in order")
@@ -213,12 +271,41 @@ def _version(raw: str, name: str) -> int | None:
 
 
 class NoRoomForMessage(AgentError):
-    """A ModelInfer message that does not fit in ``max_request_bytes_in_flight`` now:
-    RESOURCE_EXHAUSTED with retry-after at once (it has arrived already: waiting would
-    hold it, not spare it)."""
+    """No room in ``max_request_bytes_in_flight`` for a ModelInfer message within
+    ``read_timeout_s``: RESOURCE_EXHAUSTED with retry-after (the message is never
+    received)."""
 
     status = 429
     retry_after = 1.0
+
+
+class MessageTooSlow(AgentError):
+    """A ModelInfer message that did not arrive within ``read_timeout_s`` of its room
+    (as an HTTP body that does not: 408, gRPC DEADLINE_EXCEEDED)."""
+
+    status = 408
+
+
+#: A ModelInfer message this large is followed by a ``malloc_trim``.
+TRIM_AFTER_BYTES = 4 * 2**20
+
+#: ``ModelInfer``'s method name as gRPC calls it.
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class ReceiveInferItself(grpc.aio.ServerInterceptor):
+    """Serve ``ModelInfer`` as a call that receives its one message itself, as bytes:
+    its handler makes room for the message in ``max_request_bytes_in_flight`` before
+    gRPC receives it (grpc's own unary handling receives first, so that a thousand
+    strangers' messages would be held before any is counted)."""
+
+    async def intercept_service(self, continuation: Callable, details: Any) -> Any:
+        handler = await continuation(details)
+        if details.method != INFER_METHOD or handler is None:
+            return handler
+        return grpc.stream_unary_rpc_method_handler(
+            handler.unary_unary, request_deserializer=None,
+            response_serializer=handler.response_serializer)
 
 
 
@@ -261,6 +348,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        self._trimming: asyncio.Future | None = None
+
+    def _trim_after(self, message_bytes: int) -> None:
+        """After a message of ``TRIM_AFTER_BYTES`` or more, give free heap back to the OS
+        (``malloc_trim``, off the event loop, one at a time): gRPC receives a message in
+        pieces from many threads' heaps, which glibc keeps once freed (tens of MiB)."""
+        if message_bytes >= TRIM_AFTER_BYTES and (self._trimming is None
+                                                  or self._trimming.done()):
+            self._trimming = asyncio.ensure_future(asyncio.to_thread(malloc_trim))
 
     async def _check(self, context: grpc.aio.ServicerContext, path: str) -> None:
         """Abort unless the caller's token meets what HTTP ``path`` needs."""
@@ -326,29 +422,49 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         json_format.ParseDict(api_triton.model_stats_doc(self.node, name, version), response)
         return response
 
+    async def _receive(self, context: grpc.aio.ServicerContext, counted: list[int]
+                       ) -> bytes:
+        """The call's one message, once ``max_request_size`` bytes (its most) are
+        counted in flight for it (``counted[0]``; waiting, as HTTP bodies do, up to
+        ``read_timeout_s``), then counted at its own size."""
+        node, config = self.node, self.node.config
+        try:
+            await node.body_memory.reserve(config.max_request_size, config.read_timeout_s)
+        except NoRoomForBody as exc:
+            raise NoRoomForMessage(str(exc).replace("body", "message")) from None
+        counted[0] = config.max_request_size
+        if self._trimming is not None:  # the last large message's heap goes back first
+            await asyncio.shield(self._trimming)
+        try:
+            async with asyncio.timeout(config.read_timeout_s):
+                message = await context.read()
+        except TimeoutError:
+            raise MessageTooSlow(f"the request's message did not arrive within "
+                                 f"{config.read_timeout_s:g} s (read_timeout_s)") from None
+        if message is grpc.aio.EOF:
+            raise BadRequest("the call ended without a message")
+        node.body_memory.release(counted[0] - len(message))
+        counted[0] = len(message)
+        return message
+
     @_rpc
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
+    async def ModelInfer(self, requests: Any, context: Any) -> Any:
+        """Served through ``ReceiveInferItself``: ``requests`` is the call's stream."""
         await self._check(context, "/v2/models/m/infer")
         node = self.node
         started = time.perf_counter()
-        name = request.model_name
+        name = "<unknown>"
         version = None
         code = 500
-        counted = 0  # the message's bytes counted in flight (node.body_memory)
+        counted = [0]  # the bytes counted in flight for the message (node.body_memory)
         try:
+            request, raw = split_infer_request(await self._receive(context, counted))
             arrived = node.serving.clock()
+            name = request.model_name
             version = _version(request.model_version, name)
             known = node.cache.entry(name, version).signature  # unknown model: 404
-            size = request.ByteSize()
-            if not node.body_memory.grow(0, size):
-                raise NoRoomForMessage(
-                    f"no memory for the request's message of {size} bytes: "
-                    f"{node.body_memory.in_flight_bytes} bytes of requests are in flight, "
-                    f"the limit is {node.body_memory.limit_bytes} "
-                    "(max_request_bytes_in_flight)")
-            counted = size
-            inputs, meta = decode_infer_request(request,
-                                                node.serving.request_limits(name, version))
+            inputs, meta = decode_infer_request(
+                request, node.serving.request_limits(name, version), raw)
             if known is not None:  # reject bad input before it can cause a load
                 check_inputs(known, inputs)
             timeout = timeout_parameter(meta["parameters"])
@@ -373,8 +489,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             code = http_status(exc)
             raise
         finally:
-            if counted:
-                node.body_memory.release(counted)
+            node.body_memory.release(counted[0])
+            self._trim_after(counted[0])
             node.metrics.observe(name if name in node.cache.specs else "<unknown>",
                                  ENDPOINT, code,
                                  time.perf_counter() - started if code == 200 else None)
@@ -445,11 +561,15 @@ async def start_grpc(node: Node, host: str, port: int,
     is off, so a second agent on the same port fails to start). At most
     ``grpc_max_concurrent_rpcs`` calls are served at once (more: RESOURCE_EXHAUSTED)."""
     server = grpc.aio.server(maximum_concurrent_rpcs=node.config.grpc_max_concurrent_rpcs,
+                             interceptors=[ReceiveInferItself()],
                              options=[
                                  ("grpc.so_reuseport", 0),
                                  ("grpc.max_receive_message_length",
                                   node.config.max_request_size),
-                                 ("grpc.max_send_message_length", -1)])
+                                 ("grpc.max_send_message_length", -1),
+                                 # a stream's window stays 64 KiB until its message is
+                                 # read (not grown to the link's bandwidth-delay product)
+                                 ("grpc.http2.bdp_probe", 0)])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
     try:

@@ -13,6 +13,10 @@ caller did not expect, or one the table does not hold, raises ``IllegalTransitio
 
 An entry is forgotten (its model left the repository) only ``AT_REST``: nothing of it
 is loaded and no task moves it.
+
+LOADING has phases (``Lifecycle.phase``), which are not states (no move leads in or
+out of one): ``downloading`` while a sourced model's files are pulled into the disk
+tier (remote → disk), then none while the runtime loads them (disk → memory).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.FAILED: frozenset({State.LOADING, State.UNLOADED}),  # retried; forgotten
 }
 
+#: The phases of LOADING (``Lifecycle.phase``): its files being pulled from its source.
+DOWNLOADING = "downloading"
+
 #: The states in which the cache may drop an entry whose model left the repository.
 AT_REST = frozenset({State.UNLOADED, State.FAILED})
 
@@ -67,6 +74,8 @@ class Lifecycle:
     crashed: str | None = None      # why its runtime failed while running: reload it
     load_attempts: int = 0          # loads started, failed ones included
     load_started: float | None = None  # cache clock at the start of the last load
+    phase: str | None = None        # within LOADING: DOWNLOADING, or None
+    failed_status: int = 503        # the HTTP status of the last failed load
     waiting_for_room: bool = False  # its load waits for a load slot or for room, now
     had_to_wait: bool = False       # the load under way waited (counted once, after)
 
@@ -88,4 +97,5 @@ def transition(life: Lifecycle, to: State, *,
     if to not in TRANSITIONS[current]:
         raise IllegalTransition(life.model, current, to, "not in the transition table")
     life._state = to
+    life.phase = None
     return current

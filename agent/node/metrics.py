@@ -29,6 +29,7 @@ from agent.errors import AgentError
 if TYPE_CHECKING:
     from agent.httpbody import BodyMemory
     from agent.node.cache import ModelCache
+    from agent.node.disktier import DiskTier
     from agent.node.entry import Entry
     from agent.node.record import RequestRecord
     from agent.node.serving import Serving
@@ -209,6 +210,57 @@ class _RecordCollector(Collector):
                                 value=self.record.nbytes)
 
 
+class _DiskCollector(Collector):
+    """The disk tier (``agent.node.disktier``): its budget, pulls and evictions, and per
+    model version its bytes on disk, last download and the pull under way."""
+
+    _VERSION = ["model", "version"]
+    #: (metric, kind, help, ``DiskTier.summary`` key)
+    _FIGURES = (
+        ("edgeagent_disk_budget_bytes", GaugeMetricFamily,
+         "Byte budget of the disk tier (pulled models' files)", "budget_bytes"),
+        ("edgeagent_disk_used_bytes", GaugeMetricFamily,
+         "Bytes of pulled models' files on disk", "used_bytes"),
+        ("edgeagent_disk_pulls_in_progress", GaugeMetricFamily, "Pulls under way", "pulling"),
+        ("edgeagent_disk_pulls", CounterMetricFamily, "Model versions pulled", "pulls"),
+        ("edgeagent_disk_pulled_bytes", CounterMetricFamily, "Bytes of model files pulled",
+         "pulled_bytes"),
+        ("edgeagent_disk_pull_failures", CounterMetricFamily, "Pulls that failed",
+         "pull_failures"),
+        ("edgeagent_disk_evictions", CounterMetricFamily,
+         "Model versions whose files the disk tier evicted", "evictions"),
+    )
+
+    def __init__(self, disk: "DiskTier") -> None:
+        self.disk = disk
+
+    def collect(self) -> Iterator:
+        s = self.disk.summary()
+        for name, kind, help_, key in self._FIGURES:
+            yield kind(name, help_, value=s[key])
+        on_disk = GaugeMetricFamily("edgeagent_model_disk_bytes",
+                                    "Bytes of the model version's files on disk",
+                                    labels=self._VERSION)
+        download = GaugeMetricFamily("edgeagent_model_download_seconds",
+                                     "Seconds the model version's last download took",
+                                     labels=self._VERSION)
+        for h in self.disk.holdings():
+            labels = [h["model"], str(h["version"])]
+            on_disk.add_metric(labels, h["bytes"])
+            download.add_metric(labels, h["download_seconds"])
+        done = GaugeMetricFamily("edgeagent_model_download_progress_bytes",
+                                 "Bytes pulled so far of the model version's download",
+                                 labels=self._VERSION)
+        total = GaugeMetricFamily("edgeagent_model_download_size_bytes",
+                                  "Bytes the model version's download under way pulls",
+                                  labels=self._VERSION)
+        for p in self.disk.pulling():
+            labels = [p["model"], str(p["version"])]
+            done.add_metric(labels, p["bytes"])
+            total.add_metric(labels, p["total_bytes"])
+        yield from (on_disk, download, done, total)
+
+
 class Metrics:
     """The agent's metrics and their registry (process and Python collectors included)."""
 
@@ -235,6 +287,8 @@ class Metrics:
             self.registry.register(_RecordCollector(serving.record))
         if body_memory is not None:
             self.registry.register(_BodyMemoryCollector(body_memory))
+        if cache.disk is not None:
+            self.registry.register(_DiskCollector(cache.disk))
         cache.on_load.append(self._loaded)
 
     def _loaded(self, entry: "Entry") -> None:

@@ -24,10 +24,12 @@ from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_bu
                           gpu_budgets)
 from agent.node import state as statefile
 from agent.node.cache import CacheError, ModelCache, ModelInvalid, UnknownModel
+from agent.node.disktier import DiskTier
 from agent.node.lifecycle import State
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
-from agent.node.repository import apply_override, scan_model, scan_repository
+from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
+from agent.node.rollout import Rollouts
 from agent.node.serving import Serving
 from agent.node.whatif import WhatIf
 
@@ -50,7 +52,9 @@ class Node:
     def __init__(self, config: AgentConfig, *, budgets: dict[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  backend_factory: Callable[..., Backend] = make_backend,
-                 open_file: Callable[..., Any] = open) -> None:
+                 open_file: Callable[..., Any] = open,
+                 open_source: Callable[[str, dict], Any] | None = None,
+                 disk_free: Callable[[Any], int] | None = None) -> None:
         if config.repository is None:
             raise ValueError("the agent needs a model repository")
         self.config = config
@@ -67,13 +71,21 @@ class Node:
         if backend_factory is make_backend:
             backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
                                                 gpu=self.gpu)
+        #: The disk tier: sourced models' files under data_dir/models (the ``fleet``'s
+        #: pull and drop directives use its ``ensure``/``drop``/``holdings``).
+        self.disk = DiskTier(
+            config.models_dir, config.disk_budget, policy=config.disk_policy or config.policy,
+            max_concurrent_pulls=config.max_concurrent_pulls, bandwidth=config.pull_bandwidth,
+            clock=clock, **({"open_source": open_source} if open_source else {}),
+            **({"free_bytes": disk_free} if disk_free else {}))
+        self._listing_task: asyncio.Task | None = None
         self.cache = ModelCache(
-            scan_repository(config.repository), budgets,
+            self._scan(config), budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
             footprints=FootprintModel.load(config.footprints_path, open_file),
             load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
             load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
-            load_retry_s=config.load_retry_s)
+            load_retry_s=config.load_retry_s, disk=self.disk)
         self._saved = saved
         for name, pinned in ((saved or {}).get("pins") or {}).items():
             with contextlib.suppress(CacheError):
@@ -97,6 +109,9 @@ class Node:
         self._persist_task: asyncio.Task | None = None
         self._startup_task: asyncio.Task | None = None
         self._idle_task: asyncio.Task | None = None
+        #: New versions of serving models, rolled out without failing a request.
+        self.rollouts = Rollouts(self.cache)
+        self._poll_task: asyncio.Task | None = None
         self.cache.on_load.append(lambda e: self.schedule_persist())
         self.cache.on_unload.append(lambda e, why: self.schedule_persist())
 
@@ -110,15 +125,46 @@ class Node:
         loop = asyncio.get_running_loop()
         self._startup_task = loop.create_task(self._warm_up())
         self._idle_task = loop.create_task(self._unload_idle_forever())
+        if self.config.source_poll_s:
+            self._poll_task = loop.create_task(self._poll_sources_forever())
 
     async def _unload_idle_forever(self) -> None:
         while True:
             await asyncio.sleep(self.IDLE_CHECK_EVERY)
             self.cache.unload_idle()
 
+    async def _poll_sources_forever(self) -> None:
+        """List the sources every ``source_poll_s``: a new version is rolled out."""
+        while True:
+            await asyncio.sleep(self.config.source_poll_s)
+            try:
+                await self.refresh_sources()
+            except Exception:  # noqa: BLE001 - a failed poll must not stop polling
+                log.exception("polling the model sources failed")
+
+    def _scan(self, config: AgentConfig) -> dict[str, ModelSpec]:
+        """The repository and, as a second root, the models the coordinator assigned."""
+        return scan_repository(config.repository, self.disk.listing,
+                               also=(config.assigned_dir,))
+
+    async def refresh_sources(self) -> None:
+        """List the sourced models' versions (off the loop) and rescan when a listing
+        changed."""
+        if await self.disk.refresh():
+            self.rescan(relist=False)
+
+    #: Seconds the start waits for the sources' listings before it goes on (they go on
+    #: in the background; a model not listed yet answers 503 + Retry-After meanwhile).
+    LISTING_WAIT_S = 10.0
+
     async def _warm_up(self) -> None:
         try:
             from agent.backends.onnx import prime_runtime
+
+            if self.disk.sources:
+                self._listing_task = asyncio.get_running_loop().create_task(
+                    self.refresh_sources())
+                await asyncio.wait({self._listing_task}, timeout=self.LISTING_WAIT_S)
 
             await asyncio.get_running_loop().run_in_executor(self.cache.load_executor,
                                                              prime_runtime)
@@ -162,9 +208,10 @@ class Node:
         except OSError as exc:
             log.warning("cannot write state file %s: %s", self.config.resident_state_path, exc)
 
-    def rescan(self) -> None:
-        """Re-read the repository (index API, SIGHUP); loads' overrides stay applied."""
-        specs = scan_repository(self.config.repository)
+    def rescan(self, relist: bool = True) -> None:
+        """Re-read the repository (index API, SIGHUP); loads' overrides stay applied.
+        ``relist``: list the sources again too (in the background)."""
+        specs = self._scan(self.config)
         for name, data in list(self.overrides.items()):
             if name in specs and specs[name].error is None:
                 try:
@@ -178,6 +225,10 @@ class Node:
         self.serving.refresh(self.config)
         log.info("repository %s rescanned: %d model(s)", self.config.repository,
                  len(self.cache.specs))
+        if relist and self.disk.sources and self._startup_task is not None and (
+                self._listing_task is None or self._listing_task.done()):
+            self._listing_task = asyncio.get_running_loop().create_task(
+                self.refresh_sources())
 
     async def load_model(self, name: str, override: str | None = None) -> None:
         """The repository extension's load: (re)load ``name``, with ``override`` (a JSON
@@ -197,7 +248,8 @@ class Node:
                                    f"JSON string, got {type(override).__name__}")
             try:
                 data = load_json(override)
-                apply_override(scan_model(self.config.repository / name), data)
+                apply_override(scan_model(self.cache.specs[name].path, self.disk.listing),
+                               data)
             except ValueError as exc:
                 raise ModelInvalid(f"failed to load {name!r}: parameters.config: "
                                    f"{str(exc).removeprefix('parameters.config: ')}") from None
@@ -238,6 +290,9 @@ class Node:
         if config.cpu_budget and config.cpu_budget != self.cache.pools["cpu"].budget:
             self.cache.set_budget("cpu", config.cpu_budget)
             log.info("SIGHUP: cpu budget is now %d bytes", config.cpu_budget)
+        if config.disk_budget and config.disk_budget != self.disk.pool.budget:
+            self.disk.pool.budget = config.disk_budget  # the next pull evicts down to it
+            log.info("SIGHUP: disk budget is now %d bytes", config.disk_budget)
         self.cache.load_wait_max_s = config.load_wait_max_s
         self.cache.load_retry_s = config.load_retry_s
         self.cache.idle_unload_s = config.idle_unload_s
@@ -250,8 +305,12 @@ class Node:
         self.rescan()
 
     async def close(self) -> None:
-        if self._idle_task is not None:
-            self._idle_task.cancel()
+        for task in (self._idle_task, self._poll_task):
+            if task is not None:
+                task.cancel()
+        await self.rollouts.close()
+        if self._listing_task is not None:
+            self._listing_task.cancel()
         if self._startup_task is not None and not self._startup_task.done():
             self._startup_task.cancel()
             with contextlib.suppress(BaseException):
@@ -260,6 +319,7 @@ class Node:
             self._persist_task.cancel()
         self.persist_now()
         await self.serving.close()  # queued requests get 503s before the cache stops
+        await self.disk.close()
         await self.cache.close()
         await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
         self.infer_executor.shutdown(wait=False, cancel_futures=True)

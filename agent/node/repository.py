@@ -7,17 +7,25 @@ numeric subdirectories; the highest is served by default. A synthetic model is a
 directory with only a ``config.yaml`` (``backend: synthetic``) and gets version 1.
 A model whose config or layout is wrong is still listed, with ``error`` saying why, so
 one bad directory never hides the others.
+
+A *sourced* model names a ``source:`` in its config.yaml and holds no version
+directories: its versions are its source's listing (``Listing``, which the disk tier,
+``agent.node.disktier``, keeps) and its files live under the tier's directory
+(``files_root``), never in the repository.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agent.config import ConfigError, ModelConfig, load_model_config
 from agent.node import triton_config
+
+log = logging.getLogger("edgeagent.repository")
 
 MODEL_FILES = {"onnx": "model.onnx", "tfserving": "saved_model.pb"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -33,15 +41,47 @@ class ModelSpec:
     config: ModelConfig
     backend: str | None
     error: str | None = None
+    #: Where the version directories live (a sourced model's: the disk tier's); None:
+    #: ``path``, the repository's model directory.
+    files_root: Path | None = None
+    #: Why a sourced model has no versions yet though nothing is wrong with it (its
+    #: source not listed yet, or unreachable with no listing kept): a 503, not a 400.
+    pending: str | None = None
 
     @property
     def default_version(self) -> int | None:
         return self.versions[-1] if self.versions else None
 
+    @property
+    def sourced(self) -> bool:
+        """Its versions come from ``config.source`` (pulled by the disk tier)."""
+        return self.config.source is not None
+
+    @property
+    def version_root(self) -> Path:
+        """The directory that holds its ``<version>/`` directories."""
+        return self.files_root or self.path
+
     def model_file(self, version: int) -> Path | None:
         """The file a backend loads for ``version`` (None for synthetic models)."""
         name = MODEL_FILES.get(self.backend or "")
-        return self.path / str(version) / name if name else None
+        return self.version_root / str(version) / name if name else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A sourced model's versions as the disk tier knows them: the listing (kept on
+    disk, so a restart with the source down still has it), where their files go, and
+    why there are none (``error``: its config is wrong; ``pending``: not listed yet)."""
+
+    versions: tuple[int, ...]
+    files_root: Path
+    error: str | None = None
+    pending: str | None = None
+
+
+#: ``listing(name, config, config_file)``: the disk tier's ``Listing`` of a sourced model.
+Listings = Callable[[str, ModelConfig, Path], Listing]
 
 
 def _infer_backend(model_dir: Path, versions: tuple[int, ...]) -> str | None:
@@ -52,15 +92,33 @@ def _infer_backend(model_dir: Path, versions: tuple[int, ...]) -> str | None:
     return None
 
 
-def scan_model(model_dir: Path) -> ModelSpec:
-    """Describe one model directory; problems go to ``error``, never raise."""
+def _scan_sourced(model_dir: Path, versions: tuple[int, ...], config: ModelConfig,
+                  backend: str, listings: Listings | None) -> ModelSpec:
+    """A sourced model: its versions from ``listings`` (the disk tier's)."""
+    name, where = model_dir.name, model_dir / "config.yaml"
+    if versions:
+        return ModelSpec(name, model_dir, versions, config, backend,
+                         f"{where}: source: a sourced model keeps no version directories "
+                         f"in the repository (found {', '.join(map(str, versions))})")
+    if listings is None:
+        return ModelSpec(name, model_dir, (), config, backend,
+                         f"{where}: source: this agent has no disk tier to pull into")
+    listing = listings(name, config, where)
+    return ModelSpec(name, model_dir, listing.versions, config, backend, listing.error,
+                     files_root=listing.files_root, pending=listing.pending)
+
+
+def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
+    """Describe one model directory; problems go to ``error``, never raise.
+    ``listings``: the versions of sourced models (the disk tier's)."""
     versions = tuple(sorted(int(p.name) for p in model_dir.iterdir()
                             if p.is_dir() and p.name.isascii() and p.name.isdigit()))
     try:
         config = load_model_config(model_dir / "config.yaml")
     except ConfigError as exc:
         return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), None, str(exc))
-    backend = config.backend or _infer_backend(model_dir, versions)
+    backend = config.backend or ("onnx" if config.source is not None
+                                 else _infer_backend(model_dir, versions))
     pbtxt = model_dir / "config.pbtxt"
     if pbtxt.is_file():
         where = f"{model_dir.name}/config.pbtxt"
@@ -72,6 +130,8 @@ def scan_model(model_dir: Path) -> ModelSpec:
         except (ConfigError, OSError, UnicodeDecodeError) as exc:
             return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), backend,
                              str(exc))
+    if config.source is not None:
+        return _scan_sourced(model_dir, versions, config, backend, listings)
     error = None
     if backend == "synthetic":
         versions = versions or (1,)
@@ -129,13 +189,23 @@ def read_warmup_sample(spec: ModelSpec) -> tuple[dict | None, str]:
     return inputs, where
 
 
-def scan_repository(root: str | Path) -> dict[str, ModelSpec]:
-    """All models under ``root`` by name. A missing root is an error, an empty one is not."""
+def scan_repository(root: str | Path, listings: Listings | None = None, *,
+                    also: tuple[Path, ...] = ()) -> dict[str, ModelSpec]:
+    """All models under ``root`` by name. A missing root is an error, an empty one is not.
+    ``listings``: the versions of sourced models (the disk tier's). ``also``: more roots
+    (the coordinator's assigned models), scanned after ``root`` where they exist; a name
+    an earlier root has wins (logged)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"model repository {root} is not a directory")
-    models = {}
-    for child in sorted(root.iterdir()):
-        if child.is_dir() and _NAME.match(child.name):
-            models[child.name] = scan_model(child)
+    models: dict[str, ModelSpec] = {}
+    for where in (root, *(r for r in also if r.is_dir())):
+        for child in sorted(where.iterdir()):
+            if not (child.is_dir() and _NAME.match(child.name)):
+                continue
+            if child.name in models:
+                log.warning("model %s: %s is shadowed by %s (the repository's own entry "
+                            "wins)", child.name, child, models[child.name].path)
+                continue
+            models[child.name] = scan_model(child, listings)
     return models

@@ -340,6 +340,8 @@ class Serving:
         """Reject at once a request that the model's expected load time makes late, and
         start that load so that a retry finds the model ready."""
         expected = entry.account.load_seconds + entry.account.first_run_seconds
+        if expected > 0:  # and the pull first, where its files are not on disk
+            expected += self.cache.download_seconds(entry)
         if expected <= 0 or entry.state is State.FAILED:
             return  # never loaded: unknown; it is checked again once loaded
         left = expected

@@ -1,6 +1,6 @@
-// The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/cache
-// (models), /v1/whatif (the twin's curve; these need a read token where the agent has
-// tokens), refreshed every ?refresh= ms.
+// The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/disk (the
+// disk tier of pulled models), /v1/cache (models), /v1/whatif (the twin's curve; these
+// need a read token where the agent has tokens), refreshed every ?refresh= ms.
 "use strict";
 
 (() => {
@@ -22,6 +22,27 @@
     });
   }
 
+  function diskRow(disk) {
+    const free = disk.budget_bytes - disk.used_bytes;
+    const pulling = disk.pulling.reduce((n, p) => n + p.bytes, 0);
+    return el("div", { class: "device", "data-device": "disk" },
+      el("strong", {}, "disk"),
+      bar(disk.budget_bytes, [[disk.used_bytes, disk.used_bytes > disk.budget_bytes ? "over" : ""],
+                              [pulling, "reserved"]],
+          `${bytes(disk.used_bytes)} on disk of ${bytes(disk.budget_bytes)}`),
+      el("span", { class: "figures" },
+        `${bytes(disk.used_bytes)} on disk of ${bytes(disk.budget_bytes)}`,
+        ` (${bytes(Math.max(0, free))} free), ${disk.versions} version${disk.versions === 1 ? "" : "s"}`,
+        `, ${disk.pulling.length} pulling, ${disk.pulls} pull${disk.pulls === 1 ? "" : "s"}`,
+        `, ${disk.evictions} eviction${disk.evictions === 1 ? "" : "s"}`));
+  }
+
+  function stateLabel(m) {
+    if (m.phase !== "downloading") return m.state;
+    const d = m.download;
+    return d && d.total_bytes ? `downloading ${pct(d.bytes / d.total_bytes)}` : "downloading";
+  }
+
   function summary(models) {
     const sum = (key) => models.reduce((n, m) => n + (m[key] || 0), 0);
     const hits = sum("hits"), misses = sum("misses");
@@ -29,6 +50,7 @@
       ["resident", `${models.filter((m) => m.state === "ready").length} / ${models.length}`],
       ["pinned", models.filter((m) => m.pinned).length],
       ["loads", sum("loads")], ["evictions", sum("evictions")],
+      ["on disk", models.filter((m) => m.on_disk).length],
       ["hit ratio", pct(hits + misses ? hits / (hits + misses) : null)],
       ["requests served", sum("requests_served")], ["SLO violations", sum("slo_violations")],
       ["dropped", sum("drops_total")],
@@ -48,7 +70,8 @@
       el("td", { class: "num" }, m.version),
       el("td", {}, m.device),
       el("td", { class: "state" },
-        el("span", { class: "badge " + m.state, title: m.error || "" }, m.state)),
+        el("span", { class: "badge " + m.state, title: m.error || (m.source ? `from ${m.source}` : "") },
+          stateLabel(m))),
       el("td", { class: "num size" }, m.size_bytes ? bytes(m.size_bytes) + (m.size_estimated ? " (est.)" : "") : "–"),
       el("td", {}, budget ? bar(budget, [[m.state === "ready" ? m.size_bytes : 0, ""]],
                                `${pct(m.size_bytes / budget)} of the ${m.device} budget`) : "–"),
@@ -141,10 +164,10 @@
       server = await api("/v2");
       document.getElementById("server").textContent = `${server.name} ${server.version} · ${location.host}`;
     }
-    const [memory, models, curve] = await Promise.all(
-      [api("/v1/memory"), api("/v1/cache"), api("/v1/whatif")]);
+    const [memory, disk, models, curve] = await Promise.all(
+      [api("/v1/memory"), api("/v1/disk"), api("/v1/cache"), api("/v1/whatif")]);
     showWhatif(curve);
-    document.getElementById("memory").replaceChildren(...memoryRows(memory));
+    document.getElementById("memory").replaceChildren(...memoryRows(memory), diskRow(disk));
     document.getElementById("summary").replaceChildren(...summary(models));
     const budgets = Object.fromEntries(Object.entries(memory).map(([d, m]) => [d, m.budget_bytes]));
     replaceRows(document.querySelector("#models tbody"), models.map((m) => modelRow(m, budgets)),

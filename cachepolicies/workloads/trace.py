@@ -130,7 +130,10 @@ def _subset(profiles: Profiles, rows: np.ndarray, names: list[str]) -> Profiles:
         return Profiles(names=[], size_bytes=empty.astype(np.int64), load_seconds=empty,
                         exec_seconds=empty, first_exec_seconds=None, penalty_seconds=empty,
                         index={}, source="<workload>")
+    download, disk = profiles.download_seconds, profiles.disk_bytes
     return make_profiles(names, profiles.size_bytes[rows], profiles.load_seconds[rows],
                          profiles.exec_seconds[rows],
                          None if first_exec is None else first_exec[rows],
+                         download_seconds=None if download is None else download[rows],
+                         disk_bytes=None if disk is None else disk[rows],
                          source="<workload>")

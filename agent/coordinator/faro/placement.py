@@ -3,14 +3,16 @@
 A replica of model m on node n needs ``cpu_per_replica`` cores there, and the node
 must hold the model resident: ``resident_bytes`` once per node that runs the model,
 plus ``memory_per_replica_bytes`` per replica (working memory; 0 by default).
-``pinned_nodes`` (when not empty) are the only nodes the model may run on.
+``pinned_nodes`` (when not empty) are the only nodes the model may run on;
+``preferred_nodes`` are where a new replica goes first among nodes that do not run the
+model yet (they hold its files: no download).
 
 ``place`` starts from the current placement: replicas that still fit their pins and the
 nodes' capacities stay where they are (a model over its target loses replicas from the
 node where it has most; an over-full node sheds replicas of the models with most
 replicas there). Missing replicas go first to nodes already holding the model (no new
-load), then to the node with the most free memory that fits (spreading), models with the
-largest resident size first. Replicas that fit nowhere are reported in ``unplaced``,
+load), then to preferred nodes, then to the node with the most free memory that fits
+(spreading), models with the largest resident size first. Replicas that fit nowhere are reported in ``unplaced``,
 never dropped silently. When the current placement already matches the targets and
 fits, nothing moves.
 """
@@ -42,6 +44,7 @@ class ModelDemand:
     resident_bytes: float = 0.0
     memory_per_replica_bytes: float = 0.0
     pinned_nodes: frozenset[str] = field(default_factory=frozenset)
+    preferred_nodes: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,9 @@ def place(nodes: list[Node], demands: list[ModelDemand],
 def _choose_node(nodes: list[Node], plan: dict[str, dict[str, int]],
                  usage: dict[str, tuple[float, float]], m: ModelDemand) -> str | None:
     """The node one more replica of ``m`` goes to (None: it fits nowhere): one that
-    already holds ``m`` first, then the most free memory, then the most free cores,
-    then the last name. ``usage``: each node's (cpu, memory) now."""
+    already holds ``m`` first, then one of its ``preferred_nodes``, then the most free
+    memory, then the most free cores, then the last name. ``usage``: each node's (cpu,
+    memory) now."""
     best, best_key = None, None
     for node in nodes:
         if not _allowed(m, node.name):
@@ -164,7 +168,8 @@ def _choose_node(nodes: list[Node], plan: dict[str, dict[str, int]],
         if cpu + m.cpu_per_replica > node.cpu + _TOL \
                 or mem + more > node.memory_bytes + _TOL:
             continue
-        key = (holds, node.memory_bytes - mem, node.cpu - cpu, node.name)
+        key = (holds, node.name in m.preferred_nodes, node.memory_bytes - mem,
+               node.cpu - cpu, node.name)
         if best_key is None or key > best_key:
             best, best_key = node.name, key
     return best

@@ -1,0 +1,96 @@
+"""Version rollout on one agent (issue 26 item 5, TF Serving's availability-preserving
+order): a new version found by a rescan (a version directory added to the repository)
+or by polling a model's source (``source_poll_s``) is loaded beside the serving one, the
+switch comes once it is ready, the old one is unloaded after; a client at 50 req/s sees
+no failed request. A new version that cannot load leaves the old one serving."""
+
+from __future__ import annotations
+
+import time
+
+import yaml
+
+from agent.config import AgentConfig
+from agent.modelzoo import write_mlp
+from tests.helpers import (BODY, TINY_MLP, AgentServer, SteadyClient, add_synthetic, v2_body,
+                           wait_for)
+
+ROW = v2_body([1.0, 2.0, 3.0, 4.0])
+
+
+def start_agent(repo, tmp_path, **config):
+    cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=200_000_000,
+                      infer_threads=2, **config)
+    return AgentServer(cfg, budgets={"cpu": 200_000_000})
+
+
+def rolled(agent, client, model, old, new):
+    """Wait until ``new`` serves and ``old`` is unloaded; the client's answers."""
+    try:
+        wait_for(lambda: client.answers and client.answers[-1][1] == str(new), 30,
+                 f"version {new} serves")
+        wait_for(lambda: agent.node.cache.entries[(model, old)].state.value == "unloaded",
+                 30, f"version {old} is unloaded")
+        time.sleep(0.5)
+    finally:
+        answers = client.stop()
+    assert [a for a in answers if a[0] != 200] == []
+    versions = [v for _, v in answers]
+    assert versions[0] == str(old) and versions[-1] == str(new)
+    assert set(versions[versions.index(str(new)):]) == {str(new)}  # no flapping back
+    return answers
+
+
+def test_a_polled_source_rolls_a_new_version_out(repo, tmp_path):
+    src = tmp_path / "src" / "m"
+    write_mlp(src / "1" / "model.onnx", **TINY_MLP)
+    (repo / "m").mkdir()
+    (repo / "m" / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src}"}))
+    agent = start_agent(repo, tmp_path, source_poll_s=0.3)
+    try:
+        client = SteadyClient(agent, "m")
+        wait_for(lambda: len(client.answers) > 20, 30, "version 1 serves")
+        write_mlp(src / "2" / "model.onnx", **{**TINY_MLP, "hidden": 8})
+        rolled(agent, client, "m", 1, 2)
+        assert agent.node.rollouts.done == 1
+        assert {h["version"] for h in agent.node.disk.holdings()} >= {2}
+    finally:
+        agent.close()
+
+
+def test_a_version_added_to_the_repository_rolls_out(repo, tmp_path):
+    """A load of 1.5 s: the old version keeps answering while the new one loads (no
+    request waits for that load), then the new one takes over."""
+    add_synthetic(repo, "m", load_ms=1500, base_ms=1)
+    (repo / "m" / "1").mkdir()
+    agent = start_agent(repo, tmp_path)
+    try:
+        client = SteadyClient(agent, "m", body=BODY)
+        wait_for(lambda: len(client.answers) > 20, 30, "version 1 serves")
+        (repo / "m" / "2").mkdir()
+        rescanned = time.monotonic()
+        assert agent.request("POST", "/v2/repository/index", {})[0] == 200  # a rescan
+        answers = rolled(agent, client, "m", 1, 2)
+        during = [v for (_, v), t in zip(answers, client.times) if t > rescanned + 0.2]
+        assert during.count("1") >= 20, during[:30]  # version 1 served through the load
+    finally:
+        agent.close()
+
+
+def test_a_new_version_that_does_not_load_leaves_the_old_one_serving(repo, tmp_path):
+    write_mlp(repo / "m" / "1" / "model.onnx", **TINY_MLP)
+    agent = start_agent(repo, tmp_path, load_retry_s=60)
+    try:
+        assert agent.request("POST", "/v2/models/m/infer", ROW)[0] == 200
+        (repo / "m" / "2").mkdir()
+        (repo / "m" / "2" / "model.onnx").write_bytes(b"not an onnx model")
+        agent.request("POST", "/v2/repository/index", {})
+        wait_for(lambda: agent.node.cache.entries[("m", 2)].state.value == "failed", 30,
+                 "version 2 fails to load")
+        for _ in range(10):
+            status, _, body = agent.request("POST", "/v2/models/m/infer", ROW)
+            assert status == 200 and body["model_version"] == "1", body
+        assert agent.node.cache.serving_version == {"m": 1}
+        assert agent.node.rollouts.done == 0
+    finally:
+        agent.close()
