@@ -581,6 +581,10 @@ class AgentConfig(Section):
         "gRPC calls served at once; more get RESOURCE_EXHAUSTED. A ModelInfer message "
         "is received only once max_request_size is free in max_request_bytes_in_flight; "
         "until then its call holds 64 KiB")] = 64
+    record_requests: Annotated[AtLeastZero, setting(
+        "requests the agent remembers for its twin (GET /v1/trace, edgeagent simulate "
+        "--from): a ring of 22 bytes a request, allocated at start, the oldest "
+        "overwritten; nothing on disk; 0: none")] = 100_000
     load_concurrency: Annotated[AtLeastOne, setting(
         "models loading at once, each reserving its peak from the budget (one: loads "
         "measure cleanly); raise it where loads wait on I/O (TF Serving, remote disks)")] = 1

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cachepolicies.simulator import simulate  # noqa: E402
+from cachepolicies.twin import Queueing  # noqa: E402
 from tests.helpers import (AgentServer, add_workload_models, replay_live,  # noqa: E402
                            zipf_workload)
 
@@ -46,7 +47,8 @@ def run(policy: str, work: Path) -> None:
     finally:
         agent.close()
     live_mean = float(np.mean([seconds for seconds, _ in results]))
-    sim = simulate(trace, profiles, budget, policy, queueing=256)
+    sim = simulate(trace, profiles, budget, policy,
+                   queueing=Queueing(workers=64, load_concurrency=32))
     ratio = live_mean / sim.mean_response_seconds
     print(f"{policy:<12} live {live_mean:.3f} s  simulated {sim.mean_response_seconds:.3f} s"
           f"  ratio {ratio:.3f} (target within {1 - TARGET:.2f}-{1 + TARGET:.2f}: "

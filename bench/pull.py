@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.modelzoo import write_mlp  # noqa: E402
 from agent.sources import open_source  # noqa: E402
 from cachepolicies.simulator import SimulationResult, simulate  # noqa: E402
+from cachepolicies.twin import Queueing  # noqa: E402
 from tests.helpers import ThreeTier, replay_three_tiers, three_tier_workload  # noqa: E402
 from tests.servers import oci_registry, range_http_server, s3_server  # noqa: E402
 
@@ -55,7 +56,8 @@ SCHEMES = ("file", "http", "s3", "oci")
 POLICIES = ("cremebrulee", "lru")  # each on both tiers
 GAIN_FLOOR = 0.85  # penalty-aware total delay / LRU's
 LOADS_WITHIN, MEAN_WITHIN = 0.05, 0.15  # live against simulated
-WORKERS = 256  # the simulator's: none waits for one (the agent has no global limit)
+#: The twin's settings: the live replay's agent (64 workers per model, 32 loads at once).
+QUEUEING = Queueing(workers=64, load_concurrency=32)
 
 
 def make_model(root: Path, megabytes: int) -> Path:
@@ -129,7 +131,7 @@ def sources(args: argparse.Namespace) -> None:
 # -- the three-tier replay ------------------------------------------------------------------
 def simulated(work: ThreeTier, policy: str) -> SimulationResult:
     """The simulator's replay of ``work`` with ``policy`` on both tiers."""
-    return simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=WORKERS,
+    return simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=QUEUEING,
                     disk_capacity=work.disk_bytes)
 
 
@@ -184,7 +186,7 @@ def replay(args: argparse.Namespace) -> None:
               f"edgeagent simulate --trace {args.out}/trace.csv --profiles "
               f"{args.out}/profiles.csv --capacity {work.memory_bytes} --disk-capacity "
               f"{work.disk_bytes} --policy cremebrulee --policy lru --queueing "
-              f"--workers {WORKERS}")
+              f"--workers {QUEUEING.workers} --load-concurrency {QUEUEING.load_concurrency}")
     print(f"seed {args.seed}: {len(work.trace)} requests over {len(work.profiles)} models, "
           f"{work.trace.timestamps[-1]:.0f} s; memory {work.memory_bytes / 1e6:.0f} MB "
           f"(6 models), disk {work.disk_bytes / 1e6:.1f} MB (15 models' files)")

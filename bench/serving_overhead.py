@@ -11,7 +11,10 @@ HTTP round-trip floor. The overhead is agent p50 - direct ``session.run`` p50. T
 p50 overhead <= 0.3 ms, >= 3,000 req/s.
 
     .venv/bin/python bench/serving_overhead.py [--seconds 5] [--concurrency 1,4,16]
-        [--client aiohttp|wrk]
+        [--client aiohttp|wrk] [--record-requests N]
+
+``--record-requests 0`` runs the agent without its request record (the twin's ring,
+on by default), to see what the record costs.
 """
 
 from __future__ import annotations
@@ -146,6 +149,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--client", choices=("aiohttp", "wrk"), default="aiohttp",
                     help="load generator: the Python aiohttp client or wrk (C, Lua script)")
+    ap.add_argument("--record-requests", type=int,
+                    help="the agent's record_requests (0: no record) [default: the agent's]")
     args = ap.parse_args()
     if args.client == "wrk" and shutil.which("wrk") is None:
         ap.error("--client wrk needs the wrk binary on PATH (Debian: apt-get install wrk)")
@@ -154,11 +159,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         path = write_mlp(repo / "small" / "1" / "model.onnx", **SHAPE)
+        config = Path(tmp) / "agent.yaml"
+        config.write_text("{}\n" if args.record_requests is None
+                          else f"record_requests: {args.record_requests}\n")
         agent = subprocess.Popen(
             [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository",
              str(repo), "--port", "0", "--grpc-port", "0", "--data-dir",
              str(Path(tmp) / "data"),
-             "--cpu-budget", "256MB", "--log-level", "warning"],
+             "--cpu-budget", "256MB", "--log-level", "warning", "--config", str(config)],
             stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
             url = agent.stdout.readline().split()[3]
@@ -167,7 +175,8 @@ def main() -> None:
                                            "data": x.ravel().tolist()}]})
             through_agent(url + "/v2/models/small/infer", 0.5, 1, "POST", body)  # load it
             print(f"model: MLP {SHAPE} ({path.stat().st_size} bytes), {os.cpu_count()} cores, "
-                  f"{args.seconds:.0f} s per point, client {args.client}")
+                  f"{args.seconds:.0f} s per point, client {args.client}, record_requests "
+                  f"{'default' if args.record_requests is None else args.record_requests}")
             print(f"{'conc':>4} {'path':8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
             rows = []
             for c in levels:

@@ -45,6 +45,7 @@ import numpy as np
 
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import cremebrulee_profiles_path, read_profiles, read_trace
+from cachepolicies.twin import Queueing
 from cachepolicies.workloads import (
     TraceOptions,
     build_workload,
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
     for spec in specs:
         t = time.perf_counter()
         simulate(tiny, profiles, capacities[0], spec)
-        simulate(tiny, profiles, capacities[0], spec, queueing=2)
+        simulate(tiny, profiles, capacities[0], spec, queueing=Queueing(workers=2))
         print(f"first call (compile or load the kernels) {spec}: {time.perf_counter() - t:.1f} s")
 
     # Interleaved repetitions: parse, libCacheSim, then every policy, per round, so

@@ -6,48 +6,41 @@ does not fit, ``choose_victims(need, now)`` and ``remove`` for each victim, then
 ``admit(model, size, penalty, now)``. Oracles get the trace's model ids as ``future``.
 
 Without queueing, a request costs its model's load penalty on a miss and nothing on a
-hit (``load_delay_seconds`` sums the penalties paid). With ``queueing=N`` the replay
-follows the CremeBrulee testbed (paper Fig. 4) with N workers, and the agent's cache:
-requests wait in one FIFO queue for a worker, and cache decisions happen when one takes
-a worker (``now`` = then). A hit executes for ``exec_seconds``; a miss loads the model
-(its penalty), then executes; the request holds its worker throughout. A model being
-loaded, or waiting for room, is a hit that waits for that load (single flight). A load
-reserves its bytes all or nothing; when models with requests in flight (never evicted)
-hold the room it needs, it waits in the *room queue* (FIFO, as the agent's) until enough
-of them finish, while hits go on being served. The model is admitted when its load
-ends, as in the agent.
+hit (``load_delay_seconds`` sums the penalties paid). With ``queueing`` (a
+``cachepolicies.twin.Queueing``) the replay is the agent's twin (``cachepolicies.twin``):
+load slots, the room queue, loads holding their peak, single flight, per-model workers
+and batching, as the node agent's cache and batcher do them; it adds response times.
 
 With a disk capacity, a miss crosses three tiers (``cachepolicies.tiers``): the files
 first (a download when they are not on disk), then the memory reservation and the load;
-the replay is then the Python one (``_replay``), and in the queueing replay a miss waits
-for its download before it queues for room.
+the replay is then the Python one (``_replay``), and in the twin a miss downloads its
+files before it asks for a load slot, as the agent's load task does.
 
 Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node agent's
 cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
 decisions are compiled kernels, and so is the plain replay (``replay.replay``): a
 compiled copy of ``_replay`` for speed, held equal to it decision by decision by a
-property test (``test_the_compiled_loop_decides_as_the_python_verbs``). The queueing
-replay runs in Python only, on the pool itself.
+property test (``test_the_compiled_loop_decides_as_the_python_verbs``). The twin runs
+in Python only, on the pool itself.
 """
 
 from __future__ import annotations
 
 import gc
-import heapq
 import sys
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from tqdm import tqdm
 
-from cachepolicies import replay
+from cachepolicies import replay, twin
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, PolicyContractError
 from cachepolicies.registry import make_policy
 from cachepolicies.tiers import DiskTier, check_disk_capacity
 from cachepolicies.traces import Profiles, Trace, check_capacity
+from cachepolicies.twin import Queueing
 
 
 @dataclass(frozen=True)
@@ -63,9 +56,14 @@ class SimulationResult:
     mean_load_delay_seconds: float  # per request
     evictions: int
     bytes_loaded: int
-    workers: int | None = None  # queueing mode only, like the two below
-    mean_response_seconds: float | None = None
+    workers: int | None = None  # queueing mode (the twin) only, like those below
+    load_concurrency: int | None = None
+    load_wait_seconds: float | None = None  # loads' waits for a slot or room, in all
+    failed: int | None = None  # requests answered 503 (a load gave up; cold rejects)
+    mean_response_seconds: float | None = None  # of the requests served
+    p95_response_seconds: float | None = None
     p99_response_seconds: float | None = None
+    slo_violations: int | None = None  # served later than the SLO, or failed
     disk_capacity_bytes: int | None = None  # with a disk tier only, like the five below
     disk_policy: str | None = None
     downloads: int | None = None
@@ -89,22 +87,20 @@ def simulate(
     policy_spec: str,
     *,
     seed: int = 0,
-    queueing: int | None = None,
+    queueing: Queueing | None = None,
     disk_capacity: int | None = None,
     disk_policy: str | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` with the policy ``policy_spec`` names under ``capacity_bytes``.
 
-    ``queueing`` is None (count load delay only) or the number of workers N >= 1 (also
-    measure response times). ``disk_capacity`` (bytes) adds the disk tier, starting
+    ``queueing`` is None (count load delay only) or the agent settings the twin replays
+    (also measure response times). ``disk_capacity`` (bytes) adds the disk tier, starting
     empty, under ``disk_policy`` (default: ``policy_spec``); None: every model's files
     are on disk throughout. Raises ``SimulationInputError`` before the run when a
     requested model is larger than the whole capacity (or disk).
     """
     capacity_bytes = int(capacity_bytes)
     check_capacity(trace, profiles, capacity_bytes)
-    if queueing is not None and queueing < 1:
-        raise ValueError(f"queueing needs at least 1 worker, got {queueing}")
     policy = make_policy(policy_spec, future=trace.model_ids, seed=seed)
     disk = None
     if disk_capacity is not None:
@@ -117,10 +113,11 @@ def simulate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        response = None
+        outcome = None
         if queueing is not None:
-            counts, response = _replay_queued(trace, profiles, capacity_bytes, policy, queueing,
-                                              disk)
+            outcome = twin.replay(trace, profiles, capacity_bytes, policy, queueing,
+                                  disk=disk)
+            counts = _totals(outcome.loads, profiles, resident_count=len(policy))
         elif disk is None and _runs_compiled(policy):
             counts = _replay_compiled(trace, profiles, capacity_bytes, policy)
         else:
@@ -134,6 +131,7 @@ def simulate(
     if disk is not None:
         delay += tier["download_delay_seconds"]
     requests = len(trace)
+    timing = {} if outcome is None else _timing(outcome, queueing)
     return SimulationResult(
         policy=policy_spec,
         capacity_bytes=capacity_bytes,
@@ -144,18 +142,16 @@ def simulate(
         mean_load_delay_seconds=delay / requests if requests else 0.0,
         evictions=evictions,
         bytes_loaded=bytes_loaded,
-        workers=queueing,
-        mean_response_seconds=_stat(response, np.mean),
-        p99_response_seconds=_stat(response, lambda r: np.percentile(r, 99)),
+        **timing,
         **tier,
     )
 
 
-def _stat(response: np.ndarray | None, statistic) -> float | None:
-    """A statistic of the response times; None without queueing, 0 without requests."""
-    if response is None:
-        return None
-    return float(statistic(response)) if response.size else 0.0
+def _timing(outcome: twin.Outcome, queueing: Queueing) -> dict[str, object]:
+    """The twin's fields of a result."""
+    return dict(workers=queueing.workers, load_concurrency=queueing.load_concurrency,
+                load_wait_seconds=outcome.load_wait_seconds,
+                **outcome.stats(queueing.slo_seconds))
 
 
 def sweep(
@@ -165,7 +161,7 @@ def sweep(
     policy_specs: Sequence[str],
     *,
     seed: int = 0,
-    queueing: int | None = None,
+    queueing: Queueing | None = None,
     progress: bool = True,
     disk_capacity: int | None = None,
     disk_policy: str | None = None,
@@ -263,99 +259,3 @@ def _totals(
     loaded = int(counts @ profiles.size_bytes)
     delay = float(counts @ profiles.penalty_seconds)
     return misses, misses - resident_count, loaded, delay
-
-
-_ARRIVE, _LOADED, _FINISH, _PULLED = 0, 1, 2, 3  # event kinds, in the order ties are handled
-
-
-def _replay_queued(
-    trace: Trace, profiles: Profiles, capacity: int, policy: Policy, workers: int,
-    disk: DiskTier | None = None,
-) -> tuple[tuple[int, int, int, float], np.ndarray]:
-    """The N-worker replay of the module docstring, as discrete events (arrivals, loads
-    done, requests done, downloads done); also returns response times. With ``disk``, a
-    miss whose files are not on disk downloads them before it queues for room (the
-    delay returned is the loads')."""
-    sizes = profiles.size_bytes.tolist()
-    penalties = profiles.penalty_seconds.tolist()
-    exec_seconds = profiles.exec_seconds.tolist()
-    model_of = trace.model_ids.tolist()
-    arrivals = trace.timestamps.tolist()
-    n_models = len(sizes)
-    pool = MemoryPool(capacity, policy)
-    loading: dict[int, list[int]] = {}   # model -> requests waiting for its load
-    in_flight = [0] * n_models           # requests started, not finished, per model
-    room_queue: deque[int] = deque()     # models whose load waits for room, FIFO
-    ready: deque[int] = deque()          # requests waiting for a worker, FIFO
-    free_workers = workers
-    loads = [0] * n_models
-    response = np.empty(len(trace))
-    events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, request/model)
-    seq = 0
-
-    def schedule(at: float, kind: int, what: int) -> None:
-        nonlocal seq
-        heapq.heappush(events, (at, kind, seq, what))
-        seq += 1
-
-    def evictable(key: int) -> bool:
-        return in_flight[key] == 0
-
-    def grant(now: float) -> None:
-        while room_queue:
-            model = room_queue[0]
-            if pool.reserve(sizes[model], now, evictable) is None:
-                return  # until a request on a resident model finishes
-            room_queue.popleft()
-            loads[model] += 1
-            schedule(now + penalties[model], _LOADED, model)
-
-    def start(i: int, now: float) -> None:
-        nonlocal free_workers
-        free_workers -= 1
-        model = model_of[i]
-        policy.record_access(model, now)
-        if disk is not None:
-            disk.record_access(model, now)
-        in_flight[model] += 1
-        if model in pool:
-            schedule(now + exec_seconds[model], _FINISH, i)
-        elif model in loading:  # single flight: wait for the load under way or queued
-            loading[model].append(i)
-        else:
-            loading[model] = [i]
-            pull = 0.0 if disk is None else disk.fetch(model, now, pool, loading.__contains__)
-            if pull > 0:
-                schedule(now + pull, _PULLED, model)
-            else:
-                room_queue.append(model)
-                grant(now)
-
-    for i, arrival in enumerate(arrivals):
-        schedule(arrival, _ARRIVE, i)
-    while events:
-        now, kind, _, what = heapq.heappop(events)
-        if kind == _ARRIVE:
-            if free_workers:
-                start(what, now)
-            else:
-                ready.append(what)
-        elif kind == _LOADED:
-            size = sizes[what]
-            penalty = penalties[what] if disk is None else disk.penalty(what)
-            pool.commit(what, size, size, penalty, now)
-            for i in loading.pop(what):
-                schedule(now + exec_seconds[what], _FINISH, i)
-        elif kind == _PULLED:
-            room_queue.append(what)
-            grant(now)
-        else:
-            model = model_of[what]
-            in_flight[model] -= 1
-            response[what] = now - arrivals[what]
-            free_workers += 1
-            if ready:
-                start(ready.popleft(), now)
-            if room_queue and in_flight[model] == 0:
-                grant(now)
-    return _totals(loads, profiles, resident_count=len(pool.sizes)), response

@@ -5,7 +5,10 @@
 - profiles: ``model,size_bytes,load_seconds,exec_seconds`` plus the optional
   ``first_exec_seconds``, ``download_seconds`` (pulling the model's files from its source
   into the disk tier; absent: 0) and ``disk_bytes`` (the files' bytes on disk; absent:
-  ``size_bytes``); extra columns (e.g. ``disk_mb``) are ignored.
+  ``size_bytes``), and for the twin ``exec_seconds_per_row`` (what each row beyond the
+  first adds to a batch) and ``load_slot_seconds`` (how long a load held its load slot
+  once it had room, as a node measured it: the load and the runtime's hand-offs); extra
+  columns (e.g. ``disk_mb``) are ignored.
 
 Model names are interned: a trace holds, per request, the integer id of its model (the
 row of that model in the profiles), so the simulator works on ints only.
@@ -43,7 +46,10 @@ if TYPE_CHECKING:
 
 TRACE_COLUMNS = ("timestamp", "model")
 PROFILE_COLUMNS = ("model", "size_bytes", "load_seconds", "exec_seconds")
-OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "download_seconds", "disk_bytes")
+OPTIONAL_PROFILE_COLUMNS = ("first_exec_seconds", "exec_seconds_per_row",
+                            "load_slot_seconds", "download_seconds", "disk_bytes")
+#: Optional columns whose cells may be empty (not measured).
+_NULLABLE = ("first_exec_seconds", "exec_seconds_per_row", "load_slot_seconds")
 
 
 class SimulationInputError(ValueError):
@@ -76,6 +82,8 @@ class Profiles:
     penalty_seconds: np.ndarray  # float64: what a miss costs, see the module docstring
     index: dict[str, int]
     source: str
+    exec_seconds_per_row: np.ndarray | None = None  # float64, NaN where not measured
+    load_slot_seconds: np.ndarray | None = None  # float64, NaN where not measured
     # The disk tier's columns (``cachepolicies.tiers``); None where the file has none.
     download_seconds: np.ndarray | None = None  # float64
     disk_bytes: np.ndarray | None = None  # int64
@@ -121,7 +129,7 @@ def read_profiles(path: str | Path) -> Profiles:
     optional = [c for c in OPTIONAL_PROFILE_COLUMNS if c in header]
     types = {"model": pa.string(), "size_bytes": pa.float64(), "load_seconds": pa.float64(),
              "exec_seconds": pa.float64(), **{c: pa.float64() for c in optional}}
-    table = _read_table(source, header, types, nullable={"first_exec_seconds"})
+    table = _read_table(source, header, types, nullable=set(optional) & set(_NULLABLE))
 
     def column(name: str) -> np.ndarray | None:
         return _floats(table[name]) if name in optional else None
@@ -132,6 +140,8 @@ def read_profiles(path: str | Path) -> Profiles:
         load_seconds=_floats(table["load_seconds"]),
         exec_seconds=_floats(table["exec_seconds"]),
         first_exec_seconds=column("first_exec_seconds"),
+        exec_seconds_per_row=column("exec_seconds_per_row"),
+        load_slot_seconds=column("load_slot_seconds"),
         download_seconds=column("download_seconds"),
         disk_bytes=column("disk_bytes"),
         source=source,
@@ -146,13 +156,15 @@ def make_profiles(
     exec_seconds: list[float] | np.ndarray,
     first_exec_seconds: list[float] | np.ndarray | None = None,
     *,
+    exec_seconds_per_row: list[float] | np.ndarray | None = None,
+    load_slot_seconds: list[float] | np.ndarray | None = None,
     download_seconds: list[float] | np.ndarray | None = None,
     disk_bytes: list[int] | np.ndarray | None = None,
     source: str = "<profiles>",
 ) -> Profiles:
     """Profiles from in-memory columns, validated like a file (rows count from 1)."""
 
-    def floats(values):
+    def floats(values) -> np.ndarray | None:
         return None if values is None else np.asarray(values, dtype=np.float64)
 
     return _build_profiles(
@@ -161,6 +173,8 @@ def make_profiles(
         load_seconds=np.asarray(load_seconds, dtype=np.float64),
         exec_seconds=np.asarray(exec_seconds, dtype=np.float64),
         first_exec_seconds=floats(first_exec_seconds),
+        exec_seconds_per_row=floats(exec_seconds_per_row),
+        load_slot_seconds=floats(load_slot_seconds),
         download_seconds=floats(download_seconds),
         disk_bytes=floats(disk_bytes),
         source=source,
@@ -177,13 +191,15 @@ def _build_profiles(
     first_exec_seconds: np.ndarray | None,
     source: str,
     line_offset: int,
+    exec_seconds_per_row: np.ndarray | None = None,
+    load_slot_seconds: np.ndarray | None = None,
     download_seconds: np.ndarray | None = None,
     disk_bytes: np.ndarray | None = None,
 ) -> Profiles:
     if not names:
         raise SimulationInputError(source, "no models after the header")
-    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds, download_seconds,
-               disk_bytes)
+    columns = (size_bytes, load_seconds, exec_seconds, first_exec_seconds,
+               exec_seconds_per_row, load_slot_seconds, download_seconds, disk_bytes)
     if any(c is not None and len(c) != len(names) for c in columns):
         raise SimulationInputError(source, "columns of different lengths")
     index: dict[str, int] = {}
@@ -205,12 +221,15 @@ def _build_profiles(
         ("load_seconds", load_seconds),
         ("exec_seconds", exec_seconds),
         ("first_exec_seconds", first_exec_seconds),
+        ("exec_seconds_per_row", exec_seconds_per_row),
+        ("load_slot_seconds", load_slot_seconds),
         ("download_seconds", download_seconds),
         ("disk_bytes", disk_bytes),
     ):
         if values is None:
             continue
-        _check_non_negative(source, column, values, line_offset, allow_nan=column == "first_exec_seconds")
+        _check_non_negative(source, column, values, line_offset,
+                            allow_nan=column in _NULLABLE)
     for column, values in (("size_bytes", size_bytes), ("disk_bytes", disk_bytes)):
         whole = np.flatnonzero(values != np.floor(values)) if values is not None else ()
         if len(whole):
@@ -230,6 +249,8 @@ def _build_profiles(
         penalty_seconds=load_penalty(load_seconds, exec_seconds, first_exec_seconds),
         index=index,
         source=source,
+        exec_seconds_per_row=exec_seconds_per_row,
+        load_slot_seconds=load_slot_seconds,
         download_seconds=download_seconds,
         disk_bytes=None if disk_bytes is None else disk_bytes.astype(np.int64),
     )

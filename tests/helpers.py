@@ -701,6 +701,32 @@ def add_workload_models(repo, names, sizes, loads, execs) -> None:
                       batching={"workers": 64})
 
 
+def cremebrulee_workload(seed=7, rate=5.0, seconds=90.0, compress=20.0, zipf=0.9):
+    """The twin's workload (issue 25): the 26 shipped CremeBrulee profiles as synthetic
+    models (published sizes; load and exec times / ``compress``), Poisson arrivals at
+    ``rate`` for ``seconds``, Zipf popularity (exponent ``zipf``) in a seeded order;
+    (names, sizes, loads, execs, trace, profiles)."""
+    from cachepolicies.traces import (cremebrulee_profiles_path, make_profiles, make_trace,
+                                      read_profiles)
+
+    shipped = read_profiles(cremebrulee_profiles_path())
+    rng = np.random.default_rng(seed)
+    names = list(shipped.names)
+    sizes = shipped.size_bytes
+    loads = shipped.penalty_seconds / compress
+    execs = shipped.exec_seconds / compress
+    weights = 1 / np.arange(1, len(names) + 1) ** zipf
+    order = rng.permutation(len(names))  # which model is the most popular: seeded
+    times = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 1.2)))
+    times = times[times < seconds]
+    picks = order[rng.choice(len(names), len(times), p=weights / weights.sum())]
+    # the synthetic models' batches cost base_ms whatever their rows
+    profiles = make_profiles(names, sizes, loads, execs,
+                             exec_seconds_per_row=np.zeros(len(names)))
+    trace = make_trace(times, [names[i] for i in picks], profiles)
+    return names, sizes, loads, execs, trace, profiles
+
+
 async def replay_live(url, trace, names):
     """Send each request of ``trace`` to the agent at ``url`` at its trace time (open
     loop); [(response seconds, status)]."""
@@ -770,7 +796,7 @@ def replay_three_tiers(work: ThreeTier, policy: str, tmp: Path, **config):
     HTTP: files of their ``disk_bytes`` that a ``RangeServer`` sends after waiting their
     download seconds. (results as ``replay_live``'s, ``/v1/cache``, the server's
     ``served``); ``config``: more agent settings (default: 32 pulls and 32 loads at
-    once, as the simulator, which bounds neither)."""
+    once; the twin replays the 32 load slots, its pulls are unbounded)."""
     import hashlib
 
     from agent.config import AgentConfig

@@ -106,6 +106,50 @@ def test_agent_page_shows_the_cache_and_a_load_after_its_refresh(repo, start_age
         shutil.copyfile(shot, target)
 
 
+def test_agent_page_draws_the_twins_curve_for_the_last_hour(repo, start_agent, tmp_path):
+    for name, size, load in (("a", 10_000_000, 40), ("b", 20_000_000, 60),
+                             ("c", 15_000_000, 50)):
+        add_synthetic(repo, name, size_bytes=size, load_ms=load, base_ms=5)
+    agent = start_agent(repo, budget=36_000_000)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    for i in range(20):
+        assert agent.request("POST", f"/v2/models/{'abcab'[i % 5]}/infer", body)[0] == 200
+    status, _, curve = agent.request("GET", "/v1/whatif")
+    assert status == 200 and curve["requests"] == 20 and curve["budget_bytes"] == 36_000_000
+    capacities = [p["capacity_bytes"] for p in curve["points"]]
+    # 0.25 x and 0.5 x the budget cannot hold b (20 MB): 1, 2 and 4 x remain
+    assert capacities == [36_000_000, 72_000_000, 144_000_000]
+    loads = [p["loads"] for p in curve["points"]]
+    assert loads[0] > loads[1] == loads[2] == 3  # at 2 x all three stay resident
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(agent.url + "/?refresh=300")
+            await browser.wait_for(
+                "document.querySelectorAll('#whatif circle').length === 9")
+            drawn = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif circle[data-series="
+                "mean_response_seconds]')].map(c => Number(c.dataset.capacity)).join(',')")
+            assert [int(c) for c in drawn.split(",")] == capacities
+            means = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif circle[data-series="
+                "mean_response_seconds]')].map(c => c.dataset.value).join(',')")
+            assert [float(v) for v in means.split(",")] == pytest.approx(
+                [p["mean_response_seconds"] for p in curve["points"]])
+            note = await browser.evaluate("document.getElementById('whatif-note').textContent")
+            assert "20 requests of the last hour" in note and "cremebrulee" in note
+            budget = await browser.evaluate(
+                "document.querySelector('#whatif line.budget').getAttribute('x1')")
+            first = await browser.evaluate(
+                "document.querySelector('#whatif circle').getAttribute('cx')")
+            assert float(budget) == pytest.approx(float(first))  # 1 x: the leftmost point
+            png = await browser.screenshot(tmp_path / "whatif.png")
+            assert png_size(png)[0] >= 1000
+            assert page_errors(browser) == []
+
+    run(scenario())
+
+
 READ_TOKEN = "read-token-0123456789abcdef0123456789abcdef"
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cachepolicies.simulator import simulate
+from cachepolicies.twin import Queueing
 from tests.helpers import replay_three_tiers, three_tier_workload
 
 
@@ -17,7 +18,7 @@ from tests.helpers import replay_three_tiers, three_tier_workload
 def test_live_three_tiers_agree_with_the_simulator(tmp_path, policy):
     work = three_tier_workload(1, models=10, requests=60, rate=5.0, in_memory=3, on_disk=6,
                                download=(0.05, 0.4))
-    sim = simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=256,
+    sim = simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=Queueing(workers=64, load_concurrency=32),
                    disk_capacity=work.disk_bytes)
     assert sim.downloads > 10 and sim.disk_evictions > 5  # the disk does bite
     assert sim.misses > sim.downloads  # and so does memory: loads from disk too

@@ -21,6 +21,7 @@ from cachepolicies.jit import COMPILED
 from cachepolicies.rates import CumulativeRate, DecayedRate
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
+from cachepolicies.twin import Queueing
 from tests.helpers import run_pytest_compiled
 
 
@@ -239,6 +240,7 @@ def test_the_compiled_loop_decides_as_the_python_verbs(
     names = [f"m{i}" for i in range(12)]
     profiles = make_profiles(names, sizes, loads, execs)
     trace = make_trace(np.arange(len(trace_ids)) * gap, [names[i] for i in trace_ids], profiles)
+    queueing = None if workers is None else Queueing(workers=workers)
     for name in [*POLICY_NAMES, "cremebrulee:rate=cumulative", "popularity:half_life=2"]:
         results, policies = [], []
         for drive_with in (compiled, python_driven):
@@ -246,7 +248,7 @@ def test_the_compiled_loop_decides_as_the_python_verbs(
                 captured: list = []
                 drive_with(monkeypatch, captured)
                 results.append(simulate(trace, profiles, capacity, name, seed=4,
-                                        queueing=workers))
+                                        queueing=queueing))
                 policies.append(captured[0])
         assert simulator_module._runs_compiled(policies[0])
         assert not simulator_module._runs_compiled(policies[1])

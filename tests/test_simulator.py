@@ -22,6 +22,7 @@ from cachepolicies.traces import (
     read_profiles,
     read_trace,
 )
+from cachepolicies.twin import Queueing
 
 TABLE_I = [0, 1, 2, 1, 0, 2, 1, 0, 2, 0, 2, 1, 0, 2]
 
@@ -160,7 +161,7 @@ def one_model(load=2.0, exec_=0.5, first_exec=None):
 def test_queueing_with_ample_capacity_response_is_exec_time_after_a_cold_miss():
     profiles = one_model(load=2.0, exec_=0.5)
     trace = make_trace([0.0, 10.0, 20.0, 30.0], ["m"] * 4, profiles)
-    result = simulate(trace, profiles, 100, "lru", queueing=1)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(workers=1))
     # One cold miss (2.0 + 0.5), then three warm requests of 0.5 s each.
     assert result.misses == 1 and result.workers == 1
     assert result.mean_response_seconds == pytest.approx((2.5 + 3 * 0.5) / 4)
@@ -171,7 +172,7 @@ def test_queueing_cold_first_execution_surplus_is_part_of_the_penalty():
     profiles = one_model(load=2.0, exec_=0.5, first_exec=1.5)
     assert profiles.penalty_seconds[0] == pytest.approx(3.0)
     trace = make_trace([0.0], ["m"], profiles)
-    result = simulate(trace, profiles, 100, "lru", queueing=1)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(workers=1))
     assert result.mean_response_seconds == pytest.approx(3.5)  # load + cold first run
     assert result.load_delay_seconds == pytest.approx(3.0)
 
@@ -179,14 +180,14 @@ def test_queueing_cold_first_execution_surplus_is_part_of_the_penalty():
 def test_queueing_one_worker_requests_wait_in_fifo_order():
     profiles = one_model(load=2.0, exec_=1.0)
     trace = make_trace([0.0, 0.0, 0.0], ["m"] * 3, profiles)
-    result = simulate(trace, profiles, 100, "lru", queueing=1)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(workers=1))
     assert result.mean_response_seconds == pytest.approx((3.0 + 4.0 + 5.0) / 3)
 
 
 def test_queueing_concurrent_requests_share_one_load():
     profiles = one_model(load=2.0, exec_=1.0)
     trace = make_trace([0.0, 0.5], ["m"] * 2, profiles)
-    result = simulate(trace, profiles, 100, "lru", queueing=2)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(workers=2))
     # The second request waits for the load in progress (single flight): no second miss.
     assert (result.misses, result.hits) == (1, 1)
     assert result.mean_response_seconds == pytest.approx((3.0 + 2.5) / 2)
@@ -195,7 +196,7 @@ def test_queueing_concurrent_requests_share_one_load():
 def test_queueing_never_evicts_a_model_with_requests_in_flight():
     profiles = make_profiles(["a", "b"], [10, 10], [1.0, 2.0], [5.0, 1.0])
     trace = make_trace([0.0, 0.5], ["a", "b"], profiles)
-    result = simulate(trace, profiles, 10, "lru", queueing=2)
+    result = simulate(trace, profiles, 10, "lru", queueing=Queueing(workers=2))
     # a runs until 6.0; b cannot evict it before then: b starts at 6, loads 2, runs 1.
     assert result.misses == 2 and result.evictions == 1
     assert result.mean_response_seconds == pytest.approx((6.0 + (9.0 - 0.5)) / 2)

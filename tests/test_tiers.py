@@ -21,6 +21,7 @@ from cachepolicies.simulator import simulate
 from cachepolicies.tiers import DiskTier
 from cachepolicies.traces import (SimulationInputError, make_profiles, make_trace,
                                   read_profiles)
+from cachepolicies.twin import Queueing
 
 LOAD, EXEC = 1.0, 0.1
 
@@ -49,7 +50,7 @@ def test_without_a_disk_capacity_downloads_change_nothing():
     with_column = tiered([5.0, 7.0, 9.0])
     without = make_profiles(["a", "b", "c"], [100] * 3, [LOAD] * 3, [EXEC] * 3)
     models = "abcabcaabbc"
-    for queueing in (None, 2):
+    for queueing in (None, Queueing(workers=2)):
         got = simulate(trace_of(with_column, models), with_column, 200, "lru", queueing=queueing)
         want = simulate(trace_of(without, models), without, 200, "lru", queueing=queueing)
         assert got.to_dict() == want.to_dict()
@@ -120,13 +121,13 @@ def test_a_model_evicted_from_disk_but_in_memory_is_served_and_pulled_again_to_r
 
 def test_queueing_a_cold_miss_waits_for_download_load_and_run():
     profiles = tiered([4.0, 2.0])
-    result = simulate(trace_of(profiles, "aa", step=20.0), profiles, 100, "lru", queueing=1,
+    result = simulate(trace_of(profiles, "aa", step=20.0), profiles, 100, "lru", queueing=Queueing(workers=1),
                       disk_capacity=100)
     assert result.mean_response_seconds == pytest.approx(((4.0 + LOAD + EXEC) + EXEC) / 2)
     # a request arriving during the pull waits for it (single flight): one download
     profiles = tiered([4.0])
     trace = make_trace([0.0, 1.0], ["a", "a"], profiles)
-    result = simulate(trace, profiles, 100, "lru", queueing=2, disk_capacity=100)
+    result = simulate(trace, profiles, 100, "lru", queueing=Queueing(workers=2), disk_capacity=100)
     assert result.downloads == 1
     assert result.mean_response_seconds == pytest.approx(((5 + EXEC) + (4 + EXEC)) / 2)
 
@@ -135,9 +136,30 @@ def test_queueing_keeps_the_files_of_a_model_being_loaded():
     """b's files must stay while b loads, even though b is not yet in memory."""
     profiles = tiered([0.5, 0.5, 0.5])
     trace = make_trace([0.0, 0.1, 0.2], ["a", "b", "c"], profiles)
-    result = simulate(trace, profiles, 300, "lru", queueing=3, disk_capacity=200)
+    result = simulate(trace, profiles, 300, "lru", queueing=Queueing(workers=3), disk_capacity=200)
     # a, b kept; c's pull finds a and b loading: streamed, nothing evicted
     assert (result.downloads, result.disk_evictions) == (3, 0)
+
+
+def test_twin_a_download_does_not_hold_a_load_slot():
+    """The agent's load task pulls first, then takes a load slot: with one slot, b (a
+    0 s download) loads while a still downloads, and a's wait for the slot does not
+    count its download."""
+    profiles = tiered([3.0, 0.0])
+    trace = make_trace([0.0, 0.0], ["a", "b"], profiles)
+    result = simulate(trace, profiles, 200, "lru", disk_capacity=200,
+                      queueing=Queueing(load_concurrency=1))
+    # b: load 1 + run 0.1 at once; a: download 3, then its slot is free: load 1 + run 0.1
+    assert result.mean_response_seconds == pytest.approx(((3 + LOAD + EXEC) + (LOAD + EXEC)) / 2)
+    assert result.load_wait_seconds == pytest.approx(0.0)
+    assert (result.downloads, result.misses) == (2, 2)
+    # a pull waiting on a slot taken by a long load starts its load when the slot frees
+    profiles = tiered([0.5, 0.0], first_exec=[EXEC, 5.0 + EXEC])  # b's load: 6 s
+    trace = make_trace([0.0, 0.0], ["b", "a"], profiles)
+    waited = simulate(trace, profiles, 200, "lru", disk_capacity=200,
+                      queueing=Queueing(load_concurrency=1))
+    assert waited.load_wait_seconds == pytest.approx(6.0 - 0.5)  # from its pull's end
+    assert waited.mean_response_seconds == pytest.approx(((6 + EXEC) + (6 + LOAD + EXEC)) / 2)
 
 
 def lru_reference(trace, sizes, disk_sizes, memory, disk):

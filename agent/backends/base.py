@@ -194,7 +194,12 @@ class Backend(ABC):
 
     def prior(self) -> Prior:
         """This backend's estimate prior on its device."""
-        return self.PRIORS.get(device_class(self.device), self.PRIORS["cpu"])
+        return self.prior_for(self.device)
+
+    @classmethod
+    def prior_for(cls, device: str) -> Prior:
+        """The backend's estimate prior on ``device`` (its class's, else its cpu one)."""
+        return cls.PRIORS.get(device_class(device), cls.PRIORS["cpu"])
 
     def weight_bytes(self) -> int:
         """Bytes of the model's weights as the runtime will hold them, read from the

@@ -1,10 +1,11 @@
-"""``edgeagent cache ls|inspect|evict|pin|unpin|workers``: the cache admin API from a
-shell."""
+"""``edgeagent cache ls|inspect|evict|pin|unpin|workers|trace``: the cache admin API
+from a shell."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import click
@@ -89,7 +90,7 @@ def agent_options(f):
 
 
 def agent_context(url: str, as_json: bool, token_file: str | None) -> dict[str, Any]:
-    return {"url": url, "json": as_json, "token": _read_token(token_file)}
+    return {"url": url, "json": as_json, "token": read_token(token_file)}
 
 
 @click.group()
@@ -100,7 +101,8 @@ def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -
     ctx.obj = agent_context(url, as_json, token_file)
 
 
-def _read_token(token_file: str | None) -> str | None:
+def read_token(token_file: str | None) -> str | None:
+    """The admin token a command sends: its ``--token-file``, else $EDGEAGENT_TOKEN."""
     return open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
 
 
@@ -116,7 +118,7 @@ def _common(f):
 
 def _sub_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value:
-        ctx.ensure_object(dict)["token"] = _read_token(value)
+        ctx.ensure_object(dict)["token"] = read_token(value)
 
 
 def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
@@ -193,3 +195,39 @@ def workers(ctx: click.Context, name: str, count: int, sub_url: str | None,
 _action("evict", "Unload a model now (409 while it is in use or pinned).")
 _action("pin", "Never evict this model.")
 _action("unpin", "Let the policy evict this model again.")
+
+
+#: The files ``cache trace`` writes and ``simulate --from DIR`` reads.
+TRACE_FILE, PROFILES_FILE = "trace.csv", "profiles.csv"
+
+
+def fetch_record(url: str, token: str | None, since: float | None = None
+                 ) -> tuple[str, str]:
+    """The agent's recorded trace and model profiles, as CSV texts."""
+    from agent.commands.http import call_json
+
+    query = "" if since is None else f"?since={since!r}"
+    texts = [call_json(url, "GET", path, token=token, server="agent", decode=bytes.decode)
+             for path in (f"/v1/trace{query}", "/v1/profiles")]
+    return texts[0], texts[1]
+
+
+@cache.command("trace")
+@click.option("--out", "out_dir", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help=f"Directory to write {TRACE_FILE} and {PROFILES_FILE} into.")
+@click.option("--since", type=float,
+              help="Unix seconds: only the requests since then [default: all it keeps].")
+@_common
+@click.pass_context
+def trace(ctx: click.Context, out_dir: Path, since: float | None, sub_url: str | None,
+          sub_json: bool) -> None:
+    """Save the agent's recorded requests and model profiles (for simulate --from DIR)."""
+    _apply(ctx, sub_url, sub_json)
+    trace_text, profiles_text = fetch_record(ctx.obj["url"], ctx.obj["token"], since)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / TRACE_FILE).write_text(trace_text)
+    (out_dir / PROFILES_FILE).write_text(profiles_text)
+    requests = max(trace_text.count("\n") - 1, 0)
+    models = max(profiles_text.count("\n") - 1, 0)
+    click.echo(f"{requests} requests, {models} model profiles -> {out_dir}")

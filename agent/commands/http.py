@@ -6,7 +6,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -14,8 +14,10 @@ from agent.tls import client_context, verify_failure
 
 
 def call_json(url: str, method: str, path: str, body: Any = None, *, token: str | None = None,
-              server: str = "server", timeout: float = 60) -> Any:
-    """``method`` ``url+path`` with a JSON ``body``; the parsed JSON answer.
+              server: str = "server", timeout: float = 60,
+              decode: Callable[[bytes], Any] = json.loads) -> Any:
+    """``method`` ``url+path`` with a JSON ``body``; the parsed JSON answer (or what
+    ``decode`` makes of the body: ``bytes.decode`` for a CSV).
 
     HTTP errors become a ``ClickException`` carrying the server's ``{"error": ...}``
     message; an unreachable ``server`` (named in the message) likewise. An https://
@@ -29,7 +31,7 @@ def call_json(url: str, method: str, path: str, body: Any = None, *, token: str 
                                  headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=_tls(url)) as resp:
-            return json.loads(resp.read())
+            return decode(resp.read())
     except urllib.error.HTTPError as err:
         try:
             message = json.loads(err.read()).get("error", err.reason)

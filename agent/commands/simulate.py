@@ -1,14 +1,18 @@
 """``edgeagent simulate``: replay a request trace against eviction policies and capacities.
 
 Prints one row per (policy, capacity): a table by default, a JSON list with ``--json``;
-``--plot`` draws mean load delay per request against capacity (CremeBrulee Fig. 8).
-``--demo`` needs no files: the shipped CremeBrulee profiles on a synthetic workload.
+``--plot`` draws mean load delay per request against capacity (CremeBrulee Fig. 8), or
+with ``--queueing`` the response times and load waits. ``--demo`` needs no files: the
+shipped CremeBrulee profiles on a synthetic workload. ``--from URL|DIR`` is the
+what-if: a node's own record (``edgeagent cache trace``) through the twin.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,6 +49,12 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--policy", "policies", multiple=True,
               help=f"Policy spec, e.g. cremebrulee:rate=cumulative; repeatable. "
                    f"Names: {', '.join(POLICY_NAMES)}.")
+@click.option("--from", "source",
+              help="What-if from a node's record: its URL (GET /v1/trace and /v1/profiles, "
+                   "admin) or a directory written by 'edgeagent cache trace'; implies "
+                   "--queueing.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="Admin bearer token file for --from URL (or $EDGEAGENT_TOKEN).")
 @click.option("--disk-capacity",
               help="Add the disk tier, starting empty, of this size (16GB, 512MiB): a miss "
                    "whose files are not on disk downloads them first (download_seconds).")
@@ -54,9 +64,12 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of load delay against capacity, one line per policy.")
 @click.option("--queueing", is_flag=True,
-              help="Replay through a FIFO queue and --workers workers: adds response times.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Workers in queueing mode.")
+              help="Replay through the agent's twin (load slots, room queue, per-model "
+                   "workers and batching, with the agent's defaults): adds response times.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Workers per model in queueing mode [default: the agent's].")
+@click.option("--load-concurrency", type=click.IntRange(min=1),
+              help="Load slots in queueing mode [default: the agent's load_concurrency].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of 'random'.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
@@ -68,12 +81,15 @@ def simulate_command(
     profiles_path: Path | None,
     capacities: Sequence[str],
     policies: Sequence[str],
+    source: str | None,
+    token_file: str | None,
     disk_capacity: str | None,
     disk_policy: str | None,
     as_json: bool,
     plot_path: Path | None,
     queueing: bool,
-    workers: int,
+    workers: int | None,
+    load_concurrency: int | None,
     seed: int,
     progress: bool | None,
     demo: bool,
@@ -81,8 +97,20 @@ def simulate_command(
     """Simulate model-level caching: load delay per policy and capacity."""
     if progress is None:
         progress = sys.stderr.isatty()
+    settings: dict[str, object] = {}
     try:
-        if demo:
+        if source is not None:
+            if trace_path or profiles_path or demo:
+                raise click.UsageError("--from replaces --trace, --profiles and --demo")
+            queueing = True
+            with tempfile.TemporaryDirectory() as tmp:
+                trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
+                settings = record_settings(profiles_path)
+                trace, profiles = _read_inputs(trace_path, profiles_path)
+            from cachepolicies.simulator import sweep
+            if not capacities or not policies:
+                raise click.UsageError("--from needs --capacity and --policy")
+        elif demo:
             from cachepolicies.simulator import sweep
 
             trace, profiles = _demo_workload(seed)
@@ -106,9 +134,16 @@ def simulate_command(
         if disk_policy is not None and disk_capacity is None:
             raise click.UsageError("--disk-policy needs --disk-capacity")
         disk = None if disk_capacity is None else _parse_size(disk_capacity, "--disk-capacity")
+        twin = None
+        if queueing:
+            from agent.config import AgentConfig
+            from agent.twinsettings import twin_settings
+
+            twin = twin_settings(AgentConfig(), settings, workers=workers,
+                                 load_concurrency=load_concurrency)
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=workers if queueing else None, progress=progress,
-                        disk_capacity=disk, disk_policy=disk_policy)
+                        queueing=twin, progress=progress, disk_capacity=disk,
+                        disk_policy=disk_policy)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -120,6 +155,40 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
+
+
+def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
+    """The trace and profiles files of ``--from``: fetched from a node's URL into
+    ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record, read_token
+
+    if source.startswith(("http://", "https://")):
+        texts = fetch_record(source, read_token(token_file))
+        for name, text in zip((TRACE_FILE, PROFILES_FILE), texts):
+            (tmp / name).write_text(text)
+        directory = tmp
+    else:
+        directory = Path(source)
+        if not directory.is_dir():
+            raise click.BadParameter(f"{source!r} is neither an http(s) URL nor a "
+                                     "directory", param_hint="--from")
+    paths = directory / TRACE_FILE, directory / PROFILES_FILE
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise click.BadParameter(f"{directory} has no {' or '.join(missing)} (write both "
+                                 "with: edgeagent cache trace --out DIR)", param_hint="--from")
+    return paths
+
+
+def record_settings(profiles_path: Path) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
+    from agent.twinsettings import recorded_settings
+
+    with open(profiles_path, newline="") as f:
+        try:
+            return recorded_settings(list(csv.DictReader(f)))
+        except ValueError as error:
+            raise click.ClickException(f"{profiles_path}: {error}") from None
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:
@@ -156,7 +225,8 @@ def format_table(results: Sequence[SimulationResult]) -> str:
     header = ["policy", "capacity", "requests", "hits", "misses", "hit%", "load_delay_s",
               "mean_delay_s", "evictions", "loaded"]
     if queueing:
-        header += ["mean_resp_s", "p99_resp_s"]
+        header += ["load_wait_s", "failed", "mean_resp_s", "p95_resp_s", "p99_resp_s",
+                   "slo_viol"]
     if tiered:
         header += ["disk", "disk_policy", "downloads", "download_s", "pulled",
                    "disk_evictions"]
@@ -167,7 +237,9 @@ def format_table(results: Sequence[SimulationResult]) -> str:
                f"{r.mean_load_delay_seconds:.4f}", str(r.evictions),
                _size_label(r.bytes_loaded, exact=False)]
         if queueing:
-            row += [f"{r.mean_response_seconds:.4f}", f"{r.p99_response_seconds:.4f}"]
+            row += [f"{r.load_wait_seconds:.1f}", str(r.failed),
+                    f"{r.mean_response_seconds:.4f}", f"{r.p95_response_seconds:.4f}",
+                    f"{r.p99_response_seconds:.4f}", str(r.slo_violations)]
         if tiered:
             row += [_size_label(r.disk_capacity_bytes), r.disk_policy, str(r.downloads),
                     f"{r.download_delay_seconds:.1f}",
@@ -197,23 +269,36 @@ def _size_label(n: int, *, exact: bool = True) -> str:
 
 
 def _plot(results: Sequence[SimulationResult], path: Path) -> None:
-    """Mean load delay per request against capacity (log2 axis), one line per policy."""
+    """Mean load delay per request against capacity (log2 axis), one line per policy;
+    with response times (the twin), mean and p99 response and the loads' wait too."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy in dict.fromkeys(r.policy for r in results):
-        points = sorted((r.capacity_bytes, r.mean_load_delay_seconds)
-                        for r in results if r.policy == policy)
-        ax.plot([c / 1e9 for c, _ in points], [d for _, d in points], marker="o", label=policy)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("cache capacity (GB)")
-    ax.set_ylabel("mean model load delay per request (s)")
-    ax.set_title("Load delay against cache capacity")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    twin = all(r.mean_response_seconds is not None for r in results)
+    panels = ((("mean_response_seconds", "mean response"),
+               ("p99_response_seconds", "p99 response")),
+              (("mean_load_delay_seconds", "load delay per request"),)) if twin \
+        else ((("mean_load_delay_seconds", "mean model load delay per request"),),)
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, lines in zip(axes[0], panels):
+        for i, policy in enumerate(dict.fromkeys(r.policy for r in results)):
+            mine = sorted((r for r in results if r.policy == policy),
+                          key=lambda r: r.capacity_bytes)
+            for (field, label), style in zip(lines, ("-", "--")):
+                ax.plot([r.capacity_bytes / 1e9 for r in mine],
+                        [getattr(r, field) for r in mine], style, marker="o",
+                        color=f"C{i}", label=f"{policy}: {label}" if twin else policy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("cache capacity (GB)")
+        ax.set_ylabel("seconds" if twin else lines[0][1] + " (s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0][0].set_title("Response against cache capacity" if twin
+                         else "Load delay against cache capacity")
+    if twin:
+        axes[0][1].set_title("Load delay against cache capacity")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)

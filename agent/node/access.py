@@ -11,14 +11,16 @@ _ADMIN, _READ, _INFER = Need("admin"), Need("read"), Need("infer")
 
 def endpoint_need(method: str, path: str, protect: tuple[str, ...]) -> Need | None:
     """What a request to the agent needs once it has tokens: admin for the repository,
-    cache changes and selection apps' inspection, read for the cache, memory, disk tier,
-    configs and the coordinator link;
-    /metrics and statistics (read) and inference (infer) only when ``protect`` names
+    cache changes, selection apps' inspection and the twin's record (the node's traffic),
+    read for the cache, memory, disk tier, configs, the what-if curve and the coordinator
+    link; /metrics and statistics (read) and inference (infer) only when ``protect`` names
     their group; health, server metadata and the dashboard's files never (None)."""
     if path.startswith(("/v2/repository", "/v1/selection")) or (
-            path.startswith("/v1/cache") and method not in _READ_ONLY):
+            path.startswith("/v1/cache") and method not in _READ_ONLY) \
+            or path in ("/v1/trace", "/v1/profiles"):
         return _ADMIN
-    if path.startswith("/v1/cache") or path in ("/v1/memory", "/v1/disk", "/v1/coordinator") \
+    if path.startswith("/v1/cache") or path in ("/v1/memory", "/v1/disk", "/v1/coordinator",
+                                                "/v1/whatif") \
             or path.endswith("/config"):
         return _READ
     if path == "/metrics" or path.endswith("/stats"):

@@ -1,11 +1,15 @@
-"""Cache admin (``/v1/cache``), ``/v1/memory``, ``/v1/disk`` and ``/metrics``."""
+"""Cache admin (``/v1/cache``), ``/v1/memory``, ``/v1/disk``, the twin's record
+(``/v1/trace``, ``/v1/profiles``) and curve (``/v1/whatif``), and ``/metrics``."""
 
 from __future__ import annotations
+
+import math
 
 from aiohttp import web
 
 from agent.httpbody import request_body
 from agent.node.cache import UnknownModel
+from agent.node.record import profiles_csv
 from agent.node.routes import NODE
 from agent.validation import ascii_int
 from agent.node.tensors import BadRequest, parse_json
@@ -74,6 +78,44 @@ async def memory(request: web.Request) -> web.Response:
     return web.json_response(memory)
 
 
+def _since(request: web.Request, now: float) -> float:
+    """The ``since`` query parameter (Unix seconds, default: everything kept); 400 for
+    one that is no number or lies in the future."""
+    raw = request.query.get("since")
+    if raw is None:
+        return 0.0
+    try:
+        since = float(raw)
+    except ValueError:
+        since = float("nan")
+    if not math.isfinite(since):
+        raise BadRequest(f"since must be Unix seconds (a number), got {raw!r}")
+    if since > now:
+        raise BadRequest(f"since={raw} is in the future: the agent's clock reads {now:.3f}")
+    return since
+
+
+async def trace(request: web.Request) -> web.Response:
+    """``GET /v1/trace?since=UNIX``: the requests recorded since then, as the
+    simulator's trace CSV (``agent.node.record``); admin."""
+    record = request.app[NODE].serving.record
+    requests = record.since(_since(request, record.wall_clock()))
+    return web.Response(text=requests.to_csv(), content_type="text/csv")
+
+
+async def profiles(request: web.Request) -> web.Response:
+    """``GET /v1/profiles``: each model's measured profile as the simulator's profiles
+    CSV; admin."""
+    return web.Response(text=profiles_csv(request.app[NODE].serving.profiles()),
+                        content_type="text/csv")
+
+
+async def whatif(request: web.Request) -> web.Response:
+    """``GET /v1/whatif``: the last hour through the twin at a few multiples of the cpu
+    budget (``agent.node.whatif``; the dashboard's curve); read scope."""
+    return web.json_response(await request.app[NODE].whatif.curve())
+
+
 async def disk(request: web.Request) -> web.Response:
     """``GET /v1/disk``: the disk tier (read-only): its budget and figures, the model
     versions on disk, the pulls under way with their progress, and each sourced
@@ -100,5 +142,8 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/v1/cache/{name}/{action:pin|unpin|evict}", cache_action)
     r.add_post("/v1/cache/{name}/workers", cache_workers)
     r.add_get("/v1/memory", memory)
+    r.add_get("/v1/trace", trace)
+    r.add_get("/v1/profiles", profiles)
+    r.add_get("/v1/whatif", whatif)
     r.add_get("/v1/disk", disk)
     r.add_get("/metrics", metrics)

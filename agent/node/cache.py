@@ -181,6 +181,7 @@ class LoadPlan:
     backend: Backend
     estimate: int
     reserve: int
+    granted: float = 0.0  # when it got its slot and room (cache clock)
 
 
 class ModelCache:
@@ -610,6 +611,7 @@ class ModelCache:
             raise
         finally:
             self._count_wait(plan.pool, entry, asked)
+        plan.granted = self.clock()
 
     async def _run_load(self, plan: LoadPlan) -> LoadResult:
         """Step 3: wait for the pool's unloads (never load into memory still being
@@ -651,6 +653,7 @@ class ModelCache:
         transition(entry.life, State.READY, expected_from=State.LOADING)
         entry.backend = plan.backend
         entry.stats.loads += 1
+        entry.stats.slot_seconds += self.clock() - plan.granted  # the twin's profile
         pool.memory.commit(entry.id, plan.reserve, account.size_bytes,
                            self.penalty(entry, first_run), self.clock())
         account.idle_since = self.clock()

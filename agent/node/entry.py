@@ -57,6 +57,7 @@ class Statistics:
     evictions: int = 0
     room_waits: int = 0          # loads of this model that waited (slot or room)
     room_wait_seconds: float = 0.0
+    slot_seconds: float = 0.0    # its loads' time from slot and room to ready, in all
     last_used: float | None = None  # wall clock when its last request ended
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from agent.node.disktier import DiskTier
     from agent.node.entry import Entry
     from agent.node.selection.apps import SelectionApps
+    from agent.node.record import RequestRecord
     from agent.node.serving import Serving
 
 #: The values of the ``endpoint`` label: the APIs a request can arrive through.
@@ -246,6 +247,23 @@ class _SelectionCollector(Collector):
             confidence.add_metric([app.name], [*cumulative[:-1], ("+Inf", total)],
                                   app.confidence_sum)
         yield from (weight, selected, answered, missing, feedback, defaults, confidence)
+
+
+class _RecordCollector(Collector):
+    """The size of the request record the twin reads (``agent.node.record``)."""
+
+    def __init__(self, record: "RequestRecord") -> None:
+        self.record = record
+
+    def collect(self) -> Iterator:
+        yield GaugeMetricFamily("edgeagent_record_requests",
+                                "Requests held in the record for the twin (GET /v1/trace)",
+                                value=len(self.record))
+        yield GaugeMetricFamily("edgeagent_record_bytes",
+                                "Bytes the request record holds (allocated at start)",
+                                value=self.record.nbytes)
+
+
 class _DiskCollector(Collector):
     """The disk tier (``agent.node.disktier``): its budget, pulls and evictions, and per
     model version its bytes on disk, last download and the pull under way."""
@@ -323,6 +341,7 @@ class Metrics:
         self.registry.register(_CacheCollector(cache))
         if serving is not None:
             self.registry.register(_ServingCollector(serving))
+            self.registry.register(_RecordCollector(serving.record))
         if body_memory is not None:
             self.registry.register(_BodyMemoryCollector(body_memory))
         if selection is not None:

@@ -32,6 +32,7 @@ from agent.node.repository import ModelSpec, apply_override, scan_model, scan_re
 from agent.node.rollout import Rollouts
 from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
+from agent.node.whatif import WhatIf
 
 log = logging.getLogger("edgeagent.node")
 
@@ -96,6 +97,8 @@ class Node:
         #: Selection apps (``backend: selection``), served above the cache.
         self.selection = SelectionApps(self.serving, config.data_dir)
         self.selection.update(apps, models)
+        #: The dashboard's what-if curve: the last hour through the twin.
+        self.whatif = WhatIf(self.serving)
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
         self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)

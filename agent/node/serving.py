@@ -31,6 +31,7 @@ import numpy as np
 
 from agent.backends.base import InvalidInput
 from agent.config import AgentConfig, ModelConfig
+from agent.errors import http_status
 from agent.node.admission import Deadline, QueueState, Shed, admit, deadline_for
 from agent.node.batch_tuner import BatchTuner, TunerSettings
 from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batch_key,
@@ -40,6 +41,7 @@ from agent.node.entry import Entry
 from agent.node.latency_stats import LatencyWindow, RateMeter
 from agent.node.lifecycle import State
 from agent.node.prediction_cache import PredictionCache, input_digest
+from agent.node.record import RequestRecord
 from agent.node.stats import ModelStats
 from agent.node.tensors import Limits
 
@@ -200,8 +202,11 @@ class Serving:
     """Runs requests through admission, prediction caches and per-model batchers."""
 
     def __init__(self, cache: ModelCache, config: AgentConfig, executor: Executor | None,
-                 *, clock: Callable[[], float] = time.perf_counter) -> None:
+                 *, clock: Callable[[], float] = time.perf_counter,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.cache, self.config, self.executor, self.clock = cache, config, executor, clock
+        #: The last requests answered, for the twin (``GET /v1/trace``).
+        self.record = RequestRecord(config.record_requests, wall_clock=wall_clock)
         self.runtimes: dict[tuple[str, int], ModelRuntime] = {}
         self.accepting = True
         self._background: set[asyncio.Task] = set()
@@ -306,12 +311,16 @@ class Serving:
         except Shed as exc:
             rt.drops[exc.reason] += 1
             rt.stats.failed(self.clock() - arrived)
+            self.record.add(entry.key, rows, exc.status, self.clock() - arrived)
             raise
-        except Exception:
+        except Exception as exc:
             rt.stats.failed(self.clock() - arrived)
+            self.record.add(entry.key, rows, http_status(exc), self.clock() - arrived)
             raise
-        rt.record(self.clock() - arrived)
-        rt.stats.succeeded(rows_of(inputs), self.clock() - arrived, cache_hit=hit)
+        seconds = self.clock() - arrived
+        rt.record(seconds)
+        rt.stats.succeeded(rows_of(inputs), seconds, cache_hit=hit)
+        self.record.add(entry.key, rows_of(inputs), 200, seconds)
         return entry, outputs
 
     def count_failure(self, name: str, version: int | None, arrived: float) -> None:
@@ -387,6 +396,43 @@ class Serving:
             return await batcher.run_now(pending)
         batcher.submit(pending)
         return await future
+
+    # -- the twin's record --------------------------------------------------------------
+    def profiles(self) -> list[dict[str, Any]]:
+        """Each model version loaded at least once, as measured: its size, load and
+        first-run seconds, warm batch seconds (one row, and each further row where two
+        batch sizes were seen), its loads' mean time holding a load slot, its load peak
+        and its serving settings (``agent.node.record.PROFILE_HEADER``)."""
+        from agent.backends import backend_class
+
+        out = []
+        for entry in self.cache.entries.values():
+            if not entry.stats.loads:
+                continue
+            rt, account = self.runtime(entry), entry.account
+            profile = rt.tuner.profile
+            line = profile.line()
+            one = profile.typical(1)
+            if one is None and line is not None:
+                one = line[0] + line[1]
+            kind = entry.spec.backend or "onnx"
+            peak = self.cache.footprints.load_peak(
+                kind, entry.device, backend_class(kind).prior_for(entry.device))
+            size = account.size_bytes or account.measured_bytes or 0
+            out.append({
+                "model": entry.key, "size_bytes": size,
+                "load_seconds": round(account.load_seconds, 6),
+                "exec_seconds": round(one if one is not None else account.first_run_seconds,
+                                      6),
+                "first_exec_seconds": round(account.first_run_seconds, 6)
+                if account.first_run_seconds else None,
+                "exec_seconds_per_row": None if line is None else round(line[1], 6),
+                "load_slot_seconds": round(entry.stats.slot_seconds / entry.stats.loads, 6),
+                "load_peak": round(peak, 4), "workers": rt.workers,
+                "max_batch_size": rt.settings.max_batch_size if rt.settings.batching else 1,
+                "slo_seconds": rt.settings.slo,
+                "load_concurrency": self.config.load_concurrency})
+        return out
 
     # -- admin -----------------------------------------------------------------------
     def set_workers(self, entry: Entry, workers: int) -> None:

@@ -1,6 +1,6 @@
 // The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/disk (the
-// disk tier of pulled models), /v1/cache
-// (models; needs a read token where the agent has tokens), refreshed every ?refresh= ms.
+// disk tier of pulled models), /v1/cache (models), /v1/whatif (the twin's curve; these
+// need a read token where the agent has tokens), refreshed every ?refresh= ms.
 "use strict";
 
 (() => {
@@ -87,6 +87,76 @@
       el("td", { class: "num" }, m.in_flight));
   }
 
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+    for (const child of children) {
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  const SERIES = [["mean_response_seconds", "mean response", "#3b6fd8", ""],
+                  ["p99_response_seconds", "p99 response", "#3b6fd8", "5 4"],
+                  ["mean_load_delay_seconds", "load delay per request", "#b7791f", ""]];
+
+  // Response and load delay (seconds) against capacity (log2), one line per series;
+  // the node's own budget marked.
+  function whatifChart(curve) {
+    const points = curve.points;
+    const W = 640, H = 260, L = 56, R = 170, T = 12, B = 40;
+    const xs = points.map((p) => Math.log2(p.capacity_bytes));
+    const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
+    const top = Math.max(...points.flatMap((p) => SERIES.map(([k]) => p[k])), 1e-3) * 1.1;
+    const X = (c) => L + (W - L - R) * (Math.log2(c) - x0) / (x1 - x0);
+    const Y = (v) => T + (H - T - B) * (1 - v / top);
+    const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+                               "aria-label": "response and load delay against capacity" });
+    chart.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#5f6b7a" }),
+                 svg("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#5f6b7a" }),
+                 svg("text", { x: L - 6, y: T + 4, "text-anchor": "end", "font-size": 11 },
+                     top.toFixed(2) + " s"),
+                 svg("text", { x: L - 6, y: H - B, "text-anchor": "end", "font-size": 11 }, "0"));
+    const budget = curve.budget_bytes;
+    chart.append(svg("line", { class: "budget", x1: X(budget), y1: T, x2: X(budget), y2: H - B,
+                               stroke: "#1f8a4c", "stroke-dasharray": "2 3" }));
+    for (const p of points) {
+      chart.append(svg("text", { x: X(p.capacity_bytes), y: H - B + 16, "text-anchor": "middle",
+                                 "font-size": 11 }, bytes(p.capacity_bytes)));
+    }
+    SERIES.forEach(([key, label, color, dash], i) => {
+      const path = points.map((p, j) => `${j ? "L" : "M"}${X(p.capacity_bytes)},${Y(p[key])}`);
+      chart.append(svg("path", { d: path.join(" "), fill: "none", stroke: color,
+                                 "stroke-width": 2, "stroke-dasharray": dash || "none" }));
+      for (const p of points) {
+        chart.append(svg("circle", { cx: X(p.capacity_bytes), cy: Y(p[key]), r: 3, fill: color,
+                                     "data-series": key, "data-capacity": p.capacity_bytes,
+                                     "data-value": p[key] },
+                         svg("title", {}, `${label} at ${bytes(p.capacity_bytes)}: ` +
+                             ms(1000 * p[key]) + `, ${p.loads} loads`)));
+      }
+      chart.append(svg("text", { x: W - R + 10, y: T + 14 + 16 * i, fill: color,
+                                 "font-size": 12 }, label));
+    });
+    chart.append(svg("text", { x: W - R + 10, y: T + 14 + 16 * SERIES.length,
+                               fill: "#1f8a4c", "font-size": 12 }, "this node's budget"));
+    return chart;
+  }
+
+  function showWhatif(curve) {
+    const note = document.getElementById("whatif-note");
+    const box = document.getElementById("whatif");
+    if (!curve.points.length) {
+      note.textContent = `no requests in the last hour to replay (${curve.requests} recorded)`;
+      box.replaceChildren();
+      return;
+    }
+    note.textContent = `${curve.requests} requests of the last hour through the agent's ` +
+      `twin (policy ${curve.policy}), at multiples of the cpu budget`;
+    box.replaceChildren(whatifChart(curve));
+  }
+
   let server = null;
 
   async function update() {
@@ -94,8 +164,9 @@
       server = await api("/v2");
       document.getElementById("server").textContent = `${server.name} ${server.version} · ${location.host}`;
     }
-    const [memory, disk, models] = await Promise.all([api("/v1/memory"), api("/v1/disk"),
-                                                      api("/v1/cache")]);
+    const [memory, disk, models, curve] = await Promise.all(
+      [api("/v1/memory"), api("/v1/disk"), api("/v1/cache"), api("/v1/whatif")]);
+    showWhatif(curve);
     document.getElementById("memory").replaceChildren(...memoryRows(memory), diskRow(disk));
     document.getElementById("summary").replaceChildren(...summary(models));
     const budgets = Object.fromEntries(Object.entries(memory).map(([d, m]) => [d, m.budget_bytes]));

@@ -1,0 +1,344 @@
+"""The agent's twin: a discrete-event replay of what the node agent's cache and batcher
+do with a trace, for response times when loads are the bottleneck.
+
+It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
+
+- a request records its access and takes a reference on its model when it arrives (a
+  model with requests in flight or waiting for its load is never a victim);
+- a miss starts one load (single flight: later requests for the model wait on it); with
+  a disk tier (``cachepolicies.tiers``) it first pulls the model's files when they are
+  not on disk (``DiskTier.fetch``: its download seconds), then the load takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
+  queue* (deadline then arrival, head-of-line: a later load never overtakes the head)
+  until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
+  models; it runs for the model's penalty (load + cold first run; or the slot time a
+  node measured, the profiles' ``load_slot_seconds``), then commits its steady size,
+  frees its slot and wakes the next loads;
+- a load that has waited ``load_wait_max_s`` (for a slot or room) gives up: its
+  requests fail (the agent's 503);
+- with ``cold_start="reject"`` a request for a model not loaded whose known penalty
+  (from an earlier load) outlasts the SLO fails at once and starts the load, as the
+  agent's ``Serving._check_cold`` does;
+- a loaded model serves its queue with ``workers`` workers, each taking up to the AIMD
+  limit of rows (Clipper: +``aimd_step`` after a full batch within
+  ``budget_fraction`` × SLO, × 0.9 after one over it and a ceiling below its size, never
+  above ``max_batch_size``); a batch of b rows runs ``exec_seconds + (b − 1) × per-row
+  seconds`` (per-row: the profiles' ``exec_seconds_per_row``; unknown: ``exec_seconds``,
+  no gain from batching).
+
+What it leaves out (the error to expect: docs/simulator.md): the batcher's delay window
+(it waits only when requests arrive faster than a batch's fixed cost), admission control
+and tail drop, unload time, HTTP and event-loop overhead, and measurement noise.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from cachepolicies.base import Policy
+from cachepolicies.pool import MemoryPool
+from cachepolicies.tiers import DiskTier
+from cachepolicies.traces import Profiles, Trace
+
+#: Clipper's multiplicative decrease of the batch limit (the agent's ``BACKOFF``).
+BACKOFF = 0.9
+COLD_START = ("serve", "reject")
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """The agent's settings the twin replays. The defaults here are neutral (no limit
+    but one worker per model, no batching); ``edgeagent simulate --queueing`` fills them
+    from the agent's own declarations (``agent.config``), so an unflagged run predicts an
+    unflagged agent."""
+
+    workers: int = 1                       # per model (``batching.workers``)
+    load_concurrency: int | None = None    # load slots; None: unbounded
+    max_batch_size: int = 1                # rows per batch at most; < 2: never batched
+    aimd_step: int = 2
+    batch_budget_seconds: float = math.inf  # one batch's share of the SLO
+    load_peak: float = 1.0                 # bytes a load holds, per byte of its model
+    load_wait_max_s: float = math.inf
+    cold_start: str = "serve"
+    slo_seconds: float = math.inf          # a response above it is an SLO violation
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"queueing needs at least 1 worker per model, got {self.workers}")
+        if self.load_concurrency is not None and self.load_concurrency < 1:
+            raise ValueError(f"load_concurrency must be >= 1, got {self.load_concurrency}")
+        if self.cold_start not in COLD_START:
+            raise ValueError(f"cold_start must be one of {', '.join(COLD_START)}, "
+                             f"got {self.cold_start!r}")
+        if self.load_peak < 1:
+            raise ValueError(f"load_peak must be >= 1, got {self.load_peak}")
+        if self.load_wait_max_s < 0:
+            raise ValueError(f"load_wait_max_s must be >= 0, got {self.load_wait_max_s}")
+
+
+@dataclass
+class Outcome:
+    """What one twin replay measured: per-request response seconds (NaN: failed), the
+    loads per model, and the seconds loads waited for a slot or room."""
+
+    response: np.ndarray
+    loads: list[int]
+    load_wait_seconds: float
+    events: list[tuple[float, str, int]] | None  # (time, what, model) when asked
+
+    def stats(self, slo_seconds: float) -> dict[str, float | int]:
+        """Response statistics of the requests served (0 without any), the requests that
+        failed, and the SLO violations (served later than ``slo_seconds``, or failed)."""
+        served = self.response[~np.isnan(self.response)]
+        failed = len(self.response) - len(served)
+
+        def stat(statistic) -> float:
+            return float(statistic(served)) if served.size else 0.0
+
+        return dict(failed=failed, mean_response_seconds=stat(np.mean),
+                    p95_response_seconds=stat(lambda r: np.percentile(r, 95)),
+                    p99_response_seconds=stat(lambda r: np.percentile(r, 99)),
+                    slo_violations=int(np.count_nonzero(served > slo_seconds)) + failed)
+
+
+# Event kinds, in the order ties are handled (an arrival before a load's end, as the
+# existing queueing replay did; give-ups last; downloads done after them).
+_ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = 0, 1, 2, 3, 4
+
+
+def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
+           settings: Queueing, *, disk: DiskTier | None = None,
+           log_events: bool = False) -> Outcome:
+    """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
+    disk tier a miss pulls its files into first (None: every model's files on disk)."""
+    return _Twin(trace, profiles, capacity, policy, settings, disk, log_events).run()
+
+
+class _Twin:
+    """The replay's state and its event handlers (one instance per replay)."""
+
+    def __init__(self, trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
+                 settings: Queueing, disk: DiskTier | None, log_events: bool) -> None:
+        self.s = settings
+        self.disk = disk
+        self.sizes = profiles.size_bytes.tolist()
+        self.penalties = profiles.penalty_seconds.tolist()
+        self.exec_seconds = profiles.exec_seconds.tolist()
+        per_row = profiles.exec_seconds_per_row
+        # Unknown per-row cost: a batch of b rows costs b single runs (no batching gain).
+        self.per_row = (self.exec_seconds if per_row is None else
+                        [e if math.isnan(p) else p
+                         for e, p in zip(self.exec_seconds, per_row.tolist())])
+        slot = profiles.load_slot_seconds
+        # How long a load holds its slot: as the node measured it where it did (the
+        # load and the runtime's hand-offs), else the penalty.
+        self.hold = (self.penalties if slot is None else
+                     [p if math.isnan(t) else t
+                      for p, t in zip(self.penalties, slot.tolist())])
+        self.model_of = trace.model_ids.tolist()
+        self.arrivals = trace.timestamps.tolist()
+        n = len(self.sizes)
+        self.pool = MemoryPool(capacity, policy)
+        self.policy = policy
+        self.need = [min(int(size * settings.load_peak), capacity) for size in self.sizes]
+        self.in_flight = [0] * n
+        self.waiters: dict[int, list[int]] = {}  # model loading -> its requests
+        self.load_id = [0] * n                    # the current load's token per model
+        self.asked = [0.0] * n                    # when the current load asked
+        self.stage = [""] * n                     # "", "slot", "room", "loading"
+        self.loaded_once = [False] * n
+        self.queue: list[deque[int]] = [deque() for _ in range(n)]
+        self.busy = [0] * n
+        self.limit = [1] * n
+        self.ceiling: list[int | None] = [None] * n
+        self.slots = settings.load_concurrency or math.inf
+        self.slot_queue: deque[int] = deque()
+        self.room_queue: list[tuple[float, int, int]] = []  # (give up at, seq, model)
+        self.loads = [0] * n
+        self.load_wait = 0.0
+        self.response = np.full(len(trace), np.nan)
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.log: list[tuple[float, str, int]] | None = [] if log_events else None
+
+    def schedule(self, at: float, kind: int, what: object) -> None:
+        heapq.heappush(self.events, (at, kind, self.seq, what))
+        self.seq += 1
+
+    def note(self, now: float, what: str, model: int) -> None:
+        if self.log is not None:
+            self.log.append((now, what, model))
+
+    def run(self) -> Outcome:
+        for i, arrival in enumerate(self.arrivals):
+            self.schedule(arrival, _ARRIVE, i)
+        while self.events:
+            now, kind, _, what = heapq.heappop(self.events)
+            if kind == _ARRIVE:
+                self.arrive(what, now)
+            elif kind == _LOADED:
+                self.loaded(what, now)
+            elif kind == _BATCH_DONE:
+                self.batch_done(what, now)
+            elif kind == _GIVE_UP:
+                self.give_up(what, now)
+            else:  # _PULLED: the files are on disk, the load asks for its slot
+                self.start_load(what, now)
+        return Outcome(self.response, self.loads, self.load_wait, self.log)
+
+    # -- requests ----------------------------------------------------------------------
+    def arrive(self, i: int, now: float) -> None:
+        m = self.model_of[i]
+        self.policy.record_access(m, now)
+        if self.disk is not None:
+            self.disk.record_access(m, now)
+        if m in self.pool:
+            self.in_flight[m] += 1
+            self.queue[m].append(i)
+            self.dispatch(m, now)
+            return
+        if self.s.cold_start == "reject" and self.loaded_once[m] \
+                and self.penalty(m) + self.exec_seconds[m] > self.s.slo_seconds:
+            if m not in self.waiters:  # the agent loads it in the background
+                self.waiters[m] = []
+                self.fetch(m, now)
+            return  # failed at once (NaN)
+        self.in_flight[m] += 1
+        if m in self.waiters:  # single flight
+            self.waiters[m].append(i)
+            return
+        self.waiters[m] = [i]
+        self.fetch(m, now)
+
+    def dispatch(self, m: int, now: float) -> None:
+        """Free workers of ``m`` take batches from its queue."""
+        queue = self.queue[m]
+        while queue and self.busy[m] < self.s.workers:
+            rows = min(len(queue), self.limit[m] if self.s.max_batch_size >= 2 else 1)
+            batch = [queue.popleft() for _ in range(rows)]
+            self.busy[m] += 1
+            seconds = self.batch_seconds(m, rows)
+            self.schedule(now + seconds, _BATCH_DONE, (m, batch, seconds))
+
+    def batch_done(self, what: tuple[int, list[int], float], now: float) -> None:
+        m, batch, seconds = what
+        self.busy[m] -= 1
+        self.tune(m, len(batch), seconds)
+        for i in batch:
+            self.response[i] = now - self.arrivals[i]
+        self.in_flight[m] -= len(batch)
+        self.dispatch(m, now)
+        if self.in_flight[m] == 0 and self.room_queue:
+            self.grant(now)
+
+    def tune(self, m: int, rows: int, seconds: float) -> None:
+        """The agent's AIMD batch limit (``agent.node.batch_tuner.AimdLimit``) after a
+        batch of ``rows`` that took ``seconds``, with its ceiling after an overshoot."""
+        s, limit = self.s, self.limit[m]
+        if s.max_batch_size < 2:
+            return
+        if seconds > s.batch_budget_seconds:
+            if rows >= limit:
+                self.ceiling[m] = max(1, min(self.ceiling[m] or rows, rows - 1))
+            if rows <= limit:
+                limit = max(1, math.floor(limit * BACKOFF))
+                self.limit[m] = min(limit, self.ceiling[m] or limit)
+            return
+        if rows < limit:
+            return
+        target = min(limit + s.aimd_step, s.max_batch_size)
+        ceiling = self.ceiling[m]
+        if ceiling is not None and target > ceiling:
+            if limit < ceiling:
+                target = ceiling
+            elif self.batch_seconds(m, limit + s.aimd_step) <= s.batch_budget_seconds:
+                self.ceiling[m] = None  # a step fits the budget again
+            else:
+                target = limit
+        self.limit[m] = target
+
+    def batch_seconds(self, m: int, rows: int) -> float:
+        return self.exec_seconds[m] + (rows - 1) * self.per_row[m]
+
+    # -- loads ---------------------------------------------------------------------------
+    def penalty(self, m: int) -> float:
+        """What a miss on ``m`` costs now: its load, plus its download while its files
+        are not on disk."""
+        return self.penalties[m] if self.disk is None else self.disk.penalty(m)
+
+    def fetch(self, m: int, now: float) -> None:
+        """A miss's first step: ``m``'s files onto disk (a download when they are not
+        there; models being pulled or loaded keep theirs), then ``start_load``."""
+        pull = 0.0 if self.disk is None else \
+            self.disk.fetch(m, now, self.pool, self.waiters.__contains__)
+        if pull > 0:
+            self.note(now, "pull", m)
+            self.schedule(now + pull, _PULLED, m)
+        else:
+            self.start_load(m, now)
+
+    def start_load(self, m: int, now: float) -> None:
+        self.load_id[m] += 1
+        self.asked[m] = now
+        self.stage[m] = "slot"
+        self.slot_queue.append(m)
+        if math.isfinite(self.s.load_wait_max_s):
+            self.schedule(now + self.s.load_wait_max_s, _GIVE_UP, (m, self.load_id[m]))
+        self.take_slots(now)
+
+    def take_slots(self, now: float) -> None:
+        while self.slots > 0 and self.slot_queue:
+            m = self.slot_queue.popleft()
+            self.slots -= 1
+            self.stage[m] = "room"
+            heapq.heappush(self.room_queue,
+                           (self.asked[m] + self.s.load_wait_max_s, self.seq, m))
+            self.seq += 1
+            self.note(now, "slot", m)
+        self.grant(now)
+
+    def evictable(self, key: int) -> bool:
+        return self.in_flight[key] == 0
+
+    def grant(self, now: float) -> None:
+        """Room for the waiting loads in queue order, as far as room allows now."""
+        while self.room_queue:
+            m = self.room_queue[0][2]
+            if self.pool.reserve(self.need[m], now, self.evictable) is None:
+                return  # until a request finishes or a load commits
+            heapq.heappop(self.room_queue)
+            self.stage[m] = "loading"
+            self.loads[m] += 1
+            self.load_wait += now - self.asked[m]
+            self.note(now, "load", m)
+            self.schedule(now + self.hold[m], _LOADED, m)
+
+    def loaded(self, m: int, now: float) -> None:
+        self.pool.commit(m, self.need[m], self.sizes[m], self.penalty(m), now)
+        self.note(now, "loaded", m)
+        self.stage[m] = ""
+        self.loaded_once[m] = True
+        self.slots += 1
+        self.queue[m].extend(self.waiters.pop(m))
+        self.dispatch(m, now)
+        self.take_slots(now)
+
+    def give_up(self, what: tuple[int, int], now: float) -> None:
+        m, load = what
+        if load != self.load_id[m] or self.stage[m] not in ("slot", "room"):
+            return  # that load got its room
+        if self.stage[m] == "slot":
+            self.slot_queue.remove(m)
+        else:
+            self.room_queue = [r for r in self.room_queue if r[2] != m]
+            heapq.heapify(self.room_queue)
+            self.slots += 1
+        self.stage[m] = ""
+        self.load_wait += now - self.asked[m]
+        self.note(now, "gave up", m)
+        self.in_flight[m] -= len(self.waiters.pop(m))  # their requests fail (NaN)
+        self.take_slots(now)
