@@ -73,7 +73,8 @@ from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
 from agent.node.disktier import DiskBusy, DiskTier, PullError
 from agent.node.entry import Entry
-from agent.node.lifecycle import AT_REST, DOWNLOADING, IllegalTransition, State, transition
+from agent.node.lifecycle import (AT_REST, DOWNLOADING, IllegalTransition, Lifecycle, State,
+                                  transition)
 from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.node.roomqueue import RoomRequest
 from agent.units import format_size
@@ -234,11 +235,15 @@ class ModelCache:
         #: The disk tier sourced models' files are pulled into (None: none).
         self.disk = disk
         if disk is not None:
-            disk.usage = self._disk_usage
-            disk.wait_bound = self._pull_wait_bound
-            disk.meter = self.meter
-            disk.on_change.append(self._files_changed)
+            self._attach(disk)
         self.update_specs(specs)
+
+    def _attach(self, disk: DiskTier) -> None:
+        """Let the disk tier ask what memory does with a version, how long a pull may
+        wait, and measure with the same meter; hear when files come and go."""
+        disk.usage, disk.wait_bound = self._disk_usage, self._pull_wait_bound
+        disk.meter = self.meter
+        disk.on_change.append(self._files_changed)
 
     # -- repository ------------------------------------------------------------------
     def update_specs(self, specs: dict[str, ModelSpec]) -> None:
@@ -477,12 +482,7 @@ class ModelCache:
             log.warning("load %s failed: %s", entry.key, exc)
             raise
         except PullError as exc:
-            transition(life, State.FAILED, expected_from=State.LOADING)
-            life.error, life.failed_status = str(exc), exc.status
-            # a full disk is checked again by the next request (no I/O); a source's
-            # failure is remembered for load_retry_s, as a broken file is
-            life.failed_at = None if exc.status == 507 else self.clock()
-            log.warning("%s", life.error)
+            self._pull_failed(life, exc)
             raise
         except BackendError as exc:
             transition(life, State.FAILED, expected_from=State.LOADING)
@@ -504,6 +504,15 @@ class ModelCache:
             life.task = None
             if self.disk is not None:
                 self.disk.wake()  # its files, if any, are no longer being read
+
+    def _pull_failed(self, life: Lifecycle, exc: PullError) -> None:
+        """A pull failed: FAILED with the pull's status. A full disk is checked again by
+        the next request (no I/O); a source's failure is remembered for load_retry_s,
+        as a broken file is."""
+        transition(life, State.FAILED, expected_from=State.LOADING)
+        life.error, life.failed_status = str(exc), exc.status
+        life.failed_at = None if exc.status == 507 else self.clock()
+        log.warning("%s", life.error)
 
     def forget_failure(self, entry: Entry) -> None:
         """Forget ``entry``'s failed load (a config override that was rolled back): the
