@@ -63,7 +63,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import signal
 
     from agent.eventloop import listen, settle_gc
-    from agent.node.app import NODE, create_app, freeze_startup_objects
+    from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
     from agent.tls import ServerTls
 
@@ -119,7 +119,6 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
         click.echo(f"  curl -s {url}/v1/models/{first}")
         click.echo(f"  {self_command()} cache ls --url {url}")
         sys.stdout.flush()
-    freeze_startup_objects()
     notify(f"READY=1\nSTATUS=serving on {url}\nMAINPID={__import__('os').getpid()}")
 
     async def watchdog(interval: float) -> None:

@@ -10,7 +10,6 @@ Errors: every failure is JSON ``{"error": "..."}`` with a fitting status (the
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from typing import Any
 
@@ -69,14 +68,6 @@ def prepare_process() -> None:
     load's footprint is what the model holds. ``serve`` calls it, as do tests that
     measure footprints; ``Node`` does not."""
     tune_malloc()
-
-
-def freeze_startup_objects() -> None:
-    """Once serving: move what startup made (modules, routes, the repository's specs)
-    out of the garbage collector's generations, so a full collection walks only what
-    serving made since, instead of stalling the event loop to walk everything."""
-    gc.collect()
-    gc.freeze()
 
 
 def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: Any
