@@ -165,6 +165,12 @@ def test_stragglers_are_cut_at_the_deadline_and_renormalised(repo, start_agent):
     p = doc["parameters"]
     assert p["missing"] == "slow:1:deadline" and p["models_used"] == "m0:1,m1:1,m2:1"
     assert p["confidence"] <= 0.75
+    # the app's own answer time (arrival to answer): it waited for the stragglers until
+    # shortly before the deadline (the cut's margin is at most a tenth of the SLO)
+    for q in range(2, 5):
+        assert ask(agent, "fast", [q], [4])[1]["parameters"]["missing"] == "slow:1:deadline"
+    answer_ms = agent.request("GET", "/v1/selection/fast")[2]["answer_ms"]
+    assert answer_ms["of"] == 4 and 90 <= answer_ms["p50"] <= answer_ms["max"] < 600, answer_ms
     # a client's tighter timeout (microseconds) cuts sooner still; rows all default
     # when no member can answer in time (slow alone)
     add_app(repo, "lonely", ["slow"], slo_ms=50, default_output=[-1])

@@ -31,6 +31,7 @@ import numpy as np
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs
 from agent.node.admission import Shed
 from agent.node.cache import CacheError, ModelInvalid, UnknownModel
+from agent.node.latency_stats import LatencyWindow
 from agent.node.lifecycle import State as Life
 from agent.node.repository import ModelSpec
 from agent.node.selection.feedback import PendingLog, Prediction
@@ -55,6 +56,15 @@ SWAP_MARGIN = 1.5
 #: A lighter member in use is tried this many times, this far apart, before a swap
 #: gives up (a later request tries again).
 EVICT_TRIES, EVICT_WAIT_S = 20, 0.005
+#: Members are cut before the deadline by the time the app recently took from the cut
+#: to its answer (the loop waking up, combining; ``OVERRUN_PERCENTILE`` of the last
+#: ``OVERRUN_WINDOW`` cut requests), at least ``ANSWER_MARGIN_S`` (encoding and writing
+#: the answer) and at most a tenth of the budget: the answer is out by the deadline
+#: rather than just after it.
+ANSWER_MARGIN_S = 0.001
+OVERRUN_WINDOW, OVERRUN_PERCENTILE = 200, 95
+#: Answer times kept for ``describe`` (arrival to the answer combined).
+ANSWER_WINDOW = 1000
 #: Upper bounds of the confidence histogram's buckets.
 CONFIDENCE_BUCKETS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -104,6 +114,8 @@ class SelectionApp:
         self.usual_loss: dict[int, float] = {}
         self.confidence = [0] * len(CONFIDENCE_BUCKETS)
         self.confidence_sum = 0.0
+        self.answer_times = LatencyWindow(ANSWER_WINDOW)
+        self.overruns = LatencyWindow(OVERRUN_WINDOW)  # cut to answer, of cut requests
 
     # -- validation ---------------------------------------------------------------------
     async def ensure_valid(self, serving: Serving) -> None:
@@ -255,7 +267,7 @@ class SelectionApp:
         rid = rid if rid is not None else uuid.uuid4().hex
         slo = resolve_settings(self.spec.config, serving.config).slo
         budget = slo if timeout is None else min(slo, timeout)
-        deadline = arrived + budget
+        cut = arrived + budget - self._margin(budget)
         cache = serving.cache
         entries = [cache.entry(n, v) for n, v in self.members]
         available = [e.state is Life.READY for e in entries]
@@ -278,7 +290,7 @@ class SelectionApp:
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
                 arrived=arrived, timeout=timeout, rows=rows))
         if calls:
-            await asyncio.wait(calls.values(), timeout=max(deadline - serving.clock(), 0.0))
+            await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
         # after this request's member calls: a swap never unloads a member it is asking
         self._load_worth_it(serving, entries, available, weights)
         answers: dict[int, np.ndarray] = {}
@@ -293,7 +305,17 @@ class SelectionApp:
                     task.add_done_callback(_quiet)
         for i, reason in missing.items():
             self.missing[(i, reason)] += 1
-        return self._answer(rid, context, rows, asked, probs, answers, missing)
+        answer = self._answer(rid, context, rows, asked, probs, answers, missing)
+        now = serving.clock()
+        self.answer_times.add(now - arrived)
+        if "deadline" in missing.values():
+            self.overruns.add(max(now - cut, 0.0))
+        return answer
+
+    def _margin(self, budget: float) -> float:
+        """How long before the deadline members are cut (see ``ANSWER_MARGIN_S``)."""
+        recent = self.overruns.percentile(OVERRUN_PERCENTILE) or 0.0
+        return min(max(recent, ANSWER_MARGIN_S), budget / 10)
 
     def _answer(self, rid: str, context: str | None, rows: int, asked: list[int],
                 probs: list[float], answers: dict[int, np.ndarray], missing: dict[int, str]
@@ -505,8 +527,15 @@ class SelectionApp:
                              "pending": len(self.pending), "expired": self.pending.expired,
                              "dropped": self.pending.dropped},
                 "contexts_in_memory": len(self.contexts),
+                "answer_ms": self._answer_ms(),
                 "confidence_histogram": dict(zip(map(str, CONFIDENCE_BUCKETS),
                                                  self.confidence))}
+
+    def _answer_ms(self) -> dict[str, Any]:
+        """Percentiles of the recent answer times (arrival to the answer combined), ms."""
+        qs = self.answer_times.percentiles((50, 99, 100))
+        return {"p50": _ms(qs[50]), "p99": _ms(qs[99]), "max": _ms(qs[100]),
+                "of": len(self.answer_times)}
 
     def reset(self) -> None:
         """Forget what was learned (global and every context)."""
@@ -525,6 +554,10 @@ class SelectionApp:
 def _specs(specs: list[dict] | None) -> str:
     return ", ".join(f"{s['name']} {s['datatype']} {list(s['shape'])}" for s in specs or []) \
         or "none"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
 
 
 def _checked(entry: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
