@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -129,9 +130,11 @@ def sources(args: argparse.Namespace) -> None:
 
 
 # -- the three-tier replay ------------------------------------------------------------------
-def simulated(work: ThreeTier, policy: str) -> SimulationResult:
-    """The simulator's replay of ``work`` with ``policy`` on both tiers."""
-    return simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=QUEUEING,
+def simulated(work: ThreeTier, policy: str, queueing: Queueing = QUEUEING
+              ) -> SimulationResult:
+    """The simulator's replay of ``work`` with ``policy`` on both tiers, through the twin
+    with ``queueing`` (the live agent's load slots)."""
+    return simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=queueing,
                     disk_capacity=work.disk_bytes)
 
 
@@ -220,7 +223,8 @@ def replay_live_agent(args: argparse.Namespace) -> None:
     lives = {}
     with tempfile.TemporaryDirectory() as tmp:
         for policy in POLICIES:
-            sim = Figures.of(simulated(work, policy))
+            sim = Figures.of(simulated(work, policy, dataclasses.replace(
+                QUEUEING, load_concurrency=args.loads)))
             print(sim.row(f"sim {policy}"), flush=True)
             results, listing, served = replay_three_tiers(
                 work, policy, Path(tmp) / policy, load_concurrency=args.loads,
