@@ -25,7 +25,8 @@ from cachepolicies.twin import Queueing
 from tests.helpers import add_workload_models, replay_live, zipf_workload
 
 
-@pytest.mark.parametrize("policy", ["cremebrulee", "lru"])
+# LRU takes as long again: it runs with the slow tests (make test-slow), cremebrulee in both
+@pytest.mark.parametrize("policy", ["cremebrulee", pytest.param("lru", marks=pytest.mark.slow)])
 def test_live_agent_and_simulator_agree(repo, start_agent, policy):
     names, sizes, loads, execs, trace, profiles = zipf_workload()
     add_workload_models(repo, names, sizes, loads, execs)
