@@ -14,7 +14,10 @@ from cachepolicies.twin import Queueing
 from tests.helpers import replay_three_tiers, three_tier_workload
 
 
-@pytest.mark.parametrize("policy", ["lru", pytest.param("cremebrulee", marks=pytest.mark.slow)])
+# both with the slow tests (make test-slow, run by CI); the quick suite serves sourced models
+# live in tests/test_disk_tier.py and checks the tier rules in tests/test_tiers.py
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["lru", "cremebrulee"])
 def test_live_three_tiers_agree_with_the_simulator(tmp_path, policy):
     work = three_tier_workload(1, models=10, requests=60, rate=5.0, in_memory=3, on_disk=6,
                                download=(0.05, 0.4))

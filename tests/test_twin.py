@@ -158,6 +158,9 @@ def test_the_cli_twin_takes_the_agents_defaults():
     assert (flagged.load_concurrency, flagged.workers, flagged.slo_seconds) == (2, 4, 0.5)
 
 
+# with the slow tests (make test-slow, run by CI): the quick suite's live check of the twin
+# is tests/test_live_vs_simulator.py (the twin on the agent's own record)
+@pytest.mark.slow
 def test_the_twin_predicts_a_live_agent_where_loads_are_the_bottleneck(tmp_path):
     """bench/twin.py's issue case, short: one load slot, a quarter of the models' bytes,
     the agent's defaults. The twin on the agent's own record (its trace and measured
