@@ -63,3 +63,9 @@ def test_cache_options_follow_the_subcommand(repo, start_agent, tmp_path, monkey
     result = run(main, ["cache", "--url", "http://127.0.0.1:9", "unpin", "alpha",
                         "--token-file", str(token), "--url", agent.url])
     assert result.exit_code == 0, result.output
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for args in (["cache", "--token-file", str(empty), "ls"], ["cache", "ls", "--token-file",
+                                                              str(empty)]):
+        result = run(main, args + ["--url", agent.url])  # not an empty bearer token
+        assert result.exit_code == 2 and "is empty" in result.output, result.output

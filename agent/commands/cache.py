@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from agent import credentials
 from agent.commands import tls_options
 from agent.units import format_size
 
@@ -102,8 +103,14 @@ def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -
 
 
 def read_token(token_file: str | None) -> str | None:
-    """The admin token a command sends: its ``--token-file``, else $EDGEAGENT_TOKEN."""
-    return open(token_file).read().strip() if token_file else os.environ.get("EDGEAGENT_TOKEN")
+    """The token a command sends: its ``--token-file`` (``agent.credentials.read_token``:
+    an empty file is a usage error), else $EDGEAGENT_TOKEN."""
+    if not token_file:
+        return os.environ.get("EDGEAGENT_TOKEN")
+    try:
+        return credentials.read_token(token_file)
+    except credentials.CredentialError as err:
+        raise click.BadParameter(str(err), param_hint="--token-file") from None
 
 
 def _common(f):
