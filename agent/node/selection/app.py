@@ -109,9 +109,11 @@ class SelectionApp:
         self.answered: Counter[int] = Counter()
         self.missing: Counter[tuple[int, str]] = Counter()
         self.background_loads: Counter[int] = Counter()
-        #: Each member's recent loss (a moving average over rows): what a member that
-        #: was cold or shed is taken to have lost.
+        #: Each member's recent loss (the mean of its first 1/``USUAL_LOSS_RATE`` rows,
+        #: then a moving average): what a member that was cold or shed is taken to have
+        #: lost. ``loss_rows``: the rows it has been judged on.
         self.usual_loss: dict[int, float] = {}
+        self.loss_rows: Counter[int] = Counter()
         self.confidence = [0] * len(CONFIDENCE_BUCKETS)
         self.confidence_sum = 0.0
         self.answer_times = LatencyWindow(ANSWER_WINDOW)
@@ -372,9 +374,12 @@ class SelectionApp:
         if worth:
             i = max(worth, key=lambda j: (self.answered[j] < EXPLORE_ANSWERS, weights[j]))
             top = max(range(len(entries)), key=weights.__getitem__)
+            exploring = self.answered[i] < EXPLORE_ANSWERS
             lighter = sorted((weights[j], j) for j in range(len(entries))
                              if available[j] and j != top and (
-                                 weights[j] < weights[i] or self.answered[i] < EXPLORE_ANSWERS))
+                                 weights[j] < weights[i] or exploring)
+                             # one being seen is not displaced by another: no round robin
+                             and not (exploring and self.answered[j] < EXPLORE_ANSWERS))
             self._load_in_background(serving, i, entries[i], [entries[j] for _, j in lighter])
 
     def _load_in_background(self, serving: Serving, i: int, entry: Any,
@@ -478,9 +483,11 @@ class SelectionApp:
                 else float(losses.mean())
         for i in prediction.failed:
             member_loss[i] = 1.0
-        keep = (1 - USUAL_LOSS_RATE) ** prediction.rows
-        for i, loss in member_loss.items():
-            self.usual_loss[i] = keep * self.usual_loss.get(i, loss) + (1 - keep) * loss
+        for i, loss in member_loss.items():  # a plain mean while it has few rows: unbiased
+            self.loss_rows[i] += prediction.rows
+            new = max(prediction.rows / self.loss_rows[i],
+                      1 - (1 - USUAL_LOSS_RATE) ** prediction.rows)
+            self.usual_loss[i] = (1 - new) * self.usual_loss.get(i, loss) + new * loss
         context = context if context is not None else prediction.context
         for target in [context if context is not None else GLOBAL]:
             state = self.state_for(None if target == GLOBAL else target)
