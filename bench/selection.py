@@ -146,6 +146,7 @@ def recovery_seed(client: Client, seed: int, queries: int, step: int, policies: 
                 leaders.append((start, int(np.argmax(w))))
         off = next((q - fail for q, lead in leaders if fail <= q < heal and lead != 0), None)
         back = next((q - heal for q, lead in leaders if q >= heal and lead == 0), None)
+        back = back if off is not None else None  # it never left the failed member
         out[label] = {"seed": seed, "error": wrong / queries, "off": off, "back": back}
     # every static member's error on the same stream (the members' own answers)
     static = np.array([float((client.answers(f"r{seed}m{i}", rows(np.arange(queries), truth))
