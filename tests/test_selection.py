@@ -171,6 +171,11 @@ def test_stragglers_are_cut_at_the_deadline_and_renormalised(repo, start_agent):
         assert ask(agent, "fast", [q], [4])[1]["parameters"]["missing"] == "slow:1:deadline"
     answer_ms = agent.request("GET", "/v1/selection/fast")[2]["answer_ms"]
     assert answer_ms["of"] == 4 and 90 <= answer_ms["p50"] <= answer_ms["max"] < 600, answer_ms
+    # the cut calls were stopped (their answers were not needed), not run out behind
+    # the next request's: "slow" never finished one, well after its 800 ms
+    time.sleep(1.0)
+    stats = agent.request("GET", "/v2/models/slow/stats")[2]["model_stats"][0]
+    assert stats["execution_count"] == 0, stats
     # a client's tighter timeout (microseconds) cuts sooner still; rows all default
     # when no member can answer in time (slow alone)
     add_app(repo, "lonely", ["slow"], slo_ms=50, default_output=[-1])

@@ -91,6 +91,7 @@ def _classify_small(options: ClassifierOptions, salt: int, x: np.ndarray) -> np.
 
 class SyntheticBackend(Backend):
     kind = "synthetic"
+    CANCELLABLE = True  # infer_async is an asyncio.sleep
     DEFAULT_WARMUP = False  # its load time is what the config says; warmup: default adds one
 
     @property

@@ -290,7 +290,7 @@ class SelectionApp:
             name, version = self.members[i]
             calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
-                arrived=arrived, timeout=timeout, rows=rows))
+                arrived=arrived, timeout=timeout, rows=rows, expires=cut))
         if calls:
             await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
         # after this request's member calls: a swap never unloads a member it is asking
@@ -303,8 +303,10 @@ class SelectionApp:
                 self.answered[i] += 1
             else:
                 missing[i] = reason
-                if reason == "deadline":  # it may still finish: its outcome is not needed
-                    task.add_done_callback(_quiet)
+                if reason == "deadline":  # its outcome is not needed: queued, it never
+                    task.add_done_callback(_quiet)  # runs (``expires``); running, it stops
+                    if _cancellable(entries[i]):  # where its backend can stop midway
+                        task.cancel()
         for i, reason in missing.items():
             self.missing[(i, reason)] += 1
         answer = self._answer(rid, context, rows, asked, probs, answers, missing)
@@ -583,6 +585,13 @@ def _outcome(task: asyncio.Task) -> str | None:
         return {"deadline": "deadline", "expired": "deadline", "cold": "cold"}.get(
             exc.reason, "shed")
     return "error"
+
+
+def _cancellable(entry: Any) -> bool:
+    """Whether a call to ``entry`` may be cancelled midway: its backend stops its work
+    (others run on in a thread, and the call holds the model until they are done)."""
+    backend = entry.backend
+    return backend is not None and backend.CANCELLABLE
 
 
 def _quiet(task: asyncio.Task) -> None:
