@@ -6,14 +6,15 @@ prediction for its feedback, which the policy learns from, per context if asked.
 A member call carries the client's ``timeout`` as its hard deadline (admission drops
 it early); against the app's SLO it is cut at the deadline rather than refused, since
 admission judges a member by its own SLO and percentile (with a margin of its own
-SLO), which would refuse a straggling member every time.
+SLO), which would refuse a straggling member every time. A call cut is dropped while
+queued (``expires``) and cancelled where its backend can stop midway.
 
 A member that is not resident is not called (it would wait for a load): it counts as
 missing (``cold``) and is loaded in the background only when it is worth it
 (``_load_worth_it``: not yet seen enough, or weighing more than a resident member). Members that erred or missed the deadline learn a loss of 1;
-members that were cold or shed are given their own recent loss (a moving average of
-what they lost when they answered; the answering members' weighted loss before they
-ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
+members that were cold or shed are given their own recent loss (the mean, then a
+moving average, of what they lost when they answered; the answering members' weighted
+loss before they ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
 """
 
 from __future__ import annotations

@@ -182,13 +182,9 @@ class Policy:
         outs = [answers[i] for i in members]
         if kind == "label":
             labels = np.stack([o.reshape(len(o), -1)[:, 0] for o in outs])  # [M, N]
-            votes: dict[int, np.ndarray] = {}
-            for m, row in enumerate(labels):
-                for value in np.unique(row):
-                    votes.setdefault(int(value), np.zeros(labels.shape[1]))
-                    votes[int(value)] += w[m] * (row == value)
-            values = np.array(sorted(votes))
-            tally = np.stack([votes[v] for v in values])
+            values = np.unique(labels)  # sorted: a tie goes to the smallest label
+            tally = np.tensordot(w, labels[None, :, :] == values[:, None, None],
+                                 axes=([0], [1]))  # [V, N]: each label's weight per row
             choice = values[tally.argmax(axis=0)]
             agree = (labels == choice).sum(axis=0)
             return choice.astype(outs[0].dtype).reshape(outs[0].shape[:1] + (1,) * (
