@@ -5,6 +5,8 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
   quarter; exp3 and exp4 against every static member, and the controls (Clipper's
   literal Exp4 update, plain Hedge, undiscounted Thompson), over several seeds: the
   cumulative error, and when the leader moved off the failed member and back.
+* ``policies``: the same stream through the policies alone, in this process (no agent):
+  the controls' figures without the serving path in between, and where the weights go.
 * ``ensemble`` (Fig. 7): exp4's error against the best member's on a stationary
   stream, and the error of answers at each level of agreement.
 * ``stragglers`` (Fig. 9): ensembles of 1-16 members with lognormal latency under a
@@ -18,7 +20,7 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
 
     .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 1]
         [--feedback-batch 1] [--jobs 1] [--policies exp4,exp3,clipper_exp4,hedge,thompson_undiscounted]
-        [--nice 0] [--only recovery,ensemble,stragglers,users,feedback,budget]
+        [--nice 0] [--only recovery,policies,ensemble,stragglers,users,feedback,budget]
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import random
+
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.backends.synthetic import classify  # noqa: E402
+from agent.config import parse_model_config  # noqa: E402
+from agent.node.selection.policies import Policy  # noqa: E402
 from tests.helpers import Agent, add_app, add_classifier  # noqa: E402
 
 
@@ -139,6 +146,7 @@ def recovery_seed(client: Client, seed: int, queries: int, step: int, policies: 
                 leaders.append((start, int(np.argmax(w))))
         off = next((q - fail for q, lead in leaders if fail <= q < heal and lead != 0), None)
         back = next((q - heal for q, lead in leaders if q >= heal and lead == 0), None)
+        back = back if off is not None else None  # it never left the failed member
         out[label] = {"seed": seed, "error": wrong / queries, "off": off, "back": back}
     # every static member's error on the same stream (the members' own answers)
     static = np.array([float((client.answers(f"r{seed}m{i}", rows(np.arange(queries), truth))
@@ -147,6 +155,44 @@ def recovery_seed(client: Client, seed: int, queries: int, step: int, policies: 
         out[label]["static"] = static.round(4).tolist()
         out[label]["below_every_static"] = bool(out[label]["error"] < static.min())
     return out
+
+
+def policies_seed(seed: int, queries: int, label: str) -> dict:
+    """The recovery stream of ``seed`` through policy ``label`` alone, one query per
+    round: the cumulative error, when the leader moved off and back, the weights at the
+    failure, the healing and the end, and when each member's weight reached 0 (underflow)."""
+    fail, heal = queries // 4, queries // 2
+    truth = np.random.default_rng(seed).integers(0, 10, queries)
+    x = rows(np.arange(queries), truth)
+    preds = np.stack([classify(parse_model_config({"backend": "synthetic", "synthetic": {
+        "classifier": {"classes": 10, "seed": seed, "error": err,
+                       "schedule": [[fail, heal, 0.9]] if i == 0 else []}}}
+    ).synthetic.classifier, f"r{seed}m{i}", x).reshape(-1) for i, err in enumerate(ERRORS)])
+    options = {k: v for k, v in POLICIES[label].items() if k != "policy"}
+    policy = Policy(POLICIES[label]["policy"], len(ERRORS), **options)
+    state, rng = policy.fresh(), random.Random(seed)
+    wrong, lead, zeroed, snapshots = 0, np.zeros(queries, int), {}, {}
+    for q in range(queries):
+        asked, probs = policy.select(state, [True] * len(ERRORS), rng)
+        answer, _ = policy.combine(state, {i: preds[i, q:q + 1].reshape(1, 1)
+                                           for i in asked}, "label")
+        wrong += int(answer[0, 0] != truth[q])
+        policy.observe(state, {i: float(preds[i, q] != truth[q]) for i in asked}, 1,
+                       dict(zip(asked, probs)))
+        lead[q] = int(np.argmax(state.weights))
+        for i, w in enumerate(state.weights if policy.ensemble else ()):
+            if w == 0 and i not in zeroed:
+                zeroed[i] = q
+        if q + 1 in (fail, heal, queries):
+            snapshots[q + 1] = [float(f"{p:.3g}") for p in policy.probabilities(state)]
+    off = np.flatnonzero(lead[fail:heal] != 0)
+    back = np.flatnonzero(lead[heal:] == 0)
+    static = (preds != truth).mean(axis=1)
+    return {"seed": seed, "error": wrong / queries,
+            "off": int(off[0]) if len(off) else None,
+            "back": int(back[0]) if len(back) and len(off) else None,  # never left: None
+            "below_every_static": bool(wrong / queries < static.min()),
+            "zeroed_at": zeroed, "weights_at": snapshots}
 
 
 # -- Fig. 7: ensemble and agreement ----------------------------------------------------
@@ -328,9 +374,25 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=0,
                     help="the agent's and this client's niceness (-10: other work on the "
                          "box does not preempt them; negative needs root)")
-    ap.add_argument("--only", default="recovery,ensemble,stragglers,users,feedback,budget")
+    ap.add_argument("--only", default="recovery,ensemble,stragglers,users,feedback,budget",
+                    help="parts to run; 'policies' (the recovery stream in-process) too")
     args = ap.parse_args()
     parts = set(args.only.split(","))
+    if "policies" in parts:
+        with ThreadPoolExecutor(args.jobs) as pool:  # numpy releases the GIL little
+            for label in args.policies.split(","):
+                runs = list(pool.map(lambda seed: policies_seed(seed, args.queries, label),
+                                     range(args.seeds)))
+                print(f"policies {label:22s} error {np.mean([r['error'] for r in runs]):.4f} "
+                      f"below every static in {sum(r['below_every_static'] for r in runs)}"
+                      f"/{len(runs)}; off after {[r['off'] for r in runs]}; back after "
+                      f"{[r['back'] for r in runs]}", flush=True)
+                for r in runs:
+                    print(f"  seed {r['seed']}: weights at {r['weights_at']}; "
+                          f"reached 0 at {r['zeroed_at']}", flush=True)
+        parts.discard("policies")
+        if not parts:
+            return
     tmp = Path(tempfile.mkdtemp(prefix="bench-selection-"))
     repo = tmp / "models"
     repo.mkdir()

@@ -85,6 +85,20 @@ def test_synthetic_classifier_errs_at_its_rates_deterministically():
     assert 0.02 < (wrong_m & wrong_n).mean() < 0.06  # independent: about 0.2 × 0.2
 
 
+def test_synthetic_classifier_answers_the_same_one_row_at_a_time():
+    """Small batches take the Python path (cheap in the event loop), large ones numpy:
+    the same answers, rows with groups, schedules and negative ids included."""
+    b = _classifier("m", error=0.3, schedule=[[10, 50, 0.9], [40, 60, 0.0]],
+                    groups={1: 0.6, 2: 0.05})
+    rng = np.random.default_rng(1)
+    x = np.stack([rng.integers(-100, 200, 3000), rng.integers(0, 30, 3000),
+                  rng.integers(0, 4, 3000)], 1).astype(np.float32)
+    whole = b.infer({"X": x}, {})["Y"]
+    one_by_one = np.concatenate([b.infer({"X": x[i:i + 1]}, {})["Y"] for i in range(3000)])
+    assert whole.dtype == one_by_one.dtype == np.int64
+    assert (whole == one_by_one).all()
+
+
 def test_synthetic_classifier_jitter_makes_stragglers():
     cfg = parse_model_config({"backend": "synthetic", "synthetic": {
         "base_ms": 2, "jitter": {"lognormal_sigma": 0.6, "outlier_p": 0.1,

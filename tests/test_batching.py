@@ -1,7 +1,8 @@
 """Per-model queues, batchers and workers with the synthetic backend (latency = base +
 per_item × batch), driven through ``Serving`` in-process: batches are formed, split back
 and isolated by shape; AIMD settles near n*; a high fixed cost opens a batch window;
-a load the model can sustain is batched; overload is shed at once.
+a load the model can sustain is batched; overload is shed at once; a request queued
+past its expiry (a selection app's cut) is dropped, never run.
 
 Timing-based tests assert behaviour with margins that hold on a loaded box; latency and
 throughput against the SLO are measured by bench/serving_slo.py."""
@@ -218,4 +219,29 @@ async def test_overload_is_shed_at_once_and_nothing_hangs(repo):
     assert np.median([t for t, _ in shed]) < 0.02  # rejected at once, not after queueing
     info = serving.describe(entry)
     assert info["drops_total"] - before[-1] == len(shed) and info["queue_length"] == 0
+    await stop_serving(cache, serving)
+
+
+async def test_a_request_queued_past_its_expiry_is_dropped_not_run(repo):
+    """A selection app's member call cut at the app's deadline (``expires``) is useless:
+    still queued then, it is answered ``expired`` and never reaches the backend."""
+    from agent.node.admission import Shed
+
+    add_synthetic(repo, "m", base_ms=150, max_batch_size=0)  # one worker, not batched
+    recorder = Recorder()
+    cache, serving = await start_serving(repo, recorder)
+    await cache.ensure_loaded("m")
+    x = np.ones((1, 2), np.float32)
+
+    async def cut_call():
+        return await serving.infer("m", None, lambda e: {"X": x}, {},
+                                   arrived=serving.clock(), rows=1,
+                                   expires=serving.clock() + 0.05)
+    first = asyncio.ensure_future(call_model(serving, "m", x))  # holds the worker 150 ms
+    await asyncio.sleep(0.01)
+    with pytest.raises(Shed) as err:
+        await cut_call()  # queued behind it, past its expiry when the worker frees
+    assert err.value.reason == "expired"
+    await first
+    assert len(recorder.calls) == 1  # only the first ran
     await stop_serving(cache, serving)

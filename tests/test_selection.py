@@ -171,6 +171,11 @@ def test_stragglers_are_cut_at_the_deadline_and_renormalised(repo, start_agent):
         assert ask(agent, "fast", [q], [4])[1]["parameters"]["missing"] == "slow:1:deadline"
     answer_ms = agent.request("GET", "/v1/selection/fast")[2]["answer_ms"]
     assert answer_ms["of"] == 4 and 90 <= answer_ms["p50"] <= answer_ms["max"] < 600, answer_ms
+    # the cut calls were stopped (their answers were not needed), not run out behind
+    # the next request's: "slow" never finished one, well after its 800 ms
+    time.sleep(1.0)
+    stats = agent.request("GET", "/v2/models/slow/stats")[2]["model_stats"][0]
+    assert stats["execution_count"] == 0, stats
     # a client's tighter timeout (microseconds) cuts sooner still; rows all default
     # when no member can answer in time (slow alone)
     add_app(repo, "lonely", ["slow"], slo_ms=50, default_output=[-1])
@@ -198,6 +203,8 @@ def test_cold_members_count_missing_and_the_budget_holds_the_ones_worth_it(repo,
     agent = start_agent(repo, budget=25_000_000)  # room for 2 of the 5
     _train(agent, "app", 300)
     loads_before = sum(agent.request("GET", f"/v1/cache/m{i}")[2]["loads"] for i in range(5))
+    # members are seen one after another, not a load per answer (5 read signatures first)
+    assert loads_before <= 20, loads_before
     _, _, shown = agent.request("GET", "/v1/selection/app")
     assert shown["members"][0]["weight"] > 0.5
     missing = {m["member"]: m["missing"].get("cold", 0) for m in shown["members"]}

@@ -2,6 +2,7 @@
 answers: they learn the best member, move off it when it fails and come back when it
 heals (the departures from the paper), while the controls do not come back."""
 
+import math
 import random
 
 import numpy as np
@@ -69,6 +70,28 @@ def test_controls_without_forgetting_do_not_come_back(name, options):
     off, back = _moved_off_and_back(lead)
     assert off is not None  # they do move off ...
     assert back is None     # ... but never return within the rest of the stream
+
+
+def test_clippers_literal_exp4_collapses_onto_one_member_and_sticks():
+    """Clipper's removed Exp4 update (divide by p, no floor): the members trusted less
+    are punished more until their weights underflow to exactly 0, which is never updated
+    again; the app is left with the best member alone and keeps it through its failure."""
+    error, static, lead = _run(Policy("clipper_exp4", 5))
+    state = Policy("clipper_exp4", 5).fresh()
+    assert state.weights == [1.0] * 5  # Clipper's raw weights
+    off, _ = _moved_off_and_back(lead)
+    assert off is None              # it never leaves the failed member ...
+    assert error > static.min()     # ... so a static member beats it
+
+
+def test_clippers_literal_exp4_update_step():
+    p = Policy("clipper_exp4", 2)
+    state = p.fresh()
+    p.observe(state, {0: 1.0, 1: 0.0}, 1, {})
+    assert state.weights == [pytest.approx(math.exp(-0.01 / 0.5)), 1.0]
+    state.weights = [0.0, 1.0]
+    p.observe(state, {0: 0.0, 1: 1.0}, 1, {})
+    assert state.weights[0] == 0.0  # a weight at 0 stays there
 
 
 def test_epsilon_greedy_with_a_discount_comes_back():

@@ -162,6 +162,9 @@ class Backend(ABC):
     PRIORS: ClassVar[dict[str, Prior]] = {"cpu": PLAIN}
     #: Warm up on zeros when the model's config says nothing (``warmup:``).
     DEFAULT_WARMUP: ClassVar[bool] = True
+    #: ``infer_async`` may be cancelled midway and stops its work (it holds no thread):
+    #: a caller that no longer needs the answer (a selection app's cut) cancels it.
+    CANCELLABLE: ClassVar[bool] = False
 
     def __init__(self, name: str, version: int, path: Path, config: "ModelConfig",
                  footprints: FootprintModel) -> None:

@@ -93,6 +93,8 @@ class Pending:
     future: asyncio.Future = field(repr=False)
     #: Latest time its batch may start and still meet the deadline (bounds the window).
     dispatch_by: float = float("inf")
+    #: After this its answer is useless (a selection app cut it): dropped, never run.
+    expires: float = float("inf")
 
     @property
     def weight(self) -> int:
@@ -242,12 +244,13 @@ class ModelBatcher:
             pass
 
     def _expire(self, now: float) -> None:
-        """Drop requests whose client timeout passed while queued, and cancelled ones."""
+        """Drop requests whose client timeout (or caller's cut) passed while queued, and
+        cancelled ones."""
         keep = []
         for p in self.queue:
             if p.future.done():
                 continue
-            if p.deadline.hard and now > p.deadline.at:
+            if (p.deadline.hard and now > p.deadline.at) or now > p.expires:
                 p.fail(Shed("the request's timeout passed while it was queued", "expired"))
                 continue
             keep.append(p)

@@ -279,11 +279,13 @@ class Serving:
     async def infer(self, name: str, version: int | None,
                     prepare: Callable[[Entry], dict[str, np.ndarray]],
                     parameters: dict[str, Any], *, arrived: float,
-                    timeout: float | None = None, rows: int = 1
-                    ) -> tuple[Entry, dict[str, np.ndarray]]:
+                    timeout: float | None = None, rows: int = 1,
+                    expires: float = math.inf) -> tuple[Entry, dict[str, np.ndarray]]:
         """Serve one request: (the entry that served it, its outputs). ``prepare(entry)``
         validates the request against the loaded model and returns its input tensors;
-        ``rows`` is the request's batch size if known before (for the cold-start check)."""
+        ``rows`` is the request's batch size if known before (for the cold-start check);
+        ``expires``: after it the answer is useless (a selection app's cut), so a request
+        still queued then is dropped rather than run."""
         entry = self.cache.entry(name, version)
         rt = self.runtime(entry)
         rt.offered.add(self.clock())
@@ -301,11 +303,11 @@ class Serving:
                 pc = rt.prediction_cache
                 hit = False
                 if pc is None:
-                    outputs = await self._queue(rt, inputs, params, deadline, cold)
+                    outputs = await self._queue(rt, inputs, params, deadline, cold, expires)
                 else:
                     outputs, hit = await pc.get_or_compute(
                         input_digest(inputs, params),
-                        lambda: self._queue(rt, inputs, params, deadline, cold))
+                        lambda: self._queue(rt, inputs, params, deadline, cold, expires))
                     if not hit:
                         rt.stats.cache_miss(self.clock() - arrived)
         except Shed as exc:
@@ -370,8 +372,8 @@ class Serving:
         self.cache.release(acquired)
 
     async def _queue(self, rt: ModelRuntime, inputs: dict[str, np.ndarray],
-                     params: dict[str, Any], deadline: Deadline, cold: bool = False
-                     ) -> dict[str, np.ndarray]:
+                     params: dict[str, Any], deadline: Deadline, cold: bool = False,
+                     expires: float = math.inf) -> dict[str, np.ndarray]:
         """Admit (unless ``cold``: admitted when it arrived to wait for the load, only a
         hard deadline still applies) and run through the model's batcher."""
         batcher = rt.batcher
@@ -390,7 +392,8 @@ class Serving:
         future = asyncio.get_running_loop().create_future()
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
         pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,
-                          future, dispatch_by=deadline.at - margin - full_batch)
+                          future, dispatch_by=deadline.at - margin - full_batch,
+                          expires=expires)
         rt.tuner.observe_arrival(now, pending.weight)
         if idle:
             return await batcher.run_now(pending)

@@ -6,14 +6,15 @@ prediction for its feedback, which the policy learns from, per context if asked.
 A member call carries the client's ``timeout`` as its hard deadline (admission drops
 it early); against the app's SLO it is cut at the deadline rather than refused, since
 admission judges a member by its own SLO and percentile (with a margin of its own
-SLO), which would refuse a straggling member every time.
+SLO), which would refuse a straggling member every time. A call cut is dropped while
+queued (``expires``) and cancelled where its backend can stop midway.
 
 A member that is not resident is not called (it would wait for a load): it counts as
 missing (``cold``) and is loaded in the background only when it is worth it
 (``_load_worth_it``: not yet seen enough, or weighing more than a resident member). Members that erred or missed the deadline learn a loss of 1;
-members that were cold or shed are given their own recent loss (a moving average of
-what they lost when they answered; the answering members' weighted loss before they
-ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
+members that were cold or shed are given their own recent loss (the mean, then a
+moving average, of what they lost when they answered; the answering members' weighted
+loss before they ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ class SelectionApp:
         self.answered: Counter[int] = Counter()
         self.missing: Counter[tuple[int, str]] = Counter()
         self.background_loads: Counter[int] = Counter()
-        #: Each member's recent loss (a moving average over rows): what a member that
-        #: was cold or shed is taken to have lost.
+        #: Each member's recent loss (the mean of its first 1/``USUAL_LOSS_RATE`` rows,
+        #: then a moving average): what a member that was cold or shed is taken to have
+        #: lost. ``loss_rows``: the rows it has been judged on.
         self.usual_loss: dict[int, float] = {}
+        self.loss_rows: Counter[int] = Counter()
         self.confidence = [0] * len(CONFIDENCE_BUCKETS)
         self.confidence_sum = 0.0
         self.answer_times = LatencyWindow(ANSWER_WINDOW)
@@ -288,7 +291,7 @@ class SelectionApp:
             name, version = self.members[i]
             calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
-                arrived=arrived, timeout=timeout, rows=rows))
+                arrived=arrived, timeout=timeout, rows=rows, expires=cut))
         if calls:
             await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
         # after this request's member calls: a swap never unloads a member it is asking
@@ -301,8 +304,10 @@ class SelectionApp:
                 self.answered[i] += 1
             else:
                 missing[i] = reason
-                if reason == "deadline":  # it may still finish: its outcome is not needed
-                    task.add_done_callback(_quiet)
+                if reason == "deadline":  # its outcome is not needed: queued, it never
+                    task.add_done_callback(_quiet)  # runs (``expires``); running, it stops
+                    if _cancellable(entries[i]):  # where its backend can stop midway
+                        task.cancel()
         for i, reason in missing.items():
             self.missing[(i, reason)] += 1
         answer = self._answer(rid, context, rows, asked, probs, answers, missing)
@@ -372,9 +377,12 @@ class SelectionApp:
         if worth:
             i = max(worth, key=lambda j: (self.answered[j] < EXPLORE_ANSWERS, weights[j]))
             top = max(range(len(entries)), key=weights.__getitem__)
+            exploring = self.answered[i] < EXPLORE_ANSWERS
             lighter = sorted((weights[j], j) for j in range(len(entries))
                              if available[j] and j != top and (
-                                 weights[j] < weights[i] or self.answered[i] < EXPLORE_ANSWERS))
+                                 weights[j] < weights[i] or exploring)
+                             # one being seen is not displaced by another: no round robin
+                             and not (exploring and self.answered[j] < EXPLORE_ANSWERS))
             self._load_in_background(serving, i, entries[i], [entries[j] for _, j in lighter])
 
     def _load_in_background(self, serving: Serving, i: int, entry: Any,
@@ -478,9 +486,11 @@ class SelectionApp:
                 else float(losses.mean())
         for i in prediction.failed:
             member_loss[i] = 1.0
-        keep = (1 - USUAL_LOSS_RATE) ** prediction.rows
-        for i, loss in member_loss.items():
-            self.usual_loss[i] = keep * self.usual_loss.get(i, loss) + (1 - keep) * loss
+        for i, loss in member_loss.items():  # a plain mean while it has few rows: unbiased
+            self.loss_rows[i] += prediction.rows
+            new = max(prediction.rows / self.loss_rows[i],
+                      1 - (1 - USUAL_LOSS_RATE) ** prediction.rows)
+            self.usual_loss[i] = (1 - new) * self.usual_loss.get(i, loss) + new * loss
         context = context if context is not None else prediction.context
         for target in [context if context is not None else GLOBAL]:
             state = self.state_for(None if target == GLOBAL else target)
@@ -576,6 +586,13 @@ def _outcome(task: asyncio.Task) -> str | None:
         return {"deadline": "deadline", "expired": "deadline", "cold": "cold"}.get(
             exc.reason, "shed")
     return "error"
+
+
+def _cancellable(entry: Any) -> bool:
+    """Whether a call to ``entry`` may be cancelled midway: its backend stops its work
+    (others run on in a thread, and the call holds the model until they are done)."""
+    backend = entry.backend
+    return backend is not None and backend.CANCELLABLE
 
 
 def _quiet(task: asyncio.Task) -> None:

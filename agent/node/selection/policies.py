@@ -8,8 +8,9 @@ Departures from the paper, on purpose: ``exp4`` updates every member from its ow
 (full information, Hedge), not Clipper's divide-by-p; ``exp3`` and ``exp4`` mix a share
 of the mean weight back after each update (fixed share, Herbster & Warmuth) so a member
 that failed and healed regains weight; ``epsilon_greedy`` and ``thompson`` discount old
-observations so that they too come back. ``clipper_exp4`` (the literal update) and
-``share: 0`` (plain Hedge), ``discount: 1`` (Seldon's Thompson) are kept as controls.
+observations so that they too come back. ``clipper_exp4`` (Clipper's removed Exp4 code,
+line for line), ``share: 0`` (plain Hedge) and ``discount: 1`` (Seldon's Thompson) are
+kept as controls.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import numpy as np
 #: Policies that ask every member and combine (the others ask one member); the names
 #: are ``agent.config.SELECTION_POLICIES``.
 ENSEMBLES = ("exp4", "clipper_exp4")
+#: Clipper's ``Exp4Policy::eta`` (``selection_policies.hpp``): the control's learning rate.
+CLIPPER_ETA = 0.01
 #: Members whose values lie this close (relative) to the combined value agree with it.
 VALUE_AGREEMENT = 0.05
 
@@ -116,6 +119,9 @@ class Policy:
         return 0.98 if self.name == "epsilon_greedy" else 0.995
 
     def fresh(self) -> State:
+        if self.name == "clipper_exp4":  # Clipper's raw weights: 1.0 each, never normalised
+            k = self.members
+            return State([1.0] * k, [0.0] * k, [0.0] * k, [0] * k)
         return State.fresh(self.members, self.static_weights or None)
 
     # -- select -------------------------------------------------------------------------
@@ -132,6 +138,9 @@ class Policy:
                      for i in range(k)]
             total = sum(means)
             return [m / total for m in means]
+        if self.name == "clipper_exp4":  # raw weights over their sum (0 once all underflow)
+            total = sum(state.weights)
+            return [w / total if total > 0 else 0.0 for w in state.weights]
         return list(state.weights)
 
     def _mean(self, state: State, i: int) -> float:
@@ -173,13 +182,9 @@ class Policy:
         outs = [answers[i] for i in members]
         if kind == "label":
             labels = np.stack([o.reshape(len(o), -1)[:, 0] for o in outs])  # [M, N]
-            votes: dict[int, np.ndarray] = {}
-            for m, row in enumerate(labels):
-                for value in np.unique(row):
-                    votes.setdefault(int(value), np.zeros(labels.shape[1]))
-                    votes[int(value)] += w[m] * (row == value)
-            values = np.array(sorted(votes))
-            tally = np.stack([votes[v] for v in values])
+            values = np.unique(labels)  # sorted: a tie goes to the smallest label
+            tally = np.tensordot(w, labels[None, :, :] == values[:, None, None],
+                                 axes=([0], [1]))  # [V, N]: each label's weight per row
             choice = values[tally.argmax(axis=0)]
             agree = (labels == choice).sum(axis=0)
             return choice.astype(outs[0].dtype).reshape(outs[0].shape[:1] + (1,) * (
@@ -207,7 +212,9 @@ class Policy:
             return
         for i in losses:
             state.observed[i] += rows
-        if self.name in ("exp3", "exp4", "clipper_exp4"):
+        if self.name == "clipper_exp4":
+            self._clipper_exp4(state, losses, rows)
+        elif self.name in ("exp3", "exp4"):
             self._exponential(state, losses, rows, probabilities)
         elif self.name == "epsilon_greedy":
             for i, loss in losses.items():
@@ -233,8 +240,6 @@ class Policy:
         for i, loss in losses.items():
             if self.name == "exp3":  # importance-weighted by its stored probability
                 logw[i] -= self.eta * loss / max(probabilities.get(i, p[i]), 1e-6)
-            elif self.name == "clipper_exp4":  # the paper's code: divides by p, observes all
-                logw[i] -= self.eta * rows * loss / max(p[i], 1e-300)
             else:
                 logw[i] -= self.eta * rows * loss
         top = max(logw)
@@ -245,6 +250,23 @@ class Policy:
             keep = (1 - self.mix) ** rows
             w = [keep * x + (1 - keep) / self.members for x in w]
         state.weights = w
+
+    def _clipper_exp4(self, state: State, losses: dict[int, float], rows: int) -> None:
+        """Clipper's ``Exp4Policy::process_feedback`` as it was before its removal
+        (ucbrise/clipper ``ee929186``, ``src/libclipper/src/selection_policies.cpp``;
+        unchanged since ``bac5ec8b``, removed by ``11f57328``): raw float weights, each
+        member in turn multiplied by exp(-eta * loss / (s_i / weight_sum)) with the running
+        sum, a weight at 0 never updated again; no floor, no mixing, no normalisation.
+        Clipper took one feedback per query: a request of ``rows`` rows is ``rows`` such
+        rounds of the members' mean loss."""
+        s = state.weights
+        total = sum(s)
+        for _ in range(rows):
+            for i in sorted(losses):
+                if s[i] != 0 and total > 0:
+                    new = s[i] * math.exp(-CLIPPER_ETA * losses[i] / (s[i] / total))
+                    total += new - s[i]
+                    s[i] = new
 
     def _weights_from_means(self, state: State) -> None:
         means = [self._mean(state, i) for i in range(self.members)]
