@@ -20,7 +20,8 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
 
     .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 1]
         [--feedback-batch 1] [--jobs 1] [--policies exp4,exp3,clipper_exp4,hedge,thompson_undiscounted]
-        [--nice 0] [--only recovery,policies,ensemble,stragglers,users,feedback,budget]
+        [--nice 0] [--straggler-sigma 0.6]
+        [--only recovery,policies,ensemble,stragglers,users,feedback,budget]
 """
 
 from __future__ import annotations
@@ -231,10 +232,12 @@ def ensemble(client: Client, queries: int) -> dict:
 SIZES = (1, 2, 4, 8, 16)
 
 
-def setup_stragglers(repo: Path, slo_ms: float) -> None:
+def setup_stragglers(repo: Path, slo_ms: float, sigma: float) -> None:
+    """Members of median 6 ms whose latency is lognormal with ``sigma`` (the paper does
+    not give its models' distribution)."""
     for i in range(max(SIZES)):
         add_classifier(repo, f"s{i}", base_ms=6, classes=10, seed=5, error=0.3,
-                       jitter={"lognormal_sigma": 0.6})
+                       jitter={"lognormal_sigma": sigma})
     for n in SIZES:
         members = [f"s{i}" for i in range(n)]
         add_app(repo, f"cut{n}", members, slo_ms=slo_ms, policy="exp4", share=0.5)
@@ -369,6 +372,8 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--per-user", type=int, default=20)
     ap.add_argument("--slo-ms", type=float, default=20)
+    ap.add_argument("--straggler-sigma", type=float, default=0.6,
+                    help="the stragglers' lognormal sigma (members of median 6 ms)")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="recovery's policies and controls")
     ap.add_argument("--nice", type=int, default=0,
@@ -399,7 +404,7 @@ def main() -> None:
     policies = args.policies.split(",")
     setup_recovery(repo, args.seeds, args.queries, policies)
     setup_ensemble(repo)
-    setup_stragglers(repo, args.slo_ms)
+    setup_stragglers(repo, args.slo_ms, args.straggler_sigma)
     setup_users(repo, args.users)
     results: dict = {"loadavg": os.getloadavg()[0]}
     before = None
