@@ -14,7 +14,9 @@ Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) 
 report p50 | p99 (send to last byte of the answer) | max | p99 of the reports sent
 while the plan was being made | late (sends the client could not
 make on time) | POST /v1/plan | coordinator CPU (its main process and report workers,
-not the planning child) and that CPU per ingested report | client CPU | the 1-minute load average
+not the planning child) and that CPU per ingested report | the planning child's CPU |
+the clients' CPU and that per ingested report (all over the measured window: the box's
+cores are shared by all three, so each side's share shows) | the 1-minute load average
 before -> after (the box may be shared: a load above its cores starves the coordinator).
 
 ``--report-workers N`` runs the coordinator with that many report workers (its
@@ -144,6 +146,8 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
         loop = asyncio.get_running_loop()
         start = loop.time() + (t0 - time.time())
         measure = (start + warmup, start + warmup + duration)
+        for at, key in zip(measure, ("window_cpu0", "window_cpu1")):  # the steady state
+            loop.call_at(at, lambda key=key: stats.__setitem__(key, time.process_time()))
         await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats,
                                      tls) for i in ids))
 
@@ -156,6 +160,8 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
     except ImportError:
         asyncio.run(main())
     stats["cpu_s"] = time.process_time() - cpu0
+    stats["window_cpu_s"] = stats.get("window_cpu1", time.process_time()) \
+        - stats.get("window_cpu0", cpu0)
     out.put(stats)
 
 
@@ -199,13 +205,19 @@ def _processes():
                 pass  # gone meanwhile
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU of the coordinator process ``pid`` and its report workers: its children at
-    its own nice value (the planning process runs niced, and is left out)."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU of the coordinator process ``pid`` and its report workers (its children at
+    its own nice value), and of its planning process (the child that runs niced)."""
     fields = _stat(pid)
-    children = sum(_cpu_ticks(f) for f, _ in _processes()
-                   if f[1] == str(pid) and f[16] == fields[16])
-    return (_cpu_ticks(fields) + children) / os.sysconf("SC_CLK_TCK")
+    ours = planner = 0
+    for f, _ in _processes():
+        if f[1] == str(pid):
+            if f[16] == fields[16]:
+                ours += _cpu_ticks(f)
+            else:
+                planner += _cpu_ticks(f)
+    tick = os.sysconf("SC_CLK_TCK")
+    return (_cpu_ticks(fields) + ours) / tick, planner / tick
 
 
 def database_cpu_seconds() -> float:
@@ -355,7 +367,7 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             planning = threading.Thread(target=_time_plan, args=(url, timed, ca_file))
             planning.start()
             time.sleep(max(0.0, wall0 + args.duration - time.time()))
-            co_cpu = cpu_seconds(co.pid) - co_cpu0  # over the measured window only
+            co_cpu, planner_cpu = (b - a for a, b in zip(co_cpu0, cpu_seconds(co.pid)))
             db_cpu = database_cpu_seconds() - db_cpu0
             wall = time.time() - wall0
             results = [out.get() for _ in procs]
@@ -388,7 +400,10 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             "planning_p99_ms": pct(0.99, planning),
             "coordinator_cpu": co_cpu / wall, "database_cpu": db_cpu / wall,
             "cpu_ms_per_report": co_cpu * 1000 / max(1, total["ok"]),
-            "client_cpu": sum(r["cpu_s"] for r in results) / (args.duration + warmup + 2),
+            "client_cpu": sum(r["window_cpu_s"] for r in results) / args.duration,
+            "planner_cpu": planner_cpu / wall,
+            "client_ms_per_report": sum(r["window_cpu_s"] for r in results) * 1000
+            / max(1, total["ok"]),
             "refreshes": refreshes}
 
 
@@ -440,7 +455,8 @@ def main() -> None:
     print(f"{'nodes':>6} | {'offered/s':>9} | {'ingested/s':>10} | {'errors':>6} | "
           f"{'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | "
           f"{'p99 planning':>12} | {'plan s':>6} | "
-          f"{'coord CPU':>9} | {'ms/report':>9} | {'client CPU':>10} | load avg")
+          f"{'coord CPU':>9} | {'ms/report':>9} | {'planner CPU':>11} | {'client CPU':>10} | "
+          f"{'client ms/report':>16} | load avg")
     for n in [int(x) for x in args.nodes.split(",")]:
         load0 = os.getloadavg()[0]
         r = run(n, args)
@@ -448,7 +464,8 @@ def main() -> None:
               f"{r['errors']:>6} | {r['late']:>5} | {r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
               f"{r['max_ms']:>7.1f} | {r['planning_p99_ms']:>12.1f} | {r['plan_s']:>6.2f} | "
               f"{r['coordinator_cpu']:>8.0%} | "
-              f"{r['cpu_ms_per_report']:>9.3f} | {r['client_cpu']:>9.0%} | "
+              f"{r['cpu_ms_per_report']:>9.3f} | {r['planner_cpu']:>10.0%} | "
+              f"{r['client_cpu']:>9.0%} | {r['client_ms_per_report']:>16.3f} | "
               f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
         if args.store != "sqlite":
             print(f"         PostgreSQL's server processes on this box: "
