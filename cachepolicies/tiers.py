@@ -2,7 +2,8 @@
 
 A model's files come from its source (``download_seconds`` in the profiles) into a disk
 of ``capacity`` bytes (``disk_bytes`` each, else ``size_bytes``), from which it loads
-into memory. The disk starts empty and is a cache of its own: a ``MemoryPool`` with its
+into memory; a model with 0 bytes and 0 seconds there (a node's model without a source,
+in its record) loads without the tier. The disk starts empty and is a cache of its own: a ``MemoryPool`` with its
 own policy, whose penalty for a model is its download time. It records every request, as
 the memory policy does, so oracles stay in step with the trace.
 
@@ -51,8 +52,8 @@ class DiskTier:
         """Put ``key``'s files on disk for a load: the seconds its download takes, 0 when
         they are there. ``memory`` holds the resident models; ``busy`` says which are
         being pulled or loaded (their files stay)."""
-        if key in self.pool:
-            return 0.0
+        if key in self.pool or not (self.sizes[key] or self.download_seconds[key]):
+            return 0.0  # on disk, or not from a source (a node's repository model)
         self.downloads[key] += 1
         size = self.sizes[key]
         victims = self.pool.reserve(size, now, lambda k: k not in memory and not busy(k))

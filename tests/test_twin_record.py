@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import time
 
@@ -15,11 +16,13 @@ import yaml
 from click.testing import CliRunner
 
 from agent.authconfig import AgentAuthSettings
+from agent.config import AgentConfig
 from agent.cli import main
 from agent.credentials import new_token, token_hash
 from agent.node.record import ENTRY_BYTES, RequestRecord
 from cachepolicies.traces import read_profiles, read_trace
-from tests.helpers import BODY, add_synthetic
+from tests.helpers import BODY, TINY_MLP, AgentServer, add_mlp, add_synthetic, v2_body
+from tests.standin_source import StandinSources
 
 ADMIN, READ = new_token(), new_token()
 
@@ -151,8 +154,13 @@ def test_cache_trace_then_simulate_from_the_directory(recorded, tmp_path):
     assert rows[1]["misses"] == 3  # 60 MB holds all three: cold misses only
     assert rows[0]["load_concurrency"] == 1 and "p95_response_seconds" in rows[0]
     # the node's settings travel in its profiles: a node with 2 load slots is replayed so
-    text = (out / "profiles.csv").read_text().replace(",1.0,1\n", ",1.0,2\n")
-    (out / "profiles.csv").write_text(text)
+    with open(out / "profiles.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {row["load_concurrency"] for row in table} == {"1"}
+    with open(out / "profiles.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows({**row, "load_concurrency": "2"} for row in table)
     two = CliRunner().invoke(main, ["simulate", "--from", str(out), "--capacity", "60MB",
                                     "--policy", "lru", "--json", "--no-progress"])
     assert json.loads(two.stdout)[0]["load_concurrency"] == 2
@@ -193,3 +201,63 @@ def test_bad_what_if_input_is_named(recorded, tmp_path):
                                        str(admin_file), "trace", "--out", str(out),
                                        "--since", str(time.time() + 3600)])
     assert future.exit_code != 0 and "in the future" in future.output
+
+
+def test_profiles_carry_the_disk_tiers_pulls_for_simulate_from(repo, tmp_path):
+    """A node with sourced models exports each one's measured download and bytes on
+    disk (0 for a model in the repository), so ``simulate --from URL --disk-capacity``
+    replays the disk tier; a disk below the largest model is named."""
+    from agent.modelzoo import write_mlp
+
+    src, sources = tmp_path / "source", StandinSources()
+    for name, hidden in (("s", 64), ("t", 16)):
+        write_mlp(src / name / "1" / "model.onnx", **{**TINY_MLP, "hidden": hidden})
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(
+            {"source": f"file://{src / name}"}))
+        sources.delay[str(src / name)] = 0.2
+    add_mlp(repo, "local")
+    budget = 200_000_000
+    agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
+                                    cpu_budget=budget, infer_threads=2),
+                        budgets={"cpu": budget}, open_source=sources.open_source)
+    try:
+        for model in ("s", "t", "local", "s"):
+            status, _, body = agent.request("POST", f"/v2/models/{model}/infer",
+                                            v2_body([1.0, 2.0, 3.0, 4.0]))
+            assert status == 200, body
+        text = agent.request("GET", "/v1/profiles")[2]
+        (tmp_path / "p.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
+        profiles = read_profiles(tmp_path / "p.csv")
+        for name in ("s", "t"):
+            i = profiles.index[f"{name}:1"]
+            assert profiles.disk_bytes[i] == (src / name / "1" / "model.onnx").stat().st_size
+            assert 0.2 <= profiles.download_seconds[i] < 5  # its slow pull, measured
+        assert profiles.disk_bytes[profiles.index["s:1"]] > \
+            profiles.disk_bytes[profiles.index["t:1"]]
+        local = profiles.index["local:1"]
+        assert profiles.download_seconds[local] == 0 and profiles.disk_bytes[local] == 0
+        largest = int(profiles.disk_bytes.max())
+        both = int(profiles.disk_bytes.sum())
+        memory = str(int(profiles.size_bytes.max()))  # one model at a time
+
+        def downloads(disk: int) -> dict:
+            run = CliRunner().invoke(main, [
+                "simulate", "--from", agent.url, "--capacity", memory, "--policy", "lru",
+                "--disk-capacity", str(disk), "--json", "--no-progress"])
+            assert run.exit_code == 0, run.output
+            return json.loads(run.stdout)[0]
+        # s, t, local, s: s loads again; its files are still on a disk for both
+        roomy = downloads(both)
+        assert roomy["downloads"] == 2 and roomy["download_delay_seconds"] >= 0.4
+        # ... but not on a disk for one: t's pull evicted them, and s is pulled again
+        tight = downloads(largest)
+        assert tight["downloads"] == 3 and tight["download_delay_seconds"] >= 0.6
+        assert tight["mean_response_seconds"] > roomy["mean_response_seconds"]
+        small = CliRunner().invoke(main, [
+            "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
+            "--disk-capacity", str(largest - 1), "--no-progress"])
+        assert small.exit_code != 0 and "'s:1' needs" in small.output \
+            and "disk capacity" in small.output
+    finally:
+        agent.close()
