@@ -25,6 +25,7 @@ from tests.helpers import BODY, TINY_MLP, AgentServer, add_mlp, add_synthetic, v
 from tests.standin_source import StandinSources
 
 ADMIN, READ = new_token(), new_token()
+ROW = v2_body([1.0, 2.0, 3.0, 4.0])  # one row for TINY_MLP
 
 
 @pytest.fixture
@@ -223,8 +224,7 @@ def test_profiles_carry_the_disk_tiers_pulls_for_simulate_from(repo, tmp_path):
                         budgets={"cpu": budget}, open_source=sources.open_source)
     try:
         for model in ("s", "t", "local", "s"):
-            status, _, body = agent.request("POST", f"/v2/models/{model}/infer",
-                                            v2_body([1.0, 2.0, 3.0, 4.0]))
+            status, _, body = agent.request("POST", f"/v2/models/{model}/infer", ROW)
             assert status == 200, body
         text = agent.request("GET", "/v1/profiles")[2]
         (tmp_path / "p.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -259,5 +259,52 @@ def test_profiles_carry_the_disk_tiers_pulls_for_simulate_from(repo, tmp_path):
             "--disk-capacity", str(largest - 1), "--no-progress"])
         assert small.exit_code != 0 and "'s:1' needs" in small.output \
             and "disk capacity" in small.output
+    finally:
+        agent.close()
+
+
+def test_the_twin_waits_for_pull_slots_as_the_live_agent_does(repo, tmp_path):
+    """Three sourced models asked at once of an agent with one pull slot download one
+    after the other: the twin on the node's own record (its measured downloads, its pull
+    slots) predicts their mean response; with three pull slots it predicts far less."""
+    from agent.modelzoo import write_mlp
+
+    src, sources = tmp_path / "source", StandinSources()
+    names = ("p", "q", "r")
+    for name in names:
+        write_mlp(src / name / "1" / "model.onnx", **TINY_MLP)
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(
+            {"source": f"file://{src / name}"}))
+        sources.delay[str(src / name)] = 0.4
+    budget = 200_000_000
+    agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
+                                    cpu_budget=budget, infer_threads=2,
+                                    max_concurrent_pulls=1),
+                        budgets={"cpu": budget}, open_source=sources.open_source)
+    try:
+        async def send():
+            async with aiohttp.ClientSession() as session:
+                async def one(model):
+                    started = time.perf_counter()
+                    async with session.post(f"{agent.url}/v2/models/{model}/infer",
+                                            json=ROW) as r:
+                        assert r.status == 200, await r.text()
+                    return time.perf_counter() - started
+                return await asyncio.gather(*(one(m) for m in names))
+        live = float(np.mean(asyncio.run(send())))
+
+        def twin(*flags: str) -> float:
+            run = CliRunner().invoke(main, [
+                "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
+                "--disk-capacity", "200MB", "--json", "--no-progress", *flags])
+            assert run.exit_code == 0, run.output
+            row = json.loads(run.stdout)[0]
+            assert row["downloads"] == 3 and row["failed"] == 0
+            return row["mean_response_seconds"]
+        # one after the other: ~0.4, 0.8, 1.2 s
+        assert live >= 0.75
+        assert twin() == pytest.approx(live, rel=0.25)
+        assert twin("--max-concurrent-pulls", "3") < 0.7 * live
     finally:
         agent.close()

@@ -436,6 +436,8 @@ class Serving:
                 "max_batch_size": rt.settings.max_batch_size if rt.settings.batching else 1,
                 "slo_seconds": rt.settings.slo,
                 "load_concurrency": self.config.load_concurrency,
+                "max_concurrent_pulls": self.config.max_concurrent_pulls,
+                "pull_bandwidth": self.config.pull_bandwidth,
                 "download_seconds": round(download, 6), "disk_bytes": disk_bytes})
         return out
 
