@@ -204,86 +204,31 @@ def test_bad_what_if_input_is_named(recorded, tmp_path):
     assert future.exit_code != 0 and "in the future" in future.output
 
 
-def test_profiles_carry_the_disk_tiers_pulls_for_simulate_from(repo, tmp_path):
+def test_a_node_with_sources_is_replayed_with_its_pulls(repo, tmp_path):
     """A node with sourced models exports each one's measured download and bytes on
-    disk (0 for a model in the repository), so ``simulate --from URL --disk-capacity``
-    replays the disk tier; a disk below the largest model is named."""
+    disk (0 for a model in its repository), so ``simulate --from URL --disk-capacity``
+    replays the disk tier; three models asked at once of an agent with one pull slot
+    download one after the other, and the twin on the node's record predicts their
+    response (with three pull slots it predicts far less); a disk below the largest
+    model is named."""
     from agent.modelzoo import write_mlp
 
     src, sources = tmp_path / "source", StandinSources()
-    for name, hidden in (("s", 64), ("t", 16)):
+    names = {"p": 64, "q": 16, "r": 32}  # hidden units: their files' sizes differ
+    for name, hidden in names.items():
         write_mlp(src / name / "1" / "model.onnx", **{**TINY_MLP, "hidden": hidden})
         (repo / name).mkdir()
         (repo / name / "config.yaml").write_text(yaml.safe_dump(
             {"source": f"file://{src / name}"}))
-        sources.delay[str(src / name)] = 0.2
-    add_mlp(repo, "local")
-    budget = 200_000_000
-    agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
-                                    cpu_budget=budget, infer_threads=2),
-                        budgets={"cpu": budget}, open_source=sources.open_source)
-    try:
-        for model in ("s", "t", "local", "s"):
-            status, _, body = agent.request("POST", f"/v2/models/{model}/infer", ROW)
-            assert status == 200, body
-        text = agent.request("GET", "/v1/profiles")[2]
-        (tmp_path / "p.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
-        profiles = read_profiles(tmp_path / "p.csv")
-        for name in ("s", "t"):
-            i = profiles.index[f"{name}:1"]
-            assert profiles.disk_bytes[i] == (src / name / "1" / "model.onnx").stat().st_size
-            assert 0.2 <= profiles.download_seconds[i] < 5  # its slow pull, measured
-        assert profiles.disk_bytes[profiles.index["s:1"]] > \
-            profiles.disk_bytes[profiles.index["t:1"]]
-        local = profiles.index["local:1"]
-        assert profiles.download_seconds[local] == 0 and profiles.disk_bytes[local] == 0
-        largest = int(profiles.disk_bytes.max())
-        both = int(profiles.disk_bytes.sum())
-        memory = str(int(profiles.size_bytes.max()))  # one model at a time
-
-        def downloads(disk: int) -> dict:
-            run = CliRunner().invoke(main, [
-                "simulate", "--from", agent.url, "--capacity", memory, "--policy", "lru",
-                "--disk-capacity", str(disk), "--json", "--no-progress"])
-            assert run.exit_code == 0, run.output
-            return json.loads(run.stdout)[0]
-        # s, t, local, s: s loads again; its files are still on a disk for both
-        roomy = downloads(both)
-        assert roomy["downloads"] == 2 and roomy["download_delay_seconds"] >= 0.4
-        # ... but not on a disk for one: t's pull evicted them, and s is pulled again
-        tight = downloads(largest)
-        assert tight["downloads"] == 3 and tight["download_delay_seconds"] >= 0.6
-        assert tight["mean_response_seconds"] > roomy["mean_response_seconds"]
-        small = CliRunner().invoke(main, [
-            "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
-            "--disk-capacity", str(largest - 1), "--no-progress"])
-        assert small.exit_code != 0 and "'s:1' needs" in small.output \
-            and "disk capacity" in small.output
-    finally:
-        agent.close()
-
-
-def test_the_twin_waits_for_pull_slots_as_the_live_agent_does(repo, tmp_path):
-    """Three sourced models asked at once of an agent with one pull slot download one
-    after the other: the twin on the node's own record (its measured downloads, its pull
-    slots) predicts their mean response; with three pull slots it predicts far less."""
-    from agent.modelzoo import write_mlp
-
-    src, sources = tmp_path / "source", StandinSources()
-    names = ("p", "q", "r")
-    for name in names:
-        write_mlp(src / name / "1" / "model.onnx", **TINY_MLP)
-        (repo / name).mkdir()
-        (repo / name / "config.yaml").write_text(yaml.safe_dump(
-            {"source": f"file://{src / name}"}))
         sources.delay[str(src / name)] = 0.4
+    add_mlp(repo, "local")
     budget = 200_000_000
     agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
                                     cpu_budget=budget, infer_threads=2,
                                     max_concurrent_pulls=1),
                         budgets={"cpu": budget}, open_source=sources.open_source)
     try:
-        async def send():
+        async def send(models):
             async with aiohttp.ClientSession() as session:
                 async def one(model):
                     started = time.perf_counter()
@@ -291,20 +236,48 @@ def test_the_twin_waits_for_pull_slots_as_the_live_agent_does(repo, tmp_path):
                                             json=ROW) as r:
                         assert r.status == 200, await r.text()
                     return time.perf_counter() - started
-                return await asyncio.gather(*(one(m) for m in names))
-        live = float(np.mean(asyncio.run(send())))
+                return await asyncio.gather(*(one(m) for m in models))
+        at_once = asyncio.run(send(list(names)))  # one after the other: ~0.4, 0.8, 1.2 s
+        later = [asyncio.run(send([m]))[0] for m in ("local", "p")]
+        live = float(np.mean(at_once + later))
+        assert sorted(at_once)[-1] >= 1.1
 
-        def twin(*flags: str) -> float:
+        profiles_text = agent.request("GET", "/v1/profiles")[2]
+        (tmp_path / "p.csv").write_bytes(profiles_text)
+        profiles = read_profiles(tmp_path / "p.csv")
+        for name in names:
+            i = profiles.index[f"{name}:1"]
+            assert profiles.disk_bytes[i] == (src / name / "1" / "model.onnx").stat().st_size
+            assert 0.4 <= profiles.download_seconds[i] < 5  # its slow pull, measured
+        local = profiles.index["local:1"]
+        assert profiles.download_seconds[local] == 0 and profiles.disk_bytes[local] == 0
+
+        def twin(memory: str, disk: int, *flags: str) -> dict:
             run = CliRunner().invoke(main, [
-                "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
-                "--disk-capacity", "200MB", "--json", "--no-progress", *flags])
+                "simulate", "--from", agent.url, "--capacity", memory, "--policy", "lru",
+                "--disk-capacity", str(disk), "--json", "--no-progress", *flags])
             assert run.exit_code == 0, run.output
             row = json.loads(run.stdout)[0]
-            assert row["downloads"] == 3 and row["failed"] == 0
-            return row["mean_response_seconds"]
-        # one after the other: ~0.4, 0.8, 1.2 s
-        assert live >= 0.75
-        assert twin() == pytest.approx(live, rel=0.25)
-        assert twin("--max-concurrent-pulls", "3") < 0.7 * live
+            assert row["failed"] == 0
+            return row
+        # all in memory and on disk: three pulls, taking turns for the one pull slot
+        roomy = twin("200MB", budget)
+        assert roomy["downloads"] == 3
+        assert roomy["mean_response_seconds"] == pytest.approx(live, rel=0.25)
+        assert twin("200MB", budget, "--max-concurrent-pulls", "3")[
+            "mean_response_seconds"] < 0.75 * live
+        # memory for one model: p loads again at the end, from disk where its files are
+        # still there; on a disk for the largest model only, q's pull evicted them
+        one = str(int(profiles.size_bytes.max()))
+        largest = int(profiles.disk_bytes.max())
+        assert twin(one, int(profiles.disk_bytes.sum()))["downloads"] == 3
+        tight = twin(one, largest)
+        assert tight["downloads"] == 4
+        assert tight["download_delay_seconds"] >= 4 * 0.4
+        small = CliRunner().invoke(main, [
+            "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
+            "--disk-capacity", str(largest - 1), "--no-progress"])
+        assert small.exit_code != 0 and "'p:1' needs" in small.output \
+            and "disk capacity" in small.output
     finally:
         agent.close()
