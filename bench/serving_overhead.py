@@ -186,8 +186,9 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
         verdict = "within the noise" if abs(diff.mean()) <= half else "beyond the noise"
         print(f"{q[:3]} {with_} - {without}: {diff.mean():+.3f} ms, mean of {len(diff)} "
               f"rounds (rounds' sd {diff.std(ddof=1) if len(diff) > 1 else 0:.3f} ms, "
-              f"±2 standard errors {half:.3f} ms: {verdict}); medians {np.median(a):.3f} "
-              f"vs {np.median(b):.3f} ms")
+              f"±2 standard errors {half:.3f} ms: {verdict}); the rounds' median "
+              f"difference {np.median(diff):+.3f} ms; medians {np.median(a):.3f} vs "
+              f"{np.median(b):.3f} ms")
 
 
 def main() -> None:
