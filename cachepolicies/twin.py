@@ -300,8 +300,12 @@ class _Twin:
             m = self.pull_queue.popleft()
             self.pull_slots -= 1
             seconds = self.disk.fetch(m, now, self.pool, self.waiters.__contains__)
-            self.note(now, "pull", m)
-            self.schedule(now + seconds, _PULLED, m)
+            if seconds > 0:
+                self.note(now, "pull", m)
+                self.schedule(now + seconds, _PULLED, m)
+            else:  # nothing to wait for: its slot is free again at once
+                self.pull_slots += 1
+                self.start_load(m, now)
 
     def pulled(self, m: int, now: float) -> None:
         self.pull_slots += 1
