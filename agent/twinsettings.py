@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
 
 def twin_settings(config: AgentConfig, recorded: dict[str, object] | None = None, *,
-                  workers: int | None = None, load_concurrency: int | None = None
-                  ) -> Queueing:
-    """``config``'s load slots, workers, batching, SLO, ``load_wait_max_s`` and
-    ``cold_start``; ``recorded`` (a node's profiles: ``workers``, ``max_batch_size``,
-    ``slo_seconds``, ``load_peak``) over them; ``workers`` per model and
-    ``load_concurrency`` load slots over both where given."""
+                  workers: int | None = None, load_concurrency: int | None = None,
+                  max_concurrent_pulls: int | None = None,
+                  pull_bandwidth: float | None = None) -> Queueing:
+    """``config``'s load slots, workers, batching, SLO, ``load_wait_max_s``,
+    ``cold_start`` and pulls (slots, bandwidth); ``recorded`` (a node's profiles:
+    ``RECORDED``) over them; the keyword arguments over both where given."""
     from cachepolicies.twin import Queueing
 
     batching, recorded = config.batching, recorded or {}
@@ -33,14 +33,18 @@ def twin_settings(config: AgentConfig, recorded: dict[str, object] | None = None
         aimd_step=batching.aimd_step, batch_budget_seconds=slo * batching.budget_fraction,
         load_peak=float(recorded.get("load_peak") or PLAIN.load_peak),
         load_wait_max_s=config.load_wait_max_s, cold_start=config.cold_start,
-        slo_seconds=slo)
+        slo_seconds=slo,
+        max_concurrent_pulls=max_concurrent_pulls or int(
+            recorded.get("max_concurrent_pulls") or config.max_concurrent_pulls),
+        pull_bandwidth=pull_bandwidth if pull_bandwidth is not None else
+        recorded.get("pull_bandwidth") or config.pull_bandwidth)
 
 
 #: A node's profile columns that set the twin, and how one value is taken for all its
 #: models: the most workers, the largest batches, the tightest SLO, the highest peak
-#: (and the node's load slots, the same on every row).
+#: (and the node's load slots, pull slots and pull bandwidth, the same on every row).
 RECORDED = {"workers": max, "max_batch_size": max, "slo_seconds": min, "load_peak": max,
-            "load_concurrency": max}
+            "load_concurrency": max, "max_concurrent_pulls": max, "pull_bandwidth": max}
 
 
 def recorded_settings(rows: list[dict[str, object]]) -> dict[str, object]:

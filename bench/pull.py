@@ -224,7 +224,7 @@ def replay_live_agent(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for policy in POLICIES:
             sim = Figures.of(simulated(work, policy, dataclasses.replace(
-                QUEUEING, load_concurrency=args.loads)))
+                QUEUEING, load_concurrency=args.loads, max_concurrent_pulls=args.pulls)))
             print(sim.row(f"sim {policy}"), flush=True)
             results, listing, served = replay_three_tiers(
                 work, policy, Path(tmp) / policy, load_concurrency=args.loads,

@@ -12,9 +12,14 @@ p50 overhead <= 0.3 ms, >= 3,000 req/s.
 
     .venv/bin/python bench/serving_overhead.py [--seconds 5] [--concurrency 1,4,16]
         [--client aiohttp|wrk] [--record-requests N]
+    .venv/bin/python bench/serving_overhead.py --record-ab 8 [--seconds 2]
 
 ``--record-requests 0`` runs the agent without its request record (the twin's ring,
-on by default), to see what the record costs.
+on by default). ``--record-ab R`` measures what the record costs: two agents, one with
+``record_requests: 0`` and one with the default, measured at the first concurrency in
+R rounds, alternating which goes first; it prints each round's p50/p99 of both, and the
+difference (with - without) as its mean over the rounds with its spread, so "within
+the noise" is a measured statement.
 """
 
 from __future__ import annotations
@@ -143,6 +148,49 @@ def through_wrk(url: str, seconds: float, concurrency: int, method: str, body: s
             "rps": doc["requests"] / (doc["duration_us"] / 1e6)}
 
 
+def start_agent(tmp: Path, repo: Path, record_requests: int | None,
+                name: str) -> tuple[subprocess.Popen, str]:
+    """An ``edgeagent serve`` process on ``repo`` (``record_requests`` None: the agent's
+    default); (process, base URL)."""
+    config = tmp / f"{name}.yaml"
+    config.write_text("{}\n" if record_requests is None
+                      else f"record_requests: {record_requests}\n")
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository",
+         str(repo), "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp / name),
+         "--cpu-budget", "256MB", "--log-level", "warning", "--config", str(config)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    return agent, agent.stdout.readline().split()[3]
+
+
+def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurrency: int,
+              rounds: int) -> None:
+    """Both agents (``urls``: label -> URL) in ``rounds`` rounds, the order alternating
+    (ABBA...); each round's p50/p99 and the p50/p99 differences' mean and spread."""
+    labels = list(urls)
+    rows: dict[str, list[dict]] = {label: [] for label in labels}
+    print(f"{'round':>5} " + " ".join(f"{label + ' p50/p99 ms':>24}" for label in labels))
+    for r in range(rounds):
+        for label in (labels if r % 2 == 0 else labels[::-1]):
+            rows[label].append(client(urls[label] + "/v2/models/small/infer", seconds,
+                                      concurrency, "POST", body))
+        print(f"{r + 1:5d} " + " ".join(
+            f"{rows[label][-1]['p50_ms']:>15.3f}/{rows[label][-1]['p99_ms']:<8.3f}"
+            for label in labels))
+    with_, without = labels[1], labels[0]
+    for q in ("p50_ms", "p99_ms"):
+        a = np.array([x[q] for x in rows[with_]])
+        b = np.array([x[q] for x in rows[without]])
+        diff = a - b
+        half = 2 * diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("inf")
+        verdict = "within the noise" if abs(diff.mean()) <= half else "beyond the noise"
+        print(f"{q[:3]} {with_} - {without}: {diff.mean():+.3f} ms, mean of {len(diff)} "
+              f"rounds (rounds' sd {diff.std(ddof=1) if len(diff) > 1 else 0:.3f} ms, "
+              f"±2 standard errors {half:.3f} ms: {verdict}); the rounds' median "
+              f"difference {np.median(diff):+.3f} ms; medians {np.median(a):.3f} vs "
+              f"{np.median(b):.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -151,7 +199,12 @@ def main() -> None:
                     help="load generator: the Python aiohttp client or wrk (C, Lua script)")
     ap.add_argument("--record-requests", type=int,
                     help="the agent's record_requests (0: no record) [default: the agent's]")
+    ap.add_argument("--record-ab", type=int, metavar="ROUNDS",
+                    help="the record's cost: agents without and with it, ROUNDS rounds "
+                         "alternating, at the first --concurrency")
     args = ap.parse_args()
+    if args.record_ab is not None and (args.record_ab < 2 or args.record_requests is not None):
+        ap.error("--record-ab needs at least 2 rounds and no --record-requests")
     if args.client == "wrk" and shutil.which("wrk") is None:
         ap.error("--client wrk needs the wrk binary on PATH (Debian: apt-get install wrk)")
     client = through_wrk if args.client == "wrk" else through_agent
@@ -159,20 +212,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         path = write_mlp(repo / "small" / "1" / "model.onnx", **SHAPE)
-        config = Path(tmp) / "agent.yaml"
-        config.write_text("{}\n" if args.record_requests is None
-                          else f"record_requests: {args.record_requests}\n")
-        agent = subprocess.Popen(
-            [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository",
-             str(repo), "--port", "0", "--grpc-port", "0", "--data-dir",
-             str(Path(tmp) / "data"),
-             "--cpu-budget", "256MB", "--log-level", "warning", "--config", str(config)],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
+        body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 16],
+                                       "data": x.ravel().tolist()}]})
+        if args.record_ab is not None:
+            agents = {label: start_agent(Path(tmp), repo, n, label)
+                      for label, n in (("without", 0), ("with", None))}
+            try:
+                for _, url in agents.values():
+                    through_agent(url + "/v2/models/small/infer", 0.5, 1, "POST", body)
+                print(f"the record's cost: record_requests 0 (without) vs the default "
+                      f"(with), concurrency {levels[0]}, {args.seconds:g} s a point, "
+                      f"client {args.client}, load average {os.getloadavg()[0]:.1f}")
+                record_ab({k: url for k, (_, url) in agents.items()}, client, body,
+                          args.seconds, levels[0], args.record_ab)
+                print(f"load average {os.getloadavg()[0]:.1f} at the end")
+            finally:
+                for agent, _ in agents.values():
+                    agent.terminate()
+                    agent.wait(30)
+            return
+        agent, url = start_agent(Path(tmp), repo, args.record_requests, "agent")
         try:
-            url = agent.stdout.readline().split()[3]
-            x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
-            body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 16],
-                                           "data": x.ravel().tolist()}]})
             through_agent(url + "/v2/models/small/infer", 0.5, 1, "POST", body)  # load it
             print(f"model: MLP {SHAPE} ({path.stat().st_size} bytes), {os.cpu_count()} cores, "
                   f"{args.seconds:.0f} s per point, client {args.client}, record_requests "

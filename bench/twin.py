@@ -48,11 +48,45 @@ class Figures:
     p99: float
     failed: int
     load_wait: float
+    stalled: float = 0.0   # live: seconds the agent's event loop was late by > LATE
+    longest: float = 0.0   # live: its longest such stall
 
     def errors(self, live: "Figures") -> dict[str, float]:
         """This run's relative error against ``live``, per floor figure."""
         return {k: getattr(self, k) / getattr(live, k) - 1 if getattr(live, k) else 0.0
                 for k in FLOORS}
+
+
+#: A probe on the agent's event loop wakes every TICK seconds; a wake later than LATE is
+#: a stall of the box (the agent waited for a CPU), not of anything the twin models.
+TICK, LATE = 0.01, 0.05
+#: A run whose agent stalled this long in all is flagged "box stalled" in the report.
+STALLED = 1.0
+
+
+class LoopProbe:
+    """How late the agent's event loop runs: the seconds its wakes were late by more
+    than ``LATE``, in all and the longest, over a live run."""
+
+    def __init__(self, agent: AgentServer) -> None:
+        self.stalled = self.longest = 0.0
+        self.stop = False
+        self.done = asyncio.run_coroutine_threadsafe(self.run(), agent.loop)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stop:
+            before = loop.time()
+            await asyncio.sleep(TICK)
+            late = loop.time() - before - TICK
+            if late > LATE:
+                self.stalled += late
+                self.longest = max(self.longest, late)
+
+    def result(self) -> tuple[float, float]:
+        self.stop = True
+        self.done.result(5)
+        return self.stalled, self.longest
 
 
 def served(seconds: list[float]) -> tuple[float, float]:
@@ -77,7 +111,9 @@ def run_live(work: Path, workload, budget: int, policy: str, load_concurrency: i
                                     load_concurrency=load_concurrency),
                         budgets={"cpu": budget})
     try:
+        probe = LoopProbe(agent)
         results = asyncio.run(replay_live(agent.url, trace, names))
+        stalled, longest = probe.result()
         listing = agent.request("GET", "/v1/cache")[2]
         memory = agent.request("GET", "/v1/memory")[2]
         if record is not None:
@@ -90,7 +126,7 @@ def run_live(work: Path, workload, budget: int, policy: str, load_concurrency: i
     mean, p99 = served(ok)
     wait = sum(p.get("room_wait_seconds", 0.0) for p in memory.values())
     return Figures(sum(m["loads"] for m in listing), mean, p99, len(results) - len(ok),
-                   wait)
+                   wait, stalled, longest)
 
 
 def run_twin(workload, budget: int, policy: str, load_concurrency: int) -> Figures:
@@ -110,13 +146,22 @@ def utilisation(workload, budget: int, policy: str, slots: int) -> float:
 
 
 def report(label: str, live: Figures, twin: Figures) -> bool:
+    """Print one run's live/twin figures, each figure's error with whether it is within
+    its floor (✓/✗), and the cell's verdict; True when all three are within."""
     errors = twin.errors(live)
-    ok = all(abs(errors[k]) <= FLOORS[k] for k in FLOORS)
-    print(f"{label:<44} loads {live.loads:>4}/{twin.loads:<4} ({errors['loads']:+.1%})  "
-          f"mean {live.mean:.3f}/{twin.mean:.3f} s ({errors['mean']:+.1%})  "
-          f"p99 {live.p99:.3f}/{twin.p99:.3f} s ({errors['p99']:+.1%})  "
+    within = {k: abs(errors[k]) <= FLOORS[k] for k in FLOORS}
+    ok = all(within.values())
+
+    def mark(k: str) -> str:
+        return f"({errors[k]:+.1%} {'✓' if within[k] else '✗'})"
+
+    print(f"{label:<44} loads {live.loads:>4}/{twin.loads:<4} {mark('loads')}  "
+          f"mean {live.mean:.3f}/{twin.mean:.3f} s {mark('mean')}  "
+          f"p99 {live.p99:.3f}/{twin.p99:.3f} s {mark('p99')}  "
           f"failed {live.failed}/{twin.failed}  wait {live.load_wait:.1f}/"
-          f"{twin.load_wait:.1f} s  {'ok' if ok else 'MISSED'}", flush=True)
+          f"{twin.load_wait:.1f} s  stalls {live.stalled:.1f} s (longest "
+          f"{live.longest:.2f} s)  {'ok' if ok else 'MISSED'}"
+          f"{' (box stalled)' if live.stalled >= STALLED else ''}", flush=True)
     return ok
 
 
@@ -135,39 +180,71 @@ def from_record(record: Path, budget: int, policy: str, slots: int) -> Figures:
 
 
 def compare(work: Path, workload, fraction: float, policy: str, slots: int,
-            label: str) -> bool:
+            label: str, keep: Path | None = None) -> Cell:
     """Live against the twin on the workload's nominal profiles, and against the twin
-    on the run's own record (measured profiles: what ``simulate --from`` sees)."""
+    on the run's own record (measured profiles: what ``simulate --from`` sees); whether
+    each is within all floors. ``keep``: the record is kept in KEEP/<the cell>."""
     budget = int(workload[1].sum() * fraction)
-    record = Path(tempfile.mkdtemp(dir=work))
+    record = (keep / slug(label)) if keep else Path(tempfile.mkdtemp(dir=work))
     live = run_live(work, workload, budget, policy, slots, record=record)
-    ok = report(label, live, run_twin(workload, budget, policy, slots))
+    nominal = report(label, live, run_twin(workload, budget, policy, slots))
     recorded = from_record(record, budget, policy, slots)
-    return report("  (twin on the run's record)", live, recorded) and ok
-def issue_case(work: Path, seconds: float, policies) -> list[bool]:
+    return Cell({"nominal profiles": nominal,
+                 "the run's record": report("  (twin on the run's record)", live, recorded)},
+                live.stalled >= STALLED)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell's verdicts: within all floors, per twin input; whether the box stalled
+    the live agent (``STALLED``)."""
+
+    within: dict[str, bool]
+    stalled: bool
+
+
+def summary(cells: list[Cell]) -> None:
+    """Print, per twin input, how many cells are within all floors, and how many of
+    those missed ran on a stalled box."""
+    for against in cells[0].within if cells else ():
+        missed = [c for c in cells if not c.within[against]]
+        stalled = sum(c.stalled for c in missed)
+        print(f"{len(cells) - len(missed)}/{len(cells)} cells within all floors (twin on "
+              f"{against}); {stalled} of the {len(missed)} missed had the agent's event "
+              f"loop stalled >= {STALLED:g} s")
+
+
+def slug(label: str) -> str:
+    """A cell's label as a directory name."""
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in label).strip("_")
+
+
+def issue_case(work: Path, seconds: float, policies, keep: Path | None = None
+               ) -> list[Cell]:
     out = []
     for seed, rate in ((7, 5.0), (8, 3.0)):
         workload = cremebrulee_workload(seed, rate, seconds)
         for policy in policies:
             out.append(compare(work, workload, 0.25, policy, 1,
-                               f"seed {seed}, {rate:g} req/s, 25 %, {policy}"))
+                               f"seed {seed}, {rate:g} req/s, 25 %, {policy}", keep))
     return out
 
 
 def grid_case(work: Path, seconds: float, policies, slot_counts=(1, 2),
-              fractions=(0.15, 0.25, 0.5)) -> list[bool]:
+              fractions=(0.15, 0.25, 0.5), utilisations=(0.3, 0.6, 0.9),
+              keep: Path | None = None) -> list[Cell]:
     """Budgets 15–50 %; for each, the rate whose load-slot utilisation (in the twin) is
     30, 60 or 90 %; 1 and 2 load slots."""
     out = []
     for slots in slot_counts:
         for fraction in fractions:
-            for target in (0.3, 0.6, 0.9):
+            for target in utilisations:
                 rate = rate_for(fraction, target, slots, seconds)
                 workload = cremebrulee_workload(11, rate, seconds)
                 for policy in policies:
                     out.append(compare(work, workload, fraction, policy, slots,
                                        f"{slots} slot(s), {fraction:.0%}, util "
-                                       f"{target:.0%} ({rate:.2f}/s), {policy}"))
+                                       f"{target:.0%} ({rate:.2f}/s), {policy}", keep))
     return out
 
 
@@ -187,7 +264,7 @@ def rate_for(fraction: float, target: float, slots: int, seconds: float) -> floa
 
 
 def whatif_case(work: Path, seconds: float, policies, keep: Path | None = None
-                ) -> list[bool]:
+                ) -> list[Cell]:
     """Run the agent at B, ask the twin for 2B from the agent's own record (its trace
     and measured profiles), run the agent at 2B on the same trace: twin vs that run."""
     out = []
@@ -201,8 +278,15 @@ def whatif_case(work: Path, seconds: float, policies, keep: Path | None = None
         at_2b = run_live(work, workload, int(total * 0.3), policy, 1)
         print(f"{policy}: at B (15 %) live loads {at_b.loads}, mean {at_b.mean:.3f} s, "
               f"p99 {at_b.p99:.3f} s; record: {trace_len} requests", flush=True)
-        out.append(report(f"what-if 2B (30 %) from the record, {policy}", at_2b, twin))
+        out.append(Cell({"the record at B": report(
+            f"what-if 2B (30 %) from the record, {policy}", at_2b, twin)},
+            max(at_b.stalled, at_2b.stalled) >= STALLED))
     return out
+
+
+def numbers(text: str, kind=float) -> list:
+    """A comma-separated list of numbers."""
+    return [kind(x) for x in text.split(",")]
 
 
 def main() -> None:
@@ -212,21 +296,26 @@ def main() -> None:
     ap.add_argument("--policy", action="append", help="default: cremebrulee and lru")
     ap.add_argument("--slots", help="grid: load slots, comma-separated [default: 1,2]")
     ap.add_argument("--budgets", help="grid: budget fractions [default: 0.15,0.25,0.5]")
-    ap.add_argument("--keep", type=Path,
-                    help="whatif: keep each run-at-B record in KEEP/POLICY (for simulate --from)")
+    ap.add_argument("--utilisations", help="grid: load-slot utilisations [default: "
+                    "0.3,0.6,0.9]")
+    ap.add_argument("--keep", type=Path, help="keep each run's record in KEEP/<cell> "
+                    "(whatif: KEEP/POLICY, the run at B), for simulate --from")
     args = ap.parse_args()
     cases = {"issue": issue_case, "grid": grid_case, "whatif": whatif_case}
     started = time.monotonic()
-    print("live/twin per figure, (twin error); floors: loads 5 %, mean 15 %, p99 25 %")
+    print("live/twin per figure, (twin error, ✓ within its floor); floors: loads 5 %, "
+          "mean 15 %, p99 25 %")
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"keep": args.keep} if args.case == "whatif" else {}
+        extra = {"keep": args.keep}
         if args.case == "grid":
-            if args.slots:
-                extra["slot_counts"] = [int(x) for x in args.slots.split(",")]
-            if args.budgets:
-                extra["fractions"] = [float(x) for x in args.budgets.split(",")]
-        oks = cases[args.case](Path(tmp), args.seconds, args.policy or POLICIES, **extra)
-    print(f"{sum(oks)}/{len(oks)} within the floors ({time.monotonic() - started:.0f} s)")
+            for name, text, kind in (("slot_counts", args.slots, int),
+                                     ("fractions", args.budgets, float),
+                                     ("utilisations", args.utilisations, float)):
+                if text:
+                    extra[name] = numbers(text, kind)
+        cells = cases[args.case](Path(tmp), args.seconds, args.policy or POLICIES, **extra)
+    summary(cells)
+    print(f"({time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":

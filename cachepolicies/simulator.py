@@ -108,7 +108,8 @@ def simulate(
         check_disk_capacity(trace, profiles, disk_capacity)
         disk_policy = disk_policy or policy_spec
         disk = DiskTier(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
-                                                   seed=seed), profiles)
+                                                   seed=seed), profiles,
+                        bandwidth=None if queueing is None else queueing.pull_bandwidth)
     # The cycle collector would only cost time here; cycles, if any, go after the run.
     collecting = gc.isenabled()
     gc.disable()

@@ -2,7 +2,8 @@
 
 A model's files come from its source (``download_seconds`` in the profiles) into a disk
 of ``capacity`` bytes (``disk_bytes`` each, else ``size_bytes``), from which it loads
-into memory. The disk starts empty and is a cache of its own: a ``MemoryPool`` with its
+into memory; a model with 0 bytes and 0 seconds there (a node's model without a source,
+in its record) loads without the tier. The disk starts empty and is a cache of its own: a ``MemoryPool`` with its
 own policy, whose penalty for a model is its download time. It records every request, as
 the memory policy does, so oracles stay in step with the trace.
 
@@ -31,14 +32,21 @@ from cachepolicies.traces import Profiles, SimulationInputError, Trace
 class DiskTier:
     """The disk tier's books during one replay: the files on disk, downloads per model."""
 
-    def __init__(self, capacity: int, policy: Policy, profiles: Profiles) -> None:
+    def __init__(self, capacity: int, policy: Policy, profiles: Profiles,
+                 bandwidth: float | None = None) -> None:
+        """``bandwidth``: bytes per second a pull may take (the agent's
+        ``pull_bandwidth``, per pull): a download takes at least its bytes over it."""
         self.pool = MemoryPool(capacity, policy)
         self.policy = policy
-        self.sizes = disk_bytes(profiles).tolist()
-        self.download_seconds = download_seconds(profiles).tolist()
+        sizes = disk_bytes(profiles)
+        seconds = download_seconds(profiles)
+        if bandwidth:
+            seconds = np.maximum(seconds, sizes / bandwidth)
+        self.sizes = sizes.tolist()
+        self.download_seconds = seconds.tolist()
         self.warm = profiles.penalty_seconds.tolist()  # a load from disk
         self.cold = miss_penalty(profiles.load_seconds, profiles.first_exec_seconds,
-                                 profiles.exec_seconds, download_seconds(profiles)).tolist()
+                                 profiles.exec_seconds, seconds).tolist()
         self.downloads = [0] * len(profiles)  # per model
         self.kept = 0  # downloads whose files stayed on disk
 
@@ -46,12 +54,17 @@ class DiskTier:
         """A request for ``key``, hit or miss (the disk policy's rates and recency)."""
         self.policy.record_access(key, now)
 
+    def needs_pull(self, key: int) -> bool:
+        """Whether a load of ``key`` pulls its files first: not on disk, and from a source
+        (0 bytes and 0 seconds: a node's model without one)."""
+        return key not in self.pool and bool(self.sizes[key] or self.download_seconds[key])
+
     def fetch(self, key: int, now: float, memory: MemoryPool,
               busy: Callable[[int], bool] = lambda key: False) -> float:
         """Put ``key``'s files on disk for a load: the seconds its download takes, 0 when
         they are there. ``memory`` holds the resident models; ``busy`` says which are
         being pulled or loaded (their files stay)."""
-        if key in self.pool:
+        if not self.needs_pull(key):
             return 0.0
         self.downloads[key] += 1
         size = self.sizes[key]

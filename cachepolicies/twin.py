@@ -7,7 +7,10 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
   model with requests in flight or waiting for its load is never a victim);
 - a miss starts one load (single flight: later requests for the model wait on it); with
   a disk tier (``cachepolicies.tiers``) it first pulls the model's files when they are
-  not on disk (``DiskTier.fetch``: its download seconds), then the load takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
+  not on disk: the pull waits for one of ``max_concurrent_pulls`` pull slots (FIFO),
+  then makes room on disk and downloads (``DiskTier.fetch``: its download seconds, at
+  least its bytes over ``pull_bandwidth``, the agent's cap per pull); then the load
+  takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
   queue* (deadline then arrival, head-of-line: a later load never overtakes the head)
   until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
   models; it runs for the model's penalty (load + cold first run; or the slot time a
@@ -65,6 +68,8 @@ class Queueing:
     load_wait_max_s: float = math.inf
     cold_start: str = "serve"
     slo_seconds: float = math.inf          # a response above it is an SLO violation
+    max_concurrent_pulls: int | None = None  # pull slots (the disk tier); None: unbounded
+    pull_bandwidth: float | None = None    # bytes per second per pull; None: no cap
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -78,6 +83,11 @@ class Queueing:
             raise ValueError(f"load_peak must be >= 1, got {self.load_peak}")
         if self.load_wait_max_s < 0:
             raise ValueError(f"load_wait_max_s must be >= 0, got {self.load_wait_max_s}")
+        if self.max_concurrent_pulls is not None and self.max_concurrent_pulls < 1:
+            raise ValueError(f"max_concurrent_pulls must be >= 1, got "
+                             f"{self.max_concurrent_pulls}")
+        if self.pull_bandwidth is not None and not self.pull_bandwidth > 0:
+            raise ValueError(f"pull_bandwidth must be > 0 bytes/s, got {self.pull_bandwidth}")
 
 
 @dataclass
@@ -114,7 +124,8 @@ def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
            settings: Queueing, *, disk: DiskTier | None = None,
            log_events: bool = False) -> Outcome:
     """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
-    disk tier a miss pulls its files into first (None: every model's files on disk)."""
+    disk tier a miss pulls its files into first (None: every model's files on disk),
+    made with ``settings.pull_bandwidth``."""
     return _Twin(trace, profiles, capacity, policy, settings, disk, log_events).run()
 
 
@@ -157,6 +168,8 @@ class _Twin:
         self.ceiling: list[int | None] = [None] * n
         self.slots = settings.load_concurrency or math.inf
         self.slot_queue: deque[int] = deque()
+        self.pull_slots = settings.max_concurrent_pulls or math.inf
+        self.pull_queue: deque[int] = deque()
         self.room_queue: list[tuple[float, int, int]] = []  # (give up at, seq, model)
         self.loads = [0] * n
         self.load_wait = 0.0
@@ -187,7 +200,7 @@ class _Twin:
             elif kind == _GIVE_UP:
                 self.give_up(what, now)
             else:  # _PULLED: the files are on disk, the load asks for its slot
-                self.start_load(what, now)
+                self.pulled(what, now)
         return Outcome(self.response, self.loads, self.load_wait, self.log)
 
     # -- requests ----------------------------------------------------------------------
@@ -271,15 +284,33 @@ class _Twin:
         return self.penalties[m] if self.disk is None else self.disk.penalty(m)
 
     def fetch(self, m: int, now: float) -> None:
-        """A miss's first step: ``m``'s files onto disk (a download when they are not
-        there; models being pulled or loaded keep theirs), then ``start_load``."""
-        pull = 0.0 if self.disk is None else \
-            self.disk.fetch(m, now, self.pool, self.waiters.__contains__)
-        if pull > 0:
-            self.note(now, "pull", m)
-            self.schedule(now + pull, _PULLED, m)
-        else:
+        """A miss's first step: ``m``'s files onto disk when they are not there (a pull,
+        in its turn for a pull slot), then ``start_load``."""
+        if self.disk is None or not self.disk.needs_pull(m):
             self.start_load(m, now)
+            return
+        self.pull_queue.append(m)
+        self.take_pull_slots(now)
+
+    def take_pull_slots(self, now: float) -> None:
+        """Pulls waiting for a slot start in arrival order, as the agent's semaphore
+        lets them: room on disk (models being pulled or loaded keep their files), then
+        the download (capped by ``pull_bandwidth``: the tier's download seconds)."""
+        while self.pull_slots > 0 and self.pull_queue:
+            m = self.pull_queue.popleft()
+            self.pull_slots -= 1
+            seconds = self.disk.fetch(m, now, self.pool, self.waiters.__contains__)
+            if seconds > 0:
+                self.note(now, "pull", m)
+                self.schedule(now + seconds, _PULLED, m)
+            else:  # nothing to wait for: its slot is free again at once
+                self.pull_slots += 1
+                self.start_load(m, now)
+
+    def pulled(self, m: int, now: float) -> None:
+        self.pull_slots += 1
+        self.take_pull_slots(now)
+        self.start_load(m, now)
 
     def start_load(self, m: int, now: float) -> None:
         self.load_id[m] += 1

@@ -3,8 +3,8 @@ load and run times set) that a real agent pulls over HTTP (files that a Range se
 sends after each model's download seconds) into its disk tier and loads into memory,
 and the same trace through ``simulate --queueing --disk-capacity``. Pulls, bytes
 pulled and loads agree within 10 % (the bench's floor is 5 % on a longer trace); the
-live mean response is not below the simulated one (less 15 %; a loaded box, and pulls
-waiting for one of two slots, only add to it). The longer replay, and its floors, is ``bench/pull.py replay --live``."""
+live mean response is not below the simulated one (less 15 %; a loaded box only adds
+to it; the twin too has the agent's two pull slots). The longer replay, and its floors, is ``bench/pull.py replay --live``."""
 
 import numpy as np
 import pytest
@@ -21,7 +21,8 @@ from tests.helpers import replay_three_tiers, three_tier_workload
 def test_live_three_tiers_agree_with_the_simulator(tmp_path, policy):
     work = three_tier_workload(1, models=10, requests=60, rate=5.0, in_memory=3, on_disk=6,
                                download=(0.05, 0.4))
-    sim = simulate(work.trace, work.profiles, work.memory_bytes, policy, queueing=Queueing(workers=64, load_concurrency=32),
+    sim = simulate(work.trace, work.profiles, work.memory_bytes, policy,
+                   queueing=Queueing(workers=64, load_concurrency=32, max_concurrent_pulls=2),
                    disk_capacity=work.disk_bytes)
     assert sim.downloads > 10 and sim.disk_evictions > 5  # the disk does bite
     assert sim.misses > sim.downloads  # and so does memory: loads from disk too

@@ -162,6 +162,34 @@ def test_twin_a_download_does_not_hold_a_load_slot():
     assert waited.mean_response_seconds == pytest.approx(((6 + EXEC) + (6 + LOAD + EXEC)) / 2)
 
 
+def test_twin_pulls_wait_for_a_pull_slot_in_turn_and_keep_to_the_bandwidth():
+    """The agent's ``max_concurrent_pulls`` (a semaphore: first come, first served) and
+    ``pull_bandwidth`` (a cap per pull): three models asked at once with one pull slot
+    download one after the other; two slots, two at a time; a cap stretches each."""
+    profiles = tiered([2.0, 2.0, 2.0])
+    trace = make_trace([0.0, 0.0, 0.0], ["a", "b", "c"], profiles)
+
+    def responses(**settings):
+        result = simulate(trace, profiles, 300, "lru", disk_capacity=300,
+                          queueing=Queueing(workers=1, load_concurrency=3, **settings))
+        assert result.downloads == 3
+        return result.mean_response_seconds, result.download_delay_seconds
+
+    run = LOAD + EXEC
+    assert responses()[0] == pytest.approx(2 + run)  # unbounded: all at once
+    assert responses(max_concurrent_pulls=1)[0] == pytest.approx((2 + 4 + 6) / 3 + run)
+    assert responses(max_concurrent_pulls=2)[0] == pytest.approx((2 + 2 + 4) / 3 + run)
+    # 100 bytes at 25 bytes/s: 4 s a pull, at least; its measured 2 s where faster
+    assert responses(max_concurrent_pulls=1, pull_bandwidth=25) == pytest.approx(
+        ((4 + 8 + 12) / 3 + run, 12.0))
+    assert responses(max_concurrent_pulls=1, pull_bandwidth=1000) == pytest.approx(
+        ((2 + 4 + 6) / 3 + run, 6.0))
+    with pytest.raises(ValueError, match="max_concurrent_pulls must be >= 1"):
+        Queueing(max_concurrent_pulls=0)
+    with pytest.raises(ValueError, match="pull_bandwidth must be > 0"):
+        Queueing(pull_bandwidth=0)
+
+
 def lru_reference(trace, sizes, disk_sizes, memory, disk):
     """Memory and disk as two LRU dicts, written out independently of the pools: a miss
     pulls first, making room from idle files (not in memory) when they suffice, else

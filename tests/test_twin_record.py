@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import time
 
@@ -15,13 +16,16 @@ import yaml
 from click.testing import CliRunner
 
 from agent.authconfig import AgentAuthSettings
+from agent.config import AgentConfig
 from agent.cli import main
 from agent.credentials import new_token, token_hash
 from agent.node.record import ENTRY_BYTES, RequestRecord
 from cachepolicies.traces import read_profiles, read_trace
-from tests.helpers import BODY, add_synthetic
+from tests.helpers import BODY, TINY_MLP, AgentServer, add_mlp, add_synthetic, v2_body
+from tests.standin_source import StandinSources
 
 ADMIN, READ = new_token(), new_token()
+ROW = v2_body([1.0, 2.0, 3.0, 4.0])  # one row for TINY_MLP
 
 
 @pytest.fixture
@@ -151,8 +155,13 @@ def test_cache_trace_then_simulate_from_the_directory(recorded, tmp_path):
     assert rows[1]["misses"] == 3  # 60 MB holds all three: cold misses only
     assert rows[0]["load_concurrency"] == 1 and "p95_response_seconds" in rows[0]
     # the node's settings travel in its profiles: a node with 2 load slots is replayed so
-    text = (out / "profiles.csv").read_text().replace(",1.0,1\n", ",1.0,2\n")
-    (out / "profiles.csv").write_text(text)
+    with open(out / "profiles.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {row["load_concurrency"] for row in table} == {"1"}
+    with open(out / "profiles.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows({**row, "load_concurrency": "2"} for row in table)
     two = CliRunner().invoke(main, ["simulate", "--from", str(out), "--capacity", "60MB",
                                     "--policy", "lru", "--json", "--no-progress"])
     assert json.loads(two.stdout)[0]["load_concurrency"] == 2
@@ -193,3 +202,82 @@ def test_bad_what_if_input_is_named(recorded, tmp_path):
                                        str(admin_file), "trace", "--out", str(out),
                                        "--since", str(time.time() + 3600)])
     assert future.exit_code != 0 and "in the future" in future.output
+
+
+def test_a_node_with_sources_is_replayed_with_its_pulls(repo, tmp_path):
+    """A node with sourced models exports each one's measured download and bytes on
+    disk (0 for a model in its repository), so ``simulate --from URL --disk-capacity``
+    replays the disk tier; three models asked at once of an agent with one pull slot
+    download one after the other, and the twin on the node's record predicts their
+    response (with three pull slots it predicts far less); a disk below the largest
+    model is named."""
+    from agent.modelzoo import write_mlp
+
+    src, sources = tmp_path / "source", StandinSources()
+    names = {"p": 64, "q": 16, "r": 32}  # hidden units: their files' sizes differ
+    for name, hidden in names.items():
+        write_mlp(src / name / "1" / "model.onnx", **{**TINY_MLP, "hidden": hidden})
+        (repo / name).mkdir()
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(
+            {"source": f"file://{src / name}"}))
+        sources.delay[str(src / name)] = 0.4
+    add_mlp(repo, "local")
+    budget = 200_000_000
+    agent = AgentServer(AgentConfig(repository=repo, data_dir=tmp_path / "data",
+                                    cpu_budget=budget, infer_threads=2,
+                                    max_concurrent_pulls=1),
+                        budgets={"cpu": budget}, open_source=sources.open_source)
+    try:
+        async def send(models):
+            async with aiohttp.ClientSession() as session:
+                async def one(model):
+                    started = time.perf_counter()
+                    async with session.post(f"{agent.url}/v2/models/{model}/infer",
+                                            json=ROW) as r:
+                        assert r.status == 200, await r.text()
+                    return time.perf_counter() - started
+                return await asyncio.gather(*(one(m) for m in models))
+        at_once = asyncio.run(send(list(names)))  # one after the other: ~0.4, 0.8, 1.2 s
+        later = [asyncio.run(send([m]))[0] for m in ("local", "p")]
+        live = float(np.mean(at_once + later))
+        assert sorted(at_once)[-1] >= 1.1
+
+        profiles_text = agent.request("GET", "/v1/profiles")[2]
+        (tmp_path / "p.csv").write_bytes(profiles_text)
+        profiles = read_profiles(tmp_path / "p.csv")
+        for name in names:
+            i = profiles.index[f"{name}:1"]
+            assert profiles.disk_bytes[i] == (src / name / "1" / "model.onnx").stat().st_size
+            assert 0.4 <= profiles.download_seconds[i] < 5  # its slow pull, measured
+        local = profiles.index["local:1"]
+        assert profiles.download_seconds[local] == 0 and profiles.disk_bytes[local] == 0
+
+        def twin(memory: str, disk: int, *flags: str) -> dict:
+            run = CliRunner().invoke(main, [
+                "simulate", "--from", agent.url, "--capacity", memory, "--policy", "lru",
+                "--disk-capacity", str(disk), "--json", "--no-progress", *flags])
+            assert run.exit_code == 0, run.output
+            row = json.loads(run.stdout)[0]
+            assert row["failed"] == 0
+            return row
+        # all in memory and on disk: three pulls, taking turns for the one pull slot
+        roomy = twin("200MB", budget)
+        assert roomy["downloads"] == 3
+        assert roomy["mean_response_seconds"] == pytest.approx(live, rel=0.25)
+        assert twin("200MB", budget, "--max-concurrent-pulls", "3")[
+            "mean_response_seconds"] < 0.75 * live
+        # memory for one model: p loads again at the end, from disk where its files are
+        # still there; on a disk for the largest model only, q's pull evicted them
+        one = str(int(profiles.size_bytes.max()))
+        largest = int(profiles.disk_bytes.max())
+        assert twin(one, int(profiles.disk_bytes.sum()))["downloads"] == 3
+        tight = twin(one, largest)
+        assert tight["downloads"] == 4
+        assert tight["download_delay_seconds"] >= 4 * 0.4
+        small = CliRunner().invoke(main, [
+            "simulate", "--from", agent.url, "--capacity", "200MB", "--policy", "lru",
+            "--disk-capacity", str(largest - 1), "--no-progress"])
+        assert small.exit_code != 0 and "'p:1' needs" in small.output \
+            and "disk capacity" in small.output
+    finally:
+        agent.close()

@@ -70,6 +70,12 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
               help="Workers per model in queueing mode [default: the agent's].")
 @click.option("--load-concurrency", type=click.IntRange(min=1),
               help="Load slots in queueing mode [default: the agent's load_concurrency].")
+@click.option("--max-concurrent-pulls", type=click.IntRange(min=1),
+              help="Pull slots of the disk tier in queueing mode [default: the agent's "
+                   "max_concurrent_pulls].")
+@click.option("--pull-bandwidth",
+              help="Bytes per second each pull may take in queueing mode (50MB) "
+                   "[default: the agent's pull_bandwidth].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of 'random'.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: when stderr is a terminal].")
@@ -90,6 +96,8 @@ def simulate_command(
     queueing: bool,
     workers: int | None,
     load_concurrency: int | None,
+    max_concurrent_pulls: int | None,
+    pull_bandwidth: str | None,
     seed: int,
     progress: bool | None,
     demo: bool,
@@ -139,8 +147,11 @@ def simulate_command(
             from agent.config import AgentConfig
             from agent.twinsettings import twin_settings
 
-            twin = twin_settings(AgentConfig(), settings, workers=workers,
-                                 load_concurrency=load_concurrency)
+            twin = twin_settings(
+                AgentConfig(), settings, workers=workers, load_concurrency=load_concurrency,
+                max_concurrent_pulls=max_concurrent_pulls,
+                pull_bandwidth=None if pull_bandwidth is None else
+                _parse_size(pull_bandwidth, "--pull-bandwidth"))
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                         queueing=twin, progress=progress, disk_capacity=disk,
                         disk_policy=disk_policy)

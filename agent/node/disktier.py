@@ -325,6 +325,14 @@ class DiskTier:
         seconds = self._state["models"].get(key[0], {}).get("download_seconds", {})
         return float(seconds.get(str(key[1]), 0.0))
 
+    def pulled_profile(self, key: Key) -> tuple[float, int]:
+        """``key``'s last measured pull as its twin replays it: (download seconds, bytes
+        on disk); its bytes now where it is on disk, else those its last pull wrote."""
+        size = self.held.get(key)
+        if size is None:
+            size = self._state["models"].get(key[0], {}).get("bytes", {}).get(str(key[1]), 0)
+        return self.download_seconds(key), int(size)
+
     def record_access(self, key: Key) -> None:
         """A request for ``key`` (the disk policy's request rates)."""
         self.pool.policy.record_access(key, self.clock())
@@ -449,6 +457,7 @@ class DiskTier:
         self.pulled += 1
         self.pulled_bytes += size
         self._model_state(name).setdefault("download_seconds", {})[str(version)] = seconds
+        self._model_state(name).setdefault("bytes", {})[str(version)] = size
         self._model_state(name).setdefault("digests", {})[str(version)] = digest or None
         await self.persist()
         log.info("disk tier: pulled %s from %s: %s in %.3fs; disk %s/%s", where,

@@ -30,12 +30,15 @@ ENTRY_BYTES = 8 + 4 + 4 + 4 + 2
 TRACE_HEADER = ("timestamp", "model", "rows", "status", "latency_seconds", "unix_time")
 
 #: The profiles file's columns: the simulator's, then the twin's and the agent's
-#: settings of the model and of the node (``load_concurrency``, the same on every row):
-#: what ``simulate --from`` replays it with.
+#: settings of the model and of the node (load and pull slots, pull bandwidth: the same
+#: on every row),
+#: then its last pull into the disk tier (0 without a source): what ``simulate --from``
+#: replays it with (``--disk-capacity`` replays the disk tier).
 PROFILE_HEADER = ("model", "size_bytes", "load_seconds", "exec_seconds",
                   "first_exec_seconds", "exec_seconds_per_row", "load_slot_seconds",
                   "load_peak", "workers", "max_batch_size", "slo_seconds",
-                  "load_concurrency")
+                  "load_concurrency", "max_concurrent_pulls", "pull_bandwidth",
+                  "download_seconds", "disk_bytes")
 
 
 class RequestRecord:

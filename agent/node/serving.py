@@ -404,14 +404,18 @@ class Serving:
     def profiles(self) -> list[dict[str, Any]]:
         """Each model version loaded at least once, as measured: its size, load and
         first-run seconds, warm batch seconds (one row, and each further row where two
-        batch sizes were seen), its loads' mean time holding a load slot, its load peak
-        and its serving settings (``agent.node.record.PROFILE_HEADER``)."""
+        batch sizes were seen), its loads' mean time holding a load slot, its load peak,
+        its serving settings and its last pull into the disk tier (download seconds and
+        bytes; 0 for a model without a source) (``agent.node.record.PROFILE_HEADER``)."""
         from agent.backends import backend_class
 
-        out = []
+        out, disk = [], self.cache.disk
         for entry in self.cache.entries.values():
             if not entry.stats.loads:
                 continue
+            # a model without a source loads from the repository: no pull, no disk bytes
+            sourced = disk is not None and entry.name in disk.sources
+            download, disk_bytes = disk.pulled_profile(entry.id) if sourced else (0.0, 0)
             rt, account = self.runtime(entry), entry.account
             profile = rt.tuner.profile
             line = profile.line()
@@ -434,7 +438,10 @@ class Serving:
                 "load_peak": round(peak, 4), "workers": rt.workers,
                 "max_batch_size": rt.settings.max_batch_size if rt.settings.batching else 1,
                 "slo_seconds": rt.settings.slo,
-                "load_concurrency": self.config.load_concurrency})
+                "load_concurrency": self.config.load_concurrency,
+                "max_concurrent_pulls": self.config.max_concurrent_pulls,
+                "pull_bandwidth": self.config.pull_bandwidth,
+                "download_seconds": round(download, 6), "disk_bytes": disk_bytes})
         return out
 
     # -- admin -----------------------------------------------------------------------
