@@ -295,6 +295,34 @@ def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
     assert agent.node.body_memory.in_flight_bytes == 0
 
 
+@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 200_000)])
+def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, counted):
+    """While a ModelInfer message is received, the in-flight limit counts what grpcio
+    holds as it hands the message over (``HANDOFF_COPIES`` x ``max_request_size``; at
+    most the whole limit, so a message of any allowed size is still served alone);
+    once received, its own size; after the answer, nothing."""
+    from agent.node.grpc_v2 import HANDOFF_COPIES
+
+    assert HANDOFF_COPIES * 100_000 == 300_000
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=limit)
+    seen = []
+
+    def message():
+        time.sleep(0.3)  # the call waits for its message with its room counted
+        seen.append(agent.node.body_memory.in_flight_bytes)
+        yield _typed_request("simple", [
+            ("INPUT0", "INT32", [1, 16], "int_contents", list(range(16))),
+            ("INPUT1", "INT32", [1, 16], "int_contents", [5] * 16)]).SerializeToString()
+
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        answer = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")(
+            message(), timeout=30)
+    assert service_pb2.ModelInferResponse.FromString(answer).raw_output_contents
+    memory = agent.node.body_memory
+    assert seen == [counted] and memory.peak_bytes == counted, (seen, memory.describe())
+    assert memory.in_flight_bytes == 0
+
+
 def test_request_limits_are_resource_exhausted(repo, serve):
     """max_request_rows, max_tensor_bytes (checked from the declared shapes, as over
     HTTP: 413) and max_request_size (the largest gRPC message) answer
