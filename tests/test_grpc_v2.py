@@ -323,6 +323,27 @@ def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, co
     assert memory.in_flight_bytes == 0
 
 
+def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
+    """A message whose hand-over does not fit within ``read_timeout_s`` is never read:
+    RESOURCE_EXHAUSTED with retry-after, naming what it needs and the limit."""
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=200_000,
+                  read_timeout_s=0.3)
+
+    async def hold() -> None:  # an HTTP body in flight, on the agent's loop
+        agent.node.body_memory.take(150_000)
+
+    agent.call(hold())
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        code, details, trailing = _code(
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"), b"",
+            timeout=30)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    for words in ("200000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
+        assert words in details, details
+    assert trailing.get("retry-after") == "1"
+    assert agent.node.body_memory.in_flight_bytes == 150_000  # nothing of its own left
+
+
 def test_request_limits_are_resource_exhausted(repo, serve):
     """max_request_rows, max_tensor_bytes (checked from the declared shapes, as over
     HTTP: 413) and max_request_size (the largest gRPC message) answer

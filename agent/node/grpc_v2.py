@@ -453,8 +453,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                    config.max_request_bytes_in_flight)
         try:
             await node.body_memory.reserve(room, config.read_timeout_s)
-        except NoRoomForBody as exc:
-            raise NoRoomForMessage(str(exc).replace("body", "message")) from None
+        except NoRoomForBody:
+            memory = node.body_memory
+            raise NoRoomForMessage(
+                f"no memory to receive the request's message within "
+                f"{config.read_timeout_s:g} s: receiving it takes {room} bytes "
+                f"({HANDOFF_COPIES} x max_request_size, what grpcio holds while handing "
+                f"it over, at most the limit), {memory.in_flight_bytes} bytes are in "
+                f"flight, the limit is {memory.limit_bytes} "
+                "(max_request_bytes_in_flight)") from None
         counted[0] = room
         if self._trimming is not None:  # the last large message's heap goes back first
             await asyncio.shield(self._trimming)
