@@ -22,8 +22,8 @@ from agent.config import CoordinatorLink
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.tls import ServerTls, TlsSettings, client_context
-from tests.helpers import (BODY, EDGEAGENT, REPORT, CoordinatorProcess, add_synthetic,
-                           issue_cert, make_ca, request, wait_for)
+from tests.helpers import (BODY, EDGEAGENT, REPORT, Agent, CoordinatorProcess,
+                           add_synthetic, issue_cert, make_ca, request, wait_for)
 
 PAST = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)
 
@@ -198,6 +198,34 @@ def test_reload_swaps_the_certificate_and_keeps_open_connections(pki, repo, star
     finally:
         kept.close()
         agent.call(g.stop(0))
+
+
+def test_sighup_with_other_tls_paths_keeps_the_files_it_started_with(pki, repo, tmp_path):
+    """``edgeagent serve``: a config whose ``tls:`` names other files takes effect at
+    the next start; SIGHUP reads the files it started with again and says to restart."""
+    add_synthetic(repo, "m")
+    config = tmp_path / "agent.yaml"
+
+    def write(issued) -> None:
+        config.write_text(json.dumps({"tls": {"cert_file": str(issued.cert_file),
+                                              "key_file": str(issued.key_file)}}))
+
+    write(pki["server"])
+    agent = Agent(repo, tmp_path / "data", "--config", str(config),
+                  context=trusting(pki["ca"]))
+    try:
+        write(issue_cert(pki["ca"], tmp_path, "server-2"))
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: any("restart to use the new ones" in line for line in agent.err),
+                 what="the warning")
+        conn = http.client.HTTPSConnection("127.0.0.1", int(agent.url.rsplit(":", 1)[1]),
+                                           timeout=5, context=trusting(pki["ca"]))
+        conn.request("GET", "/v2/health/live")
+        assert conn.getresponse().status == 200
+        assert _peer_serial(conn.sock) == pki["server"].cert.serial_number
+        conn.close()
+    finally:
+        agent.stop()
 
 
 async def _reload(tls: ServerTls) -> None:
