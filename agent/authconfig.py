@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from agent.schema import Section, setting
+from agent.auththrottle import FailureThrottle
+from agent.schema import Positive, Section, setting
 from agent.validation import choice
 
 #: The endpoint groups open by default that ``auth.protect`` may guard too.
@@ -21,6 +22,19 @@ class AuthSettings(Section):
         "YAML list of accepted tokens by their SHA-256 ({name, sha256, scopes: [admin|"
         "read|infer|report], not_after, node}); edgeagent token new prints an entry; "
         "re-read on SIGHUP", example="/etc/edgeagent/tokens.yaml")] = None
+    failure_burst: Annotated[int, setting(
+        "failed authentications (no or an unknown token) a peer address may make at "
+        "once before it gets 429 + Retry-After; read at start", ge=1)] = 20
+    failures_per_s: Annotated[Positive, setting(
+        "failed authentications a peer may make a second after its burst")] = 2.0
+    failure_peers: Annotated[int, setting(
+        "peer addresses the failure throttle keeps (the least recently failing are "
+        "dropped past it, so strangers cannot grow its state)", ge=1)] = 10_000
+
+    def throttle(self) -> FailureThrottle:
+        """The failed-authentication throttle these settings describe."""
+        return FailureThrottle(burst=self.failure_burst, per_s=self.failures_per_s,
+                               max_peers=self.failure_peers)
 
 
 class AgentAuthSettings(AuthSettings):

@@ -579,8 +579,9 @@ class AgentConfig(Section):
         "waits for room, then 503", check=size, example="256MiB")] = 256 * 2**20
     grpc_max_concurrent_rpcs: Annotated[AtLeastOne, setting(
         "gRPC calls served at once; more get RESOURCE_EXHAUSTED. A ModelInfer message "
-        "is received only once max_request_size is free in max_request_bytes_in_flight; "
-        "until then its call holds 64 KiB")] = 64
+        "is received only once 3 x max_request_size (what grpcio holds while it hands "
+        "a message over; at most the whole limit) is free in "
+        "max_request_bytes_in_flight; until then its call holds 64 KiB")] = 64
     record_requests: Annotated[AtLeastZero, setting(
         "requests the agent remembers for its twin (GET /v1/trace, edgeagent simulate "
         "--from): a ring of 22 bytes a request, allocated at start, the oldest "

@@ -81,7 +81,7 @@ class Guard:
                  throttle: FailureThrottle | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.credentials = credentials if credentials is not None else Credentials()
-        self.throttle = throttle or FailureThrottle()
+        self.throttle = throttle if throttle is not None else FailureThrottle()  # len 0: falsy
         self.clock = clock
         #: Failed attempts by reason: unauthenticated, forbidden, throttled.
         self.failures = {"unauthenticated": 0, "forbidden": 0, "throttled": 0}

@@ -341,7 +341,12 @@ def malloc_trim() -> bool:
 _M_MMAP_THRESHOLD = -3
 
 
-def tune_malloc(mmap_threshold: int = 256 * 1024) -> bool:
+#: uvloop's TLS transport reads each record with ``SSLObject.read(256 KiB)``: a
+#: bytes object of 256 KiB, shrunk at once to what arrived.
+TLS_READ_BYTES = 256 * 1024
+
+
+def tune_malloc(mmap_threshold: int = TLS_READ_BYTES + 64 * 1024) -> bool:
     """Serve allocations >= ``mmap_threshold`` from mmap, always (glibc ``mallopt``).
 
     glibc raises its mmap threshold dynamically (up to 32 MiB) after large frees, after
@@ -349,6 +354,8 @@ def tune_malloc(mmap_threshold: int = 256 * 1024) -> bool:
     after a load then stays in RSS and is billed to the model, and an unloaded model's
     weights only partly leave RSS. A fixed threshold keeps both out of the heap
     (``bench/memory_growth.py`` shows the difference; figures in docs/benchmarks.md).
+    It sits above ``TLS_READ_BYTES``: at or below it, every TLS record the agent reads
+    would cost an mmap, an mremap and a munmap.
     """
     libc = _get_libc()
     try:

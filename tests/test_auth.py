@@ -182,6 +182,27 @@ def test_bad_tokens_from_one_address_are_throttled_not_the_good_client(start_coo
     assert _get_text(co.url, READ, source="127.0.0.2")[0] == 200
 
 
+def test_the_throttle_takes_its_settings_from_the_config(repo, start_agent,
+                                                         start_coordinator, tokens):
+    """``auth.failure_burst`` / ``failures_per_s`` / ``failure_peers``: the agent answers
+    429 after its configured burst of failures; the coordinator's throttle is built
+    from the same keys."""
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens, failure_burst=3,
+                                                     failures_per_s=0.5,
+                                                     failure_peers=7))
+    agent.node.guard.throttle.clock = lambda: 0.0  # no refill on a slow box
+    statuses = [agent.request("GET", "/v1/cache", None,
+                              {"Authorization": f"Bearer {new_token()}"})[0]
+                for _ in range(5)]
+    throttle = agent.node.guard.throttle
+    assert statuses == [401] * 3 + [429] * 2
+    assert (throttle.per_s, throttle.max_peers) == (0.5, 7)
+    co = start_coordinator(auth=AuthSettings(token_file=tokens, failure_burst=4,
+                                             failures_per_s=1.5, failure_peers=9))
+    throttle = co.co.guard.throttle
+    assert (throttle.burst, throttle.per_s, throttle.max_peers) == (4, 1.5, 9)
+
+
 def test_agent_scopes_and_protect(repo, start_agent, tmp_path, tokens):
     add_mlp(repo, "m")
     agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))

@@ -173,14 +173,24 @@ def test_chunked_bodies_are_counted_while_they_stream(bounded_agent):
     assert bodies["peak_bytes"] <= IN_FLIGHT + BODY and bodies["in_flight_bytes"] == 0, bodies
 
 
+#: What the calls hold beside the message handed over, not counted in flight: each
+#: up to 64 KiB of its message unread and its own state in grpc and Python (about
+#: 100 KiB a call, 5 MiB for 50 calls), and heap the allocator keeps between messages
+#: (measured 2-5 MiB over the limit plus one message with 2 calls at once, 7-10 MiB
+#: with 50).
+GRPC_CALLS_ALLOWANCE = 12 * MiB
+
+
 @pytest.mark.parametrize("bounded_agent", [2, 64], indirect=True,
                          ids=["2-calls-at-once", "64-calls-at-once"])
 def test_grpc_messages_are_received_only_with_room(bounded_agent, request):
     """50 concurrent 32 MiB ModelInfer calls, each on its own connection: past
     ``grpc_max_concurrent_rpcs`` they get RESOURCE_EXHAUSTED at once; the others wait
     for room in the in-flight limit before their message is received (a stream not
-    yet read holds 64 KiB), so the agent's RSS stays within the limit plus one
-    message, and none hangs."""
+    yet read holds 64 KiB). A message is counted at what grpcio holds while handing
+    it over (3 x 48 MiB, capped at the whole 64 MiB limit: received alone), so the
+    agent's RSS stays within the limit plus one message (3 x 32 MiB at the hand-over)
+    and ``GRPC_CALLS_ALLOWANCE``, and none hangs."""
     import grpc
 
     from agent.node.protos import grpc_predict_v2_pb2 as pb
@@ -220,9 +230,11 @@ def test_grpc_messages_are_received_only_with_room(bounded_agent, request):
         assert counts["RESOURCE_EXHAUSTED"] > 0, counts  # past 2 calls at once
     bodies = agent.get("/v1/memory")["cpu"]["request_bodies"]
     assert bodies["waits"] > 0, bodies  # a message waited for room before it was read
-    assert bodies["peak_bytes"] <= IN_FLIGHT + size and bodies["in_flight_bytes"] == 0, bodies
+    # each message was received with the whole limit counted for it, and alone
+    assert bodies["peak_bytes"] == IN_FLIGHT and bodies["in_flight_bytes"] == 0, bodies
     grown = peak.peak - idle
-    assert grown <= IN_FLIGHT + size + 16 * MiB, f"{grown / MiB:.0f} MiB, answers {counts}"
+    assert grown <= IN_FLIGHT + size + GRPC_CALLS_ALLOWANCE, (
+        f"{grown / MiB:.1f} MiB, answers {counts}")
 
 
 @pytest.mark.parametrize("datatype, nested", [("FP32", False), ("FP32", True),

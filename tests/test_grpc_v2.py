@@ -295,6 +295,55 @@ def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
     assert agent.node.body_memory.in_flight_bytes == 0
 
 
+@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 200_000)])
+def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, counted):
+    """While a ModelInfer message is received, the in-flight limit counts what grpcio
+    holds as it hands the message over (``HANDOFF_COPIES`` x ``max_request_size``; at
+    most the whole limit, so a message of any allowed size is still served alone);
+    once received, its own size; after the answer, nothing."""
+    from agent.node.grpc_v2 import HANDOFF_COPIES
+
+    assert HANDOFF_COPIES * 100_000 == 300_000
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=limit)
+    seen = []
+
+    def message():
+        time.sleep(0.3)  # the call waits for its message with its room counted
+        seen.append(agent.node.body_memory.in_flight_bytes)
+        yield _typed_request("simple", [
+            ("INPUT0", "INT32", [1, 16], "int_contents", list(range(16))),
+            ("INPUT1", "INT32", [1, 16], "int_contents", [5] * 16)]).SerializeToString()
+
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        answer = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer")(
+            message(), timeout=30)
+    assert service_pb2.ModelInferResponse.FromString(answer).raw_output_contents
+    memory = agent.node.body_memory
+    assert seen == [counted] and memory.peak_bytes == counted, (seen, memory.describe())
+    assert memory.in_flight_bytes == 0
+
+
+def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
+    """A message whose hand-over does not fit within ``read_timeout_s`` is never read:
+    RESOURCE_EXHAUSTED with retry-after, naming what it needs and the limit."""
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=200_000,
+                  read_timeout_s=0.3)
+
+    async def hold() -> None:  # an HTTP body in flight, on the agent's loop
+        agent.node.body_memory.take(150_000)
+
+    agent.call(hold())
+    with grpc.insecure_channel(agent.grpc_url) as channel:
+        code, details, trailing = _code(
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"), b"",
+            timeout=30)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    for words in ("200000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
+        assert words in details, details
+    assert trailing.get("retry-after") == "1"
+    assert agent.node.body_memory.in_flight_bytes == 150_000  # nothing of its own left
+
+
 def test_request_limits_are_resource_exhausted(repo, serve):
     """max_request_rows, max_tensor_bytes (checked from the declared shapes, as over
     HTTP: 413) and max_request_size (the largest gRPC message) answer

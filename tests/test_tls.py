@@ -10,6 +10,7 @@ import json
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +22,8 @@ from agent.config import CoordinatorLink
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.tls import ServerTls, TlsSettings, client_context
-from tests.helpers import (BODY, EDGEAGENT, REPORT, CoordinatorProcess, add_synthetic,
-                           issue_cert, make_ca, request, wait_for)
+from tests.helpers import (BODY, EDGEAGENT, REPORT, Agent, CoordinatorProcess,
+                           add_synthetic, issue_cert, make_ca, request, wait_for)
 
 PAST = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)
 
@@ -199,6 +200,34 @@ def test_reload_swaps_the_certificate_and_keeps_open_connections(pki, repo, star
         agent.call(g.stop(0))
 
 
+def test_sighup_with_other_tls_paths_keeps_the_files_it_started_with(pki, repo, tmp_path):
+    """``edgeagent serve``: a config whose ``tls:`` names other files takes effect at
+    the next start; SIGHUP reads the files it started with again and says to restart."""
+    add_synthetic(repo, "m")
+    config = tmp_path / "agent.yaml"
+
+    def write(issued) -> None:
+        config.write_text(json.dumps({"tls": {"cert_file": str(issued.cert_file),
+                                              "key_file": str(issued.key_file)}}))
+
+    write(pki["server"])
+    agent = Agent(repo, tmp_path / "data", "--config", str(config),
+                  context=trusting(pki["ca"]))
+    try:
+        write(issue_cert(pki["ca"], tmp_path, "server-2"))
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: any("restart to use the new ones" in line for line in agent.err),
+                 what="the warning")
+        conn = http.client.HTTPSConnection("127.0.0.1", int(agent.url.rsplit(":", 1)[1]),
+                                           timeout=5, context=trusting(pki["ca"]))
+        conn.request("GET", "/v2/health/live")
+        assert conn.getresponse().status == 200
+        assert _peer_serial(conn.sock) == pki["server"].cert.serial_number
+        conn.close()
+    finally:
+        agent.stop()
+
+
 async def _reload(tls: ServerTls) -> None:
     tls.reload()  # on the server's event loop, as SIGHUP runs it
 
@@ -353,3 +382,51 @@ def test_exposure_needs_tls_and_a_token_beyond_loopback(pki, tmp_path):
         assert exposure_error(cls(host="0.0.0.0", tls=settings(pki),
                                   admin_token_file=token)) is None
         assert exposure_error(cls(host="0.0.0.0", insecure=True)) is None
+
+
+_RECORD_READS = """
+import resource, ssl, sys
+from agent.memory import TLS_READ_BYTES, tune_malloc
+threshold, ca, cert, key = sys.argv[1:]
+tune_malloc(int(threshold)) if threshold != "default" else tune_malloc()
+server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+server_ctx.load_cert_chain(cert, key)
+client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+client_ctx.load_verify_locations(ca)
+client_ctx.check_hostname = False
+s_in, s_out, c_in, c_out = (ssl.MemoryBIO() for _ in range(4))
+server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+client = client_ctx.wrap_bio(c_in, c_out)
+for _ in range(10):
+    for end in (client, server):
+        try:
+            end.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+    s_in.write(c_out.read())
+    c_in.write(s_out.read())
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(500):  # what uvloop's transport does for each record it reads
+    client.write(b"x" * 1024)
+    s_in.write(c_out.read())
+    assert len(server.read(TLS_READ_BYTES)) == 1024
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+"""
+
+
+def test_a_tls_record_read_maps_no_fresh_memory(pki):
+    """uvloop reads each TLS record into a fresh 256 KiB bytes object, shrunk at once:
+    with the agent's malloc settings (``tune_malloc``: mmap above 320 KiB) it comes
+    from the heap, reused; at a 256 KiB threshold each read maps fresh pages (an mmap,
+    a page fault, an mremap and a munmap per record: 20-25 us of the agent's CPU)."""
+    from agent.memory import TLS_READ_BYTES
+
+    def faults(threshold: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _RECORD_READS, threshold,
+                              str(pki["ca"].cert_file), str(pki["server"].cert_file),
+                              str(pki["server"].key_file)],
+                             capture_output=True, text=True, timeout=60, check=True)
+        return int(out.stdout)
+
+    assert faults("default") < 100  # 500 records
+    assert faults(str(TLS_READ_BYTES)) >= 500  # the old threshold: one or more each

@@ -92,6 +92,10 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
             if config_file:
                 new, _ = build_config(config_file, overrides or {})
                 node.reload(new)
+                if new.tls != config.tls:
+                    log.warning("SIGHUP: the tls section changed; the files at the paths "
+                                "the agent started with are read again: restart to use "
+                                "the new ones")
             else:
                 node.rescan()
             if tls is not None:  # the same files again: new handshakes get them

@@ -84,7 +84,8 @@ class Coordinator:
         self.file_creds = self.file_credentials()
         self._node_creds_seen: tuple | None = None
         self.node_creds: list[Credential] = self._node_credentials_step() or []
-        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]))
+        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]),
+                           throttle=config.auth.throttle())
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)

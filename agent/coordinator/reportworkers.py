@@ -237,7 +237,7 @@ class _WorkerState:
                  ) -> None:
         self.fleet = Fleet(config.directive_ttl_s)
         self.tls = ServerTls(config.tls) if config.tls is not None else None
-        self.guard = Guard(Credentials())
+        self.guard = Guard(Credentials(), throttle=config.auth.throttle())
         self.internal_url, self.forward_key = internal_url, forward_key
         self.healthy, self.full = True, False
         self.answered: list[Answered] = []

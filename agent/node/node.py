@@ -106,7 +106,8 @@ class Node:
         self.decoder = Decoder()
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
         self.guard = Guard(Credentials(load_credentials(config.admin_token_file,
-                                                        config.auth.token_file)))
+                                                        config.auth.token_file)),
+                           throttle=config.auth.throttle())
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.
         self.overrides: dict[str, dict] = {}
