@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +94,16 @@ async def drive(base: str, models: int, seconds: float, hostile: float, seed: in
             "server_errors": sum(errors.values()), "server_error_examples": dict(errors)}
 
 
+#: The soak's request record (``record_requests``): small, so the soak wraps it many times.
+RECORD_REQUESTS = 2000
+
+
 def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float = 0.1,
              seed: int = 13) -> dict:
     """Run the soak (module docstring) and return its figures: what ``drive`` counts,
-    ``rss`` (MiB after warm-up, drift and spread in %), ``loads``, ``agent_alive``."""
+    ``rss`` (MiB after warm-up, drift and spread in %), ``loads``, ``agent_alive``, and
+    ``record`` (the twin's request record at the end: requests held, bytes, rows of
+    ``GET /v1/trace``, against its cap ``RECORD_REQUESTS``)."""
     seconds = minutes * 60
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -107,7 +114,7 @@ def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float =
         proc, base = start_agent_process(work, {
             "repository": str(repo), "data_dir": str(work / "data"),
             "cpu_budget": budget, "log_level": "warning", "slo": {"latency_ms": 30000},
-            "grpc_port": 0}, log)
+            "grpc_port": 0, "record_requests": RECORD_REQUESTS}, log)
         samples: list[tuple[float, int]] = []
         stop = threading.Event()
         try:
@@ -126,6 +133,7 @@ def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float =
             stop.set()
             thread.join()
             cache = get_json(base + "/v1/cache")
+            record = record_size(base)
             alive = proc.poll() is None
         finally:
             stop.set()
@@ -139,7 +147,19 @@ def run_soak(minutes: float, models: int = 200, hold: int = 10, hostile: float =
            "spread_pct": round((max(warm) / min(warm) - 1) * 100, 1)}
     loads = sum(e.get("loads", 0) for e in cache) if isinstance(cache, list) else None
     return {"minutes": minutes, "models": models, **result, "rss": rss, "loads": loads,
-            "agent_alive": alive}
+            "agent_alive": alive, "record": record}
+
+
+def record_size(base: str) -> dict:
+    """The request record's size as ``/metrics`` and ``GET /v1/trace?since=0`` show it."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:
+        metrics = resp.read().decode()
+    gauges = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith(("edgeagent_record_requests ", "edgeagent_record_bytes "))}
+    with urllib.request.urlopen(base + "/v1/trace?since=0", timeout=30) as resp:
+        rows = resp.read().decode().count("\n") - 1  # less the CSV header
+    return {"cap": RECORD_REQUESTS, "requests": int(gauges["edgeagent_record_requests"]),
+            "bytes": int(gauges["edgeagent_record_bytes"]), "trace_rows": rows}
 
 
 def main() -> None:
@@ -160,6 +180,7 @@ def main() -> None:
           f"{rss['budget_mib']} MiB (~{args.hold} models), 8 clients, Zipf s=1, "
           f"{args.hostile:.0%} hostile")
     print(f"  sent {out['sent']}, statuses {out['statuses']}")
+    print(f"  request record at the end: {out['record']}")
     print(f"  lost (no answer): {out['lost']}  5xx other than 503/507: {out['server_errors']}"
           f"  loads: {loads}")
     for ex in out["lost_examples"]:
