@@ -80,6 +80,7 @@ def test_two_coordinators_share_one_database_and_one_plans(coordinators):
     assert (a.plans(), b.plans()) == (True, False)
 
 
+@pytest.mark.slow  # 30 s of the quick suite's longest worker; CI runs it in make test-slow
 def test_leader_failover_within_15_s(coordinators):
     a, b = coordinators(2)
     assert request(a.url + "/v1/models/a", "PUT", {"slo_ms": 200})[0] == 201

@@ -110,7 +110,8 @@ def test_messages_cross_both_ways(upstream):
             == theirs.SerializeToString(deterministic=True))
 
 
-@pytest.mark.parametrize("first", ["ours", "upstream"])
+@pytest.mark.parametrize("first", [  # upstream first: with the slow tests (CI runs both)
+    "ours", pytest.param("upstream", marks=pytest.mark.slow)])
 def test_both_load_in_one_process_in_either_order(first):
     ours = "from agent.backends.tfserving_protos import protos; protos()"
     theirs = ("import tensorflow; "
