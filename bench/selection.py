@@ -20,7 +20,7 @@ agent (``edgeagent serve`` in its own process) over HTTP with feedback:
 
     .venv/bin/python bench/selection.py [--seeds 10] [--queries 20000] [--rows 1]
         [--feedback-batch 1] [--jobs 1] [--policies exp4,exp3,clipper_exp4,hedge,thompson_undiscounted]
-        [--nice 0] [--straggler-sigma 0.6]
+        [--nice 0] [--straggler-sigma 0.6] [--straggler-queries 300] [--straggler-sizes 1,2,4,8,16]
         [--only recovery,policies,ensemble,stragglers,users,feedback,budget]
 """
 
@@ -244,12 +244,13 @@ def setup_stragglers(repo: Path, slo_ms: float, sigma: float) -> None:
         add_app(repo, f"all{n}", members, slo_ms=60_000, policy="exp4", share=0.5)
 
 
-def stragglers(client: Client, queries: int, slo_ms: float) -> dict:
+def stragglers(client: Client, queries: int, slo_ms: float,
+               sizes: tuple[int, ...] = SIZES) -> dict:
     """Client-side and the app's own (arrival to answer, ``GET /v1/selection/{app}``)
     latency, accuracy, and the share of requests that answered without a member cut."""
     out = {}
     truth = np.random.default_rng(3).integers(0, 10, queries)
-    for n in SIZES:
+    for n in sizes:
         for mode in ("cut", "all"):
             app = f"{mode}{n}"
             client.infer(app, rows([0], [0]))  # validated, members resident
@@ -374,6 +375,10 @@ def main() -> None:
     ap.add_argument("--slo-ms", type=float, default=20)
     ap.add_argument("--straggler-sigma", type=float, default=0.6,
                     help="the stragglers' lognormal sigma (members of median 6 ms)")
+    ap.add_argument("--straggler-queries", type=int, default=300,
+                    help="queries per ensemble size and mode (stragglers)")
+    ap.add_argument("--straggler-sizes", default=",".join(map(str, SIZES)),
+                    help="ensemble sizes (stragglers), each one of " + ",".join(map(str, SIZES)))
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="recovery's policies and controls")
     ap.add_argument("--nice", type=int, default=0,
@@ -382,6 +387,8 @@ def main() -> None:
     ap.add_argument("--only", default="recovery,ensemble,stragglers,users,feedback,budget",
                     help="parts to run; 'policies' (the recovery stream in-process) too")
     args = ap.parse_args()
+    if not set(args.straggler_sizes.split(",")) <= {str(n) for n in SIZES}:
+        ap.error(f"--straggler-sizes: each one of {','.join(map(str, SIZES))}")
     parts = set(args.only.split(","))
     if "policies" in parts:
         with ThreadPoolExecutor(args.jobs) as pool:  # numpy releases the GIL little
@@ -430,7 +437,9 @@ def main() -> None:
             results["ensemble"] = ensemble(client, 2000)
             print("ensemble", json.dumps(results["ensemble"]), flush=True)
         if "stragglers" in parts:
-            results["stragglers"] = stragglers(client, 300, args.slo_ms)
+            sizes = tuple(int(n) for n in args.straggler_sizes.split(","))
+            results["stragglers"] = stragglers(client, args.straggler_queries, args.slo_ms,
+                                               sizes)
             for app, r in results["stragglers"].items():
                 print(f"stragglers {app:6s} {json.dumps(r)}", flush=True)
         if "users" in parts:
