@@ -86,6 +86,21 @@ def test_reports_from_many_nodes_add_up_in_one_batch(path):
                                 (100.0, pytest.approx(50 * 2))]
 
 
+def test_an_older_report_never_replaces_a_newer_one(path):
+    """Two report workers' batches may reach the writer out of order: a node's report
+    answered earlier, in the same batch after its newer one or in a later batch, does
+    not replace the newer one (by its answer time)."""
+    s = Store(path, rate_step_s=10)
+    rec = store_module.ReportRecord
+    s.write_reports([rec("n", {"r": 2}, {}, 102.0), rec("n", {"r": 1}, {}, 101.0)])
+    assert [row.report for row in s.nodes()] == [{"r": 2}]
+    s.write_reports([rec("n", {"r": 0}, {}, 100.0), rec("m", {"r": 0}, {}, 100.0)])
+    assert {row.name: (row.report, row.last_seen) for row in s.nodes()} == {
+        "n": ({"r": 2}, 102.0), "m": ({"r": 0}, 100.0)}
+    s.write_reports([rec("n", {"r": 3}, {}, 103.0)])
+    assert [row.report for row in s.nodes() if row.name == "n"] == [{"r": 3}]
+
+
 def test_spread_matches_the_planners_series():
     points = [(10.0, 10.0, 10.0), (30.0, 5.0, 20.0), (12.5, 5.0, 10.0)]
     assert store_module.spread(points, 5.0) == {0.0: 5.0, 5.0: 10.0, 10.0: 5.0, 25.0: 20.0}

@@ -140,8 +140,11 @@ class Fleet:
         return last
 
     def record(self, node: str, raw: bytes, models: ReportedModels, now: float) -> None:
-        """``node`` sent ``raw`` (a validated report of ``models``) at ``now``."""
+        """``node`` sent ``raw`` (a validated report of ``models``) at ``now``; a report
+        older than the one held (handed over late by another report worker) is ignored."""
         old = self.nodes.get(node)
+        if old is not None and now < old.last_seen:
+            return
         first = old.first_seen if old is not None else now
         self.nodes[node] = NodeState(node, first, now, raw, models)
 

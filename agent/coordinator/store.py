@@ -301,15 +301,18 @@ class Store:
 
     # -- nodes and reports ----------------------------------------------------------
     def write_reports(self, records: Iterable[ReportRecord]) -> int:
-        """Write many reports in one transaction: each node's latest report, and every
-        arrival point added to the model's bins. The number of reports written."""
+        """Write many reports in one transaction: each node's latest report (by the time
+        it was answered: batches of two report workers may come out of order, and an
+        older report never replaces a newer one, queued or stored), and every arrival
+        point added to the model's bins. The number of reports written."""
         records = list(records)
         if not records:
             return 0
         latest: dict[str, ReportRecord] = {}
         bins: dict[str, dict[float, float]] = {}
         for rec in records:
-            latest[rec.node] = rec
+            if rec.node not in latest or rec.now >= latest[rec.node].now:
+                latest[rec.node] = rec
             arrivals = orjson.loads(rec.arrivals) if isinstance(rec.arrivals, bytes) \
                 else rec.arrivals  # their JSON, decoded one record at a time
             for model, points in arrivals.items():
@@ -321,7 +324,8 @@ class Store:
             db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report, summary) "
                            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                            "last_seen = excluded.last_seen, report = excluded.report, "
-                           "summary = excluded.summary",
+                           "summary = excluded.summary "
+                           "WHERE excluded.last_seen >= nodes.last_seen",
                            [(r.node, first[r.node], r.now, _json_text(r.report),
                              None if r.summary is None else r.summary.decode())
                             for r in sorted(latest.values(), key=lambda r: r.node)])
