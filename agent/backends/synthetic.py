@@ -75,10 +75,7 @@ def _classify_small(options: ClassifierOptions, salt: int, x: np.ndarray) -> np.
     out = []
     for row_id, label, group in x[:, :3].tolist():
         row, truth = int(row_id), int(label) % options.classes
-        rate = options.error
-        for g, r in options.groups.items():
-            if int(group) == g:
-                rate = r
+        rate = options.groups.get(int(group), options.error)
         for span in options.schedule:
             if span.from_row <= row < span.to_row:
                 rate = span.rate

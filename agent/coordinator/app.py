@@ -153,8 +153,8 @@ class Coordinator:
         """Reports a report worker answered: recorded and written as if answered here."""
         for record, models, body in batch:
             self.writer.submit(record)
-            self.fleet.record(record.node, record.report, models, record.now)
-            self.fleet.answered(record.node, body)
+            if self.fleet.record(record.node, record.report, models, record.now):
+                self.fleet.answered(record.node, body)  # not an older report's answer
 
     def _follow_step(self) -> tuple[bool, StoredPlan | None]:
         """(In a worker thread) hold or seek the planning lock; the store's newest plan

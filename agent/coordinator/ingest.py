@@ -139,14 +139,16 @@ class Fleet:
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
-    def record(self, node: str, raw: bytes, models: ReportedModels, now: float) -> None:
+    def record(self, node: str, raw: bytes, models: ReportedModels, now: float) -> bool:
         """``node`` sent ``raw`` (a validated report of ``models``) at ``now``; a report
-        older than the one held (handed over late by another report worker) is ignored."""
+        older than the one held (handed over late by another report worker) is ignored:
+        whether it was recorded."""
         old = self.nodes.get(node)
         if old is not None and now < old.last_seen:
-            return
+            return False
         first = old.first_seen if old is not None else now
         self.nodes[node] = NodeState(node, first, now, raw, models)
+        return True
 
     def answered(self, node: str, body: bytes) -> None:
         """A report worker answered ``node`` with ``body`` (directives' JSON)."""
