@@ -38,6 +38,7 @@ import secrets
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -361,13 +362,11 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
                              ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 
-    sending = threading.Lock()  # one message on the pipe at a time
-
-    def send(message: Any) -> None:
-        with sending:
-            up.send(message)
-    send(LISTENING)
-
+    up.send(LISTENING)
+    # One thread sends on the pipe, in the order messages are given: a batch whose
+    # hand-over was under way at the stop reaches the coordinator before the last batch
+    # and the closing None (after which the coordinator reads no more).
+    sender = ThreadPoolExecutor(1, thread_name_prefix="to-coordinator")
     told_failures: dict[str, int] = {}
 
     async def hand_over() -> None:
@@ -375,10 +374,10 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             await asyncio.sleep(BATCH_S)
             batch, state.answered = state.answered, []
             if batch:
-                await loop.run_in_executor(None, send, batch)
+                await loop.run_in_executor(sender, up.send, batch)
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
-                await loop.run_in_executor(None, send, ("auth", dict(told_failures)))
+                await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
 
     handing = loop.create_task(hand_over())
     try:
@@ -387,10 +386,12 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
         handing.cancel()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
-        try:
-            if batch:
-                send(batch)
-            send(None)
-        except OSError:
-            pass
+        last = [sender.submit(up.send, batch)] if batch else []
+        last.append(sender.submit(up.send, None))
+        for sent in last:
+            try:
+                await asyncio.wrap_future(sent)
+            except OSError:
+                pass
+        sender.shutdown()
         await state.session.close()
