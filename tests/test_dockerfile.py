@@ -13,13 +13,10 @@ require it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -28,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from agent.container import Refused, command
+from tests.containers import ROOT, Running, as_here, exec_form, instructions, process_env, status
 from tests.helpers import (HEAVY, add_mlp, issue_cert, make_ca, request, reserved_port,
                            wait_for)
 
-ROOT = Path(__file__).resolve().parent.parent
 ENTRY = '["python", "-m", "agent.container", '
 #: file -> (entrypoint's start, its volumes, health path, port, what pip installs)
 IMAGES = {
@@ -44,17 +41,10 @@ IMAGES = {
 TOKEN = "container-token-0123456789abcdef0123456789"
 
 
-def _instructions(dockerfile: str) -> list[tuple[str, str]]:
-    text = (ROOT / dockerfile).read_text().replace("\\\n", " ")
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
-            for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
-
-
 @pytest.mark.parametrize("dockerfile", IMAGES)
 def test_dockerfile_shape(dockerfile):
     entry_start, volumes_wanted, health_path, port, installed = IMAGES[dockerfile]
-    ins = _instructions(dockerfile)
+    ins = instructions(dockerfile)
     kinds = [k for k, _ in ins]
     assert ins[0][0] == "FROM" and "-slim" in ins[0][1]
     user = [v for k, v in ins if k == "USER"]
@@ -77,7 +67,7 @@ def test_dockerfile_shape(dockerfile):
 def test_the_agent_image_installs_the_agent_alone():
     """No extra (the simulator, the coordinator, TensorFlow) in the agent's image, and
     nothing there for numba to cache."""
-    (run,) = [v for k, v in _instructions("Dockerfile") if k == "RUN" and "pip install" in v]
+    (run,) = [v for k, v in instructions("Dockerfile") if k == "RUN" and "pip install" in v]
     assert "[" not in run.split("pip install", 1)[1].split("&&")[0]
     assert "NUMBA" not in (ROOT / "Dockerfile").read_text()
 
@@ -86,7 +76,7 @@ def test_the_agent_image_installs_the_agent_alone():
 def test_dockerignore_lets_in_what_the_copies_need(dockerfile):
     allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().split()
                if line.startswith("!")}
-    for kind, value in _instructions(dockerfile):
+    for kind, value in instructions(dockerfile):
         if kind == "COPY":
             source = value.split()[0]
             assert source.rstrip("/") in allowed, source
@@ -147,63 +137,25 @@ def test_image_builds_gets_healthy_and_holds_its_packages(dockerfile, tmp_path):
 # -- the entrypoint and HEALTHCHECK, run here as the image runs them ----------------------
 
 
-def _json_instruction(dockerfile: str, kind: str) -> list[str]:
-    (value,) = [v for k, v in _instructions(dockerfile) if k == kind]
-    return json.loads(value.split("CMD", 1)[1] if kind == "HEALTHCHECK" else value)
-
-
-def _as_here(argv: list[str], port: int | None = None) -> list[str]:
-    """An image's command with its ``python`` this interpreter and its port ``port``."""
-    assert argv[0] == "python"
-    argv = [sys.executable, *argv[1:]]
-    if port is not None:
-        argv = [a.replace(":8000/", f":{port}/").replace(":8100/", f":{port}/") for a in argv]
-    if "--port" in argv:
-        argv[argv.index("--port") + 1] = "0"
-    return argv
-
-
 def _container_env(tmp_path: Path, **env: str) -> dict[str, str]:
-    """The process environment inside the image: ``edgeagent`` on PATH, this checkout's
-    code, the state folders under tmp_path, the secrets' folder tmp_path/secrets."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("EDGEAGENT_")}
-    return {**base, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(ROOT), "EDGEAGENT_SECRETS_DIR": str(tmp_path / "secrets"),
-            "EDGEAGENT_DATA_DIR": str(tmp_path / "data"),
-            "EDGEAGENT_COORDINATOR_DIR": str(tmp_path / "coordinator"), **env}
+    """The process environment inside the image: the state folders under tmp_path, the
+    secrets' folder tmp_path/secrets."""
+    return process_env(EDGEAGENT_SECRETS_DIR=str(tmp_path / "secrets"),
+                       EDGEAGENT_DATA_DIR=str(tmp_path / "data"),
+                       EDGEAGENT_COORDINATOR_DIR=str(tmp_path / "coordinator"), **env)
 
 
-class Container:
+class Container(Running):
     """An image's ENTRYPOINT (and ``args``) in its own process, until ``stop``."""
 
     def __init__(self, dockerfile: str, env: dict[str, str], *args: str) -> None:
         self.dockerfile = dockerfile
-        self.log = Path(env["EDGEAGENT_SECRETS_DIR"]).parent / f"{dockerfile}.log"
-        self.proc = subprocess.Popen(
-            _as_here(_json_instruction(dockerfile, "ENTRYPOINT")) + list(args), env=env,
-            stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True, cwd="/")
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, line + self.log.read_text()
-        self.port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
+        super().__init__(as_here(exec_form(dockerfile, "ENTRYPOINT")) + list(args), env,
+                         Path(env["EDGEAGENT_SECRETS_DIR"]).parent / f"{dockerfile}.log")
 
     def healthcheck(self, env: dict[str, str]) -> subprocess.CompletedProcess:
-        return subprocess.run(_as_here(_json_instruction(self.dockerfile, "HEALTHCHECK"),
-                                       self.port), env=env, capture_output=True, text=True,
-                              timeout=30)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
-
-
-def _status(url: str, token: str | None = None, context=None) -> int:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
-                                 if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
+        return subprocess.run(as_here(exec_form(self.dockerfile, "HEALTHCHECK"), self.port),
+                              env=env, capture_output=True, text=True, timeout=30)
 
 
 @pytest.mark.parametrize("dockerfile", IMAGES)
@@ -211,7 +163,7 @@ def test_the_image_refuses_to_start_without_a_token_and_says_how_to_give_one(doc
                                                                             tmp_path):
     env = _container_env(tmp_path)
     (tmp_path / "secrets").mkdir()
-    done = subprocess.run(_as_here(_json_instruction(dockerfile, "ENTRYPOINT")), env=env,
+    done = subprocess.run(as_here(exec_form(dockerfile, "ENTRYPOINT")), env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     said = done.stderr
@@ -231,10 +183,10 @@ def test_the_agent_image_serves_with_a_token_file_named_by_a_variable(tmp_path):
     box = Container("Dockerfile", env, "--repository", str(repo), "--grpc-port", "0")
     try:
         url = f"http://127.0.0.1:{box.port}"
-        wait_for(lambda: _status(url + "/v2/health/ready") == 200, 60, "ready")
+        wait_for(lambda: status(url + "/v2/health/ready") == 200, 60, "ready")
         assert box.healthcheck(env).returncode == 0
-        assert _status(url + "/v1/cache") == 401
-        assert _status(url + "/v1/cache", TOKEN) == 200
+        assert status(url + "/v1/cache") == 401
+        assert status(url + "/v1/cache", TOKEN) == 200
     finally:
         assert box.stop() == 0
     said = box.log.read_text()
@@ -258,12 +210,12 @@ def test_the_agent_image_serves_https_with_the_mounted_secret(tmp_path):
     try:
         context = ssl.create_default_context(cafile=str(ca.cert_file))
         url = f"https://127.0.0.1:{box.port}"
-        wait_for(lambda: _status(url + "/v2/health/ready", context=context) == 200, 60)
+        wait_for(lambda: status(url + "/v2/health/ready", context=context) == 200, 60)
         assert box.healthcheck(env).returncode == 0
-        assert _status(url + "/v1/cache", context=context) == 401
-        assert _status(url + "/v1/cache", TOKEN, context) == 200
+        assert status(url + "/v1/cache", context=context) == 401
+        assert status(url + "/v1/cache", TOKEN, context) == 200
         with pytest.raises(OSError):  # no plain HTTP beside it
-            _status(f"http://127.0.0.1:{box.port}/v2/health/ready")
+            status(f"http://127.0.0.1:{box.port}/v2/health/ready")
     finally:
         assert box.stop() == 0
     assert f"admin token from {secrets / 'admin-token'}; serving HTTPS" in box.log.read_text()
@@ -276,10 +228,10 @@ def test_the_coordinator_image_serves_with_a_token_file(tmp_path):
     box = Container("Dockerfile.coordinator", env)
     try:
         url = f"http://127.0.0.1:{box.port}"
-        wait_for(lambda: _status(url + "/v1/health") == 200, 60, "the coordinator answers")
+        wait_for(lambda: status(url + "/v1/health") == 200, 60, "the coordinator answers")
         assert box.healthcheck(env).returncode == 0
-        assert _status(url + "/v1/nodes") == 401
-        assert _status(url + "/v1/nodes", TOKEN) == 200
+        assert status(url + "/v1/nodes") == 401
+        assert status(url + "/v1/nodes", TOKEN) == 200
         assert request(url + "/v1/health")[0] == 200
     finally:
         assert box.stop() == 0
@@ -289,7 +241,7 @@ def test_the_coordinator_image_serves_with_a_token_file(tmp_path):
 def test_the_healthcheck_fails_where_nothing_answers(tmp_path):
     env = _container_env(tmp_path)
     with reserved_port() as port:
-        done = subprocess.run(_as_here(_json_instruction("Dockerfile", "HEALTHCHECK"), port),
+        done = subprocess.run(as_here(exec_form("Dockerfile", "HEALTHCHECK"), port),
                               env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and "/v2/health/ready" in done.stderr, done
 
