@@ -1,7 +1,8 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only: the node agent (no simulator,
 # coordinator or TensorFlow); `make test` adds the test extra (which brings the sim,
-# coordinator and postgres extras) and bench, and the manifest scanner in .venv-scan. `make dist` builds the sdist and wheel.
+# coordinator and postgres extras) and bench, and the manifest scanner in .venv-scan.
+# `make dist` builds the sdist and wheel.
 # `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the address (GRPC_PORT=0: no
 # gRPC endpoint); a non-loopback HOST needs TLS and a token, or ARGS=--insecure for the
 # demo in the clear (`make run HOST=0.0.0.0 ARGS=--insecure`).
