@@ -26,8 +26,7 @@ import pytest
 
 from agent.container import Refused, command
 from tests.containers import ROOT, Running, as_here, exec_form, instructions, process_env, status
-from tests.helpers import (HEAVY, add_mlp, issue_cert, make_ca, request, reserved_port,
-                           wait_for)
+from tests.helpers import HEAVY, add_mlp, issue_cert, make_ca, reserved_port, wait_for
 
 ENTRY = '["python", "-m", "agent.container", '
 #: file -> (entrypoint's start, its volumes, health path, port, what pip installs)
@@ -174,6 +173,19 @@ def test_the_image_refuses_to_start_without_a_token_and_says_how_to_give_one(doc
     assert "Traceback" not in said and done.stdout == ""
 
 
+def _serves_and_requires_the_token(box: Container, env: dict[str, str], url: str,
+                                   health: str, guarded: str, context=None) -> None:
+    """``box`` answers ``health`` and its HEALTHCHECK, ``guarded`` with the token only;
+    then it stops cleanly on SIGTERM."""
+    try:
+        wait_for(lambda: status(url + health, context=context) == 200, 60, health)
+        assert box.healthcheck(env).returncode == 0
+        assert status(url + guarded, context=context) == 401
+        assert status(url + guarded, TOKEN, context) == 200
+    finally:
+        assert box.stop() == 0
+
+
 def test_the_agent_image_serves_with_a_token_file_named_by_a_variable(tmp_path):
     repo = tmp_path / "models"
     add_mlp(repo, "m")
@@ -181,14 +193,8 @@ def test_the_agent_image_serves_with_a_token_file_named_by_a_variable(tmp_path):
     token.write_text(TOKEN + "\n")
     env = _container_env(tmp_path, EDGEAGENT_ADMIN_TOKEN_FILE=str(token))
     box = Container("Dockerfile", env, "--repository", str(repo), "--grpc-port", "0")
-    try:
-        url = f"http://127.0.0.1:{box.port}"
-        wait_for(lambda: status(url + "/v2/health/ready") == 200, 60, "ready")
-        assert box.healthcheck(env).returncode == 0
-        assert status(url + "/v1/cache") == 401
-        assert status(url + "/v1/cache", TOKEN) == 200
-    finally:
-        assert box.stop() == 0
+    _serves_and_requires_the_token(box, env, f"http://127.0.0.1:{box.port}",
+                                   "/v2/health/ready", "/v1/cache")
     said = box.log.read_text()
     assert f"admin token from {token}; serving plain HTTP" in said, said
 
@@ -207,17 +213,11 @@ def test_the_agent_image_serves_https_with_the_mounted_secret(tmp_path):
     (secrets / "admin-token").write_text(TOKEN)
     env = _container_env(tmp_path)
     box = Container("Dockerfile", env, "--repository", str(repo), "--grpc-port", "0")
-    try:
-        context = ssl.create_default_context(cafile=str(ca.cert_file))
-        url = f"https://127.0.0.1:{box.port}"
-        wait_for(lambda: status(url + "/v2/health/ready", context=context) == 200, 60)
-        assert box.healthcheck(env).returncode == 0
-        assert status(url + "/v1/cache", context=context) == 401
-        assert status(url + "/v1/cache", TOKEN, context) == 200
-        with pytest.raises(OSError):  # no plain HTTP beside it
-            status(f"http://127.0.0.1:{box.port}/v2/health/ready")
-    finally:
-        assert box.stop() == 0
+    with pytest.raises(OSError):  # listening (it said so), and no plain HTTP beside it
+        status(f"http://127.0.0.1:{box.port}/v2/health/ready")
+    _serves_and_requires_the_token(box, env, f"https://127.0.0.1:{box.port}",
+                                   "/v2/health/ready", "/v1/cache",
+                                   ssl.create_default_context(cafile=str(ca.cert_file)))
     assert f"admin token from {secrets / 'admin-token'}; serving HTTPS" in box.log.read_text()
 
 
@@ -226,15 +226,8 @@ def test_the_coordinator_image_serves_with_a_token_file(tmp_path):
     token.write_text(TOKEN)
     env = _container_env(tmp_path, EDGEAGENT_ADMIN_TOKEN_FILE=str(token))
     box = Container("Dockerfile.coordinator", env)
-    try:
-        url = f"http://127.0.0.1:{box.port}"
-        wait_for(lambda: status(url + "/v1/health") == 200, 60, "the coordinator answers")
-        assert box.healthcheck(env).returncode == 0
-        assert status(url + "/v1/nodes") == 401
-        assert status(url + "/v1/nodes", TOKEN) == 200
-        assert request(url + "/v1/health")[0] == 200
-    finally:
-        assert box.stop() == 0
+    _serves_and_requires_the_token(box, env, f"http://127.0.0.1:{box.port}", "/v1/health",
+                                   "/v1/nodes")
     assert (tmp_path / "coordinator").is_dir()  # its state where the image keeps it
 
 
