@@ -42,6 +42,7 @@ def test_the_picture_shows_every_panel_of_the_page():
     headings = [re.sub(r"<[^>]+>.*", "", h).strip()
                 for h in re.findall(r"<h2>(.*?)</h2>", page)]
     assert record["panels"] == headings, RETAKE
+    assert "Selection apps" not in record["hidden"]  # the demo's app is in the picture
     assert record["devices"] == ["cpu", "disk"]
     node_js = (ROOT / "agent" / "static" / "node.js").read_text()
     series = re.findall(r'key: "(\w+_seconds)"', node_js)

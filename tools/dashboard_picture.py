@@ -99,7 +99,9 @@ async def screenshot(url: str, out: Path, workdir: Path) -> dict:
             apps: [...document.querySelectorAll('#selection [data-app]')].map((a) => ({
                 app: a.dataset.app,
                 members: [...a.querySelectorAll('tr[data-member]')].map((r) => r.dataset.member)})),
-            panels: [...document.querySelectorAll('main section:not([hidden]) h2')]
+            panels: [...document.querySelectorAll('main section h2')]
+                .map((h) => h.firstChild.textContent.trim()),
+            hidden: [...document.querySelectorAll('main section[hidden] h2')]
                 .map((h) => h.firstChild.textContent.trim()),
             devices: [...document.querySelectorAll('#memory [data-device]')]
                 .map((d) => d.dataset.device),
