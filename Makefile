@@ -1,7 +1,8 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only: the node agent (no simulator,
 # coordinator or TensorFlow); `make test` adds the test extra (which brings the sim,
-# coordinator and postgres extras) and bench. `make dist` builds the sdist and wheel.
+# coordinator and postgres extras) and bench, and the manifest scanner in .venv-scan.
+# `make dist` builds the sdist and wheel.
 # `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the address (GRPC_PORT=0: no
 # gRPC endpoint); a non-loopback HOST needs TLS and a token, or ARGS=--insecure for the
 # demo in the clear (`make run HOST=0.0.0.0 ARGS=--insecure`).
@@ -10,6 +11,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# checkov, the manifest scanner tests/test_kubernetes.py runs on deploy/kubernetes, in a
+# venv of its own: it pins versions (boto3, packaging, networkx) older than the test
+# extra's.
+SCAN_VENV := .venv-scan
+SCAN_STAMP := $(SCAN_VENV)/.installed
+CHECKOV ?= checkov==3.3.30
 HOST ?= 127.0.0.1
 PORT ?= 8000
 GRPC_PORT ?= 8001
@@ -31,6 +38,11 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	touch $(TEST_STAMP) $(RUN_STAMP)
 
+$(SCAN_STAMP):
+	$(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install -q "$(CHECKOV)"
+	touch $(SCAN_STAMP)
+
 run: $(RUN_STAMP)
 	@echo "Starting the node agent on the embedded demo. Query it from another shell:"
 	@echo "  curl -s $(URL)/v1/models/classifier:predict -d '{\"instances\": [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]}'"
@@ -44,7 +56,7 @@ run: $(RUN_STAMP)
 # The slow tests (`-m slow`: the soak) run on their own: `make test-slow`; .ci/run runs
 # both.
 TEST_WORKERS ?= 4
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(SCAN_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(TEST_STAMP)
@@ -71,4 +83,4 @@ dist: | $(BIN)/python
 	$(BIN)/python -m build --outdir dist .
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(SCAN_VENV) build dist *.egg-info

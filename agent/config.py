@@ -472,7 +472,8 @@ class CoordinatorLink(Section):
         "where the node credential obtained with join_token_file is kept (mode 0600); "
         "reports carry it once it exists", example="/var/lib/edgeagent/node-token")] = None
     node_name: Annotated[Text | None, setting(
-        "this node's name; left out: the host name", example="edge-1")] = None
+        "this node's name; left out: $EDGEAGENT_NODE_NAME, else the host name",
+        example="edge-1")] = None
     cores: Annotated[Positive | None, setting(
         "cores this node offers the planner; left out: the CPUs this process may use",
         example=4)] = None

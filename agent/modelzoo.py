@@ -147,6 +147,23 @@ DEMO_MLPS: dict[str, dict[str, int]] = {
     "mlp-medium": dict(inputs=128, hidden=1280, layers=4, outputs=8, seed=5),
 }
 DEMO_BUDGET = "128MB"
+#: The demo's selection app (docs/selection.md): exp4 over the classifier and a second
+#: one fitted to other data (``seed``), combining their class probabilities; feedback
+#: with the classifier's own labels moves the weight to it.
+DEMO_APP = "classifier-vote"
+DEMO_APP_MEMBERS = {"classifier": 0, "classifier-b": 1}
+DEMO_APP_CONFIG = ("backend: selection\n"
+                   "selection:\n"
+                   "  policy: exp4\n"
+                   f"  candidates: [{', '.join(DEMO_APP_MEMBERS)}]\n"
+                   "  output: {name: probabilities, kind: scores}\n"
+                   "  default_output: [0.0]\n"
+                   "slo: {latency_ms: 200}\n")
+
+
+def demo_models() -> list[str]:
+    """The names ``write_demo_repository`` writes (models and the app), sorted."""
+    return sorted([*DEMO_MLPS, *DEMO_APP_MEMBERS, "synthetic-sleepy", DEMO_APP])
 
 
 def write_demo_repository(root: str | Path) -> Path:
@@ -156,10 +173,16 @@ def write_demo_repository(root: str | Path) -> Path:
         target = root / name / "1" / "model.onnx"
         if not target.exists():
             write_mlp(target, **shape)
-    target = root / "classifier" / "1" / "model.onnx"
-    if not target.exists():
-        write_classifier(target)
+    for name, seed in DEMO_APP_MEMBERS.items():
+        target = root / name / "1" / "model.onnx"
+        if not target.exists():
+            write_classifier(target, seed=seed)
+    if not (root / "classifier" / "config.yaml").exists():
         (root / "classifier" / "config.yaml").write_text("pin: true\n")
+    app = root / DEMO_APP / "config.yaml"
+    if not app.exists():
+        app.parent.mkdir(parents=True, exist_ok=True)
+        app.write_text(DEMO_APP_CONFIG)
     synthetic = root / "synthetic-sleepy" / "config.yaml"
     if not synthetic.exists():
         synthetic.parent.mkdir(parents=True, exist_ok=True)

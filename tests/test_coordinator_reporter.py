@@ -48,6 +48,26 @@ def test_unreachable_coordinator_never_stops_serving(tmp_path, repo):
         agent.close()
 
 
+def test_the_node_name_comes_from_the_environment_where_the_config_has_none(
+        tmp_path, repo, monkeypatch):
+    """A pod's host name is the pod's (new at each restart): in Kubernetes the DaemonSet
+    gives the node's name in EDGEAGENT_NODE_NAME; the config's node_name still wins."""
+    add_synthetic(repo, "m")
+    monkeypatch.setenv("EDGEAGENT_NODE_NAME", "k8s-node-7")
+    agent = start(tmp_path, repo, UNREACHABLE)
+    try:
+        assert agent.request("GET", "/v1/coordinator")[2]["node"] == "n1"
+    finally:
+        agent.close()
+    cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data2", cpu_budget=50_000_000,
+                      infer_threads=2, coordinator=CoordinatorLink(url=UNREACHABLE))
+    agent = AgentServer(cfg, budgets={"cpu": 50_000_000})
+    try:
+        assert agent.request("GET", "/v1/coordinator")[2]["node"] == "k8s-node-7"
+    finally:
+        agent.close()
+
+
 def test_no_section_no_reporter(repo, start_agent):
     add_synthetic(repo, "m")
     agent = start_agent(repo)

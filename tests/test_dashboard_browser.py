@@ -76,6 +76,12 @@ def test_agent_page_shows_the_cache_and_a_load_after_its_refresh(repo, start_age
             memory = await browser.evaluate(
                 "document.querySelector('#memory [data-device=cpu]').textContent")
             assert "used of 190.7 MiB" in memory and "0 loads waiting" in memory
+            disk = await browser.evaluate(
+                "document.querySelector('#memory [data-device=disk]').textContent")
+            assert "on disk of" in disk and "0 versions" in disk, disk
+            # no selection app in this repository: no panel for them
+            assert await browser.evaluate(
+                "document.getElementById('selection-section').hidden") is True
             updates = int(await browser.evaluate("document.body.dataset.updates"))
 
             # A load through the API shows up after the page's next refresh(es).
@@ -143,6 +149,38 @@ def test_agent_page_draws_the_twins_curve_for_the_last_hour(repo, start_agent, t
             first = await browser.evaluate(
                 "document.querySelector('#whatif circle').getAttribute('cx')")
             assert float(budget) == pytest.approx(float(first))  # 1 x: the leftmost point
+            # both axes titled; round ticks from 0 up past the highest point
+            titles = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif .axis-title')].map(t => t.textContent)")
+            assert titles[0].startswith("cache capacity") and titles[1] == "time per request"
+            ticks = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif .tick.y')].map(t => t.textContent)")
+            assert len(ticks) >= 4 and ticks[0] == "0", ticks
+            highest = max(max(p[k] for k in ("mean_response_seconds", "p99_response_seconds",
+                                             "mean_load_delay_seconds"))
+                          for p in curve["points"])
+            top = ticks[-1]
+            top_s = float(top.split()[0]) / (1000 if top.endswith(" ms") else 1)
+            assert top_s >= highest and top_s < 2 * highest, (ticks, highest)
+            assert await browser.evaluate(
+                "[...document.querySelectorAll('#whatif .tick.x')].map(t => t.textContent)") \
+                == ["34.3 MiB", "68.7 MiB", "137.3 MiB"]
+            # the legend: each line's sample in its colour and dash, then its label
+            legend = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif .legend line')].map(l => "
+                "[l.getAttribute('stroke'), l.getAttribute('stroke-dasharray'), "
+                "l.nextElementSibling.textContent])")
+            paths = await browser.evaluate(
+                "[...document.querySelectorAll('#whatif path[data-series]')].map(p => "
+                "[p.getAttribute('stroke'), p.getAttribute('stroke-dasharray')])")
+            assert [entry[:2] for entry in legend[:3]] == paths and len(paths) == 3
+            assert [entry[2] for entry in legend] == [
+                "mean response", "p99 response", "load delay per request",
+                "this node's budget"]
+            assert legend[1][1] not in ("none", None)  # p99 dashed, told from the mean
+            budget_line = await browser.evaluate(
+                "document.querySelector('#whatif line.budget').getAttribute('stroke-dasharray')")
+            assert legend[3][1] == budget_line
             png = await browser.screenshot(tmp_path / "whatif.png")
             assert png_size(png)[0] >= 1000
             assert page_errors(browser) == []
@@ -151,6 +189,75 @@ def test_agent_page_draws_the_twins_curve_for_the_last_hour(repo, start_agent, t
 
 
 READ_TOKEN = "read-token-0123456789abcdef0123456789abcdef"
+
+
+def test_agent_page_shows_selection_apps_with_a_read_token(repo, start_agent, tmp_path):
+    """The app's members with their weights, selections and answers, its mean confidence
+    and the histogram, as /v1/selection gives them; a read token is enough."""
+    import numpy as np
+    import yaml
+
+    from agent.authconfig import AgentAuthSettings
+    from agent.credentials import token_hash
+    from tests.helpers import add_app, add_classifier
+
+    add_classifier(repo, "good", classes=10, seed=1, error=0.05)
+    add_classifier(repo, "poor", classes=10, seed=2, error=0.7)
+    add_app(repo, "vote", ["good", "poor"])
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump([{"name": "dash", "scopes": ["read"],
+                                       "sha256": token_hash(READ_TOKEN)}]))
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))
+    read = {"Authorization": f"Bearer {READ_TOKEN}"}
+    truth = np.random.default_rng(3).integers(0, 10, 60)
+    for q, label in enumerate(truth):
+        x = [float(q), float(label), 0.0]
+        status, _, doc = agent.request("POST", "/v2/models/vote/infer", {
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3], "data": x}]})
+        assert status == 200, doc
+        assert agent.request("POST", "/v2/models/vote/feedback",
+                             {"id": doc["id"], "labels": [int(label)]})[0] == 200
+    status, _, (app,) = agent.request("GET", "/v1/selection", headers=read)
+    assert status == 200 and app["requests"] == 60
+    assert 0 < app["confidence_mean"] <= 1
+    # the list is the read scope's; an app's contexts and any change stay the admin's
+    assert agent.request("GET", "/v1/selection/vote", headers=read)[0] == 403
+    assert agent.request("POST", "/v1/selection/vote/reset", headers=read)[0] == 403
+    weights = {m["member"]: m["weight"] for m in app["members"]}
+    assert weights["good:1"] > 0.8 > 0.2 > weights["poor:1"], weights
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(agent.url + "/?refresh=300")
+            await browser.wait_for("!document.getElementById('token-form').hidden")
+            await browser.evaluate(
+                "(() => { const f = document.getElementById('token-form');"
+                f" f.elements.token.value = '{READ_TOKEN}'; f.requestSubmit(); }})()")
+            await browser.wait_for("!!document.querySelector('#selection [data-app=vote]')")
+            assert await browser.evaluate(
+                "document.getElementById('selection-section').hidden") is False
+            rows = await browser.evaluate(
+                "[...document.querySelectorAll('#selection [data-app=vote] tr[data-member]')]"
+                ".map(r => [r.dataset.member, r.querySelector('.weight').textContent, "
+                "r.querySelector('.answered').textContent])")
+            assert rows == [[m["member"], f"{100 * m['weight']:.1f} %", str(m["answered"])]
+                            for m in app["members"]]
+            header = await browser.evaluate(
+                "document.querySelector('#selection [data-app=vote] h3').textContent")
+            assert "exp4" in header and "60 requests" in header and "60 with feedback" in header
+            mean = await browser.evaluate(
+                "document.querySelector('#selection .confidence-mean .value').textContent")
+            assert mean == f"{app['confidence_mean']:.2f}"
+            buckets = await browser.evaluate(
+                "[...document.querySelectorAll('#selection .bucket')].map(b => "
+                "[b.dataset.bucket, Number(b.querySelector('.count').textContent)])")
+            assert buckets == [[k, v] for k, v in app["confidence_histogram"].items()]
+            assert sum(v for _, v in buckets) == 60
+            png = await browser.screenshot(tmp_path / "selection.png")
+            assert png_size(png)[0] >= 1000
+            assert page_errors(browser) == []
+
+    run(scenario())
 
 
 def test_agent_page_asks_for_a_token_and_works_with_a_read_token(repo, start_agent,

@@ -11,10 +11,14 @@ _ADMIN, _READ, _INFER = Need("admin"), Need("read"), Need("infer")
 
 def endpoint_need(method: str, path: str, protect: tuple[str, ...]) -> Need | None:
     """What a request to the agent needs once it has tokens: admin for the repository,
-    cache changes, selection apps' inspection and the twin's record (the node's traffic),
-    read for the cache, memory, disk tier, configs, the what-if curve and the coordinator
-    link; /metrics and statistics (read) and inference (infer) only when ``protect`` names
-    their group; health, server metadata and the dashboard's files never (None)."""
+    cache changes, selection apps' contexts and changes and the twin's record (the node's
+    traffic), read for the cache, memory, disk tier, the selection apps' list (weights and
+    confidence, no contexts: the dashboard's), configs, the what-if curve and the
+    coordinator link; /metrics and statistics (read) and inference (infer) only when
+    ``protect`` names their group; health, server metadata and the dashboard's files
+    never (None)."""
+    if path == "/v1/selection" and method in _READ_ONLY:
+        return _READ
     if path.startswith(("/v2/repository", "/v1/selection")) or (
             path.startswith("/v1/cache") and method not in _READ_ONLY) \
             or path in ("/v1/trace", "/v1/profiles"):

@@ -129,13 +129,19 @@ class MetricsSampler:
         return out
 
 
+#: The node's name where the config gives none (Kubernetes: the downward API's
+#: spec.nodeName; a pod's host name is the pod's, new at every restart).
+NODE_NAME_VARIABLE = "EDGEAGENT_NODE_NAME"
+
+
 class Reporter:
     """Periodic reports to the coordinator and the directives they bring back."""
 
     def __init__(self, node: "Node", link: CoordinatorLink, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node, self.link, self.clock = node, link, clock
-        self.name = link.node_name or os.uname().nodename
+        self.name = (link.node_name or os.environ.get(NODE_NAME_VARIABLE)
+                     or os.uname().nodename)
         self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
         self.interval = float(link.report_interval_s)
         self.max_backoff = max(self.interval, min(60.0, self.interval * 16))

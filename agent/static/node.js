@@ -1,6 +1,7 @@
 // The agent's dashboard: GET /v2 (name, version), /v1/memory (budgets), /v1/disk (the
-// disk tier of pulled models), /v1/cache (models), /v1/whatif (the twin's curve; these
-// need a read token where the agent has tokens), refreshed every ?refresh= ms.
+// disk tier of pulled models), /v1/cache (models), /v1/whatif (the twin's curve),
+// /v1/selection (the selection apps; these need a read token where the agent has
+// tokens), refreshed every ?refresh= ms. PANELS below: what each part of the page draws.
 "use strict";
 
 (() => {
@@ -87,61 +88,31 @@
       el("td", { class: "num" }, m.in_flight));
   }
 
-  const SVG = "http://www.w3.org/2000/svg";
-  function svg(tag, attrs, ...children) {
-    const node = document.createElementNS(SVG, tag);
-    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
-    for (const child of children) {
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
+  const SERIES = [
+    { key: "mean_response_seconds", label: "mean response", color: "#3b6fd8", dash: "" },
+    { key: "p99_response_seconds", label: "p99 response", color: "#3b6fd8", dash: "6 4" },
+    { key: "mean_load_delay_seconds", label: "load delay per request", color: "#b7791f", dash: "" }];
+
+  function seconds(v) {
+    return v === 0 ? "0" : v < 1 ? `${Number((1000 * v).toPrecision(3))} ms` : `${Number(v.toPrecision(3))} s`;
   }
 
-  const SERIES = [["mean_response_seconds", "mean response", "#3b6fd8", ""],
-                  ["p99_response_seconds", "p99 response", "#3b6fd8", "5 4"],
-                  ["mean_load_delay_seconds", "load delay per request", "#b7791f", ""]];
-
-  // Response and load delay (seconds) against capacity (log2), one line per series;
-  // the node's own budget marked.
+  // Response and load delay (seconds) against capacity (log2 scale), one line per
+  // series; the node's own budget marked.
   function whatifChart(curve) {
-    const points = curve.points;
-    const W = 640, H = 260, L = 56, R = 170, T = 12, B = 40;
-    const xs = points.map((p) => Math.log2(p.capacity_bytes));
-    const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
-    const top = Math.max(...points.flatMap((p) => SERIES.map(([k]) => p[k])), 1e-3) * 1.1;
-    const X = (c) => L + (W - L - R) * (Math.log2(c) - x0) / (x1 - x0);
-    const Y = (v) => T + (H - T - B) * (1 - v / top);
-    const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
-                               "aria-label": "response and load delay against capacity" });
-    chart.append(svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#5f6b7a" }),
-                 svg("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#5f6b7a" }),
-                 svg("text", { x: L - 6, y: T + 4, "text-anchor": "end", "font-size": 11 },
-                     top.toFixed(2) + " s"),
-                 svg("text", { x: L - 6, y: H - B, "text-anchor": "end", "font-size": 11 }, "0"));
-    const budget = curve.budget_bytes;
-    chart.append(svg("line", { class: "budget", x1: X(budget), y1: T, x2: X(budget), y2: H - B,
-                               stroke: "#1f8a4c", "stroke-dasharray": "2 3" }));
-    for (const p of points) {
-      chart.append(svg("text", { x: X(p.capacity_bytes), y: H - B + 16, "text-anchor": "middle",
-                                 "font-size": 11 }, bytes(p.capacity_bytes)));
-    }
-    SERIES.forEach(([key, label, color, dash], i) => {
-      const path = points.map((p, j) => `${j ? "L" : "M"}${X(p.capacity_bytes)},${Y(p[key])}`);
-      chart.append(svg("path", { d: path.join(" "), fill: "none", stroke: color,
-                                 "stroke-width": 2, "stroke-dasharray": dash || "none" }));
-      for (const p of points) {
-        chart.append(svg("circle", { cx: X(p.capacity_bytes), cy: Y(p[key]), r: 3, fill: color,
-                                     "data-series": key, "data-capacity": p.capacity_bytes,
-                                     "data-value": p[key] },
-                         svg("title", {}, `${label} at ${bytes(p.capacity_bytes)}: ` +
-                             ms(1000 * p[key]) + `, ${p.loads} loads`)));
-      }
-      chart.append(svg("text", { x: W - R + 10, y: T + 14 + 16 * i, fill: color,
-                                 "font-size": 12 }, label));
+    return Chart.lines({
+      title: "response and load delay against capacity",
+      xTitle: "cache capacity (log scale; the twin's multiples of the budget)",
+      yTitle: "time per request",
+      series: SERIES, points: curve.points,
+      x: (p) => Math.log2(p.capacity_bytes),
+      xTicks: curve.points.map((p) => ({ x: Math.log2(p.capacity_bytes), label: bytes(p.capacity_bytes) })),
+      yFormat: seconds,
+      tooltip: (s, p) => `${s.label} at ${bytes(p.capacity_bytes)}: ${ms(1000 * p[s.key])}, ${p.loads} loads`,
+      pointData: (p) => ({ "data-capacity": p.capacity_bytes }),
+      markers: [{ x: Math.log2(curve.budget_bytes), label: "this node's budget", color: "#1f8a4c",
+                  dash: "2 3", class: "budget" }],
     });
-    chart.append(svg("text", { x: W - R + 10, y: T + 14 + 16 * SERIES.length,
-                               fill: "#1f8a4c", "font-size": 12 }, "this node's budget"));
-    return chart;
   }
 
   function showWhatif(curve) {
@@ -157,6 +128,64 @@
     box.replaceChildren(whatifChart(curve));
   }
 
+  // A selection app: its members' weights (a bar each) and answers, its confidence
+  // (the mean, and the histogram of each answer's lowest row).
+  function selectionApp(app) {
+    const confidence = Object.entries(app.confidence_histogram);
+    const answers = confidence.reduce((n, [, count]) => n + count, 0);
+    const most = Math.max(1, ...confidence.map(([, count]) => count));
+    const missing = (m) => Object.entries(m.missing).map(([why, n]) => `${why} ${n}`).join(", ");
+    return el("div", { class: "app", "data-app": app.app },
+      el("h3", {}, app.app, el("span", { class: "meta" },
+        `${app.policy}${app.frozen ? " (frozen)" : ""} · ${app.requests} request${app.requests === 1 ? "" : "s"}` +
+        ` · ${app.feedback.accepted} with feedback · ${app.default_answers} default answer${app.default_answers === 1 ? "" : "s"}` +
+        (app.error ? ` · ${app.error}` : ""))),
+      el("div", { class: "app-body" },
+        el("table", { class: "members" },
+          el("thead", {}, el("tr", {}, el("th", {}, "Member"), el("th", {}, "Weight"), el("th", { class: "num" }, ""),
+                             el("th", { class: "num" }, "Selected"), el("th", { class: "num" }, "Answered"),
+                             el("th", {}, "Missing"))),
+          el("tbody", {}, app.members.map((m) => el("tr", { "data-member": m.member },
+            el("td", { class: "name" }, m.member),
+            el("td", {}, bar(1, [[m.weight, ""]], `weight ${pct(m.weight)}`)),
+            el("td", { class: "num weight" }, pct(m.weight)),
+            el("td", { class: "num" }, m.selected),
+            el("td", { class: "num answered" }, m.answered),
+            el("td", { class: "missing" }, missing(m) || "–"))))),
+        el("div", { class: "confidence" },
+          el("div", { class: "confidence-mean" },
+            el("span", { class: "value" }, app.confidence_mean === null ? "–" : app.confidence_mean.toFixed(2)),
+            el("span", { class: "label" }, "mean confidence")),
+          el("div", { class: "histogram", role: "img",
+                      "aria-label": `confidence of ${answers} answers by bucket` },
+            confidence.map(([upper, count], i) => el("div", { class: "bucket", "data-bucket": upper,
+                                                              title: `${count} answer${count === 1 ? "" : "s"}` },
+              el("span", { class: "count" }, count),
+              el("span", { class: "fill", style: `height:${(100 * count / most).toFixed(1)}%` }),
+              el("span", { class: "label" }, `${i ? confidence[i - 1][0] : "0"}–${upper}`)))))));
+  }
+
+  function showSelection(apps) {
+    document.getElementById("selection-section").hidden = apps.length === 0;
+    document.getElementById("selection").replaceChildren(...apps.map(selectionApp));
+  }
+
+  // The page's panels: each names the API paths it draws (data: {path: body}); a panel
+  // is added here and in node.html.
+  const PANELS = [
+    { paths: ["/v1/memory", "/v1/disk"], draw: (d) => document.getElementById("memory")
+      .replaceChildren(...memoryRows(d["/v1/memory"]), diskRow(d["/v1/disk"])) },
+    { paths: ["/v1/cache"], draw: (d) => document.getElementById("summary")
+      .replaceChildren(...summary(d["/v1/cache"])) },
+    { paths: ["/v1/whatif"], draw: (d) => showWhatif(d["/v1/whatif"]) },
+    { paths: ["/v1/selection"], draw: (d) => showSelection(d["/v1/selection"]) },
+    { paths: ["/v1/cache", "/v1/memory"], draw: (d) => {
+      const budgets = Object.fromEntries(Object.entries(d["/v1/memory"]).map(([dev, m]) => [dev, m.budget_bytes]));
+      replaceRows(document.querySelector("#models tbody"),
+                  d["/v1/cache"].map((m) => modelRow(m, budgets)), 15, "no models in the repository");
+    } },
+  ];
+
   let server = null;
 
   async function update() {
@@ -164,14 +193,10 @@
       server = await api("/v2");
       document.getElementById("server").textContent = `${server.name} ${server.version} · ${location.host}`;
     }
-    const [memory, disk, models, curve] = await Promise.all(
-      [api("/v1/memory"), api("/v1/disk"), api("/v1/cache"), api("/v1/whatif")]);
-    showWhatif(curve);
-    document.getElementById("memory").replaceChildren(...memoryRows(memory), diskRow(disk));
-    document.getElementById("summary").replaceChildren(...summary(models));
-    const budgets = Object.fromEntries(Object.entries(memory).map(([d, m]) => [d, m.budget_bytes]));
-    replaceRows(document.querySelector("#models tbody"), models.map((m) => modelRow(m, budgets)),
-                15, "no models in the repository");
+    const paths = [...new Set(PANELS.flatMap((p) => p.paths))];
+    const bodies = await Promise.all(paths.map((path) => api(path)));
+    const data = Object.fromEntries(paths.map((path, i) => [path, bodies[i]]));
+    for (const panel of PANELS) panel.draw(data);
   }
 
   poll(update);

@@ -539,7 +539,9 @@ class SelectionApp:
                 "contexts_in_memory": len(self.contexts),
                 "answer_ms": self._answer_ms(),
                 "confidence_histogram": dict(zip(map(str, CONFIDENCE_BUCKETS),
-                                                 self.confidence))}
+                                                 self.confidence)),
+                "confidence_mean": round(self.confidence_sum / sum(self.confidence), 4)
+                if any(self.confidence) else None}
 
     def _answer_ms(self) -> dict[str, Any]:
         """Percentiles of the recent answer times (arrival to the answer combined), ms."""
