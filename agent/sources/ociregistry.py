@@ -91,8 +91,12 @@ class RegistryClient:
             return self.timeout_s
         left = deadline - self.clock()
         if left <= 0:
-            raise SourceUnavailable(f"{self.where}: the registry did not answer in time")
+            raise self._late()
         return min(self.timeout_s, left)
+
+    def _late(self) -> SourceUnavailable:
+        return SourceUnavailable(f"{self.where}: the registry did not answer in time "
+                                 "(a listing, manifest or token has a deadline): refused")
 
     def request(self, method: str, url: str, *, headers: dict[str, str] | None = None,
                 data: Any = None, ok: tuple[int, ...] = (200,),
@@ -127,6 +131,8 @@ class RegistryClient:
                 if isinstance(reason, ssl.SSLError):
                     raise SourceError(f"{self.where}: TLS verification failed; "
                                       "source_options.ca_file names the CA") from None
+                if deadline is not None and self.clock() >= deadline:
+                    raise self._late() from None
                 raise SourceUnavailable(f"{self.where}: registry unreachable "
                                         f"({type(reason).__name__})") from None
             if resp.status not in ok:

@@ -96,8 +96,9 @@ class OciSource(BaseSource):
                 return sorted(int(t) for t in tags if t.isdigit())
             url = self.client.join(match.group(1), "the next page of tags at")
             if self._clock() > deadline:
-                raise SourceUnavailable(f"{self.display_url}: listing its tags took over "
-                                        f"{self.deadline_s:g} s ({page + 1} pages): refused")
+                raise SourceUnavailable(f"{self.display_url}: listing its tags did not end "
+                                        f"in time ({self.deadline_s:g} s, {page + 1} pages): "
+                                        "refused")
         raise SourceError(f"{self.display_url}: the registry's tag list runs past "
                           f"{self.max_pages} pages: refused (a registry that pages "
                           "without end)")

@@ -42,17 +42,21 @@ def check_url(url: str, where: str, what: str, *, plain_http: bool) -> str:
 
 
 class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only to a URL ``check_url`` allows."""
+    """Follows a redirect only to a URL ``check_url`` allows (checked before urllib's
+    own rule, so that the refusal names the URL)."""
 
     def __init__(self, where: str, plain_http: bool) -> None:
         super().__init__()
         self.where, self.plain_http = where, plain_http
 
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> Any:
-        check_url(newurl, self.where, f"the server's redirect (HTTP {code}) to",
-                  plain_http=self.plain_http)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+    def http_error_302(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        location = headers.get("location") or headers.get("uri")
+        if location:
+            check_url(urllib.parse.urljoin(req.full_url, location), self.where,
+                      f"the server's redirect (HTTP {code}) to", plain_http=self.plain_http)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
 def opener(where: str, *, context: Any, plain_http: bool) -> urllib.request.OpenerDirector:
