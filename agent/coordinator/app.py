@@ -58,9 +58,10 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.credentials import Credential, Credentials, load_credentials, node_credential
-from agent.httpauth import (Guard, Need, host_check, names_this_server, own_names, request_peer,
-                            scoped_auth)
+from agent.credentials import (Credential, Credentials, bearer, load_credentials,
+                               node_credential)
+from agent.httpauth import (Guard, Need, carries_credential, host_check, names_this_server,
+                            own_names, request_peer, scoped_auth)
 from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
@@ -265,12 +266,14 @@ def _report_lane(request: web.Request) -> bool:
     if request.match_info.handler is not node_report or not request.content.is_eof():
         return False
     co = request.app[COORDINATOR]
-    _, name = request_peer(request, _forward_key(request), certificates=True)
+    peer, name = request_peer(request, _forward_key(request), certificates=True)
     if not co.guard.checks(name):
         return "Origin" not in request.headers and names_this_server(
             request.headers.get("Host"), co.names)
-    return co.guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
-                          name).status == 200
+    header = request.headers.get("Authorization", "")
+    if co.guard.throttle.retry_after(peer) and (bearer(header) is not None or name is None):
+        return False  # a throttled peer's token is not judged: the chain answers 429
+    return co.guard.judge(header, coordinator_need(request), name).status == 200
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
@@ -491,10 +494,12 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
-        host_check(lambda r: bool(r.app[COORDINATOR].guard.credentials),
+        host_check(lambda r: carries_credential(r, r.app[COORDINATOR].guard, True),
                    lambda r: r.app[COORDINATOR].names),
+        # its open paths (health, the dashboard's files, the join: its handler judges the
+        # join token) hold nothing for a rebinding page that sends a made-up token
         scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
-                    certificates=True),
+                    certificates=True, open_tokens=False),
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)

@@ -52,7 +52,8 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
 from agent.credentials import Credential, Credentials
 from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
-                            certificate_name, host_check, own_names, scoped_auth)
+                            carries_credential, certificate_name, host_check, own_names,
+                            scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
 from agent.tls import ServerTls
 
@@ -313,8 +314,9 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
-        host_check(lambda r: bool(r.app[WORKER].guard.credentials), lambda r: names),
-        scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True),
+        host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True), lambda r: names),
+        scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True,
+                    open_tokens=False),  # what it forwards, the coordinator judges
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[WORKER] = state
