@@ -19,6 +19,7 @@ import hmac
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any, Callable, NamedTuple
@@ -36,6 +37,7 @@ log = logging.getLogger("edgeagent.auth")
 #: its coordinator (a client's own such headers are dropped).
 FORWARDED_PEER = "X-Edgeagent-Peer"
 FORWARDED_NAME = "X-Edgeagent-Peer-Name"
+FORWARDED_ISSUED = "X-Edgeagent-Peer-Issued"
 FORWARD_KEY = "X-Edgeagent-Forward-Key"
 #: At most one failed-auth warning per this many seconds (the rest are counted in it).
 WARN_EVERY_S = 10.0
@@ -60,6 +62,15 @@ class Verdict(NamedTuple):
     credential: Credential | None = None
 
 
+class Peer(NamedTuple):
+    """Who sent a request: its address and, with a verified client certificate, the
+    node it names and when it was issued (its notBefore, epoch seconds)."""
+
+    address: str
+    name: str | None = None
+    issued: float | None = None
+
+
 def peer_credential(name: str | None) -> Credential | None:
     """A verified client certificate's node name as a credential: that node's reports."""
     return None if not name else Credential(f"certificate:{name}", "", frozenset({"report"}),
@@ -82,6 +93,15 @@ def certificate_name(transport: Any) -> str | None:
     return None
 
 
+def certificate_issued(transport: Any) -> float | None:
+    """A verified client certificate's notBefore in epoch seconds (None without one)."""
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    try:
+        return float(ssl.cert_time_to_seconds(cert["notBefore"])) if cert else None
+    except (KeyError, ValueError):
+        return None
+
+
 class Guard:
     """One server's credentials, failure throttle and failure counts."""
 
@@ -101,10 +121,18 @@ class Guard:
         verified certificate (none of either: an open server, as without tokens)."""
         return bool(self.credentials) or peer_name is not None
 
-    def judge(self, header: str, need: Need, peer_name: str | None = None) -> Verdict:
+    def judge(self, header: str, need: Need, peer_name: str | None = None,
+              peer_issued: float | None = None) -> Verdict:
         """Whether the ``Authorization`` value ``header`` (or, without one, the peer's
-        certificate name) meets ``need`` (nothing counted: ``authorize`` counts)."""
+        certificate: its name, unless certificates naming it issued by ``peer_issued``
+        were revoked) meets ``need`` (nothing counted: ``authorize`` counts)."""
         token = bearer(header)
+        if token is None and peer_name is not None:
+            revoked = self.credentials.revoked_since(peer_name, peer_issued)
+            if revoked is not None:
+                return Verdict(401, f"the certificate of node {peer_name!r} was revoked "
+                                    "(DELETE /v1/nodes): one issued after "
+                                    f"{_utc(revoked)} names the node again")
         cred = self.credentials.find(token, self.clock()) if token is not None \
             else peer_credential(peer_name)
         if cred is None:
@@ -120,7 +148,7 @@ class Guard:
         return Verdict(200, credential=cred)
 
     def authorize(self, header: str, need: Need, *, peer: str,
-                  peer_name: str | None = None) -> Verdict:
+                  peer_name: str | None = None, peer_issued: float | None = None) -> Verdict:
         """``judge``, unless ``peer`` is throttled and the request rests on a token (or
         nothing): then 429, the token unread (a throttled guesser learns nothing, at the
         price of a valid token from the same address waiting out the throttle too); a
@@ -129,7 +157,7 @@ class Guard:
             throttled = self.throttled(peer, need)
             if throttled is not None:
                 return throttled
-        verdict = self.judge(header, need, peer_name)
+        verdict = self.judge(header, need, peer_name, peer_issued)
         if verdict.status == 200:
             return verdict
         return self.refused(verdict, peer, need)
@@ -179,18 +207,33 @@ class Guard:
             f'{name}{{reason="{reason}"}} {count}' for reason, count in counts.items()]
 
 
-def request_peer(request: web.Request, forward_key: str | None = None, *,
-                 certificates: bool = False) -> tuple[str, str | None]:
-    """The request's peer address and (with ``certificates``) its verified certificate's
-    name; a report worker's forwarded ones where the request carries ``forward_key``
-    (the one its coordinator shares with it)."""
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def is_forwarded(request: web.Request, forward_key: str | None) -> bool:
+    """Whether ``request`` carries ``forward_key`` (a report worker forwarded it)."""
     given = request.headers.get(FORWARD_KEY)
-    if forward_key and given is not None:
-        if hmac.compare_digest(given.encode(), forward_key.encode()):
-            return (request.headers.get(FORWARDED_PEER, "unknown"),
-                    request.headers.get(FORWARDED_NAME) or None)
-    return (request.remote or "unknown",
-            certificate_name(request.transport) if certificates else None)
+    return bool(forward_key) and given is not None and hmac.compare_digest(
+        given.encode(), forward_key.encode())
+
+
+def request_peer(request: web.Request, forward_key: str | None = None, *,
+                 certificates: bool = False) -> Peer:
+    """The request's peer: its address and (with ``certificates``) its verified
+    certificate's name and issue time; a report worker's forwarded ones where the
+    request carries ``forward_key`` (the one its coordinator shares with it)."""
+    if is_forwarded(request, forward_key):
+        try:
+            issued = float(request.headers.get(FORWARDED_ISSUED, ""))
+        except ValueError:
+            issued = None
+        return Peer(request.headers.get(FORWARDED_PEER, "unknown"),
+                    request.headers.get(FORWARDED_NAME) or None, issued)
+    if not certificates:
+        return Peer(request.remote or "unknown")
+    return Peer(request.remote or "unknown", certificate_name(request.transport),
+                certificate_issued(request.transport))
 
 
 def respond(verdict: Verdict) -> web.Response:
@@ -218,11 +261,11 @@ def scoped_auth(guard_of: Callable[[web.Request], Guard],
                 request.headers.get("Authorization", "")) is not None:
             need = ANY
         if need is not None:
-            peer, name = request_peer(request, forward_key_of(request),
-                                      certificates=certificates)
-            if guard.checks(name):
+            peer = request_peer(request, forward_key_of(request), certificates=certificates)
+            if guard.checks(peer.name):
                 verdict = guard.authorize(request.headers.get("Authorization", ""), need,
-                                          peer=peer, peer_name=name)
+                                          peer=peer.address, peer_name=peer.name,
+                                          peer_issued=peer.issued)
                 if verdict.status != 200:
                     return respond(verdict)
         return await handler(request)

@@ -78,7 +78,7 @@ async def join_post(request: web.Request) -> web.Response:
     body = await _body(request, ("node",))
     asked = _node_name(body["node"]) if "node" in body else None
     token = bearer(request.headers.get("Authorization", ""))
-    peer, _ = request_peer(request, co.workers.forward_key)
+    peer = request_peer(request, co.workers.forward_key).address
     throttled = co.guard.throttled(peer, _JOIN)  # a throttled peer's token is not tried
     if throttled is not None:
         return respond(throttled)
