@@ -30,11 +30,10 @@ from aiohttp import web
 
 from agent.config import AgentConfig
 from agent.modelzoo import write_mlp
-from agent.sources import (DigestMismatch, SourceError, SourceUnavailable, open_source,
-                           partial_dir)
+from agent.sources import SourceError, SourceUnavailable, open_source, partial_dir
 from agent.sources.ocisource import MAX_TAG_PAGES, OciSource
 from tests.helpers import (TINY_MLP, Agent, AgentServer, ThreadedServer, issue_cert, make_ca,
-                           request, v2_body, wait_for)
+                           request, v2_body)
 from tests.servers import range_http_server
 
 SENTINEL = "SENTINEL-local-file-9c1e"

@@ -26,8 +26,8 @@ import yaml
 from agent.authconfig import AuthSettings
 from agent.credentials import new_token, token_hash
 from agent.tls import client_context
-from tests.helpers import (REPORT, Agent, CoordinatorProcess, add_mlp, issue_cert, make_ca,
-                           reserved_port, v2_body, wait_for)
+from tests.helpers import (REPORT, Agent, CoordinatorProcess, add_mlp, call, issue_cert,
+                           make_ca, reserved_port, v2_body, wait_for)
 
 ROW = v2_body([1.0, 2.0, 3.0, 4.0])
 
@@ -36,32 +36,6 @@ def _tokens(path: Path, entries: list[tuple[str, str, list[str]]]) -> Path:
     path.write_text(yaml.safe_dump([{"name": n, "sha256": token_hash(t), "scopes": s}
                                     for n, t, s in entries]))
     return path
-
-
-def call(port: int, method: str, path: str, body=None, *, token: str | None = None,
-         context=None, conn=None, source: str | None = None,
-         headers: dict | None = None) -> tuple[int, object]:
-    """One request: on ``conn`` (kept) or a new connection (TLS with ``context``)."""
-    own = conn is None
-    if own:
-        conn = (http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
-                if context else http.client.HTTPConnection(
-                    "127.0.0.1", port, timeout=30,
-                    source_address=(source, 0) if source else None))
-    sent = {"Content-Type": "application/json", **(headers or {})}
-    if token:
-        sent["Authorization"] = f"Bearer {token}"
-    try:
-        conn.request(method, path, json.dumps(body) if body is not None else None, sent)
-        answer = conn.getresponse()
-        raw = answer.read()
-        try:
-            return answer.status, json.loads(raw)
-        except ValueError:
-            return answer.status, raw.decode()
-    finally:
-        if own:
-            conn.close()
 
 
 def _listening_ports(pid: int) -> set[int]:
