@@ -138,7 +138,9 @@ class Guard:
         if cred is None:
             what = "an unknown or expired token" if token is not None else "no credential"
             return Verdict(401, f"{what}: this endpoint needs 'Authorization: Bearer "
-                                f"<token>' with scope {need.scope!r}")
+                                f"<token>' with scope {need.scope!r}" if need.scope else
+                                f"{what}: a token sent must be valid, even where none "
+                                "is needed")
         if need.scope and not cred.allows(need.scope):
             return Verdict(403, f"credential {cred.name!r} lacks scope {need.scope!r} "
                                 f"(it has {', '.join(sorted(cred.scopes))})")
@@ -153,7 +155,7 @@ class Guard:
         nothing): then 429, the token unread (a throttled guesser learns nothing, at the
         price of a valid token from the same address waiting out the throttle too); a
         failure is ``refused``."""
-        if bearer(header) is not None or peer_name is None:
+        if self.holds_back(header, peer, peer_name):
             throttled = self.throttled(peer, need)
             if throttled is not None:
                 return throttled
@@ -161,6 +163,12 @@ class Guard:
         if verdict.status == 200:
             return verdict
         return self.refused(verdict, peer, need)
+
+    def holds_back(self, header: str, peer: str, peer_name: str | None) -> bool:
+        """Whether ``peer`` is throttled and the request rests on a token (or nothing):
+        then it is not judged. A verified certificate (no token) always is."""
+        return (bearer(header) is not None or peer_name is None) and bool(
+            self.throttle.retry_after(peer))
 
     def throttled(self, peer: str, need: Need) -> Verdict | None:
         """A 429 (counted) while ``peer`` may not try again; None when it may."""
@@ -318,9 +326,10 @@ def host_check(credentialed: Callable[[web.Request], bool],
     ``names_of(request)``) gets a JSON 403 naming it. A web page a user visits can
     rebind its own name to this server's address and then call it from the browser
     (DNS rebinding): it sends its own name as the Host, and no credential it knows (a
-    token it makes up is judged, and refused, by ``scoped_auth``; a client certificate
-    comes only over TLS, whose server name the page's name does not match). A request
-    with a credential may use any name (proxies, load balancers)."""
+    token it makes up is refused by ``scoped_auth`` wherever there is anything to have;
+    a client certificate comes only over TLS, whose server name the page's name does
+    not match). A request with a credential may use any name (proxies, load
+    balancers)."""
 
     @web.middleware
     async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -62,8 +62,7 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.credentials import (Credential, Credentials, bearer, load_credentials,
-                               node_credential)
+from agent.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
                             names_this_server, own_names, request_peer, scoped_auth)
 from agent.tls import ServerTls
@@ -283,8 +282,7 @@ def _report_lane(request: web.Request) -> bool:
         return "Origin" not in request.headers and names_this_server(
             request.headers.get("Host"), co.names)
     header = request.headers.get("Authorization", "")
-    if co.guard.throttle.retry_after(peer.address) and (
-            bearer(header) is not None or peer.name is None):
+    if co.guard.holds_back(header, peer.address, peer.name):
         return False  # a throttled peer's token is not judged: the chain answers 429
     return co.guard.judge(header, coordinator_need(request), peer.name,
                           peer.issued).status == 200

@@ -331,9 +331,9 @@ class DiskTier:
             now = sorted(tasks[t] for t in done if t.result())
             if now:
                 changed += now
-                await self.persist()
                 if on_change is not None:
                     on_change(now)
+        await self.persist()
         return changed
 
     # -- holdings ------------------------------------------------------------------------
@@ -476,7 +476,7 @@ class DiskTier:
             self.root.mkdir(parents=True, exist_ok=True)
             await self._make_room(key, need)
             reserved = need
-            allowance = Allowance(0, self._most(key) - need)
+            allowance = Allowance(0, self._most() - need)
             try:
                 with self._in_flight():
                     while True:
@@ -626,7 +626,7 @@ class DiskTier:
             self.wake()
             raise
 
-    def _most(self, key: Key) -> int:
+    def _most(self) -> int:
         """The most bytes ``key`` can ever be given: the budget less the pinned versions."""
         return self.pool.budget - sum(size for k, size in self.held.items()
                                       if self.usage(k) == "pinned")
@@ -637,7 +637,7 @@ class DiskTier:
         unpinned version together."""
         where = f"model {key[0]}:{key[1]}"
         pinned = {k: size for k, size in self.held.items() if self.usage(k) == "pinned"}
-        room = self._most(key)
+        room = self._most()
         if need > room:
             return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) but the "
                            f"disk budget is {format_size(self.pool.budget)} "
