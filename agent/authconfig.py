@@ -10,7 +10,7 @@ from agent.auththrottle import FailureThrottle
 from agent.schema import Positive, Section, setting
 from agent.validation import choice
 
-#: The endpoint groups open by default that ``auth.protect`` may guard too.
+#: The endpoint groups ``auth.protect`` guards with tokens (all, by default).
 PROTECTABLE = ("read", "infer")
 Group = Annotated[str, setting("an endpoint group", check=choice(*PROTECTABLE))]
 
@@ -41,6 +41,7 @@ class AgentAuthSettings(AuthSettings):
     """The agent's tokens and which open endpoint groups they also guard (``auth:``)."""
 
     protect: Annotated[tuple[Group, ...], setting(
-        "with tokens, also require them for these groups, open by default (Triton's "
-        "restricted APIs): read (/metrics and statistics), infer (inference and model "
-        "metadata)", example=["read", "infer"], commented=True)] = ()
+        "with tokens, also require them for these groups (Triton's restricted APIs): "
+        "read (/metrics and statistics), infer (inference and model metadata); [] leaves "
+        "them open to anyone who reaches the agent", example=["read", "infer"],
+        commented=True)] = PROTECTABLE

@@ -565,12 +565,13 @@ class AgentConfig(Section):
         "eviction policy: a name (edgeagent simulate --help lists them) and :k=v "
         "parameters")] = "cremebrulee"
     allowed_hosts: Annotated[tuple[Text, ...], setting(
-        "without admin_token_file, requests must name the agent in Host (and Origin): "
-        "an IP address, localhost, host, this machine's name, or one of these (a DNS "
+        "requests without a token must name the agent in Host (and Origin): an IP "
+        "address, localhost, host, this machine's name, or one of these (a DNS "
         "rebinding guard); others get 403", example=["edge-1.example.net"])] = ()
     admin_token_file: Annotated[Path | None, setting(
-        "file holding the bearer token that the admin and repository endpoints "
-        "(/v1/cache, /v2/repository) then require", example="/etc/edgeagent/admin-token")] \
+        "file holding the bearer token (scope admin) that the admin and repository "
+        "endpoints (/v1/cache, /v2/repository) then require, and inference and "
+        "statistics too (auth.protect)", example="/etc/edgeagent/admin-token")] \
         = None
     max_request_size: Annotated[int, setting(
         "largest request body; larger ones get 413", check=size, example="64MiB")] \

@@ -15,7 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from agent.wire import NAME
 
@@ -194,16 +194,27 @@ def bearer(header: str) -> str | None:
 
 
 class Credentials:
-    """The credentials one server accepts now; ``replace`` swaps them (SIGHUP)."""
+    """The credentials one server accepts now, and the node certificates it refuses
+    (``revoked``: node -> the time up to which its certificates were issued);
+    ``replace`` swaps them (SIGHUP, a node deleted)."""
 
-    def __init__(self, creds: Iterable[Credential] = ()) -> None:
-        self.replace(creds)
+    def __init__(self, creds: Iterable[Credential] = (),
+                 revoked: Mapping[str, float] | None = None) -> None:
+        self.replace(creds, revoked)
 
-    def replace(self, creds: Iterable[Credential]) -> None:
+    def replace(self, creds: Iterable[Credential],
+                revoked: Mapping[str, float] | None = None) -> None:
         self.creds: tuple[Credential, ...] = tuple(creds)
+        self.revoked: dict[str, float] = dict(revoked or {})
         self._by_hash: dict[str, Credential] = {}
         for cred in reversed(self.creds):  # the first entry of a hash listed twice
             self._by_hash[cred.sha256] = cred
+
+    def revoked_since(self, node: str, issued: float | None) -> float | None:
+        """When certificates naming ``node`` issued at ``issued`` (its notBefore; None:
+        not known) were revoked, or None where such a certificate is not."""
+        cutoff = self.revoked.get(node)
+        return None if cutoff is None or (issued is not None and issued > cutoff) else cutoff
 
     def __bool__(self) -> bool:
         """Whether any credential is configured (none: nothing is checked)."""

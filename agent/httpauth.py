@@ -5,9 +5,12 @@ of failed attempts (``agent.auththrottle``) and their counts. ``scoped_auth`` is
 middleware: a path's ``Need`` (a scope, and for a node's report its node name) is met
 by a credential that allows it, else 401 (no or unknown credential), 403 (wrong scope
 or another node's report) or 429 with ``Retry-After`` (too many failures from that
-peer). Failures are logged as rate-limited warnings, never with the token.
-Without any credential, ``host_check`` refuses requests addressed to a name that is not
-the server's own (DNS rebinding).
+peer: while it is throttled its tokens are not even looked at, so a guess among many
+cannot succeed; a verified client certificate, which no one guesses, is still
+judged). Failures are logged as rate-limited warnings, never with the token.
+``host_check`` refuses a request that carries no credential and is addressed to a name
+that is not the server's own (DNS rebinding); a token a request carries is then always
+judged, even where none is needed (``ANY``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hmac
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any, Callable, NamedTuple
@@ -33,6 +37,7 @@ log = logging.getLogger("edgeagent.auth")
 #: its coordinator (a client's own such headers are dropped).
 FORWARDED_PEER = "X-Edgeagent-Peer"
 FORWARDED_NAME = "X-Edgeagent-Peer-Name"
+FORWARDED_ISSUED = "X-Edgeagent-Peer-Issued"
 FORWARD_KEY = "X-Edgeagent-Forward-Key"
 #: At most one failed-auth warning per this many seconds (the rest are counted in it).
 WARN_EVERY_S = 10.0
@@ -45,11 +50,25 @@ class Need(NamedTuple):
     node: str | None = None
 
 
+#: What an open path needs of a request that carries a token anyway: a valid one, of
+#: any scope (a page that sends a made-up token to pass ``host_check`` gets 401).
+ANY = Need("")
+
+
 class Verdict(NamedTuple):
     status: int  # 200: allowed
     message: str = ""
     retry_after: int = 0
     credential: Credential | None = None
+
+
+class Peer(NamedTuple):
+    """Who sent a request: its address and, with a verified client certificate, the
+    node it names and when it was issued (its notBefore, epoch seconds)."""
+
+    address: str
+    name: str | None = None
+    issued: float | None = None
 
 
 def peer_credential(name: str | None) -> Credential | None:
@@ -74,6 +93,15 @@ def certificate_name(transport: Any) -> str | None:
     return None
 
 
+def certificate_issued(transport: Any) -> float | None:
+    """A verified client certificate's notBefore in epoch seconds (None without one)."""
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    try:
+        return float(ssl.cert_time_to_seconds(cert["notBefore"])) if cert else None
+    except (KeyError, ValueError):
+        return None
+
+
 class Guard:
     """One server's credentials, failure throttle and failure counts."""
 
@@ -93,17 +121,27 @@ class Guard:
         verified certificate (none of either: an open server, as without tokens)."""
         return bool(self.credentials) or peer_name is not None
 
-    def judge(self, header: str, need: Need, peer_name: str | None = None) -> Verdict:
+    def judge(self, header: str, need: Need, peer_name: str | None = None,
+              peer_issued: float | None = None) -> Verdict:
         """Whether the ``Authorization`` value ``header`` (or, without one, the peer's
-        certificate name) meets ``need`` (nothing counted: ``authorize`` counts)."""
+        certificate: its name, unless certificates naming it issued by ``peer_issued``
+        were revoked) meets ``need`` (nothing counted: ``authorize`` counts)."""
         token = bearer(header)
+        if token is None and peer_name is not None:
+            revoked = self.credentials.revoked_since(peer_name, peer_issued)
+            if revoked is not None:
+                return Verdict(401, f"the certificate of node {peer_name!r} was revoked "
+                                    "(DELETE /v1/nodes): one issued after "
+                                    f"{_utc(revoked)} names the node again")
         cred = self.credentials.find(token, self.clock()) if token is not None \
             else peer_credential(peer_name)
         if cred is None:
             what = "an unknown or expired token" if token is not None else "no credential"
             return Verdict(401, f"{what}: this endpoint needs 'Authorization: Bearer "
-                                f"<token>' with scope {need.scope!r}")
-        if not cred.allows(need.scope):
+                                f"<token>' with scope {need.scope!r}" if need.scope else
+                                f"{what}: a token sent must be valid, even where none "
+                                "is needed")
+        if need.scope and not cred.allows(need.scope):
             return Verdict(403, f"credential {cred.name!r} lacks scope {need.scope!r} "
                                 f"(it has {', '.join(sorted(cred.scopes))})")
         if need.node is not None and "admin" not in cred.scopes and cred.node != need.node:
@@ -112,13 +150,33 @@ class Guard:
         return Verdict(200, credential=cred)
 
     def authorize(self, header: str, need: Need, *, peer: str,
-                  peer_name: str | None = None) -> Verdict:
-        """``judge``; a failure is ``refused``. A valid credential is never throttled:
-        nodes behind one NAT are not locked out by a failing neighbour."""
-        verdict = self.judge(header, need, peer_name)
+                  peer_name: str | None = None, peer_issued: float | None = None) -> Verdict:
+        """``judge``, unless ``peer`` is throttled and the request rests on a token (or
+        nothing): then 429, the token unread (a throttled guesser learns nothing, at the
+        price of a valid token from the same address waiting out the throttle too); a
+        failure is ``refused``."""
+        if self.holds_back(header, peer, peer_name):
+            throttled = self.throttled(peer, need)
+            if throttled is not None:
+                return throttled
+        verdict = self.judge(header, need, peer_name, peer_issued)
         if verdict.status == 200:
             return verdict
         return self.refused(verdict, peer, need)
+
+    def holds_back(self, header: str, peer: str, peer_name: str | None) -> bool:
+        """Whether ``peer`` is throttled and the request rests on a token (or nothing):
+        then it is not judged. A verified certificate (no token) always is."""
+        return (bearer(header) is not None or peer_name is None) and bool(
+            self.throttle.retry_after(peer))
+
+    def throttled(self, peer: str, need: Need) -> Verdict | None:
+        """A 429 (counted) while ``peer`` may not try again; None when it may."""
+        wait = self.throttle.retry_after(peer)
+        if not wait:
+            return None
+        return self._fail("throttled", peer, need, Verdict(
+            429, f"too many failed authentications from {peer}; retry in {wait} s", wait))
 
     def refused(self, verdict: Verdict, peer: str, need: Need) -> Verdict:
         """A refusal of ``peer``, counted and logged. A 401 (no or an unknown token:
@@ -126,11 +184,9 @@ class Guard:
         403 comes from a known credential and stays 403."""
         if verdict.status != 401:
             return self._fail("forbidden", peer, need, verdict)
-        wait = self.throttle.retry_after(peer)
-        if wait:
-            return self._fail("throttled", peer, need, Verdict(
-                429, f"too many failed authentications from {peer}; retry in {wait} s",
-                wait))
+        throttled = self.throttled(peer, need)
+        if throttled is not None:
+            return throttled
         self.throttle.failed(peer)
         return self._fail("unauthenticated", peer, need, verdict)
 
@@ -159,18 +215,33 @@ class Guard:
             f'{name}{{reason="{reason}"}} {count}' for reason, count in counts.items()]
 
 
-def request_peer(request: web.Request, forward_key: str | None = None, *,
-                 certificates: bool = False) -> tuple[str, str | None]:
-    """The request's peer address and (with ``certificates``) its verified certificate's
-    name; a report worker's forwarded ones where the request carries ``forward_key``
-    (the one its coordinator shares with it)."""
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def is_forwarded(request: web.Request, forward_key: str | None) -> bool:
+    """Whether ``request`` carries ``forward_key`` (a report worker forwarded it)."""
     given = request.headers.get(FORWARD_KEY)
-    if forward_key and given is not None:
-        if hmac.compare_digest(given.encode(), forward_key.encode()):
-            return (request.headers.get(FORWARDED_PEER, "unknown"),
-                    request.headers.get(FORWARDED_NAME) or None)
-    return (request.remote or "unknown",
-            certificate_name(request.transport) if certificates else None)
+    return bool(forward_key) and given is not None and hmac.compare_digest(
+        given.encode(), forward_key.encode())
+
+
+def request_peer(request: web.Request, forward_key: str | None = None, *,
+                 certificates: bool = False) -> Peer:
+    """The request's peer: its address and (with ``certificates``) its verified
+    certificate's name and issue time; a report worker's forwarded ones where the
+    request carries ``forward_key`` (the one its coordinator shares with it)."""
+    if is_forwarded(request, forward_key):
+        try:
+            issued = float(request.headers.get(FORWARDED_ISSUED, ""))
+        except ValueError:
+            issued = None
+        return Peer(request.headers.get(FORWARDED_PEER, "unknown"),
+                    request.headers.get(FORWARDED_NAME) or None, issued)
+    if not certificates:
+        return Peer(request.remote or "unknown")
+    return Peer(request.remote or "unknown", certificate_name(request.transport),
+                certificate_issued(request.transport))
 
 
 def respond(verdict: Verdict) -> web.Response:
@@ -184,21 +255,25 @@ def respond(verdict: Verdict) -> web.Response:
 def scoped_auth(guard_of: Callable[[web.Request], Guard],
                 need_of: Callable[[web.Request], Need | None],
                 forward_key_of: Callable[[web.Request], str | None] = lambda r: None, *,
-                certificates: bool = False) -> Any:
+                certificates: bool = False, open_tokens: bool = True) -> Any:
     """Middleware: a request whose ``need_of(request)`` is a ``Need`` must meet it
-    (None: open). ``certificates``: a verified client certificate names a node (its
+    (None: open; with ``open_tokens``, a token sent to an open path must be valid:
+    ``ANY``). ``certificates``: a verified client certificate names a node (its
     reports)."""
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         need = need_of(request)
+        guard = guard_of(request)
+        if need is None and open_tokens and guard.credentials and bearer(
+                request.headers.get("Authorization", "")) is not None:
+            need = ANY
         if need is not None:
-            guard = guard_of(request)
-            peer, name = request_peer(request, forward_key_of(request),
-                                      certificates=certificates)
-            if guard.checks(name):
+            peer = request_peer(request, forward_key_of(request), certificates=certificates)
+            if guard.checks(peer.name):
                 verdict = guard.authorize(request.headers.get("Authorization", ""), need,
-                                          peer=peer, peer_name=name)
+                                          peer=peer.address, peer_name=peer.name,
+                                          peer_issued=peer.issued)
                 if verdict.status != 200:
                     return respond(verdict)
         return await handler(request)
@@ -234,20 +309,31 @@ def names_this_server(host: str | None, names: frozenset[str]) -> bool:
     return name == "localhost" or name.endswith(".localhost") or name in names
 
 
-def host_check(guarded: Callable[[web.Request], bool],
+def carries_credential(request: web.Request, guard: Guard,
+                       certificates: bool = False) -> bool:
+    """Whether ``request`` comes with something ``guard`` will judge: a bearer token
+    (where it has tokens) or, with ``certificates``, a verified client certificate."""
+    if guard.credentials and bearer(request.headers.get("Authorization", "")) is not None:
+        return True
+    return certificates and certificate_name(request.transport) is not None
+
+
+def host_check(credentialed: Callable[[web.Request], bool],
                names_of: Callable[[web.Request], frozenset[str]]) -> Any:
-    """Middleware: while the app has no credential (``guarded(request)`` is false), a request
-    whose ``Host`` or ``Origin`` (each when sent: a browser sends Host) does not name this server
-    (``names_this_server`` with ``names_of(request)``) gets a JSON 403 naming it. A web
-    page a user visits can rebind its own name to this server's address and then call
-    it from the browser (DNS rebinding): it sends its own name as the Host. With a token
-    there is no check: the page cannot read the token, so it can call nothing the token
-    protects, and a server given a token is meant to be reached by names of the
-    operator's choosing (proxies, load balancers) without listing each."""
+    """Middleware: a request without a credential (``credentialed(request)`` is false,
+    whatever the server's auth settings) whose ``Host`` or ``Origin`` (each when sent: a
+    browser sends Host) does not name this server (``names_this_server`` with
+    ``names_of(request)``) gets a JSON 403 naming it. A web page a user visits can
+    rebind its own name to this server's address and then call it from the browser
+    (DNS rebinding): it sends its own name as the Host, and no credential it knows (a
+    token it makes up is refused by ``scoped_auth`` wherever there is anything to have;
+    a client certificate comes only over TLS, whose server name the page's name does
+    not match). A request with a credential may use any name (proxies, load
+    balancers)."""
 
     @web.middleware
     async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if not guarded(request):
+        if not credentialed(request):
             names = names_of(request)
             host, origin = request.headers.get("Host"), request.headers.get("Origin")
             for header, value, named in (
@@ -255,7 +341,7 @@ def host_check(guarded: Callable[[web.Request], bool],
                     ("Origin", origin, origin and origin.partition("://")[2].split("/")[0])):
                 if value is not None and not names_this_server(named, names):
                     return json_error(403, f"{header} {value!r} is not this server's name "
-                                           "(no token is configured: only its addresses, "
+                                           "(without a credential only its addresses, "
                                            "localhost and allowed_hosts are answered)")
         return await handler(request)
 

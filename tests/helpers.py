@@ -172,6 +172,36 @@ def request(url: str, method: str = "GET", body=None, timeout: float = 10, conte
         return err.code, json.loads(err.read()), dict(err.headers)
 
 
+def call(port: int, method: str, path: str, body=None, token: str | None = None, conn=None,
+         context=None, *, source: str | None = None,
+         headers: dict | None = None) -> tuple[int, object]:
+    """(status, parsed JSON or text) for one request to 127.0.0.1:``port``: on ``conn``
+    (a kept connection) or a new one (TLS with ``context``; from the loopback address
+    ``source``), with ``token`` as a bearer token and ``headers`` besides."""
+    import http.client
+
+    own = conn is None
+    if own:
+        conn = (http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+                if context else http.client.HTTPConnection(
+                    "127.0.0.1", port, timeout=30,
+                    source_address=(source, 0) if source else None))
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None, sent)
+        answer = conn.getresponse()
+        raw = answer.read()
+        try:
+            return answer.status, json.loads(raw)
+        except ValueError:
+            return answer.status, raw.decode()
+    finally:
+        if own:
+            conn.close()
+
+
 # -- waiting and ports ----------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agent.credentials import new_token, token_hash
-from tests.helpers import REPORT, Agent, CoordinatorProcess, add_mlp, v2_body, wait_for
+from tests.helpers import REPORT, Agent, CoordinatorProcess, add_mlp, call, v2_body, wait_for
 
 NODES = [f"edge-{i}" for i in range(1, 6)]
 
@@ -29,29 +29,6 @@ def entry(name, token, scopes, **more) -> dict:
 def write(path: Path, entries: list[dict]) -> Path:
     path.write_text(yaml.safe_dump(entries))
     return path
-
-
-def call(port, method, path, body=None, token=None, conn=None,
-         context=None) -> tuple[int, object]:
-    """One request (a new connection, TLS with ``context``, unless ``conn``: then on that
-    keep-alive one)."""
-    own = conn is None
-    conn = conn or (http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
-                    if context else http.client.HTTPConnection("127.0.0.1", port, timeout=30))
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        conn.request(method, path, json.dumps(body) if body is not None else None, headers)
-        answer = conn.getresponse()
-        raw = answer.read()
-        try:
-            return answer.status, json.loads(raw)
-        except ValueError:
-            return answer.status, raw.decode()
-    finally:
-        if own:
-            conn.close()
 
 
 def listeners(port: int) -> set[int]:

@@ -22,9 +22,11 @@ TOKEN = "s3cret-token-0123456789abcdef0123456789abcdef"
 
 
 def call(port: int, method: str, path: str, body=None, token: str | None = TOKEN,
-         raw: bytes | None = None) -> tuple[int, dict | list]:
-    """One request on a new connection (so it lands on any of the port's listeners)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+         raw: bytes | None = None, source: str = "127.0.0.1") -> tuple[int, dict | list]:
+    """One request on a new connection (so it lands on any of the port's listeners),
+    from the loopback address ``source``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30,
+                                      source_address=(source, 0))
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -132,10 +134,13 @@ def test_workers_answer_reports_and_the_coordinator_knows_every_node(coordinator
 def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordinator):
     port = coordinator.port
     with ThreadPoolExecutor(8) as pool:  # fresh connections: every listener answers some
+        # from another address: a throttled peer's valid token is refused too
         no_token = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
-                                                REPORT, token=None), range(30)))
+                                                REPORT, token=None, source="127.0.0.2"),
+                                 range(30)))
         wrong = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
-                                             REPORT, token="nope"), range(30)))
+                                             REPORT, token="nope", source="127.0.0.2"),
+                              range(30)))
         bad_json = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
                                                 raw=b"{not json"), range(30)))
         bad_field = list(pool.map(lambda i: call(
@@ -143,8 +148,8 @@ def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordi
             {**REPORT, "capacity": {"cores": -1, "cpu_memory_bytes": 1}}), range(30)))
         bad_name = list(pool.map(lambda i: call(port, "POST", "/v1/nodes/a%20b/report",
                                                 REPORT), range(30)))
-        admin = list(pool.map(lambda i: call(port, "GET", "/v1/nodes", token="nope"),
-                              range(30)))
+        admin = list(pool.map(lambda i: call(port, "GET", "/v1/nodes", token="nope",
+                                             source="127.0.0.2"), range(30)))
     # one peer failing 90 times: 401s, then 429s once its burst of failures is spent
     refused = [s for s, _ in no_token + wrong + admin]
     assert set(refused) == {401, 429} and refused.count(401) >= 20

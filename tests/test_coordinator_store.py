@@ -199,6 +199,24 @@ def test_node_credentials_and_join_tokens(path):
     other.close()
 
 
+def test_revoked_certificates_are_kept_and_seen_by_another_store(path):
+    """A node's certificates revoked up to a time, on SQLite and PostgreSQL: another
+    store on the same database (another coordinator) sees it in the version it polls;
+    a later revocation moves the time on, an earlier one never back."""
+    s, other = Store(path), Store(path)
+    seen = other.node_credentials_version()
+    s.revoke_certificates("edge-1", 100.0)
+    assert other.node_credentials_version() != seen
+    assert other.revoked_certificates() == {"edge-1": 100.0}
+    s.revoke_certificates("edge-1", 50.0)
+    s.revoke_certificates("edge-2", 70.0)
+    assert other.revoked_certificates() == {"edge-1": 100.0, "edge-2": 70.0}
+    s.revoke_certificates("edge-1", 200.0)
+    assert other.revoked_certificates()["edge-1"] == 200.0
+    s.close()
+    other.close()
+
+
 def test_a_catalog_of_version_4_gains_the_source_columns(path, monkeypatch):
     """Migration 5: a store written before sources keeps its catalog; entries then
     hold a source, its options, version, digest and config, read back as written."""

@@ -458,12 +458,12 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     assert {m["name"] for m in index} == {"simple", "simple_string", "mlp0", "mlp1", "mlp2"}
     assert {m["state"] for m in index} == {"UNAVAILABLE"}
     client.load_model("simple", headers=auth)
-    assert client.is_model_ready("simple")
+    assert client.is_model_ready("simple", headers=auth)
     ready = client.get_model_repository_index(headers=auth, as_json=True)["models"]
     assert ready == [{"name": "simple", "version": "1", "state": "READY"}] or \
         {"name": "simple", "version": "1", "state": "READY"} in ready
     client.unload_model("simple", headers=auth)
-    assert not client.is_model_ready("simple")
+    assert not client.is_model_ready("simple", headers=auth)
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model", headers=auth)
     assert err.value.status() == "StatusCode.NOT_FOUND"
@@ -479,9 +479,13 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
         for word in ["failed to load", *words]:
             assert word in err.value.message(), err.value.message()
     assert client.get_model_config("simple", headers=auth).config.max_batch_size == 16  # kept
-    # The data plane needs no token.
+    # The data plane needs the token too (auth.protect's default with one).
     inputs, a, b = _simple_inputs()
-    np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("simple", inputs)
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    np.testing.assert_array_equal(
+        client.infer("simple", inputs, headers=auth).as_numpy("OUTPUT0"), a + b)
 
 
 def test_model_config_and_statistics(repo, serve):

@@ -40,7 +40,7 @@ def recorded(repo, start_agent, tmp_path):
         {"name": "ops", "sha256": token_hash(ADMIN), "scopes": ["admin"]},
         {"name": "dash", "sha256": token_hash(READ), "scopes": ["read"]}]))
     agent = start_agent(repo, budget=36_000_000, policy="lru",
-                        auth=AgentAuthSettings(token_file=tokens))
+                        auth=AgentAuthSettings(token_file=tokens, protect=()))  # open inference
 
     async def send():
         async with aiohttp.ClientSession() as session:

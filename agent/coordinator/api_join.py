@@ -9,7 +9,8 @@
 
 The store keeps only hashes (``Store.add_join_token``, ``set_node_credential``), so
 every coordinator on one database accepts the node at once (``Coordinator`` polls).
-A failed join is counted and throttled like any failed authentication.
+A failed join is counted and throttled like any failed authentication; while its peer
+is throttled a join token is not even tried (nor used up).
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ async def join_post(request: web.Request) -> web.Response:
     body = await _body(request, ("node",))
     asked = _node_name(body["node"]) if "node" in body else None
     token = bearer(request.headers.get("Authorization", ""))
-    peer, _ = request_peer(request, co.workers.forward_key)
+    peer = request_peer(request, co.workers.forward_key).address
+    throttled = co.guard.throttled(peer, _JOIN)  # a throttled peer's token is not tried
+    if throttled is not None:
+        return respond(throttled)
     node = co.store.redeem_join_token(token_hash(token), co.clock()) if token else None
     if node is None:
         return respond(co.guard.refused(Verdict(

@@ -37,7 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlencode
 
@@ -59,8 +63,8 @@ from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
 from agent.credentials import Credential, Credentials, load_credentials, node_credential
-from agent.httpauth import (Guard, Need, host_check, names_this_server, own_names, request_peer,
-                            scoped_auth)
+from agent.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
+                            names_this_server, own_names, request_peer, scoped_auth)
 from agent.tls import ServerTls
 from agent.validation import ascii_int, load_json, only
 
@@ -83,8 +87,9 @@ class Coordinator:
         #: and the failed-auth throttle and counts.
         self.file_creds = self.file_credentials()
         self._node_creds_seen: tuple | None = None
-        self.node_creds: list[Credential] = self._node_credentials_step() or []
-        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]),
+        #: The nodes' own credentials and their revoked certificates, from the store.
+        self.node_creds, self.revoked = self._node_credentials_step() or ([], {})
+        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds], self.revoked),
                            throttle=config.auth.throttle())
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
@@ -98,6 +103,8 @@ class Coordinator:
         self.workers = ReportWorkers(config, apply=self.take_answered)
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
+        #: Where the internal socket the report workers forward to lives (made at start).
+        self.internal_dir: Path | None = None
 
     def file_credentials(self) -> list[Credential]:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
@@ -110,37 +117,40 @@ class Coordinator:
         try:
             self.file_creds = self.file_credentials()
             log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
-            self._accept()
+            self.spawn(self._accept())
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the tokens in use: %s", exc)
         if self.tls is not None:
             self.tls.reload()
             self.workers.reload()
 
-    def _accept(self) -> None:
-        """Accept the file and node credentials held now, here and in the workers."""
-        self.guard.credentials.replace([*self.file_creds, *self.node_creds])
-        if self.workers.workers:
-            self.spawn(self.workers.push_credentials(self.guard.credentials.creds))
+    def _accept(self) -> Any:
+        """Accept the file and node credentials held now (and refuse the revoked
+        certificates), here at once; the awaitable returned tells every report worker."""
+        self.guard.credentials.replace([*self.file_creds, *self.node_creds], self.revoked)
+        return self.workers.push_credentials(self.guard.credentials)
 
-    def _node_credentials_step(self) -> list[Credential] | None:
-        """(In a worker thread) the nodes' credentials in the store when they changed
-        since last read (by this coordinator or another on the same database)."""
+    def _node_credentials_step(self) -> tuple[list[Credential], dict[str, float]] | None:
+        """(In a worker thread) the nodes' credentials and revoked certificates in the
+        store when they changed since last read (by this coordinator or another on the
+        same database)."""
         seen = self.store.node_credentials_version()
         if seen == self._node_creds_seen:
             return None
         creds = [node_credential(node, digest) for node, digest in
                  self.store.node_credentials()]
+        revoked = self.store.revoked_certificates()
         self._node_creds_seen = seen
-        return creds
+        return creds, revoked
 
     async def refresh_node_credentials(self) -> None:
-        """Accept the nodes' credentials as the store holds them now."""
-        creds = await asyncio.get_running_loop().run_in_executor(
+        """Accept the nodes' credentials (and refuse the revoked certificates) as the
+        store holds them now, here and in every report worker before it returns."""
+        found = await asyncio.get_running_loop().run_in_executor(
             None, self._node_credentials_step)
-        if creds is not None:
-            self.node_creds = creds
-            self._accept()
+        if found is not None:
+            self.node_creds, self.revoked = found
+            await self._accept()
 
     def adopt(self, plan: StoredPlan | None) -> None:
         """Serve ``plan`` unless a newer one is served; the report workers too."""
@@ -265,12 +275,33 @@ def _report_lane(request: web.Request) -> bool:
     if request.match_info.handler is not node_report or not request.content.is_eof():
         return False
     co = request.app[COORDINATOR]
-    _, name = request_peer(request, _forward_key(request), certificates=True)
-    if not co.guard.checks(name):
+    if _unforwarded_internal(request):
+        return False  # the chain refuses it
+    peer = request_peer(request, _forward_key(request), certificates=True)
+    if not co.guard.checks(peer.name):
         return "Origin" not in request.headers and names_this_server(
             request.headers.get("Host"), co.names)
-    return co.guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
-                          name).status == 200
+    header = request.headers.get("Authorization", "")
+    if co.guard.holds_back(header, peer.address, peer.name):
+        return False  # a throttled peer's token is not judged: the chain answers 429
+    return co.guard.judge(header, coordinator_need(request), peer.name,
+                          peer.issued).status == 200
+
+
+def _unforwarded_internal(request: web.Request) -> bool:
+    """A request on the coordinator's internal socket (``start_report_workers``) that
+    no report worker forwarded: the socket takes only theirs."""
+    return isinstance(request.transport.get_extra_info("sockname") if request.transport
+                      else None, str) and not is_forwarded(request, _forward_key(request))
+
+
+@web.middleware
+async def internal_socket_guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """403 for a request on the internal socket without the workers' forward key."""
+    if _unforwarded_internal(request):
+        return json_error(403, "this socket takes only what the coordinator's report "
+                               "workers forward")
+    return await handler(request)
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
@@ -361,15 +392,20 @@ async def node_get(request: web.Request) -> web.Response:
 
 
 async def node_delete(request: web.Request) -> web.Response:
+    """Forget a node and end its trust: its token is revoked (it must join again) and
+    every client certificate naming it issued until now is refused, here and in every
+    report worker before the answer (other coordinators on the store follow within
+    ``follow_interval_s``)."""
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
     co.writer.forget(name)
     stored = co.store.delete_node(name)
     revoked = co.store.revoke_node_credential(name)  # a deleted node must join again
-    if revoked:
-        await co.refresh_node_credentials()
     if not co.fleet.forget(name) and not stored and not revoked:
         return json_error(404, f"unknown node {name!r}")
+    co.store.revoke_certificates(name, co.clock())
+    await co.refresh_node_credentials()
+    log.info("node %s deleted: its credential and certificates revoked", name)
     return web.json_response({"deleted": name})
 
 
@@ -459,23 +495,27 @@ async def plan_post(request: web.Request) -> web.Response:
 
 async def start_report_workers(app: web.Application, runner: web.AppRunner,
                                port: int) -> None:
-    """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a
-    loopback listener for the requests they forward, then the workers; once they all
-    listen, the coordinator stops listening on ``port``: the workers own it, and
-    whatever holds the coordinator's event loop (a plan adopted, the dashboard's
-    reads of the whole fleet) no longer delays the reports the kernel would have
-    handed it. (If they do not all listen within a minute, it keeps listening too.)"""
+    """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a Unix
+    socket for the requests they forward, in a directory of mode 0700 and itself of
+    mode 0600 (only this user's processes reach it; each request must carry the
+    workers' forward key, else 403), then the workers; once they all listen, the
+    coordinator stops listening on ``port``: the workers own it, and whatever holds the
+    coordinator's event loop (a plan adopted, the dashboard's reads of the whole
+    fleet) no longer delays the reports the kernel would have handed it. (If they do
+    not all listen within a minute, it keeps listening too.)"""
     co = app[COORDINATOR]
     if not co.workers.workers:
         return
     public = list(runner.sites)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    co.internal_dir = Path(tempfile.mkdtemp(prefix="edgeagent-coordinator-"))  # 0700
+    internal = co.internal_dir / "forwarded.sock"
+    site = web.UnixSite(runner, str(internal))
     await site.start()
-    internal = site._server.sockets[0].getsockname()[1]
+    os.chmod(internal, 0o600)
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
-    await co.workers.push_credentials(co.guard.credentials.creds)
-    if await co.workers.start(port, f"http://127.0.0.1:{internal}"):
+    await co.workers.push_credentials(co.guard.credentials)
+    if await co.workers.start(port, str(internal)):
         for listener in public:
             await listener.stop()
     else:
@@ -491,10 +531,13 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
         errors_middleware,
-        host_check(lambda r: bool(r.app[COORDINATOR].guard.credentials),
+        internal_socket_guard,
+        host_check(lambda r: carries_credential(r, r.app[COORDINATOR].guard, True),
                    lambda r: r.app[COORDINATOR].names),
+        # its open paths (health, the dashboard's files, the join: its handler judges the
+        # join token) hold nothing for a rebinding page that sends a made-up token
         scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
-                    certificates=True),
+                    certificates=True, open_tokens=False),
         body_timeout_middleware(config.read_timeout_s),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
@@ -532,6 +575,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
         app[COORDINATOR].writer.close()  # an answered report is written before the end
         app[COORDINATOR].leadership.close()  # another coordinator may plan at once
         app[COORDINATOR].store.close()
+        if app[COORDINATOR].internal_dir is not None:
+            shutil.rmtree(app[COORDINATOR].internal_dir, ignore_errors=True)
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

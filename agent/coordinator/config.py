@@ -63,9 +63,10 @@ class CoordinatorConfig(Section):
         "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
         commented=True)] = field(default_factory=default_state_dir)
     allowed_hosts: Annotated[tuple[Text, ...], setting(
-        "without admin_token_file, requests must name the coordinator in Host (and "
-        "Origin): an IP address, localhost, host, this machine's name, or one of these "
-        "(a DNS rebinding guard); others get 403", example=["coordinator.example.net"])] \
+        "requests without a token or client certificate must name the coordinator in "
+        "Host (and Origin): an IP address, localhost, host, this machine's name, or one "
+        "of these (a DNS rebinding guard); others get 403",
+        example=["coordinator.example.net"])] \
         = ()
     admin_token_file: Annotated[Path | None, setting(
         "file holding a bearer token with scope admin (every endpoint); with any token "

@@ -124,6 +124,13 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE models ADD COLUMN digest TEXT;
     ALTER TABLE models ADD COLUMN config TEXT;          -- JSON object: config.yaml keys
     """,
+    # 6: revoked node certificates: those naming a node, issued (notBefore) up to a time.
+    """
+    CREATE TABLE revoked_certificates (
+        node TEXT PRIMARY KEY,
+        issued_before REAL NOT NULL     -- a certificate issued at or before it is refused
+    );
+    """,
 )
 
 PLANS_KEPT = 100
@@ -407,10 +414,27 @@ class Store:
             return db.execute("DELETE FROM node_credentials WHERE node = ?",
                               (node,)).rowcount > 0
 
+    def revoke_certificates(self, node: str, now: float) -> None:
+        """Refuse, from now on, every client certificate naming ``node`` that was issued
+        (its notBefore) at or before ``now``: a deleted node's, never-seen ones too. A
+        certificate issued later names the node again."""
+        with self._tx() as db:
+            db.execute("INSERT INTO revoked_certificates (node, issued_before) VALUES (?, ?) "
+                       "ON CONFLICT(node) DO UPDATE SET issued_before = excluded.issued_before "
+                       "WHERE excluded.issued_before > revoked_certificates.issued_before",
+                       (node, now))
+
+    def revoked_certificates(self) -> dict[str, float]:
+        """``{node: issued_before}`` of every revocation."""
+        return {n: t for n, t in self._query(
+            "SELECT node, issued_before FROM revoked_certificates")}
+
     def node_credentials_version(self) -> tuple:
-        """Changes whenever a node credential is set or revoked (cheap: to notice one
-        another coordinator set)."""
-        return tuple(self._query("SELECT COUNT(*), MAX(created) FROM node_credentials")[0])
+        """Changes whenever a node credential is set or revoked, or a node's certificates
+        are (cheap: to notice one another coordinator set)."""
+        return (*self._query("SELECT COUNT(*), MAX(created) FROM node_credentials")[0],
+                *self._query("SELECT COUNT(*), MAX(issued_before) "
+                             "FROM revoked_certificates")[0])
 
     def node_credentials(self) -> list[tuple[str, str]]:
         """``(node, sha256)`` of every node credential."""

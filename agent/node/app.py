@@ -20,7 +20,7 @@ from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
-from agent.httpauth import host_check, own_names, scoped_auth
+from agent.httpauth import carries_credential, host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
 from agent.node import api_admin, api_selection, api_tfserving, api_triton, api_v2, reporter
@@ -78,7 +78,8 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     read_body = body_timeout_middleware(config.read_timeout_s, config.max_request_size,
                                         memory=node.body_memory)
     names = own_names(config.host, config.allowed_hosts)
-    host_middleware = host_check(lambda request: bool(request.app[NODE].guard.credentials),
+    host_middleware = host_check(lambda request: carries_credential(request,
+                                                                    request.app[NODE].guard),
                                  lambda request: names)
     app = web.Application(client_max_size=config.max_request_size,
                           handler_args=header_timeout_args(config.read_timeout_s),

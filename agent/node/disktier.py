@@ -21,9 +21,16 @@ is booked at its estimate. A model whose config pins a ``digest`` gets only a ve
 that digest (the pull's ``PullResult.digest``, kept in ``.tier.json`` with each
 version): one that differs is removed and refused (502), naming both digests.
 
+An archive source's pull first reserves the archive's bytes; once the archive is
+verified its entries say what it unpacks to, and that room is reserved (evicting or
+waiting as any pull) before a byte is unpacked (``agent.sources.Allowance``), so the
+files never outgrow the budget.
+
 It also keeps each sourced model's version listing (``listing``), listed off the event
-loop (``refresh``) and kept with the download seconds in ``.tier.json`` so that a restart
-with the source down still knows them. At start it scans its directory: complete
+loop and off the pulls' threads (``refresh``: one listing per model at a time, each in a
+thread of its own, so a slow or endless source delays only its own models) and kept
+with the download seconds in ``.tier.json`` so that a restart with the source down
+still knows them. At start it scans its directory: complete
 version directories are holdings (a pull renames a version into place only once every
 file is verified), anything else is a partial pull, kept for the next pull to resume
 and never loaded.
@@ -55,7 +62,8 @@ from agent.errors import AgentError
 from agent.memory import MemoryMeter, write_atomic
 from agent.node.repository import Listing
 from agent.node.roomqueue import RoomRequest
-from agent.sources.errors import DigestMismatch
+from agent.sources.archive import Allowance
+from agent.sources.errors import DigestMismatch, NeedsRoom
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.disk")
@@ -63,6 +71,8 @@ log = logging.getLogger("edgeagent.disk")
 Key = tuple[str, int]
 STATE_FILE = ".tier.json"
 TRASH = ".trash-"
+#: Listings under way at once (one per model; each source bounds its own time).
+MAX_LISTINGS = 64
 
 #: What the memory tier does with a version, as the disk tier asks (``DiskTier.usage``):
 #: ``pinned`` and ``reading`` (loading, or served by a runtime that reads its files) are
@@ -154,6 +164,8 @@ class DiskTier:
         self.max_concurrent_pulls = max_concurrent_pulls
         self._slots = asyncio.Semaphore(max_concurrent_pulls)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_concurrent_pulls + 2, "edgeagent-pull")
+        self.list_executor = concurrent.futures.ThreadPoolExecutor(MAX_LISTINGS, "edgeagent-list")
+        self._listings: dict[str, asyncio.Task] = {}  # the listing under way per model
         self._stop = threading.Event()
         self._trash_seq = itertools.count()
         #: Set by the memory tier: what it does with a version (one of ``USAGES``).
@@ -278,10 +290,13 @@ class DiskTier:
             f"model {name!r}: listing {ref.display_url} failed: {failed}" if failed
             else f"model {name!r}: its versions are being listed from {ref.display_url}"))
 
-    async def refresh(self, names: list[str] | None = None) -> list[str]:
-        """List the sources (of ``names``, default all) in threads; returns the names
-        whose listing changed. A failure is kept as the model's listing error and leaves
-        its last listing (and every other model) as it was."""
+    async def refresh(self, names: list[str] | None = None,
+                      on_change: Callable[[list[str]], None] | None = None) -> list[str]:
+        """List the sources (of ``names``, default all) in threads, joining a model's
+        listing already under way; returns the names whose listing changed, and tells
+        ``on_change`` of them as they finish (a slow source does not hold the others'
+        news back). A failure is kept as the model's listing error and leaves its last
+        listing (and every other model) as it was."""
         loop = asyncio.get_running_loop()
         refs = {n: r for n, r in self.sources.items() if names is None or n in names}
 
@@ -289,7 +304,7 @@ class DiskTier:
             state = self._model_state(name)
             before = (state.get("versions"), state.get("listing_error"))
             try:
-                versions = await loop.run_in_executor(self.executor, ref.source.versions)
+                versions = await loop.run_in_executor(self.list_executor, ref.source.versions)
             except Exception as exc:  # noqa: BLE001 - any failure is the model's error
                 state["listing_error"] = str(exc) if isinstance(exc, AgentError) \
                     else f"{type(exc).__name__}"
@@ -303,9 +318,23 @@ class DiskTier:
 
         if not refs:
             return []
-        changed = await asyncio.gather(*(one(n, r) for n, r in refs.items()))
+        tasks = {}
+        for name, ref in refs.items():
+            task = self._listings.get(name)
+            if task is None or task.done():
+                task = self._listings[name] = loop.create_task(one(name, ref))
+            tasks[task] = name
+        changed: list[str] = []
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            now = sorted(tasks[t] for t in done if t.result())
+            if now:
+                changed += now
+                if on_change is not None:
+                    on_change(now)
         await self.persist()
-        return [n for n, c in zip(refs, changed) if c]
+        return changed
 
     # -- holdings ------------------------------------------------------------------------
     def has(self, key: Key) -> bool:
@@ -446,13 +475,26 @@ class DiskTier:
             self.pulls[key].total_bytes = need
             self.root.mkdir(parents=True, exist_ok=True)
             await self._make_room(key, need)
+            reserved = need
+            allowance = Allowance(0, self._most() - need)
             try:
                 with self._in_flight():
-                    seconds, size, digest = await self._download(key, ref, need)
+                    while True:
+                        try:
+                            seconds, size, digest = await self._download(key, ref, allowance)
+                            break
+                        except NeedsRoom as more:  # an archive, verified: its room next
+                            if allowance.room:
+                                raise self._failure(where, ref, more) from None
+                            self.pool.cancel(reserved)
+                            reserved = 0
+                            await self._make_room(key, need + more.needed)
+                            reserved = need + more.needed
+                            allowance = Allowance(more.needed, allowance.most)
             except BaseException:
-                self.pool.cancel(need)
+                self.pool.cancel(reserved)
                 raise
-        self.pool.commit(key, need, size, seconds, self.clock())
+        self.pool.commit(key, reserved, size, seconds, self.clock())
         self.held[key] = size
         self.pulled += 1
         self.pulled_bytes += size
@@ -467,9 +509,10 @@ class DiskTier:
             hook(key, True)
 
     async def _download(self, key: Key, ref: SourceRef,
-                        need: int) -> tuple[float, int, str | None]:
+                        allowance: Allowance) -> tuple[float, int, str | None]:
         """Pull ``key`` into its directory in a thread; (seconds, bytes, digest). A
-        version whose digest is not the one pinned is removed before anything sees it."""
+        version whose digest is not the one pinned is removed before anything sees it.
+        ``NeedsRoom`` as it is: an archive that needs more than ``allowance``."""
         name, version = key
         pull = self.pulls[key]
         dest = self.root / name / str(version)
@@ -482,7 +525,7 @@ class DiskTier:
 
         def run() -> tuple[Any, int]:
             result = ref.source.pull(version, dest, progress=progress, stop=self._stop,
-                                     bandwidth_bps=self.bandwidth)
+                                     bandwidth_bps=self.bandwidth, allowance=allowance)
             found, want = getattr(result, "digest", None), ref.digest
             if want is not None and found != want:
                 trash = self.root / f"{TRASH}{os.getpid()}-{next(self._trash_seq)}"
@@ -497,6 +540,8 @@ class DiskTier:
         try:
             result, size = await asyncio.get_running_loop().run_in_executor(
                 self.executor, run)
+        except NeedsRoom:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise self._failure(f"model {name}:{version}", ref, exc) from None
         return (float(getattr(result, "seconds", 0.0) or (self.clock() - started)), size,
@@ -581,13 +626,18 @@ class DiskTier:
             self.wake()
             raise
 
+    def _most(self) -> int:
+        """The most bytes ``key`` can ever be given: the budget less the pinned versions."""
+        return self.pool.budget - sum(size for k, size in self.held.items()
+                                      if self.usage(k) == "pinned")
+
     def _never_fits(self, key: Key, need: int) -> DiskFull | None:
         """Why ``need`` bytes can never be had (None: they can): more than the budget
         less the pinned versions, or than the file system's free bytes and every
         unpinned version together."""
         where = f"model {key[0]}:{key[1]}"
         pinned = {k: size for k, size in self.held.items() if self.usage(k) == "pinned"}
-        room = self.pool.budget - sum(pinned.values())
+        room = self._most()
         if need > room:
             return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) but the "
                            f"disk budget is {format_size(self.pool.budget)} "
@@ -693,3 +743,4 @@ class DiskTier:
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.list_executor.shutdown(wait=False, cancel_futures=True)

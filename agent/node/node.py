@@ -155,10 +155,9 @@ class Node:
                                also=(config.assigned_dir,))
 
     async def refresh_sources(self) -> None:
-        """List the sourced models' versions (off the loop) and rescan when a listing
-        changed."""
-        if await self.disk.refresh():
-            self.rescan(relist=False)
+        """List the sourced models' versions (off the loop) and rescan as listings
+        change (a slow source does not hold back the others' models)."""
+        await self.disk.refresh(on_change=lambda names: self.rescan(relist=False))
 
     #: Seconds the start waits for the sources' listings before it goes on (they go on
     #: in the background; a model not listed yet answers 503 + Retry-After meanwhile).

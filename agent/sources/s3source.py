@@ -31,6 +31,7 @@ class S3Source(BaseSource):
                  region: str | None = None, ca_file: str | None = None,
                  timeout_s: float = 30.0, **kw: Any) -> None:
         super().__init__(**kw)
+        self.timeout_s = timeout_s
         self.bucket = url.netloc
         self.prefix = url.path.strip("/")
         self.display_url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
