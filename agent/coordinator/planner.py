@@ -386,10 +386,13 @@ class Planner:
     @staticmethod
     def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
         """model -> the worst latency at its planned SLO percentile among ``fresh``
-        reports that measured one (one pass over the reports: nodes x their models)."""
+        reports that measured one (one pass over the reports: nodes x their models),
+        the routed latency of the requests a node forwarded included (the client's
+        wait, hop and all: ``NodeReport.routing``)."""
         worst: dict[str, float] = {}
         for report in fresh.values():
-            for name, m in report.models.items():
+            routed = report.routing.models.items() if report.routing else ()
+            for name, m in (*report.models.items(), *routed):
                 planned = plan.models.get(name)
                 v = (latency_at(latency_points(m.latency_ms), planned.percentile)
                      if planned is not None else None)
