@@ -26,8 +26,8 @@ from agent.node.grpc_v2 import start_grpc
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.wire import Directives, PeerAddress, RoutingTable
-from tests.helpers import (BODY, AgentServer, add_mlp, add_synthetic, reserved_port,
-                           v2_body)
+from tests.helpers import (BODY, AgentServer, add_app, add_classifier, add_mlp, add_synthetic,
+                           reserved_port, v2_body)
 
 PEER_TOKEN = "p" * 40
 INFER_TOKEN = "i" * 40
@@ -296,3 +296,25 @@ def test_a_stale_table_is_not_trusted(tmp_path, fleet):
     routed = a.request("GET", "/v1/routing")[2]
     assert not routed["trusted"]
     assert routed["models"]["m"]["fallback_reasons"] == {"stale_table": 1}
+
+
+def test_a_selection_apps_member_planned_elsewhere_is_called_there(tmp_path, fleet):
+    repo = tmp_path / "models"
+    for i in range(3):
+        add_classifier(repo, f"c{i}", classes=10, seed=7, error=0.1 * i)
+    add_app(repo, "vote", ["c0", "c1", "c2"])
+    a, b = fleet("edge-a", repo), fleet("edge-b", repo)
+    give_table([a, b], {"c1": {"edge-b": 1}, "c2": {"edge-b": 1}})
+    x = np.stack([np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) % 10,
+                  np.zeros(4, np.float32)], 1)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [4, 3],
+                        "data": x.ravel().tolist()}]}
+    status, _, doc = a.infer("vote", body)
+    assert status == 200, doc
+    # every member answered: c0 here, c1 and c2 on edge-b (never loaded here)
+    assert doc["parameters"]["models_used"] == "c0:1,c1:1,c2:1", doc["parameters"]
+    assert doc["parameters"]["missing"] == ""
+    assert [a.cache(f"c{i}")["state"] for i in range(3)] == ["ready", "unloaded", "unloaded"]
+    assert b.cache("c1")["requests_served"] == 1 and b.cache("c2")["requests_served"] == 1
+    routed = b.request("GET", "/v1/routing")[2]["models"]
+    assert routed["c1"]["received_from"] == {"edge-a": 1}

@@ -111,6 +111,7 @@ class Node:
                            throttle=config.auth.throttle())
         #: Where each request is served: here, or the node the plan runs its model on.
         self.router = Router(config, self.cache, self.serving, self.guard)
+        self.selection.router = self.router
         self.metrics.registry.register(self.router.stats.collector())
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.

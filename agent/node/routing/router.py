@@ -36,14 +36,16 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
+import aiohttp
+import numpy as np
 import orjson
 from aiohttp import web
 
-from agent.backends.base import InvalidInput
+from agent.backends.base import DATATYPES, InvalidInput, datatype_of
 from agent.credentials import read_token
 from agent.httpauth import Guard
 from agent.node.admission import Shed
-from agent.node.cache import CacheError
+from agent.node.cache import CacheError, LoadFailed
 from agent.node.routes import send_body
 from agent.node.routing.grpc import BUSY, PASSED, GrpcFailed, GrpcForwarder
 from agent.node.routing.http import HttpForwarder, PeerFailed
@@ -359,6 +361,72 @@ class Router:
         context.set_trailing_metadata(((SERVED_BY, said.get(SERVED_BY, peer)),))
         return answer
 
+    # -- selection apps' members ------------------------------------------------------
+    def member_peer(self, model: str) -> str | None:
+        """The peer a selection app's call of member ``model`` goes to (None: here);
+        a member planned elsewhere counts as available to the app."""
+        if not self.enabled:
+            return None
+        peer, why = self.route(model)
+        if why is not None:
+            self.stats.fallback(model, why)
+        return peer
+
+    async def member_metadata(self, peer: str, model: str, version: int | None
+                              ) -> dict[str, Any]:
+        """A member's signature (``{"inputs", "outputs"}``) as ``peer`` serves it: a
+        selection app checks its members without loading one that runs elsewhere.
+        A failure is ``CacheError`` (the app cannot be checked now: 503)."""
+        table = self.table.table
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+        assert self.http_client.session is not None
+        try:
+            async with self.http_client.session.get(
+                    table.nodes[peer].url + path, headers=dict(self.trust.outgoing()),
+                    timeout=aiohttp.ClientTimeout(total=self.peer_timeout)) as answer:
+                doc = await answer.json(loads=orjson.loads, content_type=None)
+                if answer.status != 200:
+                    raise ValueError(doc.get("error") if isinstance(doc, dict) else doc)
+        except Exception as exc:  # noqa: BLE001 - any failure: the app waits, retried
+            raise LoadFailed(f"member {model!r} on node {peer!r}: its signature could not "
+                             f"be read ({exc})", retry_after=1.0) from None
+        return {"inputs": doc.get("inputs") or [], "outputs": doc.get("outputs") or []}
+
+    async def member(self, peer: str, model: str, version: int | None,
+                     inputs: dict[str, np.ndarray], output: str, timeout: float
+                     ) -> tuple[None, dict[str, np.ndarray]]:
+        """A selection app's member call served by ``peer``: ``inputs`` sent in the
+        binary extension of v2, ``output`` asked back in it; (None, outputs) as
+        ``Serving.infer`` answers (no local entry). A failure raises: the app counts
+        the member missing and answers with the others."""
+        table = self.table.table
+        if table is None or peer not in table.nodes:
+            raise PeerFailed(f"node {peer!r} is no longer in the routing table")
+        body, header = encode_member_request(inputs, output)
+        headers = dict(self.trust.outgoing())
+        headers.update({"Content-Type": "application/octet-stream",
+                        "Inference-Header-Content-Length": str(header)})
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        started = time.perf_counter()
+        self.peers.started(model, peer)
+        try:
+            status, kept, data = await self.http_client.post(
+                table.nodes[peer].url + path, body, headers,
+                connect_s=min(self.peer_timeout, timeout / 2), answer_s=max(timeout, 1e-3))
+        except PeerFailed as exc:
+            if not exc.timed_out:
+                self.peers.failed(peer, self.clock(), str(exc))
+            self.stats.failed(model, peer)
+            raise
+        finally:
+            self.peers.ended(model, peer)
+        self.stats.answered(model, peer, status, time.perf_counter() - started,
+                            _seconds(kept.get(SERVE_MS)))
+        if status != 200:
+            raise PeerFailed(f"node {peer!r} answered {status}: {data[:200]!r}")
+        self.peers.succeeded(peer)
+        return None, decode_member_answer(data, kept.get("Inference-Header-Content-Length"))
+
     # -- reports and views -------------------------------------------------------------
     def interval(self) -> dict[str, dict[str, int]]:
         """Per model, what routing did since the last call (``forwarded``, ``errors``,
@@ -405,6 +473,35 @@ class Router:
                 "marks_refused": self.trust.refused, "peers": peers,
                 "models": {m: self.describe_model(m) for m in models},
                 "http": self.http_client.describe()}
+
+
+def encode_member_request(inputs: dict[str, np.ndarray], output: str
+                          ) -> tuple[bytes, int]:
+    """(body, its JSON header's length): ``inputs`` as a v2 request in the binary
+    extension, asking ``output`` back in it."""
+    header = {"inputs": [{"name": name, "datatype": datatype_of(a), "shape": list(a.shape),
+                          "parameters": {"binary_data_size": a.nbytes}}
+                         for name, a in inputs.items()],
+              "outputs": [{"name": output, "parameters": {"binary_data": True}}]}
+    head = orjson.dumps(header)
+    return b"".join([head, *(np.ascontiguousarray(a).tobytes() for a in inputs.values())]), \
+        len(head)
+
+
+def decode_member_answer(data: bytes, header: str | None) -> dict[str, np.ndarray]:
+    """The outputs of a v2 answer (binary extension or JSON)."""
+    length = int(header) if header else len(data)
+    doc = orjson.loads(data[:length])
+    out, at = {}, length
+    for item in doc.get("outputs") or ():
+        dtype = DATATYPES[item["datatype"]]
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            out[item["name"]] = np.frombuffer(data[at:at + size], dtype).reshape(item["shape"])
+            at += size
+        else:
+            out[item["name"]] = np.asarray(item["data"], dtype).reshape(item["shape"])
+    return out
 
 
 def _seconds(ms: str | None) -> float | None:
