@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
+from click.testing import CliRunner
 
 from agent.authconfig import AgentAuthSettings
+from agent.cli import main
 from agent.config import AgentConfig, CoordinatorLink, RoutingSettings
 from agent.credentials import token_hash
 from agent.node.grpc_v2 import start_grpc
@@ -148,6 +150,11 @@ def test_a_request_is_served_by_the_node_its_table_names(tmp_path, fleet):
     metrics = a.request("GET", "/metrics")[2].decode()
     assert 'edgeagent_routing_forwarded_total{code="200",model="m",peer="edge-b"} 1.0' \
         in metrics
+    shown = CliRunner().invoke(main, ["cache", "--url", a.agent.url, "ls"])
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if line.startswith("m "))
+    assert row.split()[-2:] == ["edge-b:1", "1/0/0/0"], row
+    assert "routing: m -> edge-b: 1 forwarded, 0 errors, hop p50" in shown.output
 
 
 def test_requests_split_by_the_plans_replicas(tmp_path, fleet):

@@ -157,6 +157,35 @@
     box.replaceChildren(whatifChart(curve));
   }
 
+  function routingNote(r) {
+    if (!r.enabled) return "routing off: every request is served here";
+    const table = r.version === null ? "no routing table yet"
+      : `table ${r.version}, confirmed ${r.age_s}s ago (trusted for ${r.max_age_s}s)` +
+        (r.trusted ? "" : ": too old, every request is served here");
+    const peers = Object.entries(r.peers).map(([name, p]) => `${name} ${p.up ? "up" : "down"}`);
+    return `node ${r.node}; ${table}` + (peers.length ? `; peers: ${peers.join(", ")}` : "");
+  }
+
+  function routingRows(r) {
+    const rows = [];
+    for (const [model, m] of Object.entries(r.models)) {
+      const planned = Object.entries(m.planned).map(([n, k]) => `${n}×${k}`).join(", ") || "–";
+      const peers = Object.entries(m.peers);
+      const fallbacks = Object.entries(m.fallback_reasons || {}).map(([k, v]) => `${v} ${k}`)
+        .join(", ") || "0";
+      const cells = (peer, p) => [
+        el("td", { class: "name" }, model), el("td", {}, planned), el("td", {}, peer),
+        el("td", { class: "num" }, p ? p.forwarded : 0), el("td", { class: "num" }, p ? p.errors : 0),
+        el("td", { class: "num" }, p ? ms(p.hop_ms.p50) : "–"),
+        el("td", { class: "num" }, fallbacks), el("td", { class: "num" }, m.received)];
+      if (!peers.length) rows.push(el("tr", { "data-model": model }, ...cells("–", null)));
+      for (const [peer, p] of peers) {
+        rows.push(el("tr", { "data-model": model, "data-peer": peer }, ...cells(peer, p)));
+      }
+    }
+    return rows;
+  }
+
   let server = null;
 
   async function update() {
@@ -164,9 +193,13 @@
       server = await api("/v2");
       document.getElementById("server").textContent = `${server.name} ${server.version} · ${location.host}`;
     }
-    const [memory, disk, models, curve] = await Promise.all(
-      [api("/v1/memory"), api("/v1/disk"), api("/v1/cache"), api("/v1/whatif")]);
+    const [memory, disk, models, curve, routing] = await Promise.all(
+      [api("/v1/memory"), api("/v1/disk"), api("/v1/cache"), api("/v1/whatif"),
+       api("/v1/routing")]);
     showWhatif(curve);
+    document.getElementById("routing-note").textContent = routingNote(routing);
+    replaceRows(document.querySelector("#routing tbody"), routingRows(routing), 8,
+                "nothing routed");
     document.getElementById("memory").replaceChildren(...memoryRows(memory), diskRow(disk));
     document.getElementById("summary").replaceChildren(...summary(models));
     const budgets = Object.fromEntries(Object.entries(memory).map(([d, m]) => [d, m.budget_bytes]));

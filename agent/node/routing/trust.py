@@ -11,8 +11,9 @@ never forwarded again, so it must come from a fleet node: one whose bearer token
 scope ``peer``, or whose client certificate (verified by the listener's
 ``tls.client_ca_file``) names a node of the routing table. On an open node (no tokens,
 no client certificates checked) the mark is taken from the addresses of the table's
-nodes. Anyone else who sets it is refused (403, gRPC PERMISSION_DENIED): a stranger
-can neither skip a hop nor pass for a node.
+nodes (and from anyone while the node holds no table: it then serves every request
+itself, so the mark skips nothing). Anyone else who sets it is refused (403, gRPC
+PERMISSION_DENIED): a stranger can neither skip a hop nor pass for a node.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ class Trust:
         cred = self.guard.credentials.find(bearer(authorization or ""), time.time())
         if cred is not None and cred.allows("peer"):
             return cred.node or mark
-        if not self.guard.credentials and not self.checks_certificates \
-                and table is not None and _address(remote) in fleet_hosts(table):
-            return mark
+        if not self.guard.credentials and not self.checks_certificates and (
+                table is None or _address(remote) in fleet_hosts(table)):
+            return mark  # (no table: served here anyway, the mark skips nothing)
         self.refused += 1
         raise MarkRefused(f"this request is marked {MARK}: {mark!r}, a mark only fleet "
                           "nodes may set (a token with scope peer, or a client "
