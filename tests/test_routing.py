@@ -325,3 +325,65 @@ def test_a_selection_apps_member_planned_elsewhere_is_called_there(tmp_path, fle
     assert b.cache("c1")["requests_served"] == 1 and b.cache("c2")["requests_served"] == 1
     routed = b.request("GET", "/v1/routing")[2]["models"]
     assert routed["c1"]["received_from"] == {"edge-a": 1}
+
+
+def _report(node):
+    from agent.node.reporter import REPORTER
+
+    async def build():
+        return node.agent.app[REPORTER].build_report()
+    return node.agent.call(build())
+
+
+def test_reports_count_a_request_where_it_reached_the_fleet(tmp_path, fleet):
+    repo = same_repo(tmp_path, m={"base_ms": 0})
+    a, b = fleet("edge-a", repo), fleet("edge-b", repo)
+    _report(a), _report(b)  # the counters' baseline
+    give_table([a, b], {"m": {"edge-b": 1}})
+    for _ in range(3):
+        assert a.infer("m")[1]["edgeagent-served-by"] == "edge-b"
+    for _ in range(2):
+        assert b.infer("m")[0] == 200
+    ra, rb = _report(a), _report(b)
+    # the fleet's arrivals are the sum over nodes: 3 landed on a, 2 on b
+    assert sum(c for _, _, c in ra["models"]["m"]["arrivals"]) == 3
+    assert sum(c for _, _, c in rb["models"]["m"]["arrivals"]) == 2
+    assert ra["routing"]["models"]["m"] == {"served": 0, "forwarded": 3, "received": 0,
+                                            "fallbacks": 0, "errors": 0}
+    assert rb["routing"]["models"]["m"] == {"served": 5, "forwarded": 0, "received": 3,
+                                            "fallbacks": 0, "errors": 0}
+    assert ra["peer"] == {"url": a.agent.url, "grpc": a.grpc.address}
+    assert ra["routing"]["version"] == 1
+    assert "batches" not in ra["models"]["m"]  # a forwarded answer is not processing
+
+
+def test_pins_leave_room_for_any_model(tmp_path, fleet):
+    repo = tmp_path / "models"
+    for name, size in (("a", 30), ("b", 30), ("c", 30), ("d", 35)):
+        add_synthetic(repo, name, size_bytes=size * 1_000_000)
+    node = fleet("edge-a", repo, budget=100_000_000)
+    from agent.node.reporter import REPORTER
+
+    async def apply():
+        reporter = node.agent.app[REPORTER]
+        reporter.apply(Directives(ttl_s=60, pin=("a", "b", "c"),
+                                  workers={"a": 1, "b": 1, "c": 1}))
+        return sorted(reporter.pinned_by_us)
+    # a, b and c take 90 of 100 MB: pinned all, d (35 MB) could never load (507);
+    # two leave room for the largest model this node serves
+    assert node.agent.call(apply()) == ["a", "b"]
+    for name in ("a", "b", "c"):  # all three prefetched all the same
+        node.agent.call(_ready(node, name))
+    status, headers, doc = node.infer("d")
+    assert status == 200 and headers["edgeagent-served-by"] == "edge-a", doc
+    assert node.cache("c")["state"] == "unloaded"  # the unpinned one made room
+
+
+async def _ready(node, name):
+    import asyncio
+
+    for _ in range(200):
+        if node.agent.node.cache.entry(name).state.value == "ready":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} not prefetched")

@@ -156,6 +156,7 @@ class Reporter:
         self._pulled: dict[str, tuple[int | None, str | None]] = {}
         self._shadowed: set[str] = set()  # pulls the operator's own entry outranks
         self.assign_errors: dict[str, str] = {}
+        self._estimates: dict[str, int] = {}  # model version -> bytes, never measured
         self.failures = 0
         self.last_error: str | None = None
         self.last_ok: float | None = None  # clock() of the last successful report
@@ -434,9 +435,10 @@ class Reporter:
         pools: dict[str, list[Any]] = {}  # device -> entries
         for entry in cache.entries.values():
             pools.setdefault(entry.device, []).append(entry)
-        pinned = {d: sum(_size_of(e) for e in es if e.account.pinned
+        sizes = {e.key: self._size_of(e) for es in pools.values() for e in es}
+        pinned = {d: sum(sizes[e.key] for e in es if e.account.pinned
                          and e.name not in self.pinned_by_us) for d, es in pools.items()}
-        reserve = {d: max((_size_of(e) for e in es), default=0) for d, es in pools.items()}
+        reserve = {d: max((sizes[e.key] for e in es), default=0) for d, es in pools.items()}
         out = set()
         for name in sorted(planned, key=lambda m: (-replicas.get(m, 0), m)):
             try:
@@ -446,12 +448,29 @@ class Reporter:
             pool = cache.pool_of(entry)
             if pool is None:
                 continue
-            size = _size_of(entry)
+            size = sizes.get(entry.key) or self._size_of(entry)
             device = entry.device
             if pinned.get(device, 0) + size + reserve.get(device, 0) <= pool.memory.capacity:
                 pinned[device] = pinned.get(device, 0) + size
                 out.add(name)
         return out
+
+    def _size_of(self, entry: Any) -> int:
+        """What ``entry`` holds or would hold in memory: its measured size, else its
+        backend's estimate (a model never loaded here: what the cache would reserve;
+        made once per version, it may read the model's file)."""
+        known = entry.account.measured_bytes or entry.account.size_bytes
+        if known:
+            return int(known)
+        if entry.key not in self._estimates:
+            cache = self.node.cache
+            try:
+                self._estimates[entry.key] = int(cache.backend_factory(
+                    entry.spec.backend or "onnx", entry.name, entry.version,
+                    entry.spec.version_root, entry.spec.config, cache.footprints).estimate())
+            except Exception:  # noqa: BLE001 - its files unreadable now: its load will say
+                return 0
+        return self._estimates[entry.key]
 
     def expire_if_due(self) -> None:
         """Revert what the last directives did once they are older than their ttl."""
@@ -661,19 +680,6 @@ def _without_table(directives: Directives | None) -> dict[str, Any] | None:
     out = directives.to_json()
     out.pop("routing", None)
     return out
-
-
-def _size_of(entry: Any) -> int:
-    """What ``entry`` holds or would hold in memory: its measured size, else its
-    files' bytes (a model never loaded here)."""
-    known = entry.account.measured_bytes or entry.account.size_bytes
-    if known:
-        return int(known)
-    try:
-        files = entry.spec.version_root / str(entry.version)
-        return sum(f.stat().st_size for f in files.rglob("*") if f.is_file())
-    except OSError:
-        return 0
 
 
 def yaml_text(doc: dict[str, Any]) -> str:
