@@ -387,3 +387,47 @@ async def _ready(node, name):
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name} not prefetched")
+
+
+def test_nodes_forward_over_mutual_tls_with_their_own_certificates(tmp_path, fleet):
+    import json as _json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from agent.tls import TlsSettings
+    from tests.helpers import issue_cert, make_ca
+
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    ca = make_ca(certs)
+    repo = same_repo(tmp_path, m={"base_ms": 0})
+    nodes = []
+    for name in ("edge-a", "edge-b"):
+        mine = issue_cert(ca, certs, name, hosts=(name, "127.0.0.1"))
+        nodes.append(fleet(name, repo, tls=TlsSettings(
+            cert_file=mine.cert_file, key_file=mine.key_file, client_ca_file=ca.cert_file,
+            client_auth="request"), routing={"ca_file": ca.cert_file,
+                                             "cert_file": mine.cert_file,
+                                             "key_file": mine.key_file}))
+    a, b = nodes
+    assert a.router.address.url.startswith("https://")
+    give_table([a, b], {"m": {"edge-b": 1}})
+    client = ssl.create_default_context(cafile=str(ca.cert_file))  # no certificate
+
+    def post(node, headers=None):
+        req = urllib.request.Request(f"{node.agent.url}/v2/models/m/infer",
+                                     _json.dumps(BODY).encode(), headers=headers or {},
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=client) as r:
+                return r.status, dict(r.headers)
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers)
+
+    status, headers = post(a)  # a forwards with its certificate: b takes its mark
+    assert status == 200 and headers["edgeagent-served-by"] == "edge-b"
+    assert post(b, {"edgeagent-forwarded-by": "edge-a"})[0] == 403  # no certificate
+    seen = b.agent.node.router.describe()
+    assert seen["models"]["m"]["received_from"] == {"edge-a": 1}
+    assert seen["marks_refused"] == 1

@@ -8,8 +8,9 @@ first node (its middleware) and never passed on.
 
 A request carrying the mark (``edgeagent-forwarded-by``) is served where it lands and
 never forwarded again, so it must come from a fleet node: one whose bearer token has
-scope ``peer``, or whose client certificate (verified by the listener's
-``tls.client_ca_file``) names a node of the routing table. On an open node (no tokens,
+scope ``peer``, or that presents a client certificate the listener verified
+(``tls.client_ca_file``: the fleet's CA, whose certificates name nodes, as the
+coordinator takes them for a node's identity). On an open node (no tokens,
 no client certificates checked) the mark is taken from the addresses of the table's
 nodes (and from anyone while the node holds no table: it then serves every request
 itself, so the mark skips nothing). Anyone else who sets it is refused (403, gRPC
@@ -100,7 +101,7 @@ class Trust:
         """The fleet node a request marked ``mark`` comes from (its certificate's or
         token's node when they name one, else the mark); ``MarkRefused`` when nothing
         shows it is one."""
-        if certificate is not None and table is not None and certificate in table.nodes:
+        if certificate is not None:  # verified by tls.client_ca_file: the fleet's CA
             return certificate
         cred = self.guard.credentials.find(bearer(authorization or ""), time.time())
         if cred is not None and cred.allows("peer"):
@@ -111,7 +112,7 @@ class Trust:
         self.refused += 1
         raise MarkRefused(f"this request is marked {MARK}: {mark!r}, a mark only fleet "
                           "nodes may set (a token with scope peer, or a client "
-                          "certificate naming a node of the routing table)")
+                          "certificate of the fleet's CA)")
 
     def http_sender(self, request: Any, table: RoutingTable | None) -> str:
         """``sender`` for an aiohttp request carrying the mark."""
