@@ -125,3 +125,31 @@ def test_a_node_gets_the_table_through_the_coordinator(start_coordinator):
     assert answer["routing_version"] == got["version"] and "routing" not in answer
     model = co.request("GET", "/v1/models/a")[1]
     assert model["routed"] == {} or set(model["routed"]) == {"n1"}
+
+
+def test_the_reactive_loop_scales_up_on_routed_latency(planner_setup):
+    """n1 serves a; n2 only forwards it (not in its repository) and measures what its
+    clients wait, hop included: that latency breaking the SLO adds a replica."""
+    from agent.coordinator.catalog import ModelSLO
+    from tests.helpers import feed, node_report
+
+    store, planner, clock = planner_setup
+    store.put_model(ModelSLO("a", slo_ms=100), 0)
+    fast = {"a": {"batches": {"1": {"count": 100, "seconds": 1.0}}}}
+    feed(store, clock, "n1", {"a": 10.0}, fast, cores=4)
+    start = planner.plan_now().plan["models"]["a"]["replicas"]
+
+    def tick(routed_ms):
+        clock.t += 10
+        store.record_report("n1", node_report({"a": {**fast["a"],
+                                                     "latency_ms": {"p99": 20.0}}}), {},
+                            clock.t, keep_s=120)
+        forwarder = {**node_report({}, cores=4),
+                     "routing": {"models": {"a": {"forwarded": 50,
+                                                  "latency_ms": {"p99": routed_ms}}}}}
+        store.record_report("n2", forwarder, {}, clock.t, keep_s=120)
+        return planner.reactive_tick()
+
+    assert tick(500) is None and tick(500) is None
+    grown = tick(500)
+    assert grown is not None and grown.plan["models"]["a"]["replicas"] == start + 1
