@@ -32,6 +32,10 @@ Decisions where the papers leave room:
   ``excluded`` with that reason.
 * A model reported by nodes but absent from the catalog has no SLO: it is not planned
   and no directive touches it.
+* With routing (``agent.coordinator.routing``), a request is counted in the arrivals of
+  the node it reached the fleet at, not of the node a forward brought it to, so a
+  model's summed arrivals are the fleet's rate for it; the latency a forwarding node
+  measured (hop included) is watched by the reactive loop like any other.
 """
 
 from __future__ import annotations

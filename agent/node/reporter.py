@@ -7,8 +7,11 @@ a model that will not load) is logged and retried with exponential backoff, and
 directives that are not renewed within their ``ttl_s`` are reverted.
 
 What applying means:
-* ``pin``: pinned through ``ModelCache.set_pinned``; only models this reporter pinned are
-  ever unpinned by it (an operator's pin stays). The names are kept in
+* ``pin``: pinned through ``ModelCache.set_pinned`` while the pinned models of a device
+  still leave room to load the largest model it serves (most replicas first; the rest
+  are prefetched and kept by use: a plan may fill a node to the byte, and pins that
+  took it all would turn every other request into a 507); only models this reporter
+  pinned are ever unpinned by it (an operator's pin stays). The names are kept in
   ``<data_dir>/coordinator-pins.json``, so that after a restart (which restores pins from
   the state file, with no directives yet) they are unpinned again.
 * ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
@@ -27,12 +30,16 @@ What applying means:
   version of another digest. A pull naming a version (or digest)
   the node has not seen lists the source again: a newer version found is rolled out
   (``agent.node.rollout``). A pull that lapses is not undone, only not renewed.
+* ``routing``: the routing table (or its version alone, confirming the one held) goes
+  to the node's router (``agent.node.routing``); the report says where peers reach
+  this node, the table it holds, and per model its routed traffic.
 * ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
   flight, not pinned: the cache's own evict), its directory removed and its files left
   to the disk tier (``DiskTier.drop``); while it is busy, the next directives try again.
 
 Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
-samples: arrivals (requests of any outcome), drops (503 answers), latency percentiles
+samples: arrivals (requests of any outcome that reached the fleet here: those a peer
+forwarded here are the peer's), drops (503 answers), latency percentiles
 (interpolated within the histogram buckets, as Prometheus' ``histogram_quantile``).
 Processing time comes from the batching layer's profile: all batches run, reported at
 the mean batch size b with the profile's time for b (MArk's black box: b / T_b requests
