@@ -153,3 +153,24 @@ def test_the_reactive_loop_scales_up_on_routed_latency(planner_setup):
     assert tick(500) is None and tick(500) is None
     grown = tick(500)
     assert grown is not None and grown.plan["models"]["a"]["replicas"] == start + 1
+
+
+def test_coordinators_sharing_a_store_route_by_the_plans_addresses():
+    """Nodes that reported to another coordinator: their addresses come with the plan
+    (made from the store), so every coordinator makes the same table; one this
+    coordinator knows to be silent is left out."""
+    plan = StoredPlan(1, 0.0, "long-term", {**PLAN, "addresses": {
+        "n1": ["http://10.0.0.1:8000", "10.0.0.1:8001"],
+        "n2": ["http://10.0.0.2:8000", None]}})
+    here, there = RoutingBook(), RoutingBook()
+    here.update(plan, {}, 60.0)
+    there.update(StoredPlan(1, 0.0, "long-term", plan.plan), {}, 60.0)
+    assert here.version == there.version
+    assert orjson.loads(here.table)["nodes"]["n2"] == {"url": "http://10.0.0.2:8000",
+                                                        "grpc": None}
+    # a newer address reported here wins; a node known to be silent leaves
+    assert here.update(plan, {"n1": ("http://10.0.0.9:8000", None)}, 60.0,
+                       frozenset({"n2"}))
+    table = orjson.loads(here.table)
+    assert table["models"] == {"a": {"n1": 2}} and \
+        table["nodes"]["n1"]["url"] == "http://10.0.0.9:8000"

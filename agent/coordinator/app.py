@@ -158,8 +158,11 @@ class Coordinator:
         once when a node the plan runs models on went silent (its models then move
         within ``node_timeout_s``, not a whole ``plan_interval_s`` later)."""
         since = self.clock() - self.config.node_timeout_s
+        silent = frozenset(n for n, state in self.fleet.nodes.items()
+                           if state.last_seen < since)
         if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
-                                     self.config.directive_ttl_s) and self.workers.workers:
+                                     self.config.directive_ttl_s, silent) \
+                and self.workers.workers:
             self.spawn(self.workers.push_routing(self.fleet.routing.version,
                                                  self.fleet.routing.table))
         gone = frozenset(n for n in self.fleet.routing.planned_nodes()

@@ -308,7 +308,8 @@ class Planner:
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
                 utility: dict[str, float], drops: dict[str, float], placement: Any,
                 details: dict[str, dict[str, Any]], now: float, kind: str,
-                solver: str, objective: float | None) -> Plan:
+                solver: str, objective: float | None,
+                live: dict[str, NodeReport]) -> Plan:
         models = {}
         where: dict[str, dict[str, int]] = {}  # model -> node -> replicas
         for n, row in placement.assignment.items():
@@ -332,7 +333,9 @@ class Planner:
                     estimator=problem.estimator, solver=solver, objective_value=objective,
                     rate_quantile=self.config.rate_quantile, window_s=self.config.plan_window_s,
                     capacity=problem.capacity, models=models, assignment=placement.assignment,
-                    started=placement.started, stopped=placement.stopped)
+                    started=placement.started, stopped=placement.stopped,
+                    addresses={n: (r.peer.url, r.peer.grpc) for n, r in live.items()
+                               if r.peer is not None and placement.assignment.get(n)})
 
     def _solve_isolated(self, problem: Problem, details: dict[str, dict[str, Any]]
                         ) -> tuple[Problem, Any]:
@@ -375,7 +378,7 @@ class Planner:
                                 {m for m, d in details.items() if "source" in d})
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
-                            now, kind, allocation.solver, allocation.objective)
+                            now, kind, allocation.solver, allocation.objective, live)
         plan = dataclasses.replace(plan, excluded={
             m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
             retired=self._retired(self.current_plan()))
@@ -477,7 +480,7 @@ class Planner:
                                          ("source", m.source)) if v is not None}
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
-                           now, "reactive", plan.solver, None)
+                           now, "reactive", plan.solver, None, live)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 

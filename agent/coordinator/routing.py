@@ -4,11 +4,12 @@ Routing nodes get it in the answer to their report and forward a request for a m
 to one of its nodes (``agent.node.routing``).
 
 * Made from the plan's per-node rows (``plan.directive_rows``: each node's replicas per
-  model, already made in the planning process) and the addresses the nodes reported
-  (``NodeReport.peer``): a planned node that is silent past ``node_timeout_s``, or that
-  reports no address (it does not route), is left out, so a dead node leaves the table
-  within ``node_timeout_s`` and its models are served where requests land until a plan
-  places them elsewhere.
+  model and the address it reported, ``NodeReport.peer``, made in the planning process
+  from the store, so coordinators sharing a store agree), a newer address where the
+  node reported one here since: a planned node this coordinator knows to be silent
+  past ``node_timeout_s``, or that reports no address (it does not route), is left
+  out, so a dead node leaves the table within ``node_timeout_s`` and its models are
+  served where requests land until a plan places them elsewhere.
 * Its version is a digest of its content: the same plan and addresses make the same
   version on every coordinator sharing a store, so a node whose report lands on
   another one is not sent the table again.
@@ -70,24 +71,34 @@ class RoutingBook:
         self._key: tuple | None = None
         self._plan_id: int | None = None
         self._workers: dict[str, dict[str, int]] = {}  # the plan's rows, parsed once
+        self._planned_at: dict[str, tuple[str, str | None]] = {}  # the plan's addresses
 
     def update(self, plan: StoredPlan | None, addresses: dict[str, tuple[str, str | None]],
-               max_age_s: float) -> bool:
-        """Make the table of ``plan`` over the nodes reachable at ``addresses`` (those
-        alive), unless nothing it depends on changed; whether it changed."""
+               max_age_s: float, silent: frozenset[str] = frozenset()) -> bool:
+        """Make the table of ``plan`` over its nodes but the ``silent`` ones (known to
+        this coordinator and not heard from within ``node_timeout_s``), each reached at
+        the address the plan kept for it or a newer one in ``addresses`` (the live
+        nodes that reported here: with several coordinators on one store, the plan's
+        keep every coordinator's table alike), unless nothing it depends on changed;
+        whether it changed."""
         if plan is None:
             changed = self.version is not None
             self.version, self.table, self._key = None, None, None
             return changed
         if plan.id != self._plan_id:
             self._plan_id = plan.id
-            self._workers = {node: orjson.loads(row)[0] for node, row in plan.rows.items()}
-        key = (plan.id, max_age_s, tuple(sorted((n, addresses[n]) for n in self._workers
-                                                if n in addresses)))
+            parsed = {node: orjson.loads(row) for node, row in plan.rows.items()}
+            self._workers = {node: row[0] for node, row in parsed.items()}
+            self._planned_at = {node: tuple(row[4]) for node, row in parsed.items()
+                                if len(row) > 4 and row[4]}
+        reach = {n: addresses.get(n) or self._planned_at.get(n) for n in self._workers
+                 if n not in silent}
+        reach = {n: a for n, a in reach.items() if a is not None}
+        key = (plan.id, max_age_s, tuple(sorted(reach.items())))
         if key == self._key:
             return False
         self._key = key
-        version, table = build_table(self._workers.items(), addresses, max_age_s)
+        version, table = build_table(self._workers.items(), reach, max_age_s)
         changed = version != self.version
         self.version, self.table = version, table
         return changed
