@@ -14,10 +14,12 @@ JSON (``Plan.to_json``; the API adds the stored plan's ``id``)::
                            "unplaced": 0, "rate_points": 42, "proc_source": "measured",
                            "source": {"source": "s3://models/resnet", "source_options": {},
                                       "version": 2, "digest": null, "config": {}}}},
-     "assignment": {"edge-1": {"resnet": 2}}, "moves": {"started": 2, "stopped": 0}}
+     "assignment": {"edge-1": {"resnet": 2}}, "moves": {"started": 2, "stopped": 0},
+     "addresses": {"edge-1": ["http://10.0.0.7:8000", "10.0.0.7:8001"]}}
 
 ``source`` (only for a model catalogued with one): where the nodes the plan assigns it
-pull it from (``catalog.ModelSLO.pull``).
+pull it from (``catalog.ModelSLO.pull``). ``addresses``: where peers reach each node the
+plan runs models on (its last report's ``peer``), for the routing table.
 """
 
 from __future__ import annotations
