@@ -155,7 +155,7 @@ class Coordinator:
     def refresh_routing(self) -> None:
         """Rebuild the routing table when the plan, a live node's address or which
         planned nodes are alive changed (pushed to the report workers); plan again at
-        once when a node the plan runs models on went silent (its models then move
+        once when a node the plan runs models on went silent here (its models then move
         within ``node_timeout_s``, not a whole ``plan_interval_s`` later)."""
         since = self.clock() - self.config.node_timeout_s
         silent = frozenset(n for n, state in self.fleet.nodes.items()
@@ -165,9 +165,8 @@ class Coordinator:
                 and self.workers.workers:
             self.spawn(self.workers.push_routing(self.fleet.routing.version,
                                                  self.fleet.routing.table))
-        gone = frozenset(n for n in self.fleet.routing.planned_nodes()
-                         if (state := self.fleet.nodes.get(n)) is None
-                         or state.last_seen < since)
+        # (a node unknown here reports to another coordinator sharing the store)
+        gone = silent & self.fleet.routing.planned_nodes()
         if gone and gone != self._gone and self.leader and self.start_loops:
             log.info("planned node(s) %s silent for %g s: planning again", sorted(gone),
                      self.config.node_timeout_s)

@@ -124,10 +124,11 @@ class Router:
         ca = s.ca_file or (link.ca_file if link else None)
         cert = s.cert_file or (link.cert_file if link else None)
         key = s.key_file or (link.key_file if link else None)
-        self.tls_files = (ca, cert, key)
+        own = s.ca_file or s.cert_file or s.key_file  # else the coordinator link's files
         self.http_client = HttpForwarder(
             s.connections_per_peer,
-            client_context(ca, cert, key, prefix="routing.") if ca or cert else None)
+            client_context(ca, cert, key, prefix="routing." if own else "coordinator.")
+            if ca or cert else None)
         self.grpc_client = GrpcForwarder(_grpc_credentials(ca, cert, key))
         self.address: PeerAddress | None = None
         self._reported: dict[str, dict[str, int]] = {}  # totals at the last report
