@@ -186,9 +186,9 @@ class Router:
         weights = table.models.get(model)
         if not weights or (len(weights) == 1 and self.name in weights):
             return None, None
-        if grpc:
-            weights = {n: w for n, w in weights.items()
-                       if n == self.name or (n in table.nodes and table.nodes[n].grpc)}
+        weights = {n: w for n, w in weights.items()  # a node the table cannot reach: none
+                   if n == self.name or (n in table.nodes and (table.nodes[n].grpc
+                                                               or not grpc))}
         pick = self.peers.choose(model, weights, self.name, self._local_busy(model), now)
         if pick is None:
             return None, "peers_down"
