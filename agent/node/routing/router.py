@@ -55,7 +55,7 @@ from agent.node.routing.table import HeldTable
 from agent.node.routing.trust import MARK, SERVE_MS, SERVED_BY, Trust
 from agent.node.serving import MAX_TIMEOUT_US
 from agent.tls import client_context
-from agent.wire import PeerAddress, RoutingTable
+from agent.wire import PeerAddress
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
