@@ -20,7 +20,7 @@ class AuthSettings(Section):
 
     token_file: Annotated[Path | None, setting(
         "YAML list of accepted tokens by their SHA-256 ({name, sha256, scopes: [admin|"
-        "read|infer|report], not_after, node}); edgeagent token new prints an entry; "
+        "read|infer|report|peer], not_after, node}); edgeagent token new prints an entry; "
         "re-read on SIGHUP", example="/etc/edgeagent/tokens.yaml")] = None
     failure_burst: Annotated[int, setting(
         "failed authentications (no or an unknown token) a peer address may make at "

@@ -24,6 +24,8 @@ from agent.tls import TlsSettings
 from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")
+#: The node's name where the config gives none (``AgentConfig.node_name``).
+NODE_NAME_VARIABLE = "EDGEAGENT_NODE_NAME"
 #: A model's ``backend:``: a runtime, or ``selection`` (an app over other models).
 MODEL_BACKENDS = (*BACKENDS, "selection")
 #: A selection app's policies (``agent.node.selection.policies``); clipper_exp4 is the
@@ -488,6 +490,54 @@ class CoordinatorLink(Section):
         example="/etc/edgeagent/tls/node.crt")] = None
     key_file: Annotated[Path | None, setting(
         "its private key (PEM)", example="/etc/edgeagent/tls/node.key")] = None
+    advertise_url: Annotated[str | None, setting(
+        "where the other nodes reach this one over HTTP (sent in reports; the routing "
+        "table names it); left out: http(s)://host:port as the agent listens (the "
+        "machine's name for host 0.0.0.0)", check=http_url,
+        example="https://10.0.0.7:8000")] = None
+    advertise_grpc: Annotated[str | None, setting(
+        "where the other nodes reach this one over gRPC (host:port); left out: "
+        "advertise_url's host and grpc_port (none when grpc_port is 0)",
+        check=host_port, example="10.0.0.7:8001")] = None
+
+
+class RoutingSettings(Section):
+    """The fleet as one cache (``routing:``): a request for a model the plan runs on
+    other nodes is forwarded to one of them, one hop at most (docs/coordinator.md)."""
+
+    enabled: Annotated[bool | None, setting(
+        "forward requests by the coordinator's routing table; left out: on when the "
+        "agent reports to a coordinator, off when it runs alone", example=True,
+        commented=True)] = None
+    max_table_age_s: Annotated[Positive, setting(
+        "a routing table not confirmed by the coordinator for this long (or for its "
+        "own max_age_s, the shorter) is no longer trusted: every request is served "
+        "here")] = 60.0
+    peer_timeout_ms: Annotated[Positive, setting(
+        "a peer must accept the connection within this, and answer within the "
+        "request's SLO plus this (the client's own timeout when it sets one); else "
+        "the request is served here and the peer skipped for a while")] = 2000.0
+    peer_backoff_s: Annotated[Positive, setting(
+        "a peer that failed is skipped this long, doubling while it keeps failing")] \
+        = 1.0
+    peer_backoff_max_s: Annotated[Positive, setting(
+        "the longest a failing peer is skipped before it is tried again")] = 30.0
+    connections_per_peer: Annotated[AtLeastOne, setting(
+        "kept-alive connections to each peer (more requests wait for one)")] = 32
+    token_file: Annotated[Path | None, setting(
+        "file holding the bearer token this node forwards with (a token with scope "
+        "peer in the other nodes' auth.token_file); the client's own credentials are "
+        "never passed on", example="/etc/edgeagent/peer-token")] = None
+    ca_file: Annotated[Path | None, setting(
+        "CA certificates (PEM) https:// peers' certificates must chain to; left out: "
+        "coordinator.ca_file, else the system's", example="/etc/edgeagent/tls/fleet-ca.crt")] \
+        = None
+    cert_file: Annotated[Path | None, setting(
+        "this node's client certificate (PEM) for peers that check them; left out: "
+        "coordinator.cert_file", example="/etc/edgeagent/tls/node.crt")] = None
+    key_file: Annotated[Path | None, setting(
+        "its private key (PEM); left out: coordinator.key_file",
+        example="/etc/edgeagent/tls/node.key")] = None
 
 
 class TfServingSettings(Section):
@@ -657,6 +707,9 @@ class AgentConfig(Section):
     coordinator: Annotated[CoordinatorLink | None, setting(
         "report to a fleet coordinator (edgeagent coordinator serve) and take its "
         "directives; left out: run stand-alone")] = None
+    routing: Annotated[RoutingSettings, setting(
+        "forward requests to the nodes the coordinator's plan runs their model on")] = \
+        field(default_factory=RoutingSettings)
 
     @property
     def resident_state_path(self) -> Path:
@@ -672,6 +725,23 @@ class AgentConfig(Section):
         """The model directories the coordinator's pull directives write (a second
         repository root: the operator's own entry wins a name clash)."""
         return self.data_dir / "assigned"
+
+    @property
+    def node_name(self) -> str:
+        """This node's name in the fleet: ``coordinator.node_name``, else
+        ``$EDGEAGENT_NODE_NAME`` (Kubernetes: the downward API's spec.nodeName; a pod's
+        host name is the pod's, new at every restart), else the host's."""
+        link = self.coordinator
+        if link is not None and link.node_name:
+            return link.node_name
+        return os.environ.get(NODE_NAME_VARIABLE) or os.uname().nodename
+
+    @property
+    def routes(self) -> bool:
+        """Whether the agent forwards by a routing table: ``routing.enabled``, or when
+        left out, whether it reports to a coordinator."""
+        enabled = self.routing.enabled
+        return self.coordinator is not None if enabled is None else enabled
 
     @property
     def footprints_path(self) -> Path:

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Mapping
 
 from agent.wire import NAME
 
-#: What a credential may do. ``admin`` may do everything the others may.
-SCOPES = ("admin", "read", "infer", "report")
+#: What a credential may do. ``admin`` may do everything the others may; ``peer`` is a
+#: fleet node forwarding a request (``agent.node.routing``): it may infer too.
+SCOPES = ("admin", "read", "infer", "report", "peer")
 #: Shorter tokens are refused at start: a guessable token is no token.
 MIN_TOKEN_LENGTH = 32
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -43,7 +44,8 @@ class Credential:
     node: str | None = None
 
     def allows(self, scope: str) -> bool:
-        return "admin" in self.scopes or scope in self.scopes
+        return "admin" in self.scopes or scope in self.scopes \
+            or (scope == "infer" and "peer" in self.scopes)
 
     def valid_at(self, now: float) -> bool:
         return self.not_after is None or now <= self.not_after

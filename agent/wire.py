@@ -35,6 +35,21 @@ provisioning); nodes without one are not counted there.
     "disk": [{"model": "resnet", "version": 2, "bytes": 102760448}],
     "pulling": [{"model": "bert", "version": 1, "bytes": 1048576, "total": 438000000}]
 
+``peer`` (optional) is where the other nodes reach this one (``coordinator.advertise_url``
+and its gRPC address); ``routing`` (optional, from nodes that route) names the routing
+table the node holds and its routed traffic over the last interval, per model::
+
+    "peer": {"url": "http://10.0.0.7:8000", "grpc": "10.0.0.7:8001"},
+    "routing": {"version": 4711, "models": {"resnet": {
+        "served": 140, "forwarded": 15, "received": 40, "fallbacks": 1, "errors": 1}}}
+
+``served``: requests answered here (``received`` of them forwarded here by a peer);
+``forwarded``: answered by a peer; ``fallbacks``: planned elsewhere but served here (no
+peer could), ``errors`` of them after a forward failed. A model's ``arrivals`` count
+the requests that reached the fleet here, never those a peer forwarded here, so the
+fleet's arrivals are the sum over nodes; a model the node's repository lacks but
+forwards has its ``arrivals`` (and its requests' ``latency_ms``) under ``routing``.
+
 **Directives**, the answer to every report, valid for ``ttl_s`` seconds::
 
     {"node": "edge-1", "plan_id": 7, "ttl_s": 60,
@@ -56,6 +71,18 @@ config to serve them with, and whether to load them now; never credentials (the 
 has its own). ``drop``: models the node holds from an earlier pull that the plan moved
 away (the node removes them once idle). A lapsed pull is not undone, just not renewed.
 Both sides keep directives in a ``DirectiveBook``.
+
+``routing_version`` (to nodes that route) names the coordinator's routing table;
+``routing`` carries the table itself when the node's report named another version::
+
+    "routing_version": 4712,
+    "routing": {"version": 4712, "max_age_s": 60,
+                "nodes": {"edge-1": {"url": "http://10.0.0.7:8000", "grpc": "10.0.0.7:8001"}},
+                "models": {"resnet": {"edge-1": 2, "edge-3": 1}, "bert": {}}}
+
+``models``: per catalogued or planned model, the live nodes that run it under the plan
+and their replicas (the weights requests are spread by); none: served where it lands.
+``max_age_s``: past this without a confirmation the node stops trusting the table.
 """
 
 from __future__ import annotations
@@ -197,6 +224,48 @@ class Pulling(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     total: Bytes | None = None
 
 
+MAX_ADDRESS = 512  # characters of a node's advertised URL or gRPC address
+RoutingVersion = Annotated[int, expected("versions >= 0", ge=0, le=2 ** 53)]
+
+
+class PeerAddress(Struct, frozen=True, gc=False):
+    """Where the other nodes reach a node: its HTTP URL and its gRPC ``host:port``."""
+
+    url: Annotated[str, expected("an http:// or https:// URL", max_length=MAX_ADDRESS,
+                                 pattern=r"^https?://[^\s/?#@]+\Z")]
+    grpc: Annotated[str, expected("host:port", max_length=MAX_ADDRESS,
+                                  pattern=r"^[^\s/?#@]+:[0-9]{1,5}\Z")] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "grpc": self.grpc}
+
+
+class RoutedModel(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One model's routed traffic on one node over the last report interval."""
+
+    served: Count = 0.0
+    forwarded: Count = 0.0
+    received: Count = 0.0
+    fallbacks: Count = 0.0
+    errors: Count = 0.0
+    arrivals: Annotated[tuple[Arrival, ...], Meta(max_length=MAX_ARRIVALS)] = ()
+    latency_ms: dict[str, Ms | None] = {}
+
+    def __post_init__(self) -> None:
+        if not _PERCENTILES.keys() >= self.latency_ms.keys():
+            for key in self.latency_ms:
+                if not _PERCENTILE.match(key):
+                    raise SchemaError("latency_ms", "keys must be percentiles such as p50 "
+                                      f"or p99.9, got {key!r}")
+
+
+class RoutingReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """What a routing node says of its routing: the table it holds, its traffic."""
+
+    version: RoutingVersion | None = None
+    models: dict[ModelName, RoutedModel] = {}
+
+
 class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
     """A node's report (``POST /v1/nodes/{name}/report``); only ``capacity`` is required."""
 
@@ -206,6 +275,8 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     node_type: NodeTypeName | None = None
     disk: Annotated[tuple[DiskHolding, ...], Meta(max_length=MAX_HELD)] = ()
     pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
+    peer: PeerAddress | None = None
+    routing: RoutingReport | None = None
 
     def held(self) -> set[str]:
         """Models whose files the node holds or is pulling, or that it serves."""
@@ -319,6 +390,22 @@ class Pull(Struct, frozen=True, gc=False, kw_only=True):
 
 
 
+class RoutingTable(Struct, frozen=True, gc=False, kw_only=True):
+    """The coordinator's routing table (see the module docstring): per model the live
+    nodes the plan runs it on and their replicas, where those nodes are reached, a
+    version and how long a node may go on trusting it unconfirmed."""
+
+    version: RoutingVersion
+    max_age_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+    nodes: dict[str, PeerAddress] = {}
+    models: dict[str, dict[str, Annotated[int, Meta(ge=1, le=int(MAX_CORES))]]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "max_age_s": self.max_age_s,
+                "nodes": {n: a.to_json() for n, a in self.nodes.items()},
+                "models": {m: dict(w) for m, w in self.models.items()}}
+
+
 class Directives(Struct, frozen=True, gc=False, kw_only=True):
     """A coordinator's answer to ``node``'s report (fields it does not know are left out:
     a newer coordinator's answer still parses)."""
@@ -332,12 +419,19 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     drop_rate: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
     pull: tuple[Pull, ...] = ()
     drop: tuple[str, ...] = ()
+    routing_version: int | None = None
+    routing: RoutingTable | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
-                "workers": dict(self.workers), "pin": list(self.pin),
-                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
-                "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
+        out = {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
+               "workers": dict(self.workers), "pin": list(self.pin),
+               "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
+               "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
+        if self.routing_version is not None:
+            out["routing_version"] = self.routing_version
+        if self.routing is not None:
+            out["routing"] = self.routing.to_json()
+        return out
 
     @classmethod
     def from_json(cls, body: bytes | str | Any) -> Directives:

@@ -361,6 +361,7 @@ class AgentServer(ThreadedServer):
         super().__init__(create_app(config, **node_kwargs),
                          ssl_context=self.tls.context if self.tls else None)
         self.node = self.app[NODE]
+        self.node.router.listening(self.url, None)
         self.call(self.node.wait_ready())
 
     def request(self, method, path, body=None, headers=None):

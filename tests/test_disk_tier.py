@@ -584,7 +584,7 @@ def test_cache_ls_v1_disk_and_metrics_show_both_tiers(agent, repo, src, sources)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     head = lines[0].split()
-    assert head[-2:] == ["DISK", "DL_S"]
+    assert head[-4:] == ["DISK", "DL_S", "ROUTE", "FWD/ERR/FB/RCV"]  # routing: issue 34
     row = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert row["m"][head.index("DISK")] != "-" and row["local"][head.index("DISK")] == "-"
     assert lines[-1].startswith("disk tier: ") and "pulls 1" in lines[-1]

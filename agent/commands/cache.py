@@ -51,7 +51,7 @@ def table(models: list[dict[str, Any]]) -> str:
     """The readable ``cache ls`` table."""
     head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
             "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK",
-            "DL_S"]
+            "DL_S", "ROUTE", "FWD/ERR/FB/RCV"]
     rows = [[m["name"], str(m["version"]), _state(m),
              format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
                                              else ""),
@@ -60,10 +60,37 @@ def table(models: list[dict[str, Any]]) -> str:
              "yes" if m["pinned"] else "no", str(m["in_flight"]),
              _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
              _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
-             _num(m.get("download_seconds"), ".3f")] for m in models]
+             _num(m.get("download_seconds"), ".3f"), *_routing(m)] for m in models]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
                      for r in [head] + rows)
+
+
+def _routing(m: dict[str, Any]) -> list[str]:
+    """ROUTE (the nodes the routing table runs the model on, by replicas; ``-``: none,
+    served where it lands) and its routed counts."""
+    r = m.get("routing") or {}
+    planned = r.get("planned") or {}
+    route = ",".join(f"{n}:{k}" for n, k in sorted(planned.items())) or "-"
+    counts = [r.get(k, 0) for k in ("forwarded", "errors", "fallbacks", "received")]
+    return [route, "/".join(map(str, counts)) if any(counts) else "-"]
+
+
+def routing_lines(models: list[dict[str, Any]]) -> list[str]:
+    """Per model and peer, under the ``cache ls`` table: requests forwarded, errors,
+    the hop's p50, and why requests planned elsewhere were served here."""
+    lines = []
+    for m in models:
+        r = m.get("routing") or {}
+        for peer, p in (r.get("peers") or {}).items():
+            hop = (p.get("hop_ms") or {}).get("p50")
+            lines.append(f"routing: {m['name']} -> {peer}: {p['forwarded']} forwarded, "
+                         f"{p['errors']} errors, hop p50 "
+                         f"{'-' if hop is None else f'{hop:.3f}'} ms")
+        if r.get("fallback_reasons"):
+            why = ", ".join(f"{k} {v}" for k, v in r["fallback_reasons"].items())
+            lines.append(f"routing: {m['name']} served here though planned elsewhere: {why}")
+    return lines
 
 
 def _show(ctx: click.Context, doc: Any) -> None:
@@ -139,11 +166,15 @@ def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
 @click.pass_context
 def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
     """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
-    disk and download seconds; then the disk tier's budget, pulls and evictions, and the
-    selection apps served over the models."""
+    disk and download seconds, the nodes the routing table runs it on and its routed
+    counts; then per model and peer what was forwarded, the disk tier's budget, pulls
+    and evictions, and the selection apps served over the models."""
     _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "GET", "/v1/cache"))
+    models = _call(ctx, "GET", "/v1/cache")
+    _show(ctx, models)
     if not ctx.obj["json"]:
+        for line in routing_lines(models):
+            click.echo(line)
         click.echo(disk_line(_call(ctx, "GET", "/v1/disk")))
         try:
             apps = _call(ctx, "GET", "/v1/selection")

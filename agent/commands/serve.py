@@ -82,6 +82,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
         except OSError:
             await runner.cleanup()
             raise
+    node.router.listening(url, grpc_server.address if grpc_server else None)
     settle_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -49,10 +49,19 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--policy", "policies", multiple=True,
               help=f"Policy spec, e.g. cremebrulee:rate=cumulative; repeatable. "
                    f"Names: {', '.join(POLICY_NAMES)}.")
-@click.option("--from", "source",
+@click.option("--from", "sources", multiple=True,
               help="What-if from a node's record: its URL (GET /v1/trace and /v1/profiles, "
                    "admin) or a directory written by 'edgeagent cache trace'; implies "
-                   "--queueing.")
+                   "--queueing. Repeat for a fleet: each node's record through its own "
+                   "cache, then the fleet's sum.")
+@click.option("--nodes", type=click.IntRange(min=1),
+              help="Replay a fleet of this many nodes, --capacity each: the trace spread "
+                   "round robin over them and routed by --routing (results per node and "
+                   "the fleet's sum).")
+@click.option("--routing", "routing_path", type=_PATH_IN,
+              help="With --nodes: a routing table (JSON: the node's GET /v1/routing, the "
+                   "coordinator's table, or GET /v1/plan with its assignment); a model it "
+                   "names goes to its nodes by their replicas, others stay where they land.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Admin bearer token file for --from URL (or $EDGEAGENT_TOKEN).")
 @click.option("--disk-capacity",
@@ -87,7 +96,9 @@ def simulate_command(
     profiles_path: Path | None,
     capacities: Sequence[str],
     policies: Sequence[str],
-    source: str | None,
+    sources: Sequence[str],
+    nodes: int | None,
+    routing_path: Path | None,
     token_file: str | None,
     disk_capacity: str | None,
     disk_policy: str | None,
@@ -106,6 +117,18 @@ def simulate_command(
     if progress is None:
         progress = sys.stderr.isatty()
     settings: dict[str, object] = {}
+    if routing_path is not None and nodes is None:
+        raise click.UsageError("--routing needs --nodes")
+    if len(sources) > 1 or nodes is not None:
+        if len(sources) == 1 or (nodes is not None and (sources or demo)):
+            raise click.UsageError("--nodes spreads one --trace; a fleet of records is "
+                                   "--from given once per node")
+        _simulate_fleet(sources, token_file, trace_path, profiles_path, nodes, routing_path,
+                        capacities, policies, seed=seed, as_json=as_json,
+                        progress=progress, workers=workers, queueing=queueing or bool(sources),
+                        load_concurrency=load_concurrency)
+        return
+    source = sources[0] if sources else None
     try:
         if source is not None:
             if trace_path or profiles_path or demo:
@@ -166,6 +189,61 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
+
+
+def _simulate_fleet(sources: Sequence[str], token_file: str | None,
+                    trace_path: Path | None, profiles_path: Path | None, nodes: int | None,
+                    routing_path: Path | None, capacities: Sequence[str],
+                    policies: Sequence[str], *, seed: int, as_json: bool, progress: bool,
+                    workers: int | None, queueing: bool,
+                    load_concurrency: int | None) -> None:
+    """A fleet replayed (``cachepolicies.fleet``): one trace over ``nodes``, or each
+    node's record (``sources``); one row per node and per (policy, capacity) its sum."""
+    if not capacities or not policies:
+        raise click.UsageError("a fleet needs --capacity (each node's) and --policy")
+    try:
+        from agent.config import AgentConfig
+        from agent.twinsettings import twin_settings
+        from cachepolicies.fleet import fleet_nodes, fleet_total, routing_weights, spread
+        from cachepolicies.simulator import sweep
+
+        runs = []  # (node, trace, profiles, settings)
+        if sources:
+            for i, source in enumerate(sources):
+                with tempfile.TemporaryDirectory() as tmp:
+                    paths = _record_files(source, token_file, Path(tmp))
+                    runs.append((f"node-{i}", *_read_inputs(*paths), record_settings(paths[1])))
+        else:
+            if trace_path is None or profiles_path is None:
+                raise click.UsageError("--nodes needs --trace and --profiles")
+            trace, profiles = _read_inputs(trace_path, profiles_path)
+            weights = routing_weights(json.loads(routing_path.read_text())) \
+                if routing_path is not None else {}
+            names = fleet_nodes(nodes or 1, weights)
+            runs = [(node, part, profiles, {}) for node, part in
+                    spread(trace, profiles, names, weights).items()]
+        sizes = _parse_capacities(capacities)
+        rows: list[tuple[str, SimulationResult]] = []
+        per_node = []
+        for node, trace, profiles, settings in runs:
+            twin = twin_settings(AgentConfig(), settings, workers=workers,
+                                 load_concurrency=load_concurrency) if queueing else None
+            results = sweep(trace, profiles, sizes, list(policies), seed=seed,
+                            queueing=twin, progress=progress) if len(trace) else []
+            per_node.append(results)
+            rows += [(node, r) for r in results]
+        for k in range(len(sizes) * len(policies)):
+            done = [results[k] for results in per_node if results]
+            if done:
+                rows.append(("fleet", fleet_total(done)))
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        click.echo(json.dumps([{"node": node, **r.to_dict()} for node, r in rows], indent=2))
+    else:
+        from dataclasses import replace
+
+        click.echo(format_table([replace(r, policy=f"{r.policy}@{node}") for node, r in rows]))
 
 
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:

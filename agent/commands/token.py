@@ -27,7 +27,7 @@ def token() -> None:
 
 @token.command("new")
 @click.option("--scope", "scopes", multiple=True, required=True,
-              type=click.Choice(["admin", "read", "infer", "report"]),
+              type=click.Choice(["admin", "read", "infer", "report", "peer"]),
               help="What the token may do (repeat for several).")
 @click.option("--name", help="The entry's name (default: the scopes, or the node).")
 @click.option("--node", help="The node a report token belongs to (it may write only "

@@ -53,7 +53,7 @@ from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
                                      refuse_new_node_past, refuse_while_store_fails, report_record,
-                                     reported_models)
+                                     reported_models, reported_routing)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
@@ -105,6 +105,7 @@ class Coordinator:
         self.tasks: set[asyncio.Task] = set()
         #: Where the internal socket the report workers forward to lives (made at start).
         self.internal_dir: Path | None = None
+        self._gone: frozenset[str] = frozenset()  # planned nodes silent, replanned for
 
     def file_credentials(self) -> list[Credential]:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
@@ -156,14 +157,46 @@ class Coordinator:
         """Serve ``plan`` unless a newer one is served; the report workers too."""
         served = self.fleet.plan
         self.fleet.adopt(plan)
-        if self.fleet.plan is not served and self.workers.workers:
-            self.spawn(self.workers.push_plan(self.fleet.plan))
+        if self.fleet.plan is not served:
+            if self.workers.workers:
+                self.spawn(self.workers.push_plan(self.fleet.plan))
+            self.refresh_routing()
+
+    def refresh_routing(self) -> None:
+        """Rebuild the routing table when the plan, a live node's address or which
+        planned nodes are alive changed (pushed to the report workers); plan again at
+        once when a node the plan runs models on went silent here (its models then move
+        within ``node_timeout_s``, not a whole ``plan_interval_s`` later)."""
+        since = self.clock() - self.config.node_timeout_s
+        silent = frozenset(n for n, state in self.fleet.nodes.items()
+                           if state.last_seen < since)
+        if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
+                                     self.config.directive_ttl_s, silent) \
+                and self.workers.workers:
+            self.spawn(self.workers.push_routing(self.fleet.routing.version,
+                                                 self.fleet.routing.table))
+        # (a node unknown here reports to another coordinator sharing the store)
+        gone = silent & self.fleet.routing.planned_nodes()
+        if gone and gone != self._gone and self.leader and self.start_loops:
+            log.info("planned node(s) %s silent for %g s: planning again", sorted(gone),
+                     self.config.node_timeout_s)
+            self.spawn(self.replan_quietly("planned node gone", "long-term"))
+        self._gone = gone
+
+    async def keep_routing(self) -> None:
+        """``refresh_routing`` every ``ROUTING_CHECK_S``."""
+        while True:
+            await asyncio.sleep(ROUTING_CHECK_S)
+            try:
+                self.refresh_routing()
+            except Exception:  # noqa: BLE001 - the next check tries again
+                log.exception("routing table refresh failed")
 
     def take_answered(self, batch: list[Answered]) -> None:
         """Reports a report worker answered: recorded and written as if answered here."""
-        for record, models, body in batch:
+        for record, models, body, routing in batch:
             self.writer.submit(record)
-            if self.fleet.record(record.node, record.report, models, record.now):
+            if self.fleet.record(record.node, record.report, models, record.now, routing):
                 self.fleet.answered(record.node, body)  # not an older report's answer
 
     def _follow_step(self) -> tuple[bool, StoredPlan | None]:
@@ -243,6 +276,9 @@ class Coordinator:
 
 
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
+
+#: Seconds between two checks of the routing table's inputs (nodes alive, addresses).
+ROUTING_CHECK_S = 1.0
 
 
 _READ = Need("read")
@@ -344,7 +380,7 @@ async def node_report(request: web.Request) -> web.Response:
     refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
-    co.fleet.record(name, raw, reported_models(report), now)
+    co.fleet.record(name, raw, reported_models(report), now, reported_routing(report))
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     return _json_answer(body)
 
@@ -412,10 +448,13 @@ async def node_delete(request: web.Request) -> web.Response:
 def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
     """Each of ``slos`` with its replicas and predicted latency under the current plan
     (its JSON form: a typed ``Plan`` of 10,000 nodes would take the loop seconds to
-    build), the live nodes it is on, and the worst latency they measured for it at its
-    SLO's percentile (``measured_latency_ms``)."""
-    on, measured = co.fleet.by_model(co.clock() - co.config.node_timeout_s,
-                                     {slo.name: slo.percentile for slo in slos})
+    build), the live nodes it is on, the worst latency they measured for it at its
+    SLO's percentile (``measured_latency_ms``), and which node served how much of it
+    over their last report interval (``routed``: per node ``served``, ``forwarded``,
+    ``received``, ``fallbacks``, ``errors``; nodes that route only)."""
+    since = co.clock() - co.config.node_timeout_s
+    on, measured = co.fleet.by_model(since, {slo.name: slo.percentile for slo in slos})
+    routed = co.fleet.routed_by_model(since)
     planned_models = (co.fleet.plan.plan.get("models") or {}) if co.fleet.plan else {}
     out = []
     for slo in slos:
@@ -423,7 +462,8 @@ def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
         out.append({**slo.to_json(), "nodes": on.get(slo.name, []),
                     "replicas": planned.get("replicas"),
                     "predicted_latency_ms": planned.get("predicted_latency_ms"),
-                    "measured_latency_ms": measured.get(slo.name)})
+                    "measured_latency_ms": measured.get(slo.name),
+                    "routed": routed.get(slo.name, {})})
     return out
 
 
@@ -561,6 +601,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()
         app[COORDINATOR].spawn(app[COORDINATOR].follow())
+        app[COORDINATOR].spawn(app[COORDINATOR].keep_routing())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()

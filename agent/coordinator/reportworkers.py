@@ -47,8 +47,9 @@ from typing import Any, Callable
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import (Fleet, ReportedModels, parse_report_body,
-                                     refuse_while_store_fails, report_record, reported_models)
+from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_report_body,
+                                     refuse_while_store_fails, report_record, reported_models,
+                                     reported_routing)
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
@@ -76,8 +77,9 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "traile
                   FORWARD_KEY.lower(), FORWARDED_PEER.lower(), FORWARDED_NAME.lower(),
                   FORWARDED_ISSUED.lower()})
 
-# one answered report as handed over: what to write, its models, the directives' JSON
-Answered = tuple[ReportRecord, ReportedModels, bytes]
+# one answered report as handed over: what to write, its models, the directives' JSON,
+# its routing (address and routed traffic)
+Answered = tuple[ReportRecord, ReportedModels, bytes, Routed | None]
 
 
 class _Worker:
@@ -114,6 +116,7 @@ class ReportWorkers:
         self._health: tuple = ("store", True, False)
         self._credentials: tuple = ("credentials", (), {}, 0)
         self._applied_waiters: list[tuple[int, asyncio.Future]] = []
+        self._routing: tuple = ("routing", None, None)
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
@@ -146,7 +149,8 @@ class ReportWorkers:
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
-                  (self._plan, self._health, self._credentials), self.forward_key,
+                  (self._plan, self._health, self._credentials, self._routing),
+                  self.forward_key,
                   os.getpid()))
         worker.proc.start()
         up_child.close()
@@ -204,6 +208,11 @@ class ReportWorkers:
         if self.workers and (healthy, full) != self._health[1:]:
             self._health = ("store", healthy, full)
             await self._broadcast(self._health)
+
+    async def push_routing(self, version: int | None, table: bytes | None) -> None:
+        """Tell every worker the routing table the coordinator serves now."""
+        self._routing = ("routing", version, table)
+        await self._broadcast(self._routing)
 
     async def push_credentials(self, credentials: Credentials) -> None:
         """Tell every worker the credentials the coordinator accepts now (hashes) and
@@ -299,6 +308,8 @@ class _WorkerState:
             _, creds, revoked, number = message
             self.guard.credentials.replace(creds, revoked)
             return ("applied", number)
+        elif message[0] == "routing":
+            self.fleet.routing.adopt(message[1], message[2])
         elif message[0] == "reload" and self.tls is not None:
             try:
                 self.tls.reload()
@@ -321,7 +332,7 @@ async def _report(request: web.Request) -> web.Response:
     refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
-                           reported_models(report), body))
+                           reported_models(report), body, reported_routing(report)))
     return web.Response(body=body, content_type="application/json")
 
 

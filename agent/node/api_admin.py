@@ -27,7 +27,8 @@ def _version(request: web.Request) -> int | None:
 
 def _describe(node, entry) -> dict:
     """The cache's view of a model and its batching/SLO figures."""
-    return {**node.cache.describe(entry), **node.serving.describe(entry)}
+    return {**node.cache.describe(entry), **node.serving.describe(entry),
+            "routing": node.router.describe_model(entry.name)}
 
 
 async def cache_list(request: web.Request) -> web.Response:

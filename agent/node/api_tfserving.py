@@ -22,6 +22,10 @@ async def predict(request: web.Request) -> web.Response:
     arrived = node.serving.clock()
     name, version = model_ref(request)
     raw = await request_body(request)
+    # routing (issue 34): a model the plan runs on another node is answered there
+    forwarded = await node.router.http(request, name, raw)
+    if forwarded is not None:
+        return forwarded
     limits = node.serving.request_limits(name, version)
     if node.selection.is_app(name):
         return await _predict_app(request, name, version, raw, arrived)

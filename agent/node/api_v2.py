@@ -97,6 +97,10 @@ async def infer(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     body = await request_body(request)
+    # routing (issue 34): a model the plan runs on another node is answered there
+    forwarded = await node.router.http(request, name, body)
+    if forwarded is not None:
+        return forwarded
     limits = node.serving.request_limits(name, version)
     inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
                                           limits)

@@ -23,7 +23,8 @@ from agent.httpbody import body_timeout_middleware
 from agent.httpauth import carries_credential, host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
-from agent.node import api_admin, api_selection, api_tfserving, api_triton, api_v2, reporter
+from agent.node import (api_admin, api_routing, api_selection, api_tfserving, api_triton,
+                        api_v2, reporter)
 from agent.node.node import Node
 from agent.node.routes import NODE
 
@@ -91,6 +92,7 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
     api_selection.add_routes(app)
+    api_routing.add_routes(app)  # GET /v1/routing, edgeagent-served-by on answers
     add_dashboard(app, "node.html")
     # Before the node's hooks: the reporter stops before the cache closes.
     reporter.setup(app, app[NODE])

@@ -319,9 +319,14 @@ class ReceiveInferItself(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if details.method != INFER_METHOD or handler is None:
             return handler
+        serialize = handler.response_serializer
+
+        def response_serializer(response: Any) -> bytes:  # a peer's answer: bytes already
+            return response if isinstance(response, bytes) else serialize(response)
+
         return grpc.stream_unary_rpc_method_handler(
             handler.unary_unary, request_deserializer=None,
-            response_serializer=handler.response_serializer)
+            response_serializer=response_serializer)
 
 
 
@@ -488,10 +493,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         code = 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
         try:
-            request, raw = split_infer_request(await self._receive(context, counted))
+            message = await self._receive(context, counted)
+            request, raw = split_infer_request(message)
             arrived = node.serving.clock()
             name = request.model_name
             version = _version(request.model_version, name)
+            # routing (issue 34): a model the plan runs on another node is answered there
+            forwarded = await node.router.grpc(context, name, message, request)
+            if forwarded is not None:
+                code = 200
+                return forwarded
             app = node.selection.is_app(name)
             known = None if app else node.cache.entry(name, version).signature  # else 404
             inputs, meta = decode_infer_request(
@@ -530,7 +541,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             node.body_memory.release(counted[0])
             self._trim_after(counted[0])
-            known_name = name in node.cache.specs or node.selection.is_app(name)
+            known_name = name in node.cache.specs or node.selection.is_app(name) \
+                or node.router.knows(name)
             node.metrics.observe(name if known_name else "<unknown>", ENDPOINT, code,
                                  time.perf_counter() - started if code == 200 else None)
 

@@ -30,6 +30,7 @@ from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
 from agent.node.rollout import Rollouts
+from agent.node.routing import Router
 from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
 from agent.node.whatif import WhatIf
@@ -108,6 +109,10 @@ class Node:
         self.guard = Guard(Credentials(load_credentials(config.admin_token_file,
                                                         config.auth.token_file)),
                            throttle=config.auth.throttle())
+        #: Where each request is served: here, or the node the plan runs its model on.
+        self.router = Router(config, self.cache, self.serving, self.guard)
+        self.selection.router = self.router
+        self.metrics.registry.register(self.router.stats.collector())
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.
         self.overrides: dict[str, dict] = {}
@@ -129,6 +134,7 @@ class Node:
         """Load pinned models, then the saved resident set, most popular first; then
         unload models left unused past their ``idle_unload_s``, periodically."""
         loop = asyncio.get_running_loop()
+        await self.router.start()
         self._startup_task = loop.create_task(self._warm_up())
         self._idle_task = loop.create_task(self._unload_idle_forever())
         self.selection.start()
@@ -332,6 +338,7 @@ class Node:
             self._persist_task.cancel()
         self.persist_now()
         await self.selection.close()
+        await self.router.close()
         await self.serving.close()  # queued requests get 503s before the cache stops
         await self.disk.close()
         await self.cache.close()

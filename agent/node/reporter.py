@@ -7,8 +7,11 @@ a model that will not load) is logged and retried with exponential backoff, and
 directives that are not renewed within their ``ttl_s`` are reverted.
 
 What applying means:
-* ``pin``: pinned through ``ModelCache.set_pinned``; only models this reporter pinned are
-  ever unpinned by it (an operator's pin stays). The names are kept in
+* ``pin``: pinned through ``ModelCache.set_pinned`` while the pinned models of a device
+  still leave room to load the largest model it serves (most replicas first; the rest
+  are prefetched and kept by use: a plan may fill a node to the byte, and pins that
+  took it all would turn every other request into a 507); only models this reporter
+  pinned are ever unpinned by it (an operator's pin stays). The names are kept in
   ``<data_dir>/coordinator-pins.json``, so that after a restart (which restores pins from
   the state file, with no directives yet) they are unpinned again.
 * ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
@@ -27,12 +30,16 @@ What applying means:
   version of another digest. A pull naming a version (or digest)
   the node has not seen lists the source again: a newer version found is rolled out
   (``agent.node.rollout``). A pull that lapses is not undone, only not renewed.
+* ``routing``: the routing table (or its version alone, confirming the one held) goes
+  to the node's router (``agent.node.routing``); the report says where peers reach
+  this node, the table it holds, and per model its routed traffic.
 * ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
   flight, not pinned: the cache's own evict), its directory removed and its files left
   to the disk tier (``DiskTier.drop``); while it is busy, the next directives try again.
 
 Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
-samples: arrivals (requests of any outcome), drops (503 answers), latency percentiles
+samples: arrivals (requests of any outcome that reached the fleet here: those a peer
+forwarded here are the peer's), drops (503 answers), latency percentiles
 (interpolated within the histogram buckets, as Prometheus' ``histogram_quantile``).
 Processing time comes from the batching layer's profile: all batches run, reported at
 the mean batch size b with the profile's time for b (MArk's black box: b / T_b requests
@@ -129,19 +136,13 @@ class MetricsSampler:
         return out
 
 
-#: The node's name where the config gives none (Kubernetes: the downward API's
-#: spec.nodeName; a pod's host name is the pod's, new at every restart).
-NODE_NAME_VARIABLE = "EDGEAGENT_NODE_NAME"
-
-
 class Reporter:
     """Periodic reports to the coordinator and the directives they bring back."""
 
     def __init__(self, node: "Node", link: CoordinatorLink, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node, self.link, self.clock = node, link, clock
-        self.name = (link.node_name or os.environ.get(NODE_NAME_VARIABLE)
-                     or os.uname().nodename)
+        self.name = node.config.node_name
         self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
         self.interval = float(link.report_interval_s)
         self.max_backoff = max(self.interval, min(60.0, self.interval * 16))
@@ -162,6 +163,7 @@ class Reporter:
         self._pulled: dict[str, tuple[int | None, str | None]] = {}
         self._shadowed: set[str] = set()  # pulls the operator's own entry outranks
         self.assign_errors: dict[str, str] = {}
+        self._estimates: dict[str, int] = {}  # model version -> bytes, never measured
         self.failures = 0
         self.last_error: str | None = None
         self.last_ok: float | None = None  # clock() of the last successful report
@@ -248,8 +250,13 @@ class Reporter:
                 "gpus": [{"device": name, "memory_bytes": p.budget}
                          for name, p in sorted(pools.items()) if name != "cpu"]}
 
-    def _collect_arrivals(self) -> dict[str, dict[str, Any]]:
-        """Sample the counters; queue this interval's arrivals; the interval deltas."""
+    def _collect_arrivals(self, received: dict[str, float] | None = None
+                          ) -> dict[str, dict[str, Any]]:
+        """Sample the counters; queue this interval's arrivals (the requests that
+        reached the fleet here: those a peer forwarded here, ``received``, are the
+        peer's); the interval deltas."""
+        received = received or {}
+        router = self.node.router
         now, current = self.clock(), self.sampler.sample()
         seconds = now - (self._previous_at if self._previous_at is not None else now)
         deltas: dict[str, dict[str, Any]] = {}
@@ -259,15 +266,17 @@ class Reporter:
             pb = prev.get("buckets", {})
             d["buckets"] = sorted((le, c - pb.get(le, 0.0)) for le, c in cur["buckets"].items())
             deltas[model] = d
-            if seconds > 0 and model in self.node.cache.specs:
+            if seconds > 0 and (model in self.node.cache.specs or router.knows(model)):
                 self._pending.setdefault(model, deque(maxlen=MAX_PENDING_POINTS)).append(
-                    (now, seconds, d["requests"]))
+                    (now, seconds, max(d["requests"] - received.get(model, 0.0), 0.0)))
         self._previous, self._previous_at = current, now
         return deltas
 
     def build_report(self) -> dict[str, Any]:
         """The report body for now (and queue the interval's arrivals)."""
-        deltas = self._collect_arrivals()
+        router = self.node.router
+        routed = router.interval() if router.enabled else {}
+        deltas = self._collect_arrivals({m: r["received"] for m, r in routed.items()})
         totals = self._previous
         now = self.clock()
         cache = self.node.cache
@@ -297,7 +306,8 @@ class Reporter:
                 m["batches"] = batches
                 m["batch_ms"] = {str(b): round(t * 1000.0, 3)
                                  for b, t in rt.tuner.profile.means().items()}
-            elif total and total["ok"] > 0:
+            elif total and total["ok"] > 0 and not router.stats.forwarded_any(name):
+                # (a model this node forwards: its answers' latency is not processing)
                 m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
             if d and d["ok"] > 0:
                 m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
@@ -305,6 +315,11 @@ class Reporter:
                                    if v is not None}
             models[name] = m
         report = {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
+        if router.enabled:
+            if router.address is not None:
+                report["peer"] = router.address.to_json()
+            report["routing"] = {"version": router.table.version,
+                                 "models": self._routed(routed, deltas, now)}
         disk = getattr(self.node, "disk", None)
         # only when there is something to say: a coordinator older than these fields
         # still takes the reports of nodes without sourced models
@@ -320,6 +335,30 @@ class Reporter:
         if self.link.node_type:
             report["node_type"] = self.link.node_type
         return report
+
+    def _routed(self, routed: dict[str, dict[str, int]], deltas: dict[str, dict[str, Any]],
+                now: float) -> dict[str, dict[str, Any]]:
+        """The report's ``routing.models``: per model this interval's routed traffic
+        (``served`` = requests answered here), and for a model the repository lacks,
+        the arrivals and latency that ``models`` would carry."""
+        out = {}
+        for name in sorted(set(routed) | {m for m, d in deltas.items() if d["requests"]}):
+            r, d = routed.get(name, {}), deltas.get(name)
+            if name not in self.node.cache.specs and not self.node.router.knows(name):
+                continue
+            row: dict[str, Any] = {
+                "served": max((d["requests"] if d else 0.0) - r.get("forwarded", 0), 0.0),
+                **{k: r.get(k, 0) for k in ("forwarded", "received", "fallbacks", "errors")}}
+            if name not in self.node.cache.specs:
+                row["arrivals"] = [[round(now - t, 6), round(s, 6), c]
+                                   for t, s, c in self._pending.get(name, ())]
+                if d and d["ok"] > 0:
+                    row["latency_ms"] = {
+                        f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
+                        for v in [histogram_quantile(p / 100.0, d["buckets"])]
+                        if v is not None}
+            out[name] = row
+        return out
 
     def _runtime(self, entry: Any) -> Any:
         """The batching layer's runtime for ``entry`` (None without a batching layer)."""
@@ -353,6 +392,7 @@ class Reporter:
                 raise RuntimeError(f"coordinator answered {resp.status}: {message}")
         directives = Directives.from_json(answer)
         self.book.issue(directives, self.clock())
+        self.node.router.take(directives)
         for queue in self._pending.values():
             queue.clear()  # delivered
         self.last_ok = self.clock()
@@ -365,7 +405,10 @@ class Reporter:
         cache = self.node.cache
         self.directives = directives
         # a model whose source is still being listed is pinned by the next directives
-        wanted = {m for m in directives.pin if m in cache.specs and not cache.specs[m].pending}
+        planned = [m for m in directives.pin if m in cache.specs and not cache.specs[m].pending]
+        for name in planned:  # pinned models belong in memory even if not asked to fetch
+            self._prefetch(name)
+        wanted = self._leaving_room(planned, directives.workers)
         for name in sorted(wanted):
             try:
                 entry = cache.entry(name)
@@ -379,8 +422,6 @@ class Reporter:
             self._unpin(name)
         for name in directives.prefetch:
             self._prefetch(name)
-        for name in wanted:  # pinned models belong in memory even if not asked to fetch
-            self._prefetch(name)
         self.workers = {m: n for m, n in directives.workers.items() if m in cache.specs}
         self._apply_workers()
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
@@ -389,6 +430,54 @@ class Reporter:
             self._assign(pull)
         for name in directives.drop:
             self._drop(name)
+
+    def _leaving_room(self, planned: list[str], replicas: dict[str, int]) -> set[str]:
+        """The planned models to pin: those the plan runs most replicas of first, each
+        as long as the pinned models of its device (the operator's included) still
+        leave room to load the largest model the device serves. The rest are loaded
+        and kept by use, not pinned: a budget the plan fills with pins (its placement
+        may fill a node to the byte) would turn every request for another model into
+        a 507, where a node alone would evict and load (never worse than alone)."""
+        cache = self.node.cache
+        pools: dict[str, list[Any]] = {}  # device -> entries
+        for entry in cache.entries.values():
+            pools.setdefault(entry.device, []).append(entry)
+        sizes = {e.key: self._size_of(e) for es in pools.values() for e in es}
+        pinned = {d: sum(sizes[e.key] for e in es if e.account.pinned
+                         and e.name not in self.pinned_by_us) for d, es in pools.items()}
+        reserve = {d: max((sizes[e.key] for e in es), default=0) for d, es in pools.items()}
+        out = set()
+        for name in sorted(planned, key=lambda m: (-replicas.get(m, 0), m)):
+            try:
+                entry = cache.entry(name)
+            except CacheError:
+                continue
+            pool = cache.pool_of(entry)
+            if pool is None:
+                continue
+            size = sizes.get(entry.key) or self._size_of(entry)
+            device = entry.device
+            if pinned.get(device, 0) + size + reserve.get(device, 0) <= pool.memory.capacity:
+                pinned[device] = pinned.get(device, 0) + size
+                out.add(name)
+        return out
+
+    def _size_of(self, entry: Any) -> int:
+        """What ``entry`` holds or would hold in memory: its measured size, else its
+        backend's estimate (a model never loaded here: what the cache would reserve;
+        made once per version, it may read the model's file)."""
+        known = entry.account.measured_bytes or entry.account.size_bytes
+        if known:
+            return int(known)
+        if entry.key not in self._estimates:
+            cache = self.node.cache
+            try:
+                self._estimates[entry.key] = int(cache.backend_factory(
+                    entry.spec.backend or "onnx", entry.name, entry.version,
+                    entry.spec.version_root, entry.spec.config, cache.footprints).estimate())
+            except Exception:  # noqa: BLE001 - its files unreadable now: its load will say
+                return 0
+        return self._estimates[entry.key]
 
     def expire_if_due(self) -> None:
         """Revert what the last directives did once they are older than their ttl."""
@@ -579,7 +668,7 @@ class Reporter:
                 "last_report_s_ago": None if self.last_ok is None
                 else round(now - self.last_ok, 3),
                 "failures": self.failures, "last_error": self.last_error,
-                "directives": self.directives.to_json() if self.directives else None,
+                "directives": _without_table(self.directives),
                 "directives_expire_in_s": None if self.directives is None or expires is None
                 else round(expires - now, 3),
                 "pinned_by_coordinator": sorted(self.pinned_by_us),
@@ -588,6 +677,16 @@ class Reporter:
                 "assign_errors": dict(self.assign_errors),
                 "workers": dict(self.workers), "drop_rate": dict(self.drop_rate),
                 "workers_applied": getattr(self.node, "serving", None) is not None}
+
+
+def _without_table(directives: Directives | None) -> dict[str, Any] | None:
+    """Directives as ``GET /v1/coordinator`` shows them: the routing table by its
+    version (``GET /v1/routing`` shows the table)."""
+    if directives is None:
+        return None
+    out = directives.to_json()
+    out.pop("routing", None)
+    return out
 
 
 def yaml_text(doc: dict[str, Any]) -> str:

@@ -41,7 +41,8 @@ def counted(endpoint: str) -> Callable:
                 raise
             finally:
                 name = request.match_info.get("name", "")
-                known = name in node.cache.specs or node.selection.is_app(name)
+                known = name in node.cache.specs or node.selection.is_app(name) \
+                    or node.router.knows(name)
                 node.metrics.observe(name if known else "<unknown>",
                                      endpoint, code,
                                      time.perf_counter() - started if code == 200 else None,

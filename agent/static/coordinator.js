@@ -67,7 +67,20 @@
       el("td", { class: "num measured" + (late ? " late" : "") }, ms(seen)),
       el("td", {}, slo ? bar(slo, [[seen || 0, late ? "over" : ""]], `measured ${ms(seen)} of SLO ${ms(slo)}`) : "–"),
       el("td", { class: "num" }, planned ? pct(planned.drop_rate) : "–"),
-      el("td", { class: "num" }, planned && planned.utility !== undefined ? Number(planned.utility).toFixed(3) : "–"));
+      el("td", { class: "num" }, planned && planned.utility !== undefined ? Number(planned.utility).toFixed(3) : "–"),
+      el("td", { class: "routed" }, routedText(catalog ? catalog.routed : null)));
+  }
+
+  // Which node served how much of the model over its last report interval, and what
+  // the nodes forwarded (routing nodes only; the first PLACEMENT_SHOWN nodes).
+  function routedText(routed) {
+    const entries = Object.entries(routed || {});
+    if (!entries.length) return "–";
+    const shown = entries.slice(0, PLACEMENT_SHOWN).map(([node, r]) =>
+      `${node} ${r.served}` + (r.forwarded ? ` (→${r.forwarded})` : "") +
+      (r.fallbacks ? ` (${r.fallbacks} fallback${r.fallbacks === 1 ? "" : "s"})` : ""));
+    const hidden = entries.length - PLACEMENT_SHOWN;
+    return shown.join(", ") + (hidden > 0 ? `, … ${hidden} more` : "");
   }
 
   async function update() {
@@ -86,7 +99,7 @@
     const names = [...new Set([...Object.keys((plan && plan.models) || {}), ...Object.keys(byName)])].sort();
     replaceRows(document.querySelector("#models tbody"),
                 names.map((name) => modelRow(name, plan && plan.models ? plan.models[name] : null, byName[name])),
-                10, "no models in the catalog or the plan");
+                11, "no models in the catalog or the plan");
   }
 
   poll(update);

@@ -128,6 +128,35 @@
     box.replaceChildren(whatifChart(curve));
   }
 
+  function routingNote(r) {
+    if (!r.enabled) return "routing off: every request is served here";
+    const table = r.version === null ? "no routing table yet"
+      : `table ${r.version}, confirmed ${r.age_s}s ago (trusted for ${r.max_age_s}s)` +
+        (r.trusted ? "" : ": too old, every request is served here");
+    const peers = Object.entries(r.peers).map(([name, p]) => `${name} ${p.up ? "up" : "down"}`);
+    return `node ${r.node}; ${table}` + (peers.length ? `; peers: ${peers.join(", ")}` : "");
+  }
+
+  function routingRows(r) {
+    const rows = [];
+    for (const [model, m] of Object.entries(r.models)) {
+      const planned = Object.entries(m.planned).map(([n, k]) => `${n}×${k}`).join(", ") || "–";
+      const peers = Object.entries(m.peers);
+      const fallbacks = Object.entries(m.fallback_reasons || {}).map(([k, v]) => `${v} ${k}`)
+        .join(", ") || "0";
+      const cells = (peer, p) => [
+        el("td", { class: "name" }, model), el("td", {}, planned), el("td", {}, peer),
+        el("td", { class: "num" }, p ? p.forwarded : 0), el("td", { class: "num" }, p ? p.errors : 0),
+        el("td", { class: "num" }, p ? ms(p.hop_ms.p50) : "–"),
+        el("td", { class: "num" }, fallbacks), el("td", { class: "num" }, m.received)];
+      if (!peers.length) rows.push(el("tr", { "data-model": model }, ...cells("–", null)));
+      for (const [peer, p] of peers) {
+        rows.push(el("tr", { "data-model": model, "data-peer": peer }, ...cells(peer, p)));
+      }
+    }
+    return rows;
+  }
+
   // A selection app: its members' weights (a bar each) and answers, its confidence
   // (the mean, and the histogram of each answer's lowest row).
   function selectionApp(app) {
@@ -179,6 +208,11 @@
       .replaceChildren(...summary(d["/v1/cache"])) },
     { paths: ["/v1/whatif"], draw: (d) => showWhatif(d["/v1/whatif"]) },
     { paths: ["/v1/selection"], draw: (d) => showSelection(d["/v1/selection"]) },
+    { paths: ["/v1/routing"], draw: (d) => {
+      document.getElementById("routing-note").textContent = routingNote(d["/v1/routing"]);
+      replaceRows(document.querySelector("#routing tbody"), routingRows(d["/v1/routing"]), 8,
+                  "nothing routed");
+    } },
     { paths: ["/v1/cache", "/v1/memory"], draw: (d) => {
       const budgets = Object.fromEntries(Object.entries(d["/v1/memory"]).map(([dev, m]) => [dev, m.budget_bytes]));
       replaceRows(document.querySelector("#models tbody"),

@@ -121,9 +121,10 @@ class SelectionApp:
         self.overruns = LatencyWindow(OVERRUN_WINDOW)  # cut to answer, of cut requests
 
     # -- validation ---------------------------------------------------------------------
-    async def ensure_valid(self, serving: Serving) -> None:
+    async def ensure_valid(self, serving: Serving, router: Any = None) -> None:
         """Check once that the members exist and agree on inputs and output (loading a
-        member never loaded before, to read its signature); ``ModelInvalid`` (400)
+        member never loaded before, to read its signature; with ``router``, a member
+        the plan runs on another node is asked there instead); ``ModelInvalid`` (400)
         naming the mismatch. Then read the learned global state."""
         if self.validated:
             return
@@ -136,6 +137,12 @@ class SelectionApp:
             for (name, version), text in zip(self.members, self.options.candidates):
                 try:
                     entry = cache.entry(name, version)
+                    peer = router.member_peer(name) \
+                        if router is not None and entry.metadata is None else None
+                    if peer is not None:
+                        seen.append((entry.key, await router.member_metadata(
+                            peer, name, version)))
+                        continue
                     if entry.metadata is None:
                         entry = await cache.ensure_loaded(name, version)
                 except UnknownModel:
@@ -262,9 +269,12 @@ class SelectionApp:
     # -- serving ------------------------------------------------------------------------
     async def infer(self, serving: Serving, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any], *, arrived: float, timeout: float | None,
-                    rid: str | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """(outputs, response parameters) for one request, answered by its deadline."""
-        await self.ensure_valid(serving)
+                    rid: str | None, router: Any = None
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(outputs, response parameters) for one request, answered by its deadline.
+        ``router``: the node's (``agent.node.routing``): a member the plan runs on
+        another node is called there, and counts as available."""
+        await self.ensure_valid(serving, router)
         check_inputs(self.inputs, inputs)
         context = self.context_of(parameters)
         rid = rid if rid is not None else uuid.uuid4().hex
@@ -273,7 +283,10 @@ class SelectionApp:
         cut = arrived + budget - self._margin(budget)
         cache = serving.cache
         entries = [cache.entry(n, v) for n, v in self.members]
-        available = [e.state is Life.READY for e in entries]
+        peers = [router.member_peer(n) if router is not None else None
+                 for n, _ in self.members]
+        available = [e.state is Life.READY or peer is not None
+                     for e, peer in zip(entries, peers)]
         state = self.state_for(context)
         asked, probs = self.policy.select(state, available, self.rng)
         weights = self.policy.probabilities(state)
@@ -289,6 +302,11 @@ class SelectionApp:
                 missing[i] = "cold"
                 continue
             name, version = self.members[i]
+            if peers[i] is not None:  # its node answers by the cut
+                calls[i] = asyncio.ensure_future(router.member(
+                    peers[i], name, version, inputs, self.options.output.name,
+                    max(cut - serving.clock(), 1e-3)))
+                continue
             calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
                 name, entries[i].version, lambda entry: _checked(entry, inputs), {},
                 arrived=arrived, timeout=timeout, rows=rows, expires=cut))

@@ -46,6 +46,8 @@ class SelectionApps:
         self._store: SelectionStore | None = None
         self.apps: dict[str, SelectionApp] = {}
         self._writer: asyncio.Task | None = None
+        #: Members planned on other nodes are called there (``agent.node.routing``).
+        self.router: Any = None
 
     @property
     def store(self) -> SelectionStore | None:
@@ -106,7 +108,8 @@ class SelectionApps:
                     parameters: dict[str, Any], *, arrived: float, timeout: float | None,
                     rid: str | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return await self.app(name, version).infer(self.serving, inputs, parameters,
-                                                   arrived=arrived, timeout=timeout, rid=rid)
+                                                   arrived=arrived, timeout=timeout, rid=rid,
+                                                   router=self.router)
 
     def feedback(self, name: str, doc: Any) -> dict[str, Any]:
         """Apply a feedback body (one item, or ``{"feedback": [items]}``): every item is
