@@ -207,7 +207,8 @@ def test_agent_page_shows_selection_apps_with_a_read_token(repo, start_agent, tm
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "dash", "scopes": ["read"],
                                        "sha256": token_hash(READ_TOKEN)}]))
-    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))
+    # inference and feedback left open (protect=()): this test is about the page
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens, protect=()))
     read = {"Authorization": f"Bearer {READ_TOKEN}"}
     truth = np.random.default_rng(3).integers(0, 10, 60)
     for q, label in enumerate(truth):
