@@ -126,17 +126,15 @@ def serve(config_file: str | None, host: str | None, port: int | None,
           insecure: bool | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
     from agent.eventloop import run_event_loop
-    from agent.exposure import exposure_error
+    from agent.preflight import check_server
 
-    try:
+    try:  # what config check refuses
         config = load_coordinator_config(config_file).with_overrides(
             host=host, port=port, state_dir=state_dir.resolve() if state_dir else None,
             log_level=log_level, report_workers=report_workers, insecure=insecure)
+        check_server(config, config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    refused = exposure_error(config)
-    if refused:
-        raise click.ClickException(refused)
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
