@@ -54,6 +54,7 @@ from agent.credentials import Credential, Credentials
 from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
                             certificate_name, host_check, own_names, scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
+from agent.httpjson import json_newline
 from agent.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
@@ -312,6 +313,7 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
+        json_newline,
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
         host_check(lambda r: bool(r.app[WORKER].guard.credentials), lambda r: names),
         scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True),
