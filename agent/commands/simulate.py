@@ -113,8 +113,8 @@ def simulate_command(
             queueing = True
             with tempfile.TemporaryDirectory() as tmp:
                 trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
-                settings = record_settings(profiles_path)
-                trace, profiles = _read_inputs(trace_path, profiles_path)
+                settings = record_settings(profiles_path, source)
+                trace, profiles = _read_record(source, trace_path, profiles_path)
             from cachepolicies.simulator import sweep
             if not capacities or not policies:
                 raise click.UsageError("--from needs --capacity and --policy")
@@ -191,15 +191,40 @@ def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path,
     return paths
 
 
-def record_settings(profiles_path: Path) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
+def _read_record(source: str, trace_path: Path, profiles_path: Path
+                 ) -> tuple[Trace, Profiles]:
+    """A node's record (``--from``): requests of models with no profile (never loaded
+    there: a bad config, a failed load) are left out and counted on stderr, as the
+    dashboard's what-if leaves them out; messages name where the files came from."""
+    from cachepolicies.traces import read_profiles, read_trace
+
+    remote = source.startswith(("http://", "https://"))
+    names = ((f"{source.rstrip('/')}/v1/trace", f"{source.rstrip('/')}/v1/profiles")
+             if remote else (None, None))
+    profiles = read_profiles(profiles_path, name=names[1])
+    trace = read_trace(trace_path, profiles, name=names[0], skip_unknown=True)
+    if trace.skipped:
+        shown = ", ".join(trace.skipped_models[:5]) + (
+            f" and {len(trace.skipped_models) - 5} more"
+            if len(trace.skipped_models) > 5 else "")
+        click.echo(f"skipped {trace.skipped} of {trace.skipped + len(trace)} request(s): "
+                   f"{shown} never loaded on the node (no profile to replay them with)",
+                   err=True)
+    return trace, profiles
+
+
+def record_settings(profiles_path: Path, source: str | None = None) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``agent.twinsettings``);
+    ``source``: the node's URL it was fetched from (errors name it, not the copy)."""
     from agent.twinsettings import recorded_settings
 
+    shown = f"{source.rstrip('/')}/v1/profiles" if source and source.startswith(
+        ("http://", "https://")) else profiles_path
     with open(profiles_path, newline="") as f:
         try:
             return recorded_settings(list(csv.DictReader(f)))
         except ValueError as error:
-            raise click.ClickException(f"{profiles_path}: {error}") from None
+            raise click.ClickException(f"{shown}: {error}") from None
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:
