@@ -56,7 +56,7 @@ def _size(m: dict[str, Any]) -> str:
 HEAD = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
         "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK", "DL_S"]
 DROP_ORDER = ["UTILITY", "DL_S", "WAIT", "BATCH", "INFLIGHT", "QUEUE", "PINNED", "RATE/S",
-              "EVICT", "DISK", "P99_MS", "LOAD_S"]
+              "P99_MS", "DISK", "EVICT", "LOAD_S"]
 
 
 def table(models: list[dict[str, Any]], *, wide: bool = False,
