@@ -241,3 +241,15 @@ def test_the_first_plan_allocate_says_it_compiles_and_times_it_apart(tmp_path):
     assert runs[0].stderr.startswith("compiling the planner's kernels"), runs[0].stderr
     assert first["compile_seconds"] > 1 and first["solve_seconds"] < first["compile_seconds"]
     assert "compiling" not in runs[1].stderr and second["compile_seconds"] == 0
+
+
+def test_work_past_its_bound_says_what_it_does_and_quick_work_says_nothing(capsys):
+    import time
+
+    from agent.commands.progress import after
+
+    with after("simulating ...", seconds=0.05):
+        time.sleep(0.3)
+    with after("never said", seconds=5):
+        pass
+    assert capsys.readouterr() == ("", "simulating ...\n")

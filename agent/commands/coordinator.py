@@ -14,6 +14,7 @@ import click
 
 from agent.commands import ExtraCommand, declared_option, self_command, tls_options
 from agent.commands.output import age, show_json
+from agent.commands.progress import after
 from agent.commands.output import size as size_text
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
@@ -332,7 +333,8 @@ def size(node_types_file, seed: int, max_samples: int | None, method: str,
         body["max_samples"] = max_samples
     if qos_target is not None:
         body["qos_target_percent"] = qos_target
-    doc = _call(url, token_file, "POST", "/v1/sizing", body)
+    with after(f"sizing on the coordinator ({method}) ..."):
+        doc = _call(url, token_file, "POST", "/v1/sizing", body)
     if as_json:
         show_json(doc)
         return

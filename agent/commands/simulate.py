@@ -9,6 +9,7 @@ what-if: a node's own record (``edgeagent cache trace``) through the twin.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import click
 
 from agent.commands import ExtraCommand
+from agent.commands.progress import Compilation, after
 from agent.units import parse_size
 
 if TYPE_CHECKING:
@@ -152,9 +154,14 @@ def simulate_command(
                 max_concurrent_pulls=max_concurrent_pulls,
                 pull_bandwidth=None if pull_bandwidth is None else
                 _parse_size(pull_bandwidth, "--pull-bandwidth"))
-        results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=twin, progress=progress, disk_capacity=disk,
-                        disk_policy=disk_policy)
+        compilation = Compilation("compiling the policy kernels (numba; once: later runs "
+                                  "load them from its cache) ...")
+        runs = len(sizes) * len(policies)
+        with compilation.watching(), (contextlib.nullcontext() if progress else after(
+                f"simulating {len(trace)} requests, {runs} run(s) ...")):
+            results = sweep(trace, profiles, sizes, list(policies), seed=seed,
+                            queueing=twin, progress=progress, disk_capacity=disk,
+                            disk_policy=disk_policy)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
