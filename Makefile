@@ -81,7 +81,7 @@ protos:
 DIST ?= dist
 DIST_LOG ?= build/dist.log
 dist: | $(BIN)/python
-	@$(BIN)/python -m pip install -q build
+	@$(BIN)/python -m pip install -q --disable-pip-version-check build
 	@rm -rf $(DIST) && mkdir -p $(dir $(DIST_LOG))
 	@echo "building the sdist and the wheel into $(DIST)/ (log: $(DIST_LOG))"
 	@$(BIN)/python -m build --outdir $(DIST) . > $(DIST_LOG) 2>&1 \
