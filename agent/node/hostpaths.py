@@ -57,7 +57,10 @@ def _last_name(match: re.Match) -> str:
 
 
 def public_message(node: Any, text: str) -> str:
-    """``text`` as a client of ``node`` may read it (``hide`` with the node's roots)."""
+    """``text`` as a client of ``node`` may read it (``hide`` with the node's roots; a
+    text without a slash holds no path: the overload's 503s pass at once)."""
+    if "/" not in text:
+        return text
     return hide(text, roots(node.config, node.cache.specs))
 
 
