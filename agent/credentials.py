@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -94,6 +95,17 @@ def read_token(path: str | Path | None) -> str | None:
     if not token:
         raise CredentialError(f"token file {path} is empty")
     return token
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """``secret`` into ``path``, readable by this user only, replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(part, 0o600)
+    os.replace(part, path)
 
 
 def read_secret(path: str | Path) -> str:

@@ -4,6 +4,7 @@ its header read timeout (``header_timeout_args``; the body's is in ``agent.httpb
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 from collections.abc import Coroutine
@@ -42,9 +43,30 @@ async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None,
                        ssl_context=ssl_context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        failure = OSError(bind_failure(host, port, exc, "--port"))
+        failure.errno = exc.errno
+        raise failure from None
     bound = site._server.sockets[0].getsockname()[1] if site._server else port
     return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"
+
+
+def bind_failure(host: str, port: int, exc: OSError, flag: str) -> str:
+    """Why ``host:port`` cannot be listened on, and what to do: a port in use names how
+    to find who holds it and the ``flag`` that picks another."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is in use: another process listens there (`ss "
+                f"-ltnp 'sport = :{port}'` names it); stop it, or choose another port with "
+                f"{flag} (make run: PORT=8010 GRPC_PORT=8011)")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}:{port}: {host} is no address of this machine"
+    if exc.errno == errno.EACCES:
+        return (f"cannot listen on {host}:{port}: permission denied (ports below 1024 "
+                "need privileges)")
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
 #: A busy server's garbage collector thresholds: a young collection after 50,000 net

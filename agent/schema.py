@@ -226,7 +226,8 @@ class _Walk:
             raise SchemaError(key, f"must be {self.mapping}, got {type(v).__name__}")
         fields = [f for f in t.fields if not _unwrap(f.type)[1].get("internal")]
         if self.config or t.forbid_unknown_fields:  # else a wire type leaves them out
-            only(v, [f.encode_name for f in fields], prefix, noun=self.noun)
+            only(v, [f.encode_name for f in fields], prefix, noun=self.noun,
+                 listed_in="`edgeagent config example`" if self.config else None)
         values = {}
         for f in fields:
             if f.encode_name in v:

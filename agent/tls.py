@@ -3,9 +3,10 @@ agent's and the coordinator's configuration), the server's ``ssl.SSLContext`` re
 in place on SIGHUP (new handshakes get the new certificate, open connections stay), the
 same certificates for gRPC, and client contexts.
 
-A file that is missing, unreadable or does not fit is a ``ValueError`` naming the file,
-the key and why (``/etc/edgeagent/key.pem: tls.key_file: does not match cert_file
-...``), at start and on reload (the running certificates then stay)."""
+A file that is missing, unreadable or does not fit is a ``ConfigError`` (a
+``ValueError``) naming the file, the key and why (``/etc/edgeagent/key.pem:
+tls.key_file: does not match cert_file ...``), at start and on reload (the running
+certificates then stay)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from agent.schema import Section, setting
-from agent.validation import choice
+from agent.validation import ConfigError, SchemaError, choice, unreadable
 
 CLIENT_AUTH = ("none", "request", "require")
 TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
@@ -47,15 +48,13 @@ class TlsSettings(Section):
 
 
 def _read(path: Path, key: str) -> bytes:
-    """The file's bytes; ``ValueError`` naming it and ``key`` when it cannot be read."""
+    """The file's bytes; ``ConfigError`` naming it and ``key`` when it cannot be read."""
     try:
         data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: {key}: no such file") from None
     except OSError as exc:
-        raise ValueError(f"{path}: {key}: cannot read it ({exc.strerror})") from None
+        raise unreadable(path, key, exc) from None
     if b"-----BEGIN" not in data:
-        raise ValueError(f"{path}: {key}: not a PEM file")
+        raise ConfigError(path, key, "not a PEM file")
     return data
 
 
@@ -68,10 +67,10 @@ def _load_chain(ctx: ssl.SSLContext, cert_file: Path, key_file: Path,
         ctx.load_cert_chain(cert_file, key_file)
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc):
-            raise ValueError(f"{key_file}: {prefix}key_file: does not match "
-                             f"{prefix}cert_file {cert_file}") from None
-        raise ValueError(f"{cert_file}: {prefix}cert_file: not a certificate and key "
-                         f"OpenSSL can use ({exc.reason or exc})") from None
+            raise ConfigError(key_file, f"{prefix}key_file",
+                              f"does not match {prefix}cert_file {cert_file}") from None
+        raise ConfigError(cert_file, f"{prefix}cert_file", "not a certificate and key "
+                          f"OpenSSL can use ({exc.reason or exc})") from None
 
 
 def _load_cas(ctx: ssl.SSLContext, ca_file: Path, key: str) -> None:
@@ -79,8 +78,8 @@ def _load_cas(ctx: ssl.SSLContext, ca_file: Path, key: str) -> None:
     try:
         ctx.load_verify_locations(cafile=ca_file)
     except ssl.SSLError as exc:
-        raise ValueError(f"{ca_file}: {key}: no CA certificate OpenSSL can use "
-                         f"({exc.reason or exc})") from None
+        raise ConfigError(ca_file, key, "no CA certificate OpenSSL can use "
+                          f"({exc.reason or exc})") from None
 
 
 class ServerTls:
@@ -144,7 +143,7 @@ def client_context(ca_file: Path | None = None, cert_file: Path | None = None,
         _load_cas(ctx, ca_file, f"{prefix}ca_file")
     if cert_file is not None or key_file is not None:
         if cert_file is None or key_file is None:
-            raise ValueError(f"{prefix}cert_file and {prefix}key_file go together")
+            raise SchemaError(f"{prefix}cert_file", f"goes with {prefix}key_file: give both")
         _load_chain(ctx, cert_file, key_file, prefix)
     return ctx
 

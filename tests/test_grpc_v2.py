@@ -676,7 +676,12 @@ def test_grpc_port_in_use_fails_the_start_and_zero_disables(repo, tmp_path):
         proc = _serve_process(repo, tmp_path, "--grpc-port", str(port))
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in err and "grpc_port" in err
+    # what holds it, and how to choose another (or none)
+    said = err.strip().splitlines()[-1]
+    assert said == (f"Error: gRPC: port {port} on 127.0.0.1 is in use: another process "
+                    f"listens there (`ss -ltnp 'sport = :{port}'` names it); stop it, or "
+                    "choose another port with --grpc-port (make run: PORT=8010 "
+                    "GRPC_PORT=8011) (--grpc-port 0: no gRPC endpoint)"), err
 
     proc = _serve_process(repo, tmp_path, "--grpc-port", "0")
     try:

@@ -12,6 +12,8 @@ import click
 
 from agent import credentials
 from agent.commands import tls_options
+from agent.commands.output import key_values, number, show_json
+from agent.commands.output import table as output_table
 from agent.units import format_size
 
 
@@ -19,10 +21,6 @@ def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
     from agent.commands.http import call_json  # urllib: only when a command calls
 
     return call_json(ctx.obj["url"], method, path, body, token=ctx.obj["token"], server="agent")
-
-
-def _num(x: Any, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 def _wait(m: dict[str, Any]) -> str:
@@ -47,23 +45,38 @@ def _disk(m: dict[str, Any]) -> str:
     return format_size(m["disk_bytes"]) if m["on_disk"] else "no"
 
 
-def table(models: list[dict[str, Any]]) -> str:
-    """The readable ``cache ls`` table."""
-    head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
-            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK",
-            "DL_S", "ROUTE", "FWD/ERR/FB/RCV"]
-    rows = [[m["name"], str(m["version"]), _state(m),
-             format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
-                                             else ""),
-             _num(m["load_seconds"], ".3f"), str(m["hits"]), str(m["misses"]),
-             str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
-             "yes" if m["pinned"] else "no", str(m["in_flight"]),
-             _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
-             _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
-             _num(m.get("download_seconds"), ".3f"), *_routing(m)] for m in models]
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [head] + rows)
+def _size(m: dict[str, Any]) -> str:
+    """Its measured size (``~``: still the estimate); ``-`` until it was measured."""
+    if not m.get("size_bytes") or m["state"] != "ready" and m.get("size_estimated"):
+        return "-"
+    return format_size(m["size_bytes"]) + ("~" if m.get("size_estimated") else "")
+
+
+#: The ``cache ls`` columns, and those left out first where the terminal is narrow.
+HEAD = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
+        "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK", "DL_S",
+        "ROUTE", "FWD/ERR/FB/RCV"]
+DROP_ORDER = ["FWD/ERR/FB/RCV", "UTILITY", "DL_S", "WAIT", "BATCH", "INFLIGHT", "QUEUE", "PINNED", "RATE/S",
+              "P99_MS", "DISK", "EVICT", "LOAD_S"]
+
+
+def table(models: list[dict[str, Any]], *, wide: bool = False,
+          width: int | None = None) -> str:
+    """The readable ``cache ls`` table (``agent.commands.output.table``: it fits the
+    terminal unless ``wide``), then why each model that cannot serve cannot."""
+    rows = [[m["name"], number(m.get("version"), "d"), _state(m), _size(m),
+             number(m.get("load_seconds") if m.get("loads") else None, ".3f"),
+             str(m.get("hits", 0)), str(m.get("misses", 0)), str(m.get("evictions", 0)),
+             number(m.get("request_rate")), number(m.get("utility")),
+             "yes" if m.get("pinned") else "no", str(m.get("in_flight", 0)),
+             number(m.get("batch_limit"), "d"), number(m.get("queue_length"), "d"),
+             _wait(m), number((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
+             number(m.get("download_seconds") or None, ".3f"), *_routing(m)]
+            for m in models]
+    text = output_table(HEAD, rows, drop_order=DROP_ORDER, wide=wide, width=width)
+    why = [f"  {m['name']}: {m['error']}" for m in models
+           if m.get("error") and m["state"] in ("invalid", "failed", "pending")]
+    return text + ("\n\nnot serving:\n" + "\n".join(why) + "\n" if why else "")
 
 
 def _routing(m: dict[str, Any]) -> list[str]:
@@ -95,13 +108,11 @@ def routing_lines(models: list[dict[str, Any]]) -> list[str]:
 
 def _show(ctx: click.Context, doc: Any) -> None:
     if ctx.obj["json"]:
-        click.echo(json.dumps(doc, indent=2))
+        show_json(doc)
     elif isinstance(doc, list):
-        click.echo(table(doc))
+        click.echo(table(doc, wide=ctx.obj.get("wide", False)))
     else:
-        width = max(map(len, doc))
-        for k, v in doc.items():
-            click.echo(f"{k.ljust(width)}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+        click.echo(key_values(doc))
 
 
 def agent_options(f):
@@ -162,14 +173,17 @@ def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
 
 
 @cache.command("ls")
+@click.option("--wide", is_flag=True, help="Every column, however wide the terminal.")
 @_common
 @click.pass_context
-def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
+def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> None:
     """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
     disk and download seconds, the nodes the routing table runs it on and its routed
-    counts; then per model and peer what was forwarded, the disk tier's budget, pulls
-    and evictions, and the selection apps served over the models."""
+    counts (the columns that fit the terminal; --wide: all), and why a model cannot
+    serve; then per model and peer what was forwarded, the disk tier's budget, pulls and
+    evictions, and the selection apps served over the models."""
     _apply(ctx, sub_url, sub_json)
+    ctx.obj["wide"] = wide
     models = _call(ctx, "GET", "/v1/cache")
     _show(ctx, models)
     if not ctx.obj["json"]:

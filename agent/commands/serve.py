@@ -18,7 +18,6 @@ import click
 
 from agent.commands import declared_option, self_command
 from agent.config import AgentConfig, ConfigError, load_agent_config
-from agent.exposure import exposure_error
 from agent.units import format_size, parse_size
 
 # asyncio, YAML and the node (aiohttp, onnxruntime) are imported by the code that
@@ -183,18 +182,12 @@ def serve(config_file: str | None, **flags: Any) -> None:
             parse_policy_spec(overrides["policy"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
-    try:
-        config, demo = build_config(config_file, overrides)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    refused = exposure_error(config)
-    if refused:
-        raise click.ClickException(refused)
-    from agent.credentials import load_credentials
+    from agent.preflight import check_agent
 
-    try:  # an unusable token file stops the start before the demo is generated
-        load_credentials(config.admin_token_file, config.auth.token_file)
-    except (OSError, ValueError) as exc:
+    try:  # what config check refuses stops the start before the demo is generated
+        config, demo = build_config(config_file, overrides)
+        check_agent(config, config_file, demo=demo)
+    except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,6 +9,7 @@ what-if: a node's own record (``edgeagent cache trace``) through the twin.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 import click
 
 from agent.commands import ExtraCommand
+from agent.commands.progress import Compilation, after
 from agent.units import parse_size
 
 if TYPE_CHECKING:
@@ -136,8 +138,8 @@ def simulate_command(
             queueing = True
             with tempfile.TemporaryDirectory() as tmp:
                 trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
-                settings = record_settings(profiles_path)
-                trace, profiles = _read_inputs(trace_path, profiles_path)
+                settings = record_settings(profiles_path, source)
+                trace, profiles = _read_record(source, trace_path, profiles_path)
             from cachepolicies.simulator import sweep
             if not capacities or not policies:
                 raise click.UsageError("--from needs --capacity and --policy")
@@ -175,9 +177,14 @@ def simulate_command(
                 max_concurrent_pulls=max_concurrent_pulls,
                 pull_bandwidth=None if pull_bandwidth is None else
                 _parse_size(pull_bandwidth, "--pull-bandwidth"))
-        results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=twin, progress=progress, disk_capacity=disk,
-                        disk_policy=disk_policy)
+        compilation = Compilation("compiling the policy kernels (numba; once: later runs "
+                                  "load them from its cache) ...")
+        runs = len(sizes) * len(policies)
+        with compilation.watching(), (contextlib.nullcontext() if progress else after(
+                f"simulating {len(trace)} requests, {runs} run(s) ...")):
+            results = sweep(trace, profiles, sizes, list(policies), seed=seed,
+                            queueing=twin, progress=progress, disk_capacity=disk,
+                            disk_policy=disk_policy)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -269,15 +276,40 @@ def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path,
     return paths
 
 
-def record_settings(profiles_path: Path) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
+def _read_record(source: str, trace_path: Path, profiles_path: Path
+                 ) -> tuple[Trace, Profiles]:
+    """A node's record (``--from``): requests of models with no profile (never loaded
+    there: a bad config, a failed load) are left out and counted on stderr, as the
+    dashboard's what-if leaves them out; messages name where the files came from."""
+    from cachepolicies.traces import read_profiles, read_trace
+
+    remote = source.startswith(("http://", "https://"))
+    names = ((f"{source.rstrip('/')}/v1/trace", f"{source.rstrip('/')}/v1/profiles")
+             if remote else (None, None))
+    profiles = read_profiles(profiles_path, name=names[1])
+    trace = read_trace(trace_path, profiles, name=names[0], skip_unknown=True)
+    if trace.skipped:
+        shown = ", ".join(trace.skipped_models[:5]) + (
+            f" and {len(trace.skipped_models) - 5} more"
+            if len(trace.skipped_models) > 5 else "")
+        click.echo(f"skipped {trace.skipped} of {trace.skipped + len(trace)} request(s): "
+                   f"{shown} never loaded on the node (no profile to replay them with)",
+                   err=True)
+    return trace, profiles
+
+
+def record_settings(profiles_path: Path, source: str | None = None) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``agent.twinsettings``);
+    ``source``: the node's URL it was fetched from (errors name it, not the copy)."""
     from agent.twinsettings import recorded_settings
 
+    shown = f"{source.rstrip('/')}/v1/profiles" if source and source.startswith(
+        ("http://", "https://")) else profiles_path
     with open(profiles_path, newline="") as f:
         try:
             return recorded_settings(list(csv.DictReader(f)))
         except ValueError as error:
-            raise click.ClickException(f"{profiles_path}: {error}") from None
+            raise click.ClickException(f"{shown}: {error}") from None
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:

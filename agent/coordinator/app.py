@@ -62,10 +62,12 @@ from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args
 from agent.httpbody import body_timeout_middleware
+from agent.httpjson import json_newline
 from agent.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
                             names_this_server, own_names, request_peer, scoped_auth)
 from agent.tls import ServerTls
+from agent.units import iso_time
 from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
@@ -256,7 +258,8 @@ class Coordinator:
         models = {name: {k: v for k, v in m.items() if k != "arrivals"}
                   for name, m in (report.get("models") or {}).items()}
         directives, expires = self.fleet.issued(row.name, now)
-        return {"name": row.name, "first_seen": row.first_seen, "last_seen": row.last_seen,
+        return {"name": row.name, "first_seen": iso_time(row.first_seen),
+                "last_seen": iso_time(row.last_seen),
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
                 "capacity": report.get("capacity"), "models": models,
@@ -570,6 +573,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
+        json_newline,
         errors_middleware,
         internal_socket_guard,
         host_check(lambda r: carries_credential(r, r.app[COORDINATOR].guard, True),

@@ -59,6 +59,7 @@ from agent.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWA
                             Guard, Need, carries_credential, certificate_issued,
                             certificate_name, host_check, own_names, scoped_auth)
 from agent.httpbody import body_timeout_middleware, request_body
+from agent.httpjson import json_newline
 from agent.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
@@ -373,6 +374,7 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
     app = web.Application(client_max_size=8 * 2**20,
                           handler_args=header_timeout_args(config.read_timeout_s),
                           middlewares=[
+        json_newline,
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
         host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True), lambda r: names),
         scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True,

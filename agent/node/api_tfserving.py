@@ -7,6 +7,7 @@ from aiohttp import web
 from agent.httpbody import request_body
 from agent.node.batching import rows_of
 from agent.node.entry import Entry
+from agent.node.hostpaths import public_message
 from agent.node.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.tensors import (check_tf_size, decode_tf_checked, dumps, encode_tf_body,
@@ -68,7 +69,7 @@ async def _predict_app(request: web.Request, name: str, version: int | None, raw
                                                  timeout=None, rid=None)
     doc = {**encode_tf_response(results, style), "id": answer.pop("id"),
            "parameters": answer}
-    return await send_body(request, dumps(doc), "application/json")
+    return await send_body(request, dumps(doc, newline=True), "application/json")
 
 
 async def status(request: web.Request) -> web.Response:
@@ -81,7 +82,8 @@ async def status(request: web.Request) -> web.Response:
         error = entry.life.error or entry.spec.error
         out.append({"version": str(v), "state": _TF_STATES[entry.state],
                     "status": {"error_code": "UNKNOWN" if error else "OK",
-                               "error_message": error or ""}})
+                               "error_message": public_message(request.app[NODE],
+                                                               error or "")}})
     return web.json_response({"model_version_status": out})
 
 

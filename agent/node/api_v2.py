@@ -11,7 +11,9 @@ from agent.backends.base import InvalidInput, check_inputs
 from agent.httpbody import request_body
 from agent.node.batching import rows_of
 from agent.node.entry import Entry
+from agent.node.hostpaths import public_fields
 from agent.node.lifecycle import State
+from agent.node.repository import unlisted
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
@@ -146,10 +148,12 @@ async def _send_answer(request: web.Request, out: bytes, header_len: int | None
 
 def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
     """The repository index (HTTP and gRPC), after a rescan: name, version, state
-    (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason a model is not servable."""
+    (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason a model is not servable
+    (``invalid: ...`` where the repository cannot serve it, versions or not)."""
     node.rescan()
     out = []
-    for entry in node.cache.listing():
+    entries = node.cache.listing()
+    for entry in entries:
         state = {"ready": "READY", "loading": "LOADING", "unloading": "UNLOADING"}.get(
             entry.state.value, "UNAVAILABLE")
         if only_ready and state != "READY":
@@ -157,8 +161,12 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         item = {"name": entry.name, "version": str(entry.version), "state": state}
         reason = entry.life.error or entry.spec.error
         if reason:
-            item["reason"] = reason
+            item["reason"] = f"invalid: {reason}" if entry.spec.error else reason
         out.append(item)
+    for spec in ([] if only_ready else
+                 unlisted(node.cache.specs, {e.name for e in entries}).values()):
+        out.append({"name": spec.name, "version": "", "state": "UNAVAILABLE",
+                    "reason": f"invalid: {spec.error}" if spec.error else spec.pending})
     for app in node.selection.apps.values():
         if only_ready and app.error:
             continue
@@ -167,7 +175,7 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         if app.error:
             item["reason"] = app.error
         out.append(item)
-    return out
+    return [public_fields(node, item) for item in out]
 
 
 async def repository_index(request: web.Request) -> web.Response:

@@ -48,6 +48,7 @@ from google.protobuf.message import DecodeError
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
+from agent.eventloop import bind_failure
 from agent.httpbody import NoRoomForBody
 from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
@@ -55,6 +56,7 @@ from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
 from agent.node.entry import Entry
+from agent.node.hostpaths import public_message
 from agent.node.lifecycle import State
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
@@ -330,13 +332,15 @@ class ReceiveInferItself(grpc.aio.ServerInterceptor):
 
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    """Answer ``exc`` as its gRPC status (see the module docstring)."""
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, node: Node) -> None:
+    """Answer ``exc`` as its gRPC status (see the module docstring), with no host path
+    (``agent.node.hostpaths``)."""
     if isinstance(exc, AgentError):
         trailing: tuple[tuple[str, str], ...] = ()
         if exc.retry_after is not None:
             trailing = (("retry-after", str(retry_after_seconds(exc.retry_after))),)
-        await context.abort(grpc.StatusCode[grpc_code(exc)], str(exc),
+        await context.abort(grpc.StatusCode[grpc_code(exc)],
+                            public_message(node, exc.public or str(exc)),
                             trailing_metadata=trailing)
     log.error("unhandled error in a gRPC call", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged)")
@@ -353,7 +357,7 @@ def _rpc(method: Callable) -> Callable:
             raise
         except Exception as exc:  # noqa: BLE001 - every error answers a status
             # the abort's own error chains this one, whose frames hold the request
-            await _abort(context, forget_frames(exc))
+            await _abort(context, forget_frames(exc), self.node)
         finally:  # gRPC keeps the abort's error (and its frames) in a reference cycle
             request = None
     return handler
@@ -604,6 +608,18 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def _why_not(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be bound, in ``agent.eventloop.bind_failure``'s words."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        return bind_failure(host, port, exc, "--grpc-port")
+    return f"cannot listen on {host}:{port} (address in use or not available)"
+
+
 async def start_grpc(node: Node, host: str, port: int,
                      tls: ServerTls | None = None) -> GrpcServer:
     """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
@@ -626,12 +642,9 @@ async def start_grpc(node: Node, host: str, port: int,
     try:
         bound = server.add_secure_port(address, tls.grpc_credentials()) if tls \
             else server.add_insecure_port(address)
-    except RuntimeError as exc:
-        bound, why = 0, str(exc)
-    else:
-        why = "address in use or not available"
+    except RuntimeError:  # "Failed to bind": a plain bind finds out why
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {address}: {why} (grpc_port; 0 disables "
-                      "the gRPC endpoint)")
+        raise OSError(f"gRPC: {_why_not(host, port)} (--grpc-port 0: no gRPC endpoint)")
     await server.start()
     return GrpcServer(server, host, bound)

@@ -81,7 +81,10 @@ class Node:
             clock=clock, **({"open_source": open_source} if open_source else {}),
             **({"free_bytes": disk_free} if disk_free else {}))
         self._listing_task: asyncio.Task | None = None
-        models, apps = split_apps(self._scan(config))
+        #: The models the repository holds but that cannot be served, with why (logged
+        #: once per change: ``_log_invalid``).
+        self.invalid: dict[str, str] = {}
+        models, apps = split_apps(self._log_invalid(self._scan(config)))
         self.cache = ModelCache(
             models, budgets,
             policy=config.policy, clock=clock, backend_factory=backend_factory,
@@ -223,7 +226,7 @@ class Node:
     def rescan(self, relist: bool = True) -> None:
         """Re-read the repository (index API, SIGHUP); loads' overrides stay applied.
         ``relist``: list the sources again too (in the background)."""
-        specs, apps = split_apps(self._scan(self.config))
+        specs, apps = split_apps(self._log_invalid(self._scan(self.config)))
         for name, data in list(self.overrides.items()):
             if name in specs and specs[name].error is None:
                 try:
@@ -236,12 +239,26 @@ class Node:
         self.cache.update_specs(specs)
         self.selection.update(apps, specs)
         self.serving.refresh(self.config)
-        log.info("repository %s rescanned: %d model(s)", self.config.repository,
-                 len(self.cache.specs))
+        log.info("repository %s rescanned: %d model(s)%s", self.config.repository,
+                 len(self.cache.specs),
+                 f", {len(self.invalid)} invalid" if self.invalid else "")
         if relist and self.disk.sources and self._startup_task is not None and (
                 self._listing_task is None or self._listing_task.done()):
             self._listing_task = asyncio.get_running_loop().create_task(
                 self.refresh_sources())
+
+    def _log_invalid(self, specs: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        """Log each model of a scan that cannot be served, with why (again only when its
+        reason changes; one whose problem is gone is logged as served again)."""
+        invalid = {name: spec.error for name, spec in specs.items() if spec.error}
+        for name, why in invalid.items():
+            if self.invalid.get(name) != why:
+                log.warning("model %s is invalid: %s", name, why)
+        for name in self.invalid.keys() - invalid.keys():
+            if name in specs:
+                log.info("model %s is valid again", name)
+        self.invalid = invalid
+        return specs
 
     async def load_model(self, name: str, override: str | None = None) -> None:
         """The repository extension's load: (re)load ``name``, with ``override`` (a JSON

@@ -297,26 +297,26 @@ def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
     passthrough = {k: v for k, v in params.items() if k != "binary_data_output"}
     if passthrough:
         doc["parameters"] = passthrough
-    header = dumps(doc)
     if not blobs:
-        return header, None
+        return dumps(doc, newline=True), None
+    header = dumps(doc)
     return header + b"".join(blobs), len(header)
 
 
-def dumps(doc: Any) -> bytes:
-    """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it. orjson
-    where its output means the same: it writes NaN and infinities as null and non-ASCII
-    unescaped, so any output holding a null or a non-ASCII byte (and anything orjson
-    refuses) is written by json instead."""
+def dumps(doc: Any, *, newline: bool = False) -> bytes:
+    """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it (``newline``:
+    then a newline, as a whole answer ends). orjson where its output means the same: it
+    writes NaN and infinities as null and non-ASCII unescaped, so any output holding a
+    null or a non-ASCII byte (and anything orjson refuses) is written by json instead."""
     if orjson is not None:
         try:
-            out = orjson.dumps(doc)
+            out = orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE if newline else None)
         except TypeError:
             pass
         else:
             if out.isascii() and b"null" not in out:
                 return out
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return (json.dumps(doc, separators=(",", ":")) + ("\n" if newline else "")).encode()
 
 
 # -- TF Serving REST --------------------------------------------------------------------
@@ -409,7 +409,7 @@ def decode_tf_checked(body: bytes | dict[str, Any], specs: list[TensorSpec],
 
 def encode_tf_body(results: dict[str, np.ndarray], style: str) -> bytes:
     """The JSON body of a TF Serving answer (``encode_tf_response``, then ``dumps``)."""
-    return dumps(encode_tf_response(results, style))
+    return dumps(encode_tf_response(results, style), newline=True)
 
 
 def decode_tf_request(body: bytes | dict[str, Any], specs: list[TensorSpec],
