@@ -26,7 +26,7 @@ from tests.helpers import EDGEAGENT, add_app, add_mlp, add_synthetic, node_repor
 
 WIDE_HEAD = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
              "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK",
-             "DL_S"]
+             "DL_S", "ROUTE", "FWD/ERR/FB/RCV"]
 
 
 def _cli(*args: str, columns: int = 100) -> str:

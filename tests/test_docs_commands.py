@@ -17,8 +17,8 @@ How a block says what it needs, in an HTML comment on the line before its fence
 
 The test runs in a scratch copy of the checkout's top level (symlinks: files the blocks
 write stay out of the checkout), ``$HOME`` and ``$TMPDIR`` scratch folders, and the
-readers' ``out=$(mktemp -d)`` first. The documented ports (8000, 8001, 8100, 8111, 5000,
-9000) become free ones in the blocks' text, and ``$EDGEAGENT_URL`` and
+readers' ``out=$(mktemp -d)`` first. The documented ports (8000, 8001, 8011, 8012, 8100,
+8111, 5000, 9000) become free ones in the blocks' text, and ``$EDGEAGENT_URL`` and
 ``$EDGEAGENT_COORDINATOR_URL`` name the moved agent and coordinator for the commands that
 use their defaults. ``make tour`` is not run (it would install into the shared venv): the
 test's venv must already hold the extras it installs, which is checked. A command whose
@@ -45,7 +45,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", "docs/models.md", "docs/coordinator.md", "docs/operations.md")
 #: The ports the pages name, moved to free ones.
-PORTS = (8000, 8001, 8100, 8111, 5000, 9000)
+PORTS = (8000, 8001, 8011, 8012, 8100, 8111, 5000, 9000)
 SERVERS = ("agent", "registry", "s3")
 _ANNOTATION = re.compile(r"^<!-- docs-test: (.*) -->$")
 #: A line that would install into (or rebuild) the venv the test itself runs in.
@@ -257,6 +257,7 @@ def box(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the page's own bound below; the tour replays hours of traffic
 @pytest.mark.parametrize("page", PAGES)
 def test_the_pages_commands_run_as_pasted(box, page):
     from agent.commands import EXTRA_MODULES, _installed

@@ -174,7 +174,9 @@ def _run_unit(unit: Path, root: Path, port: int, token: str) -> tuple[list[str],
                 assert _call(url + "/v2/repository/index", "POST", token) == 200  # rescan
                 assert _call(url + "/v2/repository/models/resnet/load", "POST") == 401
                 assert _call(url + "/v2/repository/models/resnet/load", "POST", token) == 200
-                assert _call(url + "/v2/models/resnet/ready") == 200
+                # with a token, inference and statistics need one too (auth.protect)
+                assert _call(url + "/v2/models/resnet/ready") == 401
+                assert _call(url + "/v2/models/resnet/ready", "GET", token) == 200
             finally:
                 proc.terminate()
                 _, err = proc.communicate(timeout=60)

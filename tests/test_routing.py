@@ -150,7 +150,7 @@ def test_a_request_is_served_by_the_node_its_table_names(tmp_path, fleet):
     metrics = a.request("GET", "/metrics")[2].decode()
     assert 'edgeagent_routing_forwarded_total{code="200",model="m",peer="edge-b"} 1.0' \
         in metrics
-    shown = CliRunner().invoke(main, ["cache", "--url", a.agent.url, "ls"])
+    shown = CliRunner().invoke(main, ["cache", "--url", a.agent.url, "ls", "--wide"])
     assert shown.exit_code == 0, shown.output
     row = next(line for line in shown.output.splitlines() if line.startswith("m "))
     assert row.split()[-2:] == ["edge-b:1", "1/0/0/0"], row
