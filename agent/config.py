@@ -599,9 +599,18 @@ class AgentConfig(Section):
         "a request's input tensors, decoded, in all; more get 413", check=size,
         example="256MiB")] = 256 * 2**20
     read_timeout_s: Annotated[Positive, setting(
-        "a request's headers must arrive within this of connecting (or of the last "
-        "answer: idle keep-alive connections close too), its body within this of its "
-        "headers (else 408)")] = 30.0
+        "a TLS handshake must end within this of connecting, a request's headers within "
+        "this of the connection (or of the last answer: idle keep-alive connections close "
+        "too), its body within this of its headers (else 408)")] = 30.0
+    max_connections: Annotated[AtLeastOne | None, setting(
+        "open HTTP connections in all (gRPC's listener holds as many of its own); one "
+        "more closes the oldest idle connection, or is closed when all are busy; left "
+        "out: a quarter of the open-file limit (RLIMIT_NOFILE; the unit sets "
+        "LimitNOFILE)",
+        example=4096)] = None
+    max_connections_per_peer: Annotated[AtLeastOne | None, setting(
+        "open HTTP connections from one address (likewise); left out: a quarter of "
+        "max_connections", example=1024)] = None
     restore: Annotated[bool, setting(
         "reload the last resident set on start, most popular first")] = True
     drain_seconds: Annotated[NonNegative, setting(

@@ -295,12 +295,13 @@ def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
     assert agent.node.body_memory.in_flight_bytes == 0
 
 
-@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 200_000)])
+@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 100_000)])
 def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, counted):
     """While a ModelInfer message is received, the in-flight limit counts what grpcio
     holds as it hands the message over (``HANDOFF_COPIES`` x ``max_request_size``; at
-    most the whole limit, so a message of any allowed size is still served alone);
-    once received, its own size; after the answer, nothing."""
+    most the gRPC share, the limit less ``max_request_size``, so a message of any
+    allowed size is still served, alone, and an HTTP body beside it); once received,
+    its own size; after the answer, nothing."""
     from agent.node.grpc_v2 import HANDOFF_COPIES
 
     assert HANDOFF_COPIES * 100_000 == 300_000
@@ -338,7 +339,7 @@ def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
             channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"), b"",
             timeout=30)
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
-    for words in ("200000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
+    for words in ("100000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
         assert words in details, details
     assert trailing.get("retry-after") == "1"
     assert agent.node.body_memory.in_flight_bytes == 150_000  # nothing of its own left
