@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -74,8 +75,10 @@ class Connections:
     def __init__(self, limits: ConnectionLimits, handshake_timeout: float) -> None:
         self.limits = limits
         self.handshake_timeout = handshake_timeout
-        self._open: dict[Gate, None] = {}  # a dict keeps the accept order
-        self._peers: dict[str, dict[Gate, None]] = {}
+        # in accept order; an OrderedDict finds its first entry at once (a dict whose
+        # first entries were deleted walks past their slots)
+        self._open: OrderedDict[Gate, None] = OrderedDict()
+        self._peers: dict[str, OrderedDict[Gate, None]] = {}
         self.closed_idle = 0  # idle connections closed for a newer one
         self.refused = 0  # connections closed at accept: every other was busy
         self.peak = 0
@@ -86,13 +89,13 @@ class Connections:
     def admit(self, gate: Gate) -> bool:
         """Count ``gate``'s new connection, closing an idle one for it where a bound is
         reached; False (nothing counted) when every connection in the way is busy."""
-        peer = self._peers.get(gate.peer, {})
+        peer = self._peers.get(gate.peer, OrderedDict())
         if len(peer) >= self.limits.per_peer and not self._close_oldest_idle(peer):
             return self._refuse(gate, "per_peer")
         if len(self._open) >= self.limits.total and not self._close_oldest_idle(self._open):
             return self._refuse(gate, "total")
         self._open[gate] = None
-        self._peers.setdefault(gate.peer, {})[gate] = None
+        self._peers.setdefault(gate.peer, OrderedDict())[gate] = None
         self.peak = max(self.peak, len(self._open))
         return True
 
@@ -105,7 +108,7 @@ class Connections:
                         self.refused)
         return False
 
-    def _close_oldest_idle(self, group: dict[Gate, None]) -> bool:
+    def _close_oldest_idle(self, group: OrderedDict[Gate, None]) -> bool:
         for gate in group:
             if gate.idle:
                 self.forget(gate)

@@ -1,9 +1,9 @@
 """Reading a request's body: within ``read_timeout_s`` of its headers (a client that
 sends half a body does not hold a connection), a piece at a time into one growing
 buffer (``body_timeout_middleware``; handlers take it from ``request_body``), decoded
-here from its ``Content-Encoding`` in bounded steps (aiohttp's own decoding is off:
-``agent.eventloop.handler_args``), each piece counted as it arrives, decoded, against
-the size limit and the bytes of bodies in flight (``BodyMemory``)."""
+here from its ``Content-Encoding`` (gzip, deflate) in bounded steps (aiohttp's own
+decoding is off: ``agent.eventloop.handler_args``), each piece counted as it arrives,
+decoded, against the size limit and the bytes of bodies in flight (``BodyMemory``)."""
 
 from __future__ import annotations
 
@@ -303,42 +303,10 @@ class _Inflate:
             raise BadBody(f"the body's {self.name} stream ends early")
 
 
-class _Brotli:
-    """br, ``DECODE_STEP`` bytes out at a time."""
-
-    def __init__(self, decoder: Any) -> None:
-        self._decoder = decoder
-
-    def pieces(self, data: bytes) -> Iterator[bytes]:
-        try:
-            out = self._decoder.process(data, output_buffer_limit=DECODE_STEP)
-            while True:
-                if out:
-                    yield out
-                if self._decoder.can_accept_more_data():
-                    return
-                out = self._decoder.process(b"", output_buffer_limit=DECODE_STEP)
-        except Exception as exc:  # noqa: BLE001 - brotli.error
-            if isinstance(exc, BadBody):
-                raise
-            raise BadBody(f"the body is not valid br: {exc}") from None
-
-    def end(self) -> None:
-        if not self._decoder.is_finished():
-            raise BadBody("the body's br stream ends early")
-
-
-def _brotli() -> Any:
-    try:
-        import brotli
-    except ImportError:
-        return None
-    decoder = brotli.Decompressor()
-    return decoder if hasattr(decoder, "can_accept_more_data") else None  # Brotli >= 1.2
-
-
-def body_decoder(encoding: str | None) -> _Inflate | _Brotli | None:
-    """The decoder of a ``Content-Encoding`` (None: none to undo); 415 for another."""
+def body_decoder(encoding: str | None) -> _Inflate | None:
+    """The decoder of a ``Content-Encoding`` (None: none to undo); 415 for another.
+    Not br or zstd: their decoders keep a window of the stream's choosing (megabytes)
+    beside the bytes counted."""
     name = (encoding or "identity").strip().lower()
     if name == "identity":
         return None
@@ -346,8 +314,6 @@ def body_decoder(encoding: str | None) -> _Inflate | _Brotli | None:
         return _Inflate(gzip=True)
     if name == "deflate":
         return _Inflate(gzip=False)
-    if name == "br" and (decoder := _brotli()) is not None:
-        return _Brotli(decoder)
     raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported: send the "
                               "body as it is, or as gzip or deflate")
 

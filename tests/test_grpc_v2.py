@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward
 from agent.node.grpc_v2 import start_grpc
-from tests.helpers import add_mlp, add_synthetic, reserved_port
+from tests.helpers import add_mlp, add_synthetic, reserved_port, wait_for
 from tests.triton_models import write_simple
 
 #: ~4 MB of weights: the measured footprints of two such models are close, so a budget
@@ -322,6 +322,43 @@ def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, co
     memory = agent.node.body_memory
     assert seen == [counted] and memory.peak_bytes == counted, (seen, memory.describe())
     assert memory.in_flight_bytes == 0
+
+
+def test_calls_waiting_for_their_messages_share_one_hand_over_and_leave_http_room(
+        repo, serve):
+    """4 ModelInfer calls that never send their message: the first promises 3 x
+    ``max_request_size`` (its own and the hand-off's two copies), the others only
+    their own; the promises stay within the gRPC share (the limit less
+    ``max_request_size``), so an HTTP request is served meanwhile; once the calls end
+    (their deadline), nothing is left counted."""
+    from tests.helpers import v2_body
+
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=1_000_000,
+                  read_timeout_s=30)
+    method = "/inference.GRPCInferenceService/ModelInfer"
+    release = threading.Event()
+
+    def never():
+        release.wait(30)
+        return
+        yield b""
+
+    channels = [grpc.insecure_channel(agent.grpc_url) for _ in range(4)]
+    calls = [c.stream_unary(method).future(never(), timeout=30) for c in channels]
+    try:
+        memory = agent.node.body_memory
+        wait_for(lambda: memory.in_flight_bytes == 300_000 + 3 * 100_000, 10,
+                 "4 calls waiting for their messages")
+        status, _, reply = agent.request("POST", "/v2/models/mlp0/infer",
+                                         v2_body([1.0] * 4, shape=(1, 4)))
+        assert status == 200, reply
+    finally:
+        release.set()
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            channel.close()
+    wait_for(lambda: agent.node.body_memory.in_flight_bytes == 0, 10, "nothing counted")
 
 
 def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
