@@ -6,8 +6,8 @@ A connection past either bound closes the oldest idle connection of the same gro
 (the peer's, or all) and takes its place; when every one is busy, it is closed at
 once. Idle: its TLS handshake not done, or its handler waiting for the next request
 (a request head arriving a byte at a time is idle); busy: a request read or answered
-(``serving``, which ``agent.httpbody``'s middleware holds while its request runs, and
-the answer's bytes not yet written). So a stranger's connections cannot keep a new
+(``Busy``, which ``agent.httpbody``'s middleware holds while its request runs, and the
+answer's bytes not yet written). So a stranger's connections cannot keep a new
 client out, and the busy ones of other clients are never cut.
 
 ``LimitedSite`` serves an aiohttp runner through ``Gate``, a protocol that counts its
@@ -19,11 +19,10 @@ be closed like any other idle one. Defaults follow the open-file limit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 log = logging.getLogger("edgeagent.connections")
@@ -153,7 +152,7 @@ class Gate(asyncio.Protocol):
         self.transport: Any = None  # what the protocol writes to (TLS's, or the raw one)
         self.inner: Any = None
         self.peer = ""
-        self.busy = 0  # requests being served (``serving``)
+        self.busy = 0  # requests being served (``Busy``)
         self._tls_started = False  # the TLS protocol reads the TCP transport
         self._raw_early: list[bytes] = []  # bytes read before it did
         self._early: list[bytes] = []  # bytes decrypted before the protocol was made
@@ -265,19 +264,24 @@ def _feed(transport: Any, data: bytes) -> None:
         transport.abort()
 
 
-@contextlib.contextmanager
-def serving(transport: Any) -> Iterator[None]:
-    """The connection of ``transport`` is busy while the block runs: not closed for a
-    newer one (a transport ``LimitedSite`` did not accept: nothing)."""
-    protocol = transport.get_protocol() if transport is not None else None
-    if not isinstance(protocol, Gate):
-        yield
-        return
-    protocol.busy += 1
-    try:
-        yield
-    finally:
-        protocol.busy -= 1
+class Busy:
+    """``with Busy(transport):`` the connection of ``transport`` is busy while the block
+    runs: not closed for a newer one (a transport ``LimitedSite`` did not accept:
+    nothing)."""
+
+    __slots__ = ("gate",)
+
+    def __init__(self, transport: Any) -> None:
+        protocol = transport.get_protocol() if transport is not None else None
+        self.gate = protocol if isinstance(protocol, Gate) else None
+
+    def __enter__(self) -> None:
+        if self.gate is not None:
+            self.gate.busy += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.gate is not None:
+            self.gate.busy -= 1
 
 
 def limited_site(runner: Any, host: str, port: int, connections: Connections, *,

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.connections import serving
+from agent.connections import Busy
 from agent.errors import AgentError, json_error
 
 BODY: web.RequestKey[bytes | bytearray] = web.RequestKey("body")  # read by the middleware
@@ -110,20 +110,24 @@ class BodyMemory:
         self._claims += min(claim, self.limit_bytes)
         return body
 
-    async def count(self, body: Body, arrived: int) -> None:
+    def count(self, body: Body, arrived: int) -> bool:
         """``body`` has ``arrived`` bytes: count them (and a step ahead where that
-        fits), waiting for room if they do not fit now."""
+        fits) if they fit now; False, counting nothing, if they must wait (``room``)."""
         if arrived <= body.counted:
-            return
+            return True
         ahead = min(body.claim, arrived + min(self.step_max, max(self.step_min, arrived)))
         for target in (max(ahead, arrived), arrived):
             if self._allowed(body, target - body.counted):
                 self._grow(body, target - body.counted)
-                return
+                return True
+        return False
+
+    async def room(self, body: Body, arrived: int) -> None:
+        """Wait until ``body``'s ``arrived`` bytes fit, then count them (the caller
+        bounds the wait: ``body.waiting`` says it was waiting)."""
         self.waits += 1
-        size = arrived - body.counted
         turn = asyncio.get_running_loop().create_future()
-        item = (body, size, turn)
+        item = (body, arrived - body.counted, turn)
         self._waiting.append(item)
         body.waiting = True
         try:
@@ -133,28 +137,21 @@ class BodyMemory:
             if not turn.done():
                 self._waiting.remove(item)
 
-    def finish(self, body: Body) -> None:
-        """``body`` has arrived whole: it holds its size (not the step ahead) until
-        ``close``, and needs nothing more."""
+    def finish(self, body: Body, size: int) -> None:
+        """``body`` has arrived whole, ``size`` bytes: it holds them (not the step
+        ahead) until ``close``, and needs nothing more."""
         if body.reading:
             body.reading = False
             self._reading.discard(body)
             self._claims -= min(body.claim, self.limit_bytes)
-        self._wake()
-
-    def trim(self, body: Body, size: int) -> None:
-        """Count ``body`` at ``size`` bytes (what it turned out to hold)."""
         if size < body.counted:
             self.in_flight_bytes -= body.counted - size
             body.counted = size
-            self._wake()
+        self._wake()
 
     def close(self, body: Body) -> None:
         """``body``'s answer is written (or it is given up): its bytes are free."""
-        self.finish(body)
-        self.in_flight_bytes -= body.counted
-        body.counted = 0
-        self._wake()
+        self.finish(body, 0)
 
     def _grow(self, body: Body, size: int) -> None:
         body.counted += size
@@ -235,6 +232,8 @@ class BodyMemory:
     def _wake(self) -> None:
         """Let in the waiting pieces that are allowed now (in the order they came),
         then the promises that fit."""
+        if not self._waiting and not self._aside:
+            return
         for item in list(self._waiting):
             body, size, turn = item
             if turn.done():
@@ -337,7 +336,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory |
     ``memory``, each piece is counted there as it arrives until the handler is done
     (its answer written); a body kept waiting for room past ``seconds`` gets
     ``NoRoomForBody`` (503). While the request runs its connection is busy
-    (``agent.connections.serving``)."""
+    (``agent.connections.Busy``)."""
     async def read(request: web.Request, body: Body | None, decoder: Any) -> bytes | bytearray:
         length = request.content_length
         data: bytes | bytearray = b""
@@ -347,8 +346,8 @@ def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory |
                 total += len(piece)
                 if total > max_bytes:
                     raise TooLarge()
-                if body is not None:
-                    await memory.count(body, total)
+                if body is not None and not memory.count(body, total):
+                    await memory.room(body, total)
                 if not data:
                     data = piece
                 else:
@@ -372,7 +371,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory |
 
     @web.middleware
     async def read_body_in_time(request: web.Request, handler: Any) -> web.StreamResponse:
-        with serving(request.transport):
+        with Busy(request.transport):
             if not request.body_exists:
                 return await handler(request)
             try:
@@ -407,8 +406,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory |
                 except TooLarge:
                     return too_large(decoder is not None)
                 if body is not None:
-                    memory.trim(body, len(request[BODY]))
-                    memory.finish(body)
+                    memory.finish(body, len(request[BODY]))
                 return await handler(request)
             finally:
                 if body is not None:
