@@ -18,8 +18,9 @@ from typing import Annotated, Any
 from msgspec import Meta, field, structs
 
 from agent.authconfig import AgentAuthSettings
-from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
-                          Port, Positive, Section, Text, load, setting)
+from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, MaxConnections,
+                          MaxConnectionsPerPeer, NonNegative, Port, Positive, Section,
+                          Text, load, setting)
 from agent.tls import TlsSettings
 from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
@@ -602,15 +603,8 @@ class AgentConfig(Section):
         "a TLS handshake must end within this of connecting, a request's headers within "
         "this of the connection (or of the last answer: idle keep-alive connections close "
         "too), its body within this of its headers (else 408)")] = 30.0
-    max_connections: Annotated[AtLeastOne | None, setting(
-        "open HTTP connections in all (gRPC's listener holds as many of its own); one "
-        "more closes the oldest idle connection, or is closed when all are busy; left "
-        "out: a quarter of the open-file limit (RLIMIT_NOFILE; the unit sets "
-        "LimitNOFILE)",
-        example=4096)] = None
-    max_connections_per_peer: Annotated[AtLeastOne | None, setting(
-        "open HTTP connections from one address (likewise); left out: a quarter of "
-        "max_connections", example=1024)] = None
+    max_connections: MaxConnections = None
+    max_connections_per_peer: MaxConnectionsPerPeer = None
     restore: Annotated[bool, setting(
         "reload the last resident set on start, most popular first")] = True
     drain_seconds: Annotated[NonNegative, setting(

@@ -356,13 +356,13 @@ def send_bomb(server: Server, body: bytes, encoding: str = "gzip",
 
 
 @contextlib.contextmanager
-def silent_grpc_calls(server: Server, count: int) -> Iterator[None]:
-    """``count`` ModelInfer calls, each on a channel of its own, that send their
-    headers and never their message."""
+def silent_grpc_calls(address: str, count: int) -> Iterator[None]:
+    """``count`` ModelInfer calls to ``address``, each on a channel of its own, that
+    send their headers and never their message."""
     import grpc
 
     release = threading.Event()
-    channels = [grpc.insecure_channel(server.grpc) for _ in range(count)]
+    channels = [grpc.insecure_channel(address) for _ in range(count)]
     futures = []
 
     def never() -> Iterator[bytes]:
@@ -447,7 +447,7 @@ def run_handshakes(code: Path, work: Path) -> None:
 def run_grpc(code: Path, work: Path) -> None:
     agent = start_agent(code, work, {})
     try:
-        with silent_grpc_calls(agent, 4):
+        with silent_grpc_calls(agent.grpc, 4):
             seen = probes(agent, 8, pause=0.3)
         print(f"4 silent gRPC ModelInfer calls: HTTP inference {describe(seen)}")
     finally:

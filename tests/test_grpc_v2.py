@@ -329,36 +329,21 @@ def test_calls_waiting_for_their_messages_share_one_hand_over_and_leave_http_roo
     """4 ModelInfer calls that never send their message: the first promises 3 x
     ``max_request_size`` (its own and the hand-off's two copies), the others only
     their own; the promises stay within the gRPC share (the limit less
-    ``max_request_size``), so an HTTP request is served meanwhile; once the calls end
-    (their deadline), nothing is left counted."""
+    ``max_request_size``), so an HTTP request is served meanwhile; once the calls go
+    away, nothing is left counted."""
+    from bench.strangers import silent_grpc_calls
     from tests.helpers import v2_body
 
     agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=1_000_000,
                   read_timeout_s=30)
-    method = "/inference.GRPCInferenceService/ModelInfer"
-    release = threading.Event()
-
-    def never():
-        release.wait(30)
-        return
-        yield b""
-
-    channels = [grpc.insecure_channel(agent.grpc_url) for _ in range(4)]
-    calls = [c.stream_unary(method).future(never(), timeout=30) for c in channels]
-    try:
-        memory = agent.node.body_memory
+    memory = agent.node.body_memory
+    with silent_grpc_calls(agent.grpc_url, 4):
         wait_for(lambda: memory.in_flight_bytes == 300_000 + 3 * 100_000, 10,
                  "4 calls waiting for their messages")
         status, _, reply = agent.request("POST", "/v2/models/mlp0/infer",
                                          v2_body([1.0] * 4, shape=(1, 4)))
         assert status == 200, reply
-    finally:
-        release.set()
-        for call in calls:
-            call.cancel()
-        for channel in channels:
-            channel.close()
-    wait_for(lambda: agent.node.body_memory.in_flight_bytes == 0, 10, "nothing counted")
+    wait_for(lambda: memory.in_flight_bytes == 0, 10, "nothing counted")
 
 
 def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):

@@ -337,7 +337,7 @@ def test_silent_grpc_calls_leave_http_inference_answered(tmp_path):
     any; 8 HTTP inference requests in a row are each answered within 1 s."""
     agent = start_agent(ROOT, tmp_path, {})
     try:
-        with silent_grpc_calls(agent, 4):
+        with silent_grpc_calls(agent.grpc, 4):
             seen = probes(agent, 8)
             bodies = _bodies(agent)
         assert within(seen, 1.0) == 8, seen

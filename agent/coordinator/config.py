@@ -19,7 +19,8 @@ from msgspec import field, structs
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.authconfig import AuthSettings
-from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
+from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
+                          Positive, Section, Text, load, setting)
 from agent.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, size, string
 
@@ -126,14 +127,8 @@ class CoordinatorConfig(Section):
         "request bodies read and not yet answered, in all (in each report worker too); "
         "a body that does not fit waits for room, then 503", check=size,
         example="64MiB")] = 64 * 2**20
-    max_connections: Annotated[AtLeastOne | None, setting(
-        "open connections in all (in each report worker too); one more closes the "
-        "oldest idle connection, or is closed when all are busy; left out: a quarter "
-        "of the open-file limit (RLIMIT_NOFILE; the unit sets LimitNOFILE)",
-        example=4096)] = None
-    max_connections_per_peer: Annotated[AtLeastOne | None, setting(
-        "open connections from one address (likewise); left out: a quarter of "
-        "max_connections", example=1024)] = None
+    max_connections: MaxConnections = None
+    max_connections_per_peer: MaxConnectionsPerPeer = None
     store: Annotated[str | None, setting(
         "instead of the SQLite file: one PostgreSQL database shared by several "
         "coordinators, one of which plans at a time (pip install 'edgeagent[postgres]'; "
