@@ -62,8 +62,8 @@ class BodyMemory:
 
     A body's bytes are counted as they arrive (decoded), a step ahead
     (``STEP_MIN``..``STEP_MAX``), never what it only announces: a client that announces
-    a large body and sends nothing holds nothing. Its bytes stay counted until its answer is
-    written (``close``). A piece is counted at once when it fits and keeps every body
+    a large body and sends nothing holds nothing. Its bytes stay counted until its
+    answer is written (``close``). A piece is counted at once when it fits and keeps every body
     being read able to finish; otherwise its body waits (its connection unread) until
     it does, or until the body's deadline (then ``NoRoomForBody``, 503).
 
@@ -324,15 +324,14 @@ class TooLarge(Exception):
     """A body passed the size limit while it was read (answered 413)."""
 
 
-
-def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory | None = None,
-                            limit_name: str = "max_request_size") -> Any:
+def body_timeout_middleware(seconds: float, max_bytes: int,
+                            memory: BodyMemory | None = None) -> Any:
     """An aiohttp middleware that reads each request's body within ``seconds`` of its
     headers, else answers 408 and closes the connection. The body is read a piece at a
     time into one buffer (the first piece kept as it came), decoded from its
     ``Content-Encoding`` ``DECODE_STEP`` bytes at a time; one over ``max_bytes``
-    (decoded; ``limit_name`` the key that sets it) is refused with 413 as soon as it
-    passes it, and its connection closed; an encoding not decoded here gets 415. With
+    (decoded; ``max_request_size``) is refused with 413 as soon as it passes it, and
+    its connection closed; an encoding not decoded here gets 415. With
     ``memory``, each piece is counted there as it arrives until the handler is done
     (its answer written); a body kept waiting for room past ``seconds`` gets
     ``NoRoomForBody`` (503). While the request runs its connection is busy
@@ -365,7 +364,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int, memory: BodyMemory |
 
     def too_large(decoded: bool) -> web.Response:
         response = json_error(413, f"request body over the limit of {max_bytes} bytes"
-                                   f"{' once decoded' if decoded else ''} ({limit_name})")
+                                   f"{' once decoded' if decoded else ''} (max_request_size)")
         response.force_close()
         return response
 

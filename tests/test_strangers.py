@@ -328,7 +328,50 @@ def test_the_oldest_idle_connection_makes_room_and_busy_ones_stay(tmp_path):
         asyncio.run(scenario(tls))
 
 
+def test_the_bounds_follow_the_open_file_limit():
+    from agent.connections import connection_limits
+
+    assert connection_limits(open_files=16384) == (4096, 1024)  # the units' LimitNOFILE
+    assert connection_limits(open_files=1024) == (256, 64)  # systemd's default soft limit
+    assert connection_limits(100, open_files=1024) == (100, 25)
+    assert connection_limits(10, 50) == (10, 10)
+
+
 # -- gRPC -----------------------------------------------------------------------------------
+
+
+def test_the_grpc_listener_bounds_its_connections_and_their_handshakes(tmp_path):
+    """The gRPC listener holds at most ``max_connections`` (8 here): past them a new
+    client is refused (grpc core closes no idle connection for it), but connections
+    that never send their HTTP/2 preface are closed after ``read_timeout_s`` (1 s), and
+    a channel idle that long gets GOAWAY and reconnects by itself."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    agent = start_agent(ROOT, tmp_path, {"read_timeout_s": 1, "max_connections": 8})
+    host, port = agent.grpc.rsplit(":", 1)
+
+    def live(stub=None) -> bool:
+        with grpc.insecure_channel(agent.grpc) as channel:
+            try:
+                return (stub or service_pb2_grpc.GRPCInferenceServiceStub(channel)).ServerLive(
+                    service_pb2.ServerLiveRequest(), timeout=2).live
+            except grpc.RpcError:
+                return False
+
+    try:
+        stalled = [socket.create_connection((host, int(port))) for _ in range(12)]
+        time.sleep(0.3)
+        assert still_open(stalled) == 8 and not live()
+        time.sleep(1.5)
+        assert still_open(stalled) == 0 and live()
+        with grpc.insecure_channel(agent.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert live(stub)
+            time.sleep(1.5)  # idle past read_timeout_s: GOAWAY, then a new connection
+            assert live(stub)
+    finally:
+        agent.stop()
 
 
 def test_silent_grpc_calls_leave_http_inference_answered(tmp_path):

@@ -667,10 +667,14 @@ async def start_grpc(node: Node, host: str, port: int,
                                  # a stream's window stays 64 KiB until its message is
                                  # read (not grown to the link's bandwidth-delay product)
                                  ("grpc.http2.bdp_probe", 0),
+                                 # connections: as many as HTTP's, each handshake and
+                                 # each idle spell (no call) within read_timeout_s
                                  ("grpc.max_allowed_incoming_connections", connection_limits(
                                      node.config.max_connections,
                                      node.config.max_connections_per_peer).total),
                                  ("grpc.server_handshake_timeout_ms",
+                                  int(node.config.read_timeout_s * 1000)),
+                                 ("grpc.max_connection_idle_ms",
                                   int(node.config.read_timeout_s * 1000))])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
