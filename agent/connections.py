@@ -10,7 +10,7 @@ once. Idle: its TLS handshake not done, or its handler waiting for the next requ
 answer's bytes not yet written). So a stranger's connections cannot keep a new
 client out, and the busy ones of other clients are never cut.
 
-``LimitedSite`` serves an aiohttp runner through ``Gate``, a protocol that counts its
+``limited_site`` serves an aiohttp runner through ``Gate``, a protocol that counts its
 connection in ``Connections`` and hands the bytes to aiohttp's own; with TLS it makes
 the handshake itself (``loop.start_tls``), so a connection that never starts one can
 be closed like any other idle one. Defaults follow the open-file limit

@@ -24,8 +24,8 @@ Memory: ``ModelInfer`` receives its message itself (``ReceiveInferItself``), onc
 the message over (``Receptions``: its largest size, and the two further copies of a
 hand-off once for all the calls receiving), and reads ``raw_input_contents`` as views
 of the received bytes (``split_infer_request``), not protobuf's copies. Connections:
-at most ``max_connections`` (its own, beside HTTP's), each handshake within
-``read_timeout_s``.
+at most ``max_connections`` (its own, beside HTTP's; past them grpc core refuses the
+newcomer), each handshake within ``read_timeout_s``, and GOAWAY after as long idle.
 
 Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
 order: little-endian values, BYTES as 4-byte length + bytes per element, the layout of
