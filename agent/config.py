@@ -18,8 +18,9 @@ from typing import Annotated, Any
 from msgspec import Meta, field, structs
 
 from agent.authconfig import AgentAuthSettings
-from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
-                          Port, Positive, Section, Text, load, setting)
+from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, MaxConnections,
+                          MaxConnectionsPerPeer, NonNegative, Port, Positive, Section,
+                          Text, load, setting)
 from agent.tls import TlsSettings
 from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
@@ -651,9 +652,11 @@ class AgentConfig(Section):
         "a request's input tensors, decoded, in all; more get 413", check=size,
         example="256MiB")] = 256 * 2**20
     read_timeout_s: Annotated[Positive, setting(
-        "a request's headers must arrive within this of connecting (or of the last "
-        "answer: idle keep-alive connections close too), its body within this of its "
-        "headers (else 408)")] = 30.0
+        "a TLS handshake must end within this of connecting, a request's headers within "
+        "this of the connection (or of the last answer: idle keep-alive connections close "
+        "too), its body within this of its headers (else 408)")] = 30.0
+    max_connections: MaxConnections = None
+    max_connections_per_peer: MaxConnectionsPerPeer = None
     restore: Annotated[bool, setting(
         "reload the last resident set on start, most popular first")] = True
     drain_seconds: Annotated[NonNegative, setting(

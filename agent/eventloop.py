@@ -1,5 +1,6 @@
-"""Running a server: its main coroutine on the fastest event loop, its HTTP listener, and
-its header read timeout (``header_timeout_args``; the body's is in ``agent.httpbody``)."""
+"""Running a server: its main coroutine on the fastest event loop, its HTTP listener
+(with bounded connections, ``agent.connections``), and its header read timeout
+(``handler_args``; the body's is in ``agent.httpbody``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from agent.errors import json_error
+from agent.connections import Connections, limited_site
 
 
 def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
@@ -29,20 +30,22 @@ def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(main)
 
 
-async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
-                 reuse_port: bool = False, ssl_context: Any = None,
+async def listen(app: Any, host: str, port: int, connections: Connections, *,
+                 backlog: int = 128, reuse_port: bool = False, ssl_context: Any = None,
                  **runner_kwargs: Any) -> tuple[Any, str]:
     """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL).
-    ``backlog``: connections waiting to be accepted (a fleet reconnecting at once needs
-    more than the default; the kernel caps it at net.core.somaxconn). ``reuse_port``:
-    other processes of this user may listen on the same port (``SO_REUSEPORT``; the
-    kernel spreads connections over them). ``ssl_context``: HTTPS (``agent.tls``)."""
+    ``connections``: the bounds on open connections and the TLS handshake's deadline
+    (``agent.connections``). ``backlog``: connections waiting to be accepted (a fleet
+    reconnecting at once needs more than the default; the kernel caps it at
+    net.core.somaxconn). ``reuse_port``: other processes of this user may listen on the
+    same port (``SO_REUSEPORT``; the kernel spreads connections over them).
+    ``ssl_context``: HTTPS (``agent.tls``)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None,
-                       ssl_context=ssl_context)
+    site = limited_site(runner, host, port, connections, ssl_context=ssl_context,
+                        backlog=backlog, reuse_port=reuse_port)
     try:
         await site.start()
     except OSError as exc:
@@ -91,12 +94,15 @@ def settle_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def header_timeout_args(seconds: float) -> dict[str, Any]:
-    """``web.Application(handler_args=...)`` for a header read timeout of ``seconds``:
-    aiohttp closes a connection whose next request's headers have not all arrived
-    ``seconds`` after it opened or after its last answer (its keep-alive timer, which
-    partial headers do not reset; an idle keep-alive connection closes after as long).
-    After an answer to a request whose body was not all read (a 408, a 413), aiohttp
-    drains the rest for at most as long (its lingering time, 10 s by default) before it
-    closes the connection."""
-    return {"keepalive_timeout": seconds, "lingering_time": min(seconds, 10.0)}
+def handler_args(read_timeout_s: float) -> dict[str, Any]:
+    """``web.Application(handler_args=...)`` of every server: a header read timeout of
+    ``read_timeout_s`` (aiohttp closes a connection whose next request's headers have
+    not all arrived that long after it opened or after its last answer: its keep-alive
+    timer, which partial headers do not reset; an idle keep-alive connection closes
+    after as long). After an answer to a request whose body was not all read (a 408, a
+    413), aiohttp drains the rest for at most as long (its lingering time, 10 s by
+    default) before it closes the connection. Bodies reach the handlers as they came
+    (``auto_decompress`` off): ``agent.httpbody`` decodes a ``Content-Encoding`` itself,
+    in bounded steps counted against the limits."""
+    return {"keepalive_timeout": read_timeout_s, "lingering_time": min(read_timeout_s, 10.0),
+            "auto_decompress": False}

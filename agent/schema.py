@@ -62,6 +62,15 @@ AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LogLevel = Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))]
+# The servers' connection bounds (agent.connections), an agent's and a coordinator's.
+MaxConnections = Annotated[AtLeastOne | None, setting(
+    "open connections in all (an agent's gRPC listener holds as many of its own; each "
+    "report worker as many); one more closes the oldest idle connection, or is closed "
+    "when all are busy; left out: a quarter of the open-file limit (RLIMIT_NOFILE; the "
+    "units set LimitNOFILE)", example=4096)]
+MaxConnectionsPerPeer = Annotated[AtLeastOne | None, setting(
+    "open connections from one address (likewise); left out: a quarter of "
+    "max_connections", example=1024)]
 
 #: A field of a configuration class that no file sets (filled in by code).
 INTERNAL = msgspec.Meta(extra={"internal": True})

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward
 from agent.node.grpc_v2 import start_grpc
-from tests.helpers import add_mlp, add_synthetic, reserved_port
+from tests.helpers import add_mlp, add_synthetic, reserved_port, wait_for
 from tests.triton_models import write_simple
 
 #: ~4 MB of weights: the measured footprints of two such models are close, so a budget
@@ -295,12 +295,13 @@ def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
     assert agent.node.body_memory.in_flight_bytes == 0
 
 
-@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 200_000)])
+@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 100_000)])
 def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, counted):
     """While a ModelInfer message is received, the in-flight limit counts what grpcio
     holds as it hands the message over (``HANDOFF_COPIES`` x ``max_request_size``; at
-    most the whole limit, so a message of any allowed size is still served alone);
-    once received, its own size; after the answer, nothing."""
+    most the gRPC share, the limit less ``max_request_size``, so a message of any
+    allowed size is still served, alone, and an HTTP body beside it); once received,
+    its own size; after the answer, nothing."""
     from agent.node.grpc_v2 import HANDOFF_COPIES
 
     assert HANDOFF_COPIES * 100_000 == 300_000
@@ -323,6 +324,28 @@ def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, co
     assert memory.in_flight_bytes == 0
 
 
+def test_calls_waiting_for_their_messages_share_one_hand_over_and_leave_http_room(
+        repo, serve):
+    """4 ModelInfer calls that never send their message: the first promises 3 x
+    ``max_request_size`` (its own and the hand-off's two copies), the others only
+    their own; the promises stay within the gRPC share (the limit less
+    ``max_request_size``), so an HTTP request is served meanwhile; once the calls go
+    away, nothing is left counted."""
+    from bench.strangers import silent_grpc_calls
+    from tests.helpers import v2_body
+
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=1_000_000,
+                  read_timeout_s=30)
+    memory = agent.node.body_memory
+    with silent_grpc_calls(agent.grpc_url, 4):
+        wait_for(lambda: memory.in_flight_bytes == 300_000 + 3 * 100_000, 10,
+                 "4 calls waiting for their messages")
+        status, _, reply = agent.request("POST", "/v2/models/mlp0/infer",
+                                         v2_body([1.0] * 4, shape=(1, 4)))
+        assert status == 200, reply
+    wait_for(lambda: memory.in_flight_bytes == 0, 10, "nothing counted")
+
+
 def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
     """A message whose hand-over does not fit within ``read_timeout_s`` is never read:
     RESOURCE_EXHAUSTED with retry-after, naming what it needs and the limit."""
@@ -338,7 +361,7 @@ def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
             channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"), b"",
             timeout=30)
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
-    for words in ("200000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
+    for words in ("100000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
         assert words in details, details
     assert trailing.get("retry-after") == "1"
     assert agent.node.body_memory.in_flight_bytes == 150_000  # nothing of its own left

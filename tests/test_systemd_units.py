@@ -28,6 +28,9 @@ def test_unit_is_hardened_and_can_write_its_caches(unit, state):
     # numba must cache compiled kernels somewhere writable under ProtectSystem=strict.
     cache = [v for v in d.get("Environment", []) if v.startswith("NUMBA_CACHE_DIR=")]
     assert cache and cache[0].split("=", 1)[1].startswith(f"/var/lib/{state}/")
+    # open files past systemd's 1024: the connection bounds are a quarter of it
+    # (tests/test_strangers.py holds 2,000 connections at this limit)
+    assert int(d["LimitNOFILE"][0]) >= 16384
 
 
 def test_agent_unit_is_a_notify_service_with_a_watchdog():

@@ -42,6 +42,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     import signal
 
     from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
+    from agent.connections import server_connections
     from agent.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
@@ -50,7 +51,8 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     warning = store_verification_warning(config.store)
     if warning:
         log.warning("%s", warning)
-    runner, url = await listen(app, config.host, config.port, backlog=4096,  # a fleet
+    runner, url = await listen(app, config.host, config.port, server_connections(config),
+                               backlog=4096,  # a fleet
                                reuse_port=config.report_workers > 0,
                                ssl_context=co.tls.context if co.tls else None)
     await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))

@@ -61,6 +61,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import asyncio
     import signal
 
+    from agent.connections import server_connections
     from agent.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
@@ -69,7 +70,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     tls = ServerTls(config.tls) if config.tls is not None else None
     app = create_app(config)
     node = app[NODE]
-    runner, url = await listen(app, config.host, config.port,
+    runner, url = await listen(app, config.host, config.port, server_connections(config),
                                shutdown_timeout=config.drain_seconds,
                                ssl_context=tls.context if tls else None)
     grpc_server = None

@@ -23,6 +23,7 @@ from aiohttp import web
 from agent.coordinator.catalog import CatalogError
 from agent.credentials import bearer, new_token, token_hash
 from agent.httpauth import Need, Verdict, request_peer, respond
+from agent.httpbody import request_body
 from agent.validation import load_json, number, only
 from agent.wire import NAME
 
@@ -40,7 +41,7 @@ def _coordinator(request: web.Request) -> Any:
 
 
 async def _body(request: web.Request, allowed: tuple[str, ...]) -> dict:
-    raw = await request.read()
+    raw = await request_body(request)
     try:
         body = load_json(raw) if raw.strip() else {}
         if not isinstance(body, dict):

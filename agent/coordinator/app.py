@@ -60,8 +60,8 @@ from agent.coordinator.reportworkers import Answered, ReportWorkers
 from agent.coordinator.store import StoredPlan, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import header_timeout_args
-from agent.httpbody import body_timeout_middleware
+from agent.eventloop import handler_args
+from agent.httpbody import BodyMemory, body_timeout_middleware, request_body
 from agent.httpjson import json_newline
 from agent.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
@@ -311,7 +311,8 @@ def _report_lane(request: web.Request) -> bool:
     needed and it names this coordinator (no Origin, a Host of its own). Any other
     request takes the chain, which answers 401, 403 and 408 as for every path (a refusal
     is counted there, once)."""
-    if request.match_info.handler is not node_report or not request.content.is_eof():
+    if (request.match_info.handler is not node_report or not request.content.is_eof()
+            or "Content-Encoding" in request.headers):  # decoded by the chain
         return False
     co = request.app[COORDINATOR]
     if _unforwarded_internal(request):
@@ -349,7 +350,7 @@ errors_middleware = json_errors_middleware(
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await request_body(request)
     try:
         return load_json(raw)
     except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
@@ -377,7 +378,7 @@ async def health(request: web.Request) -> web.Response:
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
-    raw = await request.read()
+    raw = bytes(await request_body(request))  # the lane's: request.read()
     report = parse_report_body(name, raw)
     refuse_while_store_fails(co.writer.healthy)
     refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
@@ -570,8 +571,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                start_loops: bool = True) -> web.Application:
     """The coordinator's app; ``start_loops=False`` leaves planning to ``POST /v1/plan``
     and direct calls (tests)."""
-    app = web.Application(client_max_size=8 * 2**20,
-                          handler_args=header_timeout_args(config.read_timeout_s),
+    app = web.Application(client_max_size=config.max_request_size,
+                          handler_args=handler_args(config.read_timeout_s),
                           middlewares=[
         json_newline,
         errors_middleware,
@@ -582,7 +583,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
         # join token) hold nothing for a rebinding page that sends a made-up token
         scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
                     certificates=True, open_tokens=False),
-        body_timeout_middleware(config.read_timeout_s),
+        body_timeout_middleware(config.read_timeout_s, config.max_request_size,
+                                BodyMemory(config.max_request_bytes_in_flight)),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
     r = app.router

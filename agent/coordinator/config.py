@@ -19,9 +19,10 @@ from msgspec import field, structs
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.authconfig import AuthSettings
-from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
+from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
+                          Positive, Section, Text, load, setting)
 from agent.tls import TlsSettings
-from agent.validation import ConfigError, choice, load_yaml, string
+from agent.validation import ConfigError, choice, load_yaml, size, string
 
 
 def default_state_dir() -> Path:
@@ -118,7 +119,17 @@ class CoordinatorConfig(Section):
             "c5.2xlarge": {"price_per_hour": 0.34, "max_count": 4, "launch_s": 150}},
         commented=True)] = field(default_factory=dict)
     read_timeout_s: Annotated[Positive, setting(
-        "a request's headers, then its body, must arrive within this")] = 30.0
+        "a TLS handshake, then a request's headers, then its body, must arrive within "
+        "this")] = 30.0
+    max_request_size: Annotated[int, setting(
+        "largest request body (decoded); larger ones get 413", check=size,
+        example="8MiB")] = 8 * 2**20
+    max_request_bytes_in_flight: Annotated[int, setting(
+        "request bodies read and not yet answered, in all (in each report worker too); "
+        "a body that does not fit waits for room, then 503", check=size,
+        example="64MiB")] = 64 * 2**20
+    max_connections: MaxConnections = None
+    max_connections_per_peer: MaxConnectionsPerPeer = None
     store: Annotated[str | None, setting(
         "instead of the SQLite file: one PostgreSQL database shared by several "
         "coordinators, one of which plans at a time (pip install 'edgeagent[postgres]'; "

@@ -53,12 +53,13 @@ from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_repor
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
+from agent.connections import server_connections
+from agent.eventloop import handler_args, listen, run_event_loop, settle_gc
 from agent.credentials import Credentials
 from agent.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWARDED_PEER,
                             Guard, Need, carries_credential, certificate_issued,
                             certificate_name, host_check, own_names, scoped_auth)
-from agent.httpbody import body_timeout_middleware, request_body
+from agent.httpbody import BodyMemory, body_timeout_middleware, request_body
 from agent.httpjson import json_newline
 from agent.tls import ServerTls
 
@@ -371,15 +372,16 @@ def _report_need(request: web.Request) -> Need | None:
 
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
     names = own_names(config.host, config.allowed_hosts)  # what it forwards has its Host
-    app = web.Application(client_max_size=8 * 2**20,
-                          handler_args=header_timeout_args(config.read_timeout_s),
+    app = web.Application(client_max_size=config.max_request_size,
+                          handler_args=handler_args(config.read_timeout_s),
                           middlewares=[
         json_newline,
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
         host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True), lambda r: names),
         scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True,
                     open_tokens=False),  # what it forwards, the coordinator judges
-        body_timeout_middleware(config.read_timeout_s),
+        body_timeout_middleware(config.read_timeout_s, config.max_request_size,
+                                BodyMemory(config.max_request_bytes_in_flight)),
     ])
     app[WORKER] = state
     app.router.add_post(REPORT_PATH, _report)
@@ -431,8 +433,8 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
         loop.add_signal_handler(sig, lambda: None)
     state.session = ClientSession("http://localhost", timeout=ClientTimeout(total=None),
                                   connector=UnixConnector(internal_socket))
-    runner, _ = await listen(_worker_app(config, state), config.host, port, backlog=4096,
-                             reuse_port=True,
+    runner, _ = await listen(_worker_app(config, state), config.host, port,
+                             server_connections(config), backlog=4096, reuse_port=True,
                              ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 

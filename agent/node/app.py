@@ -19,7 +19,7 @@ from aiohttp import web
 from agent.config import AgentConfig
 from agent.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import header_timeout_args
+from agent.eventloop import handler_args
 from agent.httpbody import body_timeout_middleware
 from agent.httpjson import json_newline
 from agent.httpauth import carries_credential, host_check, own_names, scoped_auth
@@ -86,7 +86,7 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
                                                                     request.app[NODE].guard),
                                  lambda request: names)
     app = web.Application(client_max_size=config.max_request_size,
-                          handler_args=header_timeout_args(config.read_timeout_s),
+                          handler_args=handler_args(config.read_timeout_s),
                           middlewares=[json_newline, errors_middleware, host_middleware,
                                        auth_middleware, read_body])
     app[NODE] = node

@@ -20,10 +20,12 @@ RESOURCE_EXHAUSTED. ``ModelStreamInfer`` answers
 UNIMPLEMENTED.
 
 Memory: ``ModelInfer`` receives its message itself (``ReceiveInferItself``), once
-``max_request_bytes_in_flight`` has room for what grpcio holds while it hands the
-message over (``HANDOFF_COPIES`` times its largest size), and reads
-``raw_input_contents`` as views of the received bytes (``split_infer_request``), not
-protobuf's copies.
+``max_request_bytes_in_flight`` has room promised for what grpcio holds while it hands
+the message over (``Receptions``: its largest size, and the two further copies of a
+hand-off once for all the calls receiving), and reads ``raw_input_contents`` as views
+of the received bytes (``split_infer_request``), not protobuf's copies. Connections:
+at most ``max_connections`` (its own, beside HTTP's; past them grpc core refuses the
+newcomer), each handshake within ``read_timeout_s``, and GOAWAY after as long idle.
 
 Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
 order: little-endian values, BYTES as 4-byte length + bytes per element, the layout of
@@ -48,8 +50,9 @@ from google.protobuf.message import DecodeError
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
+from agent.connections import connection_limits
 from agent.eventloop import bind_failure
-from agent.httpbody import NoRoomForBody
+from agent.httpbody import BodyMemory
 from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
@@ -307,6 +310,101 @@ HANDOFF_COPIES = 3
 #: A ModelInfer message this large is followed by a ``malloc_trim``.
 TRIM_AFTER_BYTES = 4 * 2**20
 
+
+class Receptions:
+    """The room ModelInfer messages are received in, promised in
+    ``max_request_bytes_in_flight`` before a byte of them arrives
+    (``BodyMemory.reserve_aside``): grpcio receives a message whole before Python sees
+    any of it, and its size is not known until then.
+
+    A call waiting for its message promises ``max_request_size`` (grpc core's copy of
+    it, as it arrives). The further ``HANDOFF_COPIES - 1`` copies exist only while
+    ``un_c`` hands a message over, on the event loop, so one message at a time: they
+    are promised once for all the calls waiting together, by the first, and given back
+    when none waits. Promises are made one call at a time, in arrival order, and take
+    at most ``share``: the limit less ``max_request_size`` (at least half of it), so
+    HTTP bodies always keep the rest. A call that never sends its message holds its
+    promise for ``read_timeout_s`` at most and keeps other gRPC messages waiting, never
+    HTTP bodies. A message received is counted at its own size until ``done``. Where
+    the share is under ``HANDOFF_COPIES x max_request_size`` (a limit under 4 x
+    max_request_size) a message's hand-off is counted at the share, less than it may
+    hold."""
+
+    def __init__(self, memory: BodyMemory) -> None:
+        self.memory = memory
+        self.waiting = 0  # calls with room promised, waiting for their message
+        self._handoff = 0  # the hand-off's copies, promised while a call waits
+        self._turn = asyncio.Lock()
+        self._trimming: asyncio.Future | None = None
+
+    def rooms(self, max_request_size: int) -> tuple[int, int, int]:
+        """(the share, a call's own room, the hand-off's room)."""
+        limit = self.memory.limit_bytes
+        share = max(limit - max_request_size, limit // 2)
+        own = min(max_request_size, share)
+        return share, own, min((HANDOFF_COPIES - 1) * max_request_size, share - own)
+
+    async def receive(self, context: grpc.aio.ServicerContext, max_request_size: int,
+                      timeout: float) -> bytes:
+        """The call's one message, received once its room is promised (waiting up to
+        ``timeout``: else ``NoRoomForMessage``), within ``timeout`` of that (else
+        ``MessageTooSlow``); it stays counted at its own size until ``done``."""
+        share, own, handoff = self.rooms(max_request_size)
+        memory = self.memory
+        try:
+            async with asyncio.timeout(timeout), self._turn:
+                if not self._handoff:
+                    await memory.reserve_aside(handoff, share)
+                    self._handoff = handoff
+                await memory.reserve_aside(own, share)
+                self.waiting += 1
+        except BaseException as exc:  # no room in time, or the call went away
+            self._settle()
+            if not isinstance(exc, TimeoutError):
+                raise
+            raise NoRoomForMessage(
+                f"no memory to receive the request's message within {timeout:g} s: "
+                f"receiving it takes {own + handoff} bytes ({HANDOFF_COPIES} x "
+                f"max_request_size, what grpcio holds while handing it over, at most "
+                f"{share}: the limit less max_request_size), {memory.in_flight_bytes} "
+                f"bytes are in flight, the limit is {memory.limit_bytes} "
+                "(max_request_bytes_in_flight)") from None
+        message = None
+        try:
+            if self._trimming is not None:  # the last large message's heap goes back first
+                await asyncio.shield(self._trimming)
+            async with asyncio.timeout(timeout):
+                message = await context.read()
+        except TimeoutError:
+            raise MessageTooSlow(f"the request's message did not arrive within "
+                                 f"{timeout:g} s (read_timeout_s)") from None
+        finally:
+            self.waiting -= 1
+            arrived = len(message) if isinstance(message, bytes) else 0
+            memory.release_aside(own, keep=arrived)
+            self._settle()
+        if message is grpc.aio.EOF:
+            raise BadRequest("the call ended without a message")
+        return message
+
+    def done(self, message_bytes: int) -> None:
+        """A message ``receive`` returned is answered: its bytes are free. After one of
+        ``TRIM_AFTER_BYTES`` or more, free heap goes back to the OS (``malloc_trim``,
+        off the event loop, one at a time, before the next message is read): gRPC
+        receives a message in pieces from many threads' heaps, which glibc keeps once
+        freed (tens of MiB)."""
+        self.memory.release(message_bytes)
+        if message_bytes >= TRIM_AFTER_BYTES and (self._trimming is None
+                                                  or self._trimming.done()):
+            self._trimming = asyncio.ensure_future(asyncio.to_thread(malloc_trim))
+
+    def _settle(self) -> None:
+        """Give the hand-off's room back once no call waits for a message or for
+        room."""
+        if self._handoff and not self.waiting and not self._turn.locked():
+            self.memory.release_aside(self._handoff)
+            self._handoff = 0
+
 #: ``ModelInfer``'s method name as gRPC calls it.
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -373,15 +471,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._trimming: asyncio.Future | None = None
-
-    def _trim_after(self, message_bytes: int) -> None:
-        """After a message of ``TRIM_AFTER_BYTES`` or more, give free heap back to the OS
-        (``malloc_trim``, off the event loop, one at a time): gRPC receives a message in
-        pieces from many threads' heaps, which glibc keeps once freed (tens of MiB)."""
-        if message_bytes >= TRIM_AFTER_BYTES and (self._trimming is None
-                                                  or self._trimming.done()):
-            self._trimming = asyncio.ensure_future(asyncio.to_thread(malloc_trim))
+        self._receptions = Receptions(node.body_memory)
 
     async def _check(self, context: grpc.aio.ServicerContext, path: str) -> None:
         """Abort unless the caller's token meets what HTTP ``path`` needs."""
@@ -451,41 +541,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         json_format.ParseDict(api_triton.model_stats_doc(self.node, name, version), response)
         return response
 
-    async def _receive(self, context: grpc.aio.ServicerContext, counted: list[int]
-                       ) -> bytes:
-        """The call's one message, once what its hand-over may hold is counted in flight
-        for it (``counted[0]``: ``HANDOFF_COPIES`` times ``max_request_size``, at most
-        the whole limit; waiting, as HTTP bodies do, up to ``read_timeout_s``), then
-        counted at its own size."""
-        node, config = self.node, self.node.config
-        room = min(HANDOFF_COPIES * config.max_request_size,
-                   config.max_request_bytes_in_flight)
-        try:
-            await node.body_memory.reserve(room, config.read_timeout_s)
-        except NoRoomForBody:
-            memory = node.body_memory
-            raise NoRoomForMessage(
-                f"no memory to receive the request's message within "
-                f"{config.read_timeout_s:g} s: receiving it takes {room} bytes "
-                f"({HANDOFF_COPIES} x max_request_size, what grpcio holds while handing "
-                f"it over, at most the limit), {memory.in_flight_bytes} bytes are in "
-                f"flight, the limit is {memory.limit_bytes} "
-                "(max_request_bytes_in_flight)") from None
-        counted[0] = room
-        if self._trimming is not None:  # the last large message's heap goes back first
-            await asyncio.shield(self._trimming)
-        try:
-            async with asyncio.timeout(config.read_timeout_s):
-                message = await context.read()
-        except TimeoutError:
-            raise MessageTooSlow(f"the request's message did not arrive within "
-                                 f"{config.read_timeout_s:g} s (read_timeout_s)") from None
-        if message is grpc.aio.EOF:
-            raise BadRequest("the call ended without a message")
-        node.body_memory.release(counted[0] - len(message))
-        counted[0] = len(message)
-        return message
-
     @_rpc
     async def ModelInfer(self, requests: Any, context: Any) -> Any:
         """Served through ``ReceiveInferItself``: ``requests`` is the call's stream."""
@@ -497,7 +552,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         code = 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
         try:
-            message = await self._receive(context, counted)
+            message = await self._receptions.receive(
+                context, node.config.max_request_size, node.config.read_timeout_s)
+            counted[0] = len(message)
             request, raw = split_infer_request(message)
             arrived = node.serving.clock()
             name = request.model_name
@@ -507,6 +564,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if forwarded is not None:
                 code = 200
                 return forwarded
+            message = None  # decoded from here on: only ``raw``'s tensors are kept
             app = node.selection.is_app(name)
             known = None if app else node.cache.entry(name, version).signature  # else 404
             inputs, meta = decode_infer_request(
@@ -543,8 +601,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             code = http_status(exc)
             raise
         finally:
-            node.body_memory.release(counted[0])
-            self._trim_after(counted[0])
+            self._receptions.done(counted[0])
             known_name = name in node.cache.specs or node.selection.is_app(name) \
                 or node.router.knows(name)
             node.metrics.observe(name if known_name else "<unknown>", ENDPOINT, code,
@@ -636,7 +693,16 @@ async def start_grpc(node: Node, host: str, port: int,
                                  ("grpc.max_send_message_length", -1),
                                  # a stream's window stays 64 KiB until its message is
                                  # read (not grown to the link's bandwidth-delay product)
-                                 ("grpc.http2.bdp_probe", 0)])
+                                 ("grpc.http2.bdp_probe", 0),
+                                 # connections: as many as HTTP's, each handshake and
+                                 # each idle spell (no call) within read_timeout_s
+                                 ("grpc.max_allowed_incoming_connections", connection_limits(
+                                     node.config.max_connections,
+                                     node.config.max_connections_per_peer).total),
+                                 ("grpc.server_handshake_timeout_ms",
+                                  int(node.config.read_timeout_s * 1000)),
+                                 ("grpc.max_connection_idle_ms",
+                                  int(node.config.read_timeout_s * 1000))])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
     try:
