@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import click
@@ -106,6 +108,7 @@ def simulate_command(
     if progress is None:
         progress = sys.stderr.isatty()
     settings: dict[str, object] = {}
+    native = None
     try:
         if source is not None:
             if trace_path or profiles_path or demo:
@@ -119,11 +122,12 @@ def simulate_command(
             if not capacities or not policies:
                 raise click.UsageError("--from needs --capacity and --policy")
         elif demo:
+            policies = policies or DEMO_POLICIES
+            native = _native_replays(policies, queueing or disk_capacity is not None, progress)
             from cachepolicies.simulator import sweep
 
             trace, profiles = _demo_workload(seed)
             capacities = capacities or DEMO_CAPACITIES
-            policies = policies or DEMO_POLICIES
         else:
             missing = [flag for flag, value in (("--trace", trace_path),
                                                 ("--profiles", profiles_path),
@@ -132,9 +136,12 @@ def simulate_command(
             if missing:
                 raise click.UsageError(f"missing {', '.join(missing)} (or use --demo)")
             # The CSVs parse in pyarrow's threads, mostly without the GIL, while this
-            # thread imports the simulator (numba); read errors are raised by result().
+            # thread loads the replays (or imports numba); read errors are raised by
+            # result().
             with ThreadPoolExecutor(1) as reader:
                 inputs = reader.submit(_read_inputs, trace_path, profiles_path)
+                native = _native_replays(policies, queueing or disk_capacity is not None,
+                                         progress)
                 from cachepolicies.simulator import sweep
 
                 trace, profiles = inputs.result()
@@ -154,7 +161,7 @@ def simulate_command(
                 _parse_size(pull_bandwidth, "--pull-bandwidth"))
         results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                         queueing=twin, progress=progress, disk_capacity=disk,
-                        disk_policy=disk_policy)
+                        disk_policy=disk_policy, native=native)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -166,6 +173,29 @@ def simulate_command(
             click.echo(f"demo: {len(trace)} requests for {len(set(trace.model_ids.tolist()))} "
                        f"models (shipped CremeBrulee profiles, synthetic workload)")
         click.echo(format_table(results))
+
+
+def _native_replays(specs: Sequence[str], queued_or_tiered: bool,
+                    announce: bool) -> Mapping[str, ModuleType] | None:
+    """The policies' replays compiled ahead of time (``cachepolicies.native``, built on
+    first use), where every run is a plain replay and ``EDGEAGENT_JIT`` is unset; then
+    this process interprets its policy objects, and numba never loads. None: numba's
+    JIT replays them, as with ``EDGEAGENT_JIT=1``."""
+    names = [spec.partition(":")[0].strip() for spec in specs]
+    if (queued_or_tiered or os.environ.get("EDGEAGENT_JIT") is not None
+            or not set(names) <= set(POLICY_NAMES)):
+        return None
+    from cachepolicies import native
+
+    def building(missing: list[str]) -> None:
+        if announce:
+            click.echo(f"compiling the replay of {', '.join(missing)} ahead of time (once "
+                       "after an install or an edit of cachepolicies)", err=True)
+
+    modules = native.ensure(names, on_build=building)
+    if modules is not None:
+        os.environ["EDGEAGENT_JIT"] = "0"  # read when cachepolicies.jit is imported, next
+    return modules
 
 
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
