@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 # cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
 # (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
 POLICY_NAMES = ("lru", "random", "popularity", "gdsf", "beladymin", "cremebrulee",
-                "cremebrulee-oracle")
+                "cremebrulee-forecast", "cremebrulee-oracle")
 
-DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee", "beladymin",
-                 "cremebrulee-oracle")
+DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee",
+                 "cremebrulee-forecast", "beladymin", "cremebrulee-oracle")
 DEMO_CAPACITIES = ("4GB", "8GB", "12GB", "16GB")
 
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
