@@ -11,16 +11,17 @@ the module links numba's small runtime in and imports only numpy.
 
 A policy's module is built the first time a simulate process asks for it after an
 install or an edit of the package (the file is named by ``cachepolicies.sourcestamp``),
-in a child process, into numba's cache directory (``NUMBA_CACHE_DIR``, else
-``cachepolicies/__pycache__``, else the user's cache). A build that fails leaves a note
-beside it naming why (``replay_<policy>-<stamp>-<machine>.failed``); later processes of
-the same sources then go straight to numba's JIT instead of trying again.
+in a child process, beside numba's cache (``cachepolicies/__pycache__``, else under
+``NUMBA_CACHE_DIR`` or the user's cache, a directory per checkout). A build that fails
+leaves a note beside it naming why (``replay_<policy>-<stamp>-<machine>.failed``); later
+processes of the same sources then go straight to numba's JIT instead of trying again.
 
     python -m cachepolicies.native lru cremebrulee   # build them now, print their paths
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
@@ -34,7 +35,6 @@ from types import ModuleType
 from cachepolicies.sourcestamp import PACKAGE, package_stamp
 
 
-
 def module_name(policy: str) -> str:
     """The extension module of ``policy`` (``cremebrulee-oracle`` →
     ``replay_cremebrulee_oracle``)."""
@@ -42,25 +42,31 @@ def module_name(policy: str) -> str:
 
 
 def cache_directory() -> Path:
-    """Where numba caches the kernels, so both caches live and go together."""
-    configured = os.environ.get("NUMBA_CACHE_DIR")
-    if configured:
-        return Path(configured) / "cachepolicies-native"
+    """Where numba caches the kernels, so both caches live and go together; outside the
+    package, one directory per checkout (each keeps only its own sources' modules)."""
     beside = PACKAGE / "__pycache__"
-    if os.access(beside if beside.exists() else PACKAGE, os.W_OK):
+    configured = os.environ.get("NUMBA_CACHE_DIR")
+    if not configured and os.access(beside if beside.exists() else PACKAGE, os.W_OK):
         return beside
-    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(home) / "edgeagent"
+    root = Path(configured) if configured else \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgeagent"
+    checkout = hashlib.sha256(str(PACKAGE.resolve()).encode()).hexdigest()[:12]
+    return root / f"cachepolicies-native-{checkout}"
 
 
-def module_path(policy: str, directory: Path | None = None) -> Path:
-    """The module file of ``policy`` for these sources, this interpreter, numpy's major
-    version and this machine."""
+def build_tag() -> str:
+    """What a module is valid for: these sources, numpy's major version, this machine."""
     import numpy as np
 
-    tag = f"{package_stamp()[:20]}-np{np.__version__.split('.')[0]}-{platform.machine()}"
+    return f"{package_stamp()[:20]}-np{np.__version__.split('.')[0]}-{platform.machine()}"
+
+
+def module_path(policy: str, directory: Path | None = None, tag: str | None = None) -> Path:
+    """The module file of ``policy`` for ``tag`` (default: ``build_tag()``) and this
+    interpreter."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return (directory or cache_directory()) / f"{module_name(policy)}-{tag}{suffix}"
+    return ((directory or cache_directory())
+            / f"{module_name(policy)}-{tag or build_tag()}{suffix}")
 
 
 def failure_note(path: Path) -> Path:
@@ -89,7 +95,8 @@ def ensure(policies: Sequence[str], *, timeout: float = 900,
     """The modules of ``policies`` (names, not specs), those missing built first in one
     child process (``on_build`` is told which, before); None when one cannot be had (a
     build failed for these sources before, or fails now: its note says why)."""
-    paths = {name: module_path(name) for name in dict.fromkeys(policies)}
+    directory, tag = cache_directory(), build_tag()
+    paths = {name: module_path(name, directory, tag) for name in dict.fromkeys(policies)}
     modules = {name: load(name, path) for name, path in paths.items()}
     missing = [name for name, module in modules.items() if module is None]
     if any(failure_note(paths[name]).exists() for name in missing):
