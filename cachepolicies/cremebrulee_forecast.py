@@ -16,7 +16,8 @@ count is already that forecaster's level term, so it is not used here.
 A periodic model's utility changes with time alone, so the two kinds are kept apart:
 the others in a heap by log utility (their order changes only on a request, as in
 CremeBrulee), the periodic ones in a list whose utilities an eviction computes afresh;
-the walk merges the two. An eviction costs O(periodic residents + victims · log n).
+the walk merges the two. An eviction costs O(periodic residents · victims) beside
+CremeBrulee's O(victims · log n).
 The eviction set is trimmed to the largest victims that suffice (§V-B).
 """
 
@@ -259,7 +260,7 @@ class CremeBruleeForecast(Policy):
     trims_eviction_set = True
 
     def __init__(self, rate: str = "decayed", half_life: float = 600.0,
-                 tolerance: float = 0.05, confirm: int = 2) -> None:
+                 tolerance: float = 0.05, confirm: int = 3) -> None:
         cumulative, k = rates.rate_parameters(rate, half_life)
         if not 0 < tolerance < 1:
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
