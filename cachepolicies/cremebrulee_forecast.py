@@ -29,6 +29,7 @@ import numpy as np
 
 from cachepolicies import rates
 from cachepolicies.base import Key, Policy
+from cachepolicies.cremebrulee import log_worth
 from cachepolicies.heap import (
     grow_heap, heap_first, heap_next, heap_priority, heap_remove, heap_set, new_heap)
 from cachepolicies.jit import structref, types
@@ -103,18 +104,13 @@ def _observe_gap(s, i, now):
 
 @kernel
 def _on_admit(s, i, now):
-    penalty = s.res.penalty[i]
-    size = max(s.res.size[i], 1)
-    if penalty <= 0:
-        log_worth = -math.inf
-    else:
-        log_worth = math.log(penalty) - math.log(size)
-    s.worth[i] = penalty / size
-    s.log_worth[i] = log_worth
+    worth = log_worth(s.res, i)
+    s.worth[i] = s.res.penalty[i] / max(s.res.size[i], 1)
+    s.log_worth[i] = worth
     if s.streak[i] >= s.confirm:
         _list(s, i)
     else:
-        heap_set(s.heap, i, log_worth + rates.log_score(s.rates, i))
+        heap_set(s.heap, i, worth + rates.log_score(s.rates, i))
 
 
 @kernel
