@@ -96,6 +96,19 @@ def test_the_trace_readers_load_without_numba():
 
 
 # -- the replays compiled ahead of time (cachepolicies.native) ---------------------------
+def _c_compiler() -> str | None:
+    """The C compiler setuptools would run (numba.pycc builds the modules with it)."""
+    import shutil
+    import sysconfig
+
+    command = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(command.split()[0])
+
+
+needs_a_c_compiler = pytest.mark.skipif(
+    _c_compiler() is None, reason="no C compiler: simulate falls back to numba's JIT "
+    "(test_a_failed_build_leaves_a_note_and_numba_replays)")
+
 RUN_CLI = '''
 import json, sys
 from agent.cli import main
@@ -142,6 +155,7 @@ def _expected(trace: Path, profiles: Path, capacity: int, *specs: str) -> list[d
                                        list(specs), progress=False)]
 
 
+@needs_a_c_compiler
 def test_simulate_runs_its_replay_compiled_ahead_of_time_without_numba(tmp_path,
                                                                         monkeypatch):
     from cachepolicies import native
@@ -201,6 +215,7 @@ def test_a_build_without_a_c_compiler_falls_back_to_the_jit(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
+@needs_a_c_compiler
 def test_every_policys_native_replay_decides_as_numbas_jit(tmp_path):
     """Each policy, with parameters other than its defaults where it has some, on two
     capacities: the ahead-of-time replay against numba's JIT, result for result."""
