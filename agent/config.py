@@ -614,7 +614,7 @@ class AgentConfig(Section):
         = 0.2
     policy: Annotated[Text, setting(
         "eviction policy: a name (edgeagent simulate --help lists them) and :k=v "
-        "parameters")] = "cremebrulee"
+        "parameters")] = "cremebrulee-forecast"
     allowed_hosts: Annotated[tuple[Text, ...], setting(
         "requests without a token must name the agent in Host (and Origin): an IP "
         "address, localhost, host, this machine's name, or one of these (a DNS "

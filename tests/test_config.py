@@ -57,7 +57,7 @@ def test_agent_config(tmp_path):
     assert cfg.port == 9001 and cfg.cpu_budget == 512_000_000 and cfg.policy == "lru"
     assert cfg.repository == (tmp_path / "models").resolve()
     assert cfg.with_overrides(port=1, policy=None).port == 1
-    assert AgentConfig().policy == "cremebrulee"
+    assert AgentConfig().policy == "cremebrulee-forecast"
 
 
 @pytest.mark.parametrize("text, key", [("prot: 1\n", "prot"), ("port: 70000\n", "port"),

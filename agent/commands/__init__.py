@@ -13,7 +13,7 @@ import click
 #: Each extra of pyproject.toml -> the modules it brings that its commands import
 #: (tests/test_extras.py holds them to pyproject's lists).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "sim": ("numba", "pyarrow", "tqdm", "matplotlib"),
+    "sim": ("numba", "pyarrow", "tqdm", "setuptools", "matplotlib"),
     "coordinator": ("numba", "scipy", "sklearn", "threadpoolctl"),
 }
 

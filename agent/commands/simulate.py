@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import click
@@ -32,10 +34,10 @@ if TYPE_CHECKING:
 # cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
 # (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
 POLICY_NAMES = ("lru", "random", "popularity", "gdsf", "beladymin", "cremebrulee",
-                "cremebrulee-oracle")
+                "cremebrulee-forecast", "cremebrulee-oracle")
 
-DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee", "beladymin",
-                 "cremebrulee-oracle")
+DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee",
+                 "cremebrulee-forecast", "beladymin", "cremebrulee-oracle")
 DEMO_CAPACITIES = ("4GB", "8GB", "12GB", "16GB")
 
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -131,6 +133,7 @@ def simulate_command(
                         load_concurrency=load_concurrency)
         return
     source = sources[0] if sources else None
+    native = None
     try:
         if source is not None:
             if trace_path or profiles_path or demo:
@@ -144,11 +147,12 @@ def simulate_command(
             if not capacities or not policies:
                 raise click.UsageError("--from needs --capacity and --policy")
         elif demo:
+            policies = policies or DEMO_POLICIES
+            native = _native_replays(policies, queueing or disk_capacity is not None, progress)
             from cachepolicies.simulator import sweep
 
             trace, profiles = _demo_workload(seed)
             capacities = capacities or DEMO_CAPACITIES
-            policies = policies or DEMO_POLICIES
         else:
             missing = [flag for flag, value in (("--trace", trace_path),
                                                 ("--profiles", profiles_path),
@@ -157,9 +161,12 @@ def simulate_command(
             if missing:
                 raise click.UsageError(f"missing {', '.join(missing)} (or use --demo)")
             # The CSVs parse in pyarrow's threads, mostly without the GIL, while this
-            # thread imports the simulator (numba); read errors are raised by result().
+            # thread loads the replays (or imports numba); read errors are raised by
+            # result().
             with ThreadPoolExecutor(1) as reader:
                 inputs = reader.submit(_read_inputs, trace_path, profiles_path)
+                native = _native_replays(policies, queueing or disk_capacity is not None,
+                                         progress)
                 from cachepolicies.simulator import sweep
 
                 trace, profiles = inputs.result()
@@ -177,14 +184,17 @@ def simulate_command(
                 max_concurrent_pulls=max_concurrent_pulls,
                 pull_bandwidth=None if pull_bandwidth is None else
                 _parse_size(pull_bandwidth, "--pull-bandwidth"))
-        compilation = Compilation("compiling the policy kernels (numba; once: later runs "
-                                  "load them from its cache) ...")
         runs = len(sizes) * len(policies)
-        with compilation.watching(), (contextlib.nullcontext() if progress else after(
+        # the replays compiled ahead of time need no numba (watching its compile events
+        # would import it)
+        compilation = contextlib.nullcontext() if native is not None else Compilation(
+            "compiling the policy kernels (numba; once: later runs load them from its "
+            "cache) ...").watching()
+        with compilation, (contextlib.nullcontext() if progress else after(
                 f"simulating {len(trace)} requests, {runs} run(s) ...")):
             results = sweep(trace, profiles, sizes, list(policies), seed=seed,
                             queueing=twin, progress=progress, disk_capacity=disk,
-                            disk_policy=disk_policy)
+                            disk_policy=disk_policy, native=native)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -251,6 +261,29 @@ def _simulate_fleet(sources: Sequence[str], token_file: str | None,
         from dataclasses import replace
 
         click.echo(format_table([replace(r, policy=f"{r.policy}@{node}") for node, r in rows]))
+
+
+def _native_replays(specs: Sequence[str], queued_or_tiered: bool,
+                    announce: bool) -> Mapping[str, ModuleType] | None:
+    """The policies' replays compiled ahead of time (``cachepolicies.native``, built on
+    first use), where every run is a plain replay and ``EDGEAGENT_JIT`` is unset; then
+    this process interprets its policy objects, and numba never loads. None: numba's
+    JIT replays them, as with ``EDGEAGENT_JIT=1``."""
+    names = [spec.partition(":")[0].strip() for spec in specs]
+    if (queued_or_tiered or os.environ.get("EDGEAGENT_JIT") is not None
+            or not set(names) <= set(POLICY_NAMES)):
+        return None
+    from cachepolicies import native
+
+    def building(missing: list[str]) -> None:
+        if announce:
+            click.echo(f"compiling the replay of {', '.join(missing)} ahead of time (once "
+                       "after an install or an edit of cachepolicies)", err=True)
+
+    modules = native.ensure(names, on_build=building)
+    if modules is not None:
+        os.environ["EDGEAGENT_JIT"] = "0"  # read when cachepolicies.jit is imported, next
+    return modules
 
 
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:

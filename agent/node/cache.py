@@ -193,7 +193,7 @@ class ModelCache:
         specs: dict[str, ModelSpec],
         budgets: dict[str, int],
         *,
-        policy: str = "cremebrulee",
+        policy: str = "cremebrulee-forecast",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         backend_factory: Callable[..., Backend] = make_backend,

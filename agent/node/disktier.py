@@ -152,7 +152,8 @@ def _default_open_source(url: str, options: dict[str, Any]) -> Any:
 class DiskTier:
     """Sourced models' files on this node's disk, under a byte budget."""
 
-    def __init__(self, root: Path, budget: int | None = None, *, policy: str = "cremebrulee",
+    def __init__(self, root: Path, budget: int | None = None, *,
+                 policy: str = "cremebrulee-forecast",
                  open_source: Callable[[str, dict], Any] = _default_open_source,
                  max_concurrent_pulls: int = 2, bandwidth: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
