@@ -324,7 +324,7 @@ class AgentServer(ThreadedServer):
     def __init__(self, config, **node_kwargs):
         from agent.node.app import NODE, create_app, prepare_process
 
-        from agent.tls import ServerTls
+        from agent.security.tls import ServerTls
 
         prepare_process()  # as ``edgeagent serve`` does
         self.tls = ServerTls(config.tls) if config.tls is not None else None

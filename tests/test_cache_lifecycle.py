@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from agent.node import cache as cache_module
+from agent.node.cache import modelcache as cache_module
 from agent.node.cache import CacheBusy, LoadFailed, ModelCache
-from agent.node.entry import Entry
-from agent.node.lifecycle import (AT_REST, TRANSITIONS, IllegalTransition, Lifecycle, State,
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import (AT_REST, TRANSITIONS, IllegalTransition, Lifecycle, State,
                                   transition)
 from agent.node.repository import scan_repository
 from tests.helpers import add_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The cache and the modules split out of it.
-CACHE_MODULES = [ROOT / "agent" / "node" / name
-                 for name in ("cache.py", "entry.py", "lifecycle.py")]
+CACHE_MODULES = [ROOT / "agent" / "node" / "cache" / name
+                 for name in ("modelcache.py", "entry.py", "lifecycle.py")]
 MB = 1_000_000
 LEGAL = [(a, b) for a, b in itertools.product(State, State) if b in TRANSITIONS[a]]
 ILLEGAL = [(a, b) for a, b in itertools.product(State, State) if b not in TRANSITIONS[a]]
@@ -171,8 +171,8 @@ async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
     the pull's status remembered and no phase left over."""
     import threading
 
-    from agent.node.disktier import DiskTier, PullError
-    from agent.node.lifecycle import DOWNLOADING
+    from agent.node.cache.disktier import DiskTier, PullError
+    from agent.node.cache.lifecycle import DOWNLOADING
     from tests.helpers import TINY_MLP
     from tests.standin_source import StandinSources
     from agent.modelzoo import write_mlp

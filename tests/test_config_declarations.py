@@ -1,4 +1,4 @@
-"""Each configuration is declared once (agent/config.py, agent/coordinator/config.py):
+"""Each configuration is declared once (agent/config/__init__.py, agent/coordinator/config.py):
 the committed example files, the flags' help and the parser all come from the
 declaration, and these tests hold them to it."""
 
@@ -16,7 +16,7 @@ from agent.commands.config import KINDS, example_text
 from agent.config import (AgentConfig, ModelConfig, SloOptions, load_agent_config,
                           parse_agent_config)
 from agent.coordinator.config import CoordinatorConfig
-from agent.schema import _section_type, settings
+from agent.config.schema import _section_type, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DECLARATIONS = {"agent": AgentConfig, "model": ModelConfig, "coordinator": CoordinatorConfig}

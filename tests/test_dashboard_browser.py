@@ -157,8 +157,8 @@ def test_agent_page_asks_for_a_token_and_works_with_a_read_token(repo, start_age
                                                                  tmp_path):
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import token_hash
 
     add_mlp(repo, "classifier")
     tokens = tmp_path / "tokens.yaml"

@@ -322,7 +322,7 @@ def test_coordinator_read_timeouts(start_coordinator):
 def test_body_memory_lets_bodies_in_by_arrival_when_they_fit():
     import asyncio
 
-    from agent.httpbody import BodyMemory, NoRoomForBody
+    from agent.http.body import BodyMemory, NoRoomForBody
 
     async def scenario():
         memory = BodyMemory(100)

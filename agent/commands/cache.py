@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from agent import credentials
+from agent.security import credentials
 from agent.commands import tls_options
 from agent.units import format_size
 
@@ -103,7 +103,7 @@ def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -
 
 
 def read_token(token_file: str | None) -> str | None:
-    """The token a command sends: its ``--token-file`` (``agent.credentials.read_token``:
+    """The token a command sends: its ``--token-file`` (``agent.security.credentials.read_token``:
     an empty file is a usage error), else $EDGEAGENT_TOKEN."""
     if not token_file:
         return os.environ.get("EDGEAGENT_TOKEN")

@@ -39,7 +39,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     import signal
 
     from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
-    from agent.eventloop import listen, settle_gc
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
     app = create_app(config)
@@ -94,7 +94,7 @@ def store_verification_warning(store: str | None) -> str | None:
         return None
     from psycopg.conninfo import conninfo_to_dict
 
-    from agent.exposure import is_loopback
+    from agent.security.exposure import is_loopback
 
     try:
         params = conninfo_to_dict(store)
@@ -125,8 +125,8 @@ def serve(config_file: str | None, host: str | None, port: int | None,
           state_dir: Path | None, log_level: str | None, report_workers: int | None,
           insecure: bool | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
-    from agent.eventloop import run_event_loop
-    from agent.exposure import exposure_error
+    from agent.http.eventloop import run_event_loop
+    from agent.security.exposure import exposure_error
 
     try:
         config = load_coordinator_config(config_file).with_overrides(

@@ -18,7 +18,7 @@ import click
 
 from agent.commands import declared_option, self_command
 from agent.config import AgentConfig, ConfigError, load_agent_config
-from agent.exposure import exposure_error
+from agent.security.exposure import exposure_error
 from agent.units import format_size, parse_size
 
 # asyncio, YAML and the node (aiohttp, onnxruntime) are imported by the code that
@@ -62,10 +62,10 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import asyncio
     import signal
 
-    from agent.eventloop import listen, settle_gc
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
-    from agent.tls import ServerTls
+    from agent.security.tls import ServerTls
 
     tls = ServerTls(config.tls) if config.tls is not None else None
     app = create_app(config)
@@ -172,7 +172,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
     # One policy decision per request needs no compiler: the kernels run interpreted,
     # and numba/llvmlite stay out of the agent's memory (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")
-    from agent.eventloop import run_event_loop
+    from agent.http.eventloop import run_event_loop
 
     overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}
     if overrides.get("policy"):
@@ -189,7 +189,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
     refused = exposure_error(config)
     if refused:
         raise click.ClickException(refused)
-    from agent.credentials import load_credentials
+    from agent.security.credentials import load_credentials
 
     try:  # an unusable token file stops the start before the demo is generated
         load_credentials(config.admin_token_file, config.auth.token_file)

@@ -145,7 +145,7 @@ def simulate_command(
         twin = None
         if queueing:
             from agent.config import AgentConfig
-            from agent.twinsettings import twin_settings
+            from agent.config.twinsettings import twin_settings
 
             twin = twin_settings(
                 AgentConfig(), settings, workers=workers, load_concurrency=load_concurrency,
@@ -192,8 +192,8 @@ def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path,
 
 
 def record_settings(profiles_path: Path) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
-    from agent.twinsettings import recorded_settings
+    """The twin's settings a node's profiles file gives (``agent.config.twinsettings``)."""
+    from agent.config.twinsettings import recorded_settings
 
     with open(profiles_path, newline="") as f:
         try:

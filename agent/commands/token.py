@@ -39,7 +39,7 @@ def new(scopes: tuple[str, ...], name: str | None, node: str | None,
     server's auth.token_file, which holds only its SHA-256."""
     import yaml
 
-    from agent.credentials import CredentialError, new_token, parse_entry, token_hash
+    from agent.security.credentials import CredentialError, new_token, parse_entry, token_hash
 
     secret = new_token()
     entry = {"name": name or node or "-".join(scopes), "sha256": token_hash(secret),

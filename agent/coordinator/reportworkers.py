@@ -8,7 +8,7 @@ the kernel spreads connections over the listeners; an agent's keep-alive connect
 stays with one). A worker
 
 * answers ``POST /v1/nodes/{name}/report`` itself: checks its credential (the node's
-  own, or admin: the coordinator's rule, ``agent.httpauth``; the tokens the coordinator
+  own, or admin: the coordinator's rule, ``agent.security.httpauth``; the tokens the coordinator
   accepts come over the pipe, again on SIGHUP), throttles failures per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
   plan, which the coordinator pushes to every worker when it adopts one, and answers
@@ -19,7 +19,7 @@ stays with one). A worker
 * forwards every other request to the coordinator, as it came, over a loopback
   listener of the coordinator's own (the token is checked there), with the real peer
   address and certificate name in headers the coordinator trusts only with the forward
-  key it gave the worker (``agent.httpauth.FORWARD_KEY``);
+  key it gave the worker (``agent.security.httpauth.FORWARD_KEY``);
 * serves the coordinator's ``tls:`` with a context of its own, read again when the
   coordinator, on SIGHUP, says ``reload``.
 
@@ -49,12 +49,12 @@ from agent.coordinator.ingest import (Fleet, ReportedModels, parse_report_body,
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
-from agent.credentials import Credential, Credentials
-from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
+from agent.http.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
+from agent.security.credentials import Credential, Credentials
+from agent.security.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
                             certificate_name, host_check, own_names, scoped_auth)
-from agent.httpbody import body_timeout_middleware, request_body
-from agent.tls import ServerTls
+from agent.http.body import body_timeout_middleware, request_body
+from agent.security.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 

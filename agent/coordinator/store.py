@@ -107,7 +107,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE node_credentials (
         node TEXT PRIMARY KEY,
-        sha256 TEXT NOT NULL,           -- of the node's token (agent.credentials)
+        sha256 TEXT NOT NULL,           -- of the node's token (agent.security.credentials)
         created REAL NOT NULL
     );
     CREATE TABLE join_tokens (

@@ -7,7 +7,7 @@ import math
 
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.cache import UnknownModel
 from agent.node.record import profiles_csv
 from agent.node.routes import NODE

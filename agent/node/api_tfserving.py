@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.batching import rows_of
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.tensors import (check_tf_size, decode_tf_checked, dumps, encode_tf_body,
                                 encode_tf_response, json_object)

@@ -8,10 +8,10 @@ from aiohttp import web
 
 from agent import __version__
 from agent.backends.base import InvalidInput, check_inputs
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.batching import rows_of
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import State
 from agent.node.routes import NODE, counted, model_ref, send_body
 from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int

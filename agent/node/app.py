@@ -16,11 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.dashboard import add_dashboard
+from agent.http.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import header_timeout_args
-from agent.httpbody import body_timeout_middleware
-from agent.httpauth import host_check, own_names, scoped_auth
+from agent.http.eventloop import header_timeout_args
+from agent.http.body import body_timeout_middleware
+from agent.security.httpauth import host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
 from agent.node import api_admin, api_selection, api_tfserving, api_triton, api_v2, reporter

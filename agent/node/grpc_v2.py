@@ -48,21 +48,21 @@ from google.protobuf.message import DecodeError
 from agent import __version__
 from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
-from agent.httpbody import NoRoomForBody
+from agent.http.body import NoRoomForBody
 from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
 from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import State
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.serving import timeout_parameter
 from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, from_bytes_elements,
                                 to_bytes_elements)
-from agent.tls import ServerTls
+from agent.security.tls import ServerTls
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:

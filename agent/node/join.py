@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import CoordinatorLink
-from agent.credentials import read_token
+from agent.security.credentials import read_token
 from agent.validation import load_json
 
 log = logging.getLogger("edgeagent.reporter")

@@ -17,19 +17,19 @@ from typing import Any, Callable
 from agent.backends import Backend, BackendError, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
-from agent.credentials import Credentials, load_credentials
-from agent.httpauth import Guard
-from agent.httpbody import BodyMemory
+from agent.security.credentials import Credentials, load_credentials
+from agent.security.httpauth import Guard
+from agent.http.body import BodyMemory
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
 from agent.node import state as statefile
 from agent.node.cache import CacheError, ModelCache, ModelInvalid, UnknownModel
-from agent.node.disktier import DiskTier
-from agent.node.lifecycle import State
+from agent.node.cache.disktier import DiskTier
+from agent.node.cache.lifecycle import State
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
-from agent.node.rollout import Rollouts
+from agent.node.cache.rollout import Rollouts
 from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
 from agent.node.whatif import WhatIf

@@ -26,7 +26,7 @@ What applying means:
   the config (with its ``version``, the one version served): the disk tier refuses a
   version of another digest. A pull naming a version (or digest)
   the node has not seen lists the source again: a newer version found is rolled out
-  (``agent.node.rollout``). A pull that lapses is not undone, only not renewed.
+  (``agent.node.cache.rollout``). A pull that lapses is not undone, only not renewed.
 * ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
   flight, not pinned: the cache's own evict), its directory removed and its files left
   to the disk tier (``DiskTier.drop``); while it is busy, the next directives try again.
@@ -59,10 +59,10 @@ from aiohttp import web
 from agent.config import CoordinatorLink, parse_model_config
 from agent.node.cache import CacheError
 from agent.node.join import report_token
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
 from agent.node.state import read_state, write_state
 from agent.sources import redact_url
-from agent.tls import client_context, verify_failure
+from agent.security.tls import client_context, verify_failure
 from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives, Pull, refuse_credentials
 

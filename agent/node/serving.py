@@ -37,9 +37,9 @@ from agent.node.batch_tuner import BatchTuner, TunerSettings
 from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batch_key,
                                  has_batch_dimension, rows_of)
 from agent.node.cache import CacheError, ModelCache
-from agent.node.entry import Entry
+from agent.node.cache.entry import Entry
 from agent.node.latency_stats import LatencyWindow, RateMeter
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
 from agent.node.prediction_cache import PredictionCache, input_digest
 from agent.node.record import RequestRecord
 from agent.node.stats import ModelStats

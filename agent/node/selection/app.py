@@ -33,7 +33,7 @@ from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_input
 from agent.node.admission import Shed
 from agent.node.cache import CacheError, ModelInvalid, UnknownModel
 from agent.node.latency_stats import LatencyWindow
-from agent.node.lifecycle import State as Life
+from agent.node.cache.lifecycle import State as Life
 from agent.node.repository import ModelSpec
 from agent.node.selection.feedback import PendingLog, Prediction
 from agent.node.selection.policies import Policy, State, loss_of

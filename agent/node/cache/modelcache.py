@@ -1,7 +1,7 @@
 """The model cache: which models are loaded, under a byte budget per device.
 
-Each model version is an ``Entry`` (``agent.node.entry``) whose state moves only through
-``agent.node.lifecycle.transition``, along the one table of legal moves there
+Each model version is an ``Entry`` (``agent.node.cache.entry``) whose state moves only through
+``agent.node.cache.lifecycle.transition``, along the one table of legal moves there
 (``TRANSITIONS``): an illegal move raises ``IllegalTransition``, also under ``python -O``.
 The parts are TF Serving's: the backend is the loader (estimate, load, unload),
 ``cachepolicies.pool.MemoryPool`` the resource tracker, the lifecycle the harness, and
@@ -15,7 +15,7 @@ the model. So a decision the simulator shows is the one the agent makes. Models 
 keyed ``(name, version)`` in the pools and policies.
 
 A miss runs one load task in six steps (``_load``): *fetch* (a sourced model's files
-not on disk are pulled into the disk tier, ``agent.node.disktier``: remote -> disk; the
+not on disk are pulled into the disk tier, ``agent.node.cache.disktier``: remote -> disk; the
 LOADING phase ``downloading``) -> *price* (make the backend, estimate
 it, refuse it with 507 if it can never fit, size the reservation) -> *reserve* (a load
 slot, then room) -> *load* (wait for the pool's unloads, load in a thread) -> *measure*
@@ -71,12 +71,12 @@ from agent.backends import load_measured, make_backend
 from agent.backends.base import Backend, BackendCrashed, BackendError, LoadResult
 from agent.errors import AgentError
 from agent.memory import FootprintModel, MemoryMeter, malloc_trim
-from agent.node.disktier import DiskBusy, DiskTier, PullError
-from agent.node.entry import Entry
-from agent.node.lifecycle import (AT_REST, DOWNLOADING, IllegalTransition, Lifecycle, State,
+from agent.node.cache.disktier import DiskBusy, DiskTier, PullError
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import (AT_REST, DOWNLOADING, IllegalTransition, Lifecycle, State,
                                   transition)
 from agent.node.repository import ModelSpec, read_warmup_sample
-from agent.node.roomqueue import RoomRequest
+from agent.node.cache.roomqueue import RoomRequest
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")

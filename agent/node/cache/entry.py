@@ -1,5 +1,5 @@
 """What the cache knows of one version of one model, in three parts: its lifecycle
-(``agent.node.lifecycle``), its accounting (the bytes it holds and what a miss costs,
+(``agent.node.cache.lifecycle``), its accounting (the bytes it holds and what a miss costs,
 its pin and references) and its statistics (counters for people and metrics)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.backends.base import Backend, TensorSpec
-from agent.node.lifecycle import Lifecycle, State
+from agent.node.cache.lifecycle import Lifecycle, State
 from agent.node.repository import ModelSpec
 
 MEASUREMENTS_KEPT = 3  # a model's recent clean size measurements that price its next load

@@ -18,7 +18,7 @@ import contextlib
 import logging
 
 from agent.node.cache import CacheError, ModelCache
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
 
 log = logging.getLogger("edgeagent.rollout")
 

@@ -1,7 +1,7 @@
 """The agent's configuration and a model's ``config.yaml``, each declared once.
 
 Every key is a field of a frozen msgspec Struct whose annotation carries its type,
-bounds and help (``agent.schema.setting``); the parser, the defaults, the documented
+bounds and help (``agent.config.schema.setting``); the parser, the defaults, the documented
 example files (``configs/agent.yaml``, ``configs/model.yaml``: ``edgeagent config
 example``) and the help of ``edgeagent serve``'s flags all come from it. An unknown key or a bad value is a
 ``ConfigError`` naming the file and the dotted key, e.g.
@@ -17,10 +17,10 @@ from typing import Annotated, Any
 
 from msgspec import Meta, field, structs
 
-from agent.authconfig import AgentAuthSettings
-from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
+from agent.security.authconfig import AgentAuthSettings
+from agent.config.schema import (INTERNAL, AtLeastOne, AtLeastZero, LogLevel, NonNegative,
                           Port, Positive, Section, Text, load, setting)
-from agent.tls import TlsSettings
+from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")

@@ -54,7 +54,7 @@ from agent.config import ModelConfig
 from agent.errors import AgentError
 from agent.memory import MemoryMeter, write_atomic
 from agent.node.repository import Listing
-from agent.node.roomqueue import RoomRequest
+from agent.node.cache.roomqueue import RoomRequest
 from agent.sources.errors import DigestMismatch
 from agent.units import format_size
 

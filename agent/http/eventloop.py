@@ -1,5 +1,5 @@
 """Running a server: its main coroutine on the fastest event loop, its HTTP listener, and
-its header read timeout (``header_timeout_args``; the body's is in ``agent.httpbody``)."""
+its header read timeout (``header_timeout_args``; the body's is in ``agent.http.body``)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ async def listen(app: Any, host: str, port: int, *, backlog: int = 128,
     ``backlog``: connections waiting to be accepted (a fleet reconnecting at once needs
     more than the default; the kernel caps it at net.core.somaxconn). ``reuse_port``:
     other processes of this user may listen on the same port (``SO_REUSEPORT``; the
-    kernel spreads connections over them). ``ssl_context``: HTTPS (``agent.tls``)."""
+    kernel spreads connections over them). ``ssl_context``: HTTPS (``agent.security.tls``)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
