@@ -506,6 +506,19 @@ class Recorder:
         return backend
 
 
+class ServingListener:
+    """The cache's listener where a test runs serving without a node: it tells
+    ``serving`` of loads and unloads, as ``agent.node.node.Node`` does."""
+
+    serving = None
+
+    def model_loaded(self, entry):
+        self.serving.model_loaded(entry)
+
+    def model_unloaded(self, entry, reason):
+        self.serving.model_unloaded(entry, reason)
+
+
 async def start_serving(repo, backend_factory=None, **config):
     """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
     from agent.config import AgentConfig
@@ -514,9 +527,10 @@ async def start_serving(repo, backend_factory=None, **config):
     from agent.node.serving import Serving
 
     kwargs = {"backend_factory": backend_factory} if backend_factory else {}
-    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, **kwargs)
-    serving = Serving(cache, AgentConfig(repository=repo, **config), None)
-    return cache, serving
+    listener = ServingListener()
+    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, listener=listener, **kwargs)
+    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    return cache, listener.serving
 
 
 async def stop_serving(cache, serving):
@@ -526,8 +540,10 @@ async def stop_serving(cache, serving):
 
 async def call_model(serving, name, x, timeout=None, parameters=None):
     """Model ``name``'s output Y for input X = ``x`` through ``serving``."""
-    _, out = await serving.infer(name, None, lambda e: {"X": x}, parameters or {},
-                                 arrived=serving.clock(), timeout=timeout, rows=len(x))
+    from agent.node.call import Call, Decoded
+
+    _, out = await serving.infer(Call(name, None, "v2", serving.clock(), Decoded({"X": x}),
+                                      parameters or {}, timeout=timeout))
     return out["Y"]
 
 

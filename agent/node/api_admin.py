@@ -122,7 +122,7 @@ async def disk(request: web.Request) -> web.Response:
     model's listing (its versions, or why its source could not be listed)."""
     tier = request.app[NODE].disk
     return web.json_response({**tier.summary(), "holdings": tier.holdings(),
-                              "pulling": tier.pulling(), "sources": tier.listings(),
+                              "pulling": tier.pulling(), "sources": tier.listings.describe(),
                               "pull_errors": tier.pull_errors()})
 
 

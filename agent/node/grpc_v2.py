@@ -46,16 +46,14 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from agent import __version__
-from agent.backends.base import DATATYPES, check_inputs, datatype_of
+from agent.backends.base import DATATYPES, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
 from agent.http.body import NoRoomForBody
 from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
-from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
-from agent.node.cache.entry import Entry
-from agent.node.cache.lifecycle import State
+from agent.node.call import Call, Decoded
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -404,8 +402,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/models/m")
-        doc = await api_v2.model_metadata_doc(self.node, request.name,
-                                              _version(request.version, request.name))
+        doc = await self.node.desk.servable(
+            request.name, _version(request.version, request.name)).metadata()
 
         def tensors(specs: list[dict[str, Any]]) -> list[Any]:
             return [pb.ModelMetadataResponse.TensorMetadata(**s) for s in specs]
@@ -417,12 +415,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/models/m/ready")
-        version = _version(request.version, request.name)
-        if self.node.selection.is_app(request.name):
-            app = self.node.selection.app(request.name, version)
-            return pb.ModelReadyResponse(ready=app.error is None)
-        entry = self.node.cache.entry(request.name, version)
-        return pb.ModelReadyResponse(ready=entry.state is State.READY)
+        servable = self.node.desk.servable(request.name,
+                                           _version(request.version, request.name))
+        return pb.ModelReadyResponse(ready=servable.unready() is None)
 
     @_rpc
     async def ModelConfig(self, request: Any, context: Any) -> Any:
@@ -483,44 +478,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await self._check(context, "/v2/models/m/infer")
         node = self.node
         started = time.perf_counter()
-        name = "<unknown>"
-        version = None
-        code = 500
+        name, version, code = "<unknown>", None, 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
         try:
-            request, raw = split_infer_request(await self._receive(context, counted))
-            arrived = node.serving.clock()
-            name = request.model_name
-            version = _version(request.model_version, name)
-            app = node.selection.is_app(name)
-            known = None if app else node.cache.entry(name, version).signature  # else 404
-            inputs, meta = decode_infer_request(
-                request, node.serving.request_limits(name, version), raw)
-            if known is not None:  # reject bad input before it can cause a load
-                check_inputs(known, inputs)
-            timeout = timeout_parameter(meta["parameters"])
-            remaining = context.time_remaining()  # the client's deadline, if it set one
-            if remaining is not None and (timeout is None or remaining < timeout):
-                timeout = max(remaining, 1e-6)
-
-            if app:
-                results, answer = await node.selection.infer(
-                    name, version, inputs, meta["parameters"], arrived=arrived,
-                    timeout=timeout, rid=meta["id"] or None)
-                meta = {**meta, "id": answer.pop("id")}
-                code = 200
-                return encode_infer_response(name, 1, results, meta, answer)
-
-            def prepare(entry: Entry) -> dict[str, np.ndarray]:
-                check_inputs(entry.backend.inputs, inputs)
-                return inputs
-
-            entry, results = await node.serving.infer(name, version, prepare,
-                                                      meta["parameters"], arrived=arrived,
-                                                      timeout=timeout, rows=rows_of(inputs))
-            response = encode_infer_response(name, entry.version, results, meta)
+            message = await self._receive(context, counted)
+            call, meta, request = self._call(message, context)
+            name, version = call.model, call.version
+            answer = await node.desk.infer(call)
             code = 200
-            return response
+            return encode_infer_response(name, answer.version, answer.outputs,
+                                         {**meta, "id": answer.request_id or meta["id"]},
+                                         answer.parameters)
         except asyncio.CancelledError:  # the client cancelled or its deadline passed
             code = 499
             raise
@@ -530,9 +498,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             node.body_memory.release(counted[0])
             self._trim_after(counted[0])
-            known_name = name in node.cache.specs or node.selection.is_app(name)
-            node.metrics.observe(name if known_name else "<unknown>", ENDPOINT, code,
-                                 time.perf_counter() - started if code == 200 else None)
+            node.desk.count(name, ENDPOINT, code,
+                            time.perf_counter() - started if code == 200 else None)
+
+    def _call(self, message: bytes, context: Any) -> tuple[Call, dict[str, Any], Any]:
+        """The message as a ``Call`` (its deadline the sooner of the ``timeout``
+        parameter and the client's gRPC deadline), its decoded request fields, and the
+        parsed request."""
+        node = self.node
+        request, raw = split_infer_request(message)
+        arrived = node.serving.clock()
+        name = request.model_name
+        version = _version(request.model_version, name)
+        node.desk.servable(name, version)  # 404 before decoding
+        inputs, meta = decode_infer_request(request, node.desk.limits(name, version), raw)
+        timeout = timeout_parameter(meta["parameters"])
+        remaining = context.time_remaining()  # the client's deadline, if it set one
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = max(remaining, 1e-6)
+        call = Call(name, version, ENDPOINT, arrived, Decoded(inputs), meta["parameters"],
+                    request_id=meta["id"] or None, timeout=timeout, body=message,
+                    headers={"Content-Type": "application/grpc"})
+        return call, meta, request
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
@@ -563,7 +550,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         unknown = set(params) - {"unload_dependents"}  # the agent has no dependents
         if unknown:
             raise BadRequest(f"unknown unload parameter(s) {', '.join(sorted(unknown))}")
-        await self.node.cache.evict(request.model_name)
+        await self.node.desk.servable(request.model_name).unload()
         return pb.RepositoryModelUnloadResponse()
 
     def _check_repository(self, name: str) -> None:

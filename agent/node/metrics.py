@@ -348,9 +348,9 @@ class Metrics:
             self.registry.register(_SelectionCollector(selection))
         if cache.disk is not None:
             self.registry.register(_DiskCollector(cache.disk))
-        cache.on_load.append(self._loaded)
 
-    def _loaded(self, entry: "Entry") -> None:
+    def model_loaded(self, entry: "Entry") -> None:
+        """Count a load's time (the node hears of it from the cache)."""
         self.load_time.labels(entry.name, str(entry.version), entry.device).observe(
             entry.account.load_seconds)
 

@@ -523,25 +523,23 @@ class Reporter:
             return
         cache = self.node.cache
         entries = [e for (n, _), e in cache.entries.items() if n == name]
-        if any(e.account.in_flight or e.account.pinned
-               or e.state in (State.LOADING, State.UNLOADING) for e in entries):
+        if any(e.account.pinned or e.state in (State.LOADING, State.UNLOADING)
+               for e in entries):
             return  # busy: the next directives try again
-        for entry in entries:
-            if entry.state is State.READY:
-                self.dropping[name] = asyncio.get_running_loop().create_task(
-                    self._evict(entry))
-                return  # removed once unloaded (the next directives)
+        ready = [e for e in entries if e.state is State.READY]
+        if ready:  # removed once unloaded (the next directives)
+            self.dropping[name] = asyncio.get_running_loop().create_task(
+                self._unload_all(ready))
+            return
         shutil.rmtree(self.node.config.assigned_dir / name, ignore_errors=True)
         self._pulled.pop(name, None)
         self.node.rescan(relist=False)
         self.node.disk.drop(name)
         log.info("coordinator moved %s away: dropped", name)
 
-    async def _evict(self, entry: Any) -> None:
-        try:
-            await self.node.cache.evict(entry.name, entry.version)
-        except CacheError as exc:
-            log.info("drop %s: not yet: %s", entry.key, exc)
+    async def _unload_all(self, entries: list[Any]) -> None:
+        for entry in entries:
+            await self.node.cache.unload_when_idle(entry)
 
     def _save_pins(self) -> None:
         try:

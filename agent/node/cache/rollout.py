@@ -2,89 +2,122 @@
 of a model that is serving is loaded beside the old one, requests without a version are
 switched to it only once it is READY, and the old one is unloaded after its requests in
 flight finish. No request fails for the rollout: until the switch every request goes to
-the old version; after it, to the new one.
+the old version; after it, to the new one. A new version that fails to load leaves the
+old one serving (the next rescan tries again).
 
-The cache holds the old version as the serving one (``ModelCache.serving_version``) and
-calls ``on_new_version`` when a rescan brings a newer default (a local version directory,
-a source's new listing, a coordinator's pull of a new version); ``Rollouts`` runs one
-rollout per model at a time. A new version that fails to load leaves the old one serving
-(the next rescan tries again).
+What to do is decided by ``next_action``, a pure function of the versions it sees (TF
+Serving's ``AvailabilityPreservingPolicy::GetNextAction``); ``Rollouts`` carries it out,
+one rollout per model at a time, started by a rescan (``ModelCache.update_specs``): a
+local version directory, a source's new listing, a coordinator's pull of a new version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
-from agent.node.cache import CacheError, ModelCache
+from agent.node.cache.errors import CacheError
 from agent.node.cache.lifecycle import State
+
+if TYPE_CHECKING:
+    from agent.node.cache.modelcache import ModelCache
 
 log = logging.getLogger("edgeagent.rollout")
 
-#: Seconds between looks at the old version's requests in flight before unloading it.
-DRAIN_POLL_S = 0.05
+
+class Action(enum.Enum):
+    SERVE_NEW = "serve the new version: no old one to keep available"
+    LOAD_NEW = "keep the old version serving and load the new one beside it"
+    SWITCH = "serve the new version, then unload the old one once idle"
+    KEEP_OLD = "the new version did not load: the old one keeps serving"
+
+
+def next_action(old: int | None, new: int | None, listed: Collection[int],
+                states: Mapping[int, State]) -> Action:
+    """What a rollout from ``old`` (the version serving before a rescan) to ``new`` (the
+    default now) does next, given the versions the repository ``listed`` and each
+    version's state (absent: UNLOADED)."""
+    if old is None or new is None or old == new or old not in listed \
+            or states.get(old) is not State.READY:
+        return Action.SERVE_NEW
+    new_state = states.get(new, State.UNLOADED)
+    if new_state is State.READY:
+        return Action.SWITCH
+    if new_state is State.FAILED:
+        return Action.KEEP_OLD
+    return Action.LOAD_NEW
 
 
 class Rollouts:
-    """The rollouts under way, one task per model; started by the cache's
-    ``on_new_version`` hook."""
+    """The rollouts under way, one task per model."""
 
     def __init__(self, cache: ModelCache) -> None:
         self.cache = cache
         self.tasks: dict[str, asyncio.Task] = {}
         self.done = 0
-        cache.on_new_version.append(self.start)
 
-    def start(self, name: str, old: int, new: int) -> None:
+    def _action(self, name: str, old: int | None) -> Action:
+        spec = self.cache.specs.get(name)
+        if spec is None:
+            return Action.SERVE_NEW
+        states = {v: e.state for (n, v), e in self.cache.entries.items() if n == name}
+        return next_action(old, spec.default_version, spec.versions, states)
+
+    def rescanned(self, serving: dict[str, int | None]) -> None:
+        """After a rescan, ``serving``: the version each model served before it. A model
+        with a new default keeps its old version serving while a rollout runs."""
+        held = self.cache.catalog.held
+        for name in self.cache.specs:
+            old = serving.get(name)
+            if self._action(name, old) is Action.SERVE_NEW:
+                held.pop(name, None)
+            else:
+                held[name] = old
+                self._start(name, old, self.cache.specs[name].default_version)
+
+    def _start(self, name: str, old: int, new: int) -> None:
         task = self.tasks.get(name)
         if task is not None and not task.done():
             return
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # a rescan outside the event loop: no rollout, the new one serves
-            self.cache.serving_version.pop(name, None)
+        except RuntimeError:  # a rescan outside the event loop: the new one serves
+            self.cache.catalog.held.pop(name, None)
             return
-        self.tasks[name] = loop.create_task(self.roll_out(name, old, new))
+        self.tasks[name] = loop.create_task(self._roll_out(name, old, new))
 
-    async def roll_out(self, name: str, old: int, new: int) -> None:
-        """Load ``new`` beside ``old`` (kept from eviction meanwhile), switch, drain
-        and unload ``old``."""
+    async def _roll_out(self, name: str, old: int, new: int) -> None:
+        """Load ``new`` beside ``old`` (kept from eviction meanwhile), switch, and unload
+        ``old`` once idle."""
         cache = self.cache
         old_entry = cache.entries.get((name, old))
         if old_entry is None:
             return
         was_pinned = old_entry.account.pinned
-        old_entry.account.pinned = True  # the new one's load must not evict it
+        old_entry.pin(True)  # the new one's load must not evict it
         log.info("rollout %s: loading version %d beside %d", name, new, old)
-        try:
-            new_entry = await cache.ensure_loaded(name, new)
-        except CacheError as exc:
-            old_entry.account.pinned = was_pinned
-            log.warning("rollout %s: version %d did not load, %d keeps serving: %s",
-                        name, new, old, exc)
-            return
-        if cache.serving_version.get(name) != old:
-            old_entry.account.pinned = was_pinned
+        with contextlib.suppress(CacheError):
+            await cache.ensure_loaded(name, new)
+        if cache.catalog.held.get(name) != old:
+            old_entry.pin(was_pinned)
             return  # superseded (a rescan changed the versions meanwhile)
-        new_entry.account.pinned = new_entry.account.pinned or was_pinned
-        del cache.serving_version[name]  # requests without a version now get ``new``
-        old_entry.account.pinned = False
+        if self._action(name, old) in (Action.LOAD_NEW, Action.KEEP_OLD):
+            old_entry.pin(was_pinned)
+            log.warning("rollout %s: version %d did not load, %d keeps serving: %s",
+                        name, new, old, cache.entry(name, new).life.error)
+            return
+        new_entry = cache.entry(name, new)
+        new_entry.pin(new_entry.account.pinned or was_pinned)
+        del cache.catalog.held[name]  # requests without a version now get ``new``
+        old_entry.pin(False)
         log.info("rollout %s: version %d serves; unloading %d once idle", name, new, old)
-        await self.drain_and_unload(old_entry)
+        await cache.unload_when_idle(old_entry,
+                                     keep=lambda e: cache.catalog.serving(name) == e.version)
         self.done += 1
-
-    async def drain_and_unload(self, entry) -> None:
-        """Unload ``entry`` once its requests in flight are done (unless something took
-        it back meanwhile: pinned again, or serving again)."""
-        cache = self.cache
-        while entry.state is State.READY and not entry.account.pinned \
-                and cache.serving_version.get(entry.name) != entry.version:
-            if entry.account.in_flight == 0:
-                with contextlib.suppress(CacheError):
-                    await cache.evict(entry.name, entry.version)
-                return
-            await asyncio.sleep(DRAIN_POLL_S)
 
     async def close(self) -> None:
         for task in self.tasks.values():
