@@ -274,7 +274,7 @@ class Reporter:
             info = cache.describe(entry)
             resident = any(e.state is State.READY for (n, _), e in cache.entries.items()
                            if n == name)
-            d, total = deltas.get(name), totals.get(name)
+            d = deltas.get(name)
             m: dict[str, Any] = {
                 "device": entry.device, "state": info["state"], "resident": resident,
                 "pinned": entry.account.pinned, "size_bytes": info["size_bytes"],
@@ -283,20 +283,7 @@ class Reporter:
                              for t, s, c in self._pending.get(name, ())],
                 "requests": d["requests"] if d else 0.0, "drops": d["drops"] if d else 0.0,
             }
-            rt = self._runtime(entry)
-            if rt is not None:
-                m["workers"] = rt.workers
-            batches = self._batches(rt)
-            if batches:
-                m["batches"] = batches
-                m["batch_ms"] = {str(b): round(t * 1000.0, 3)
-                                 for b, t in rt.tuner.profile.means().items()}
-            elif total and total["ok"] > 0:
-                m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
-            if d and d["ok"] > 0:
-                m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
-                                   for v in [histogram_quantile(p / 100.0, d["buckets"])]
-                                   if v is not None}
+            self._add_serving(m, entry, d, totals.get(name))
             models[name] = m
         report = {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
         disk = getattr(self.node, "disk", None)
@@ -314,6 +301,25 @@ class Reporter:
         if self.link.node_type:
             report["node_type"] = self.link.node_type
         return report
+
+    def _add_serving(self, m: dict[str, Any], entry: Any, d: dict[str, Any] | None,
+                     total: dict[str, Any] | None) -> None:
+        """A model's workers, batch sizes and times, and latency percentiles (from the
+        interval's histogram ``d``) in its report ``m``."""
+        rt = self._runtime(entry)
+        if rt is not None:
+            m["workers"] = rt.workers
+        batches = self._batches(rt)
+        if batches:
+            m["batches"] = batches
+            m["batch_ms"] = {str(b): round(t * 1000.0, 3)
+                             for b, t in rt.tuner.profile.means().items()}
+        elif total and total["ok"] > 0:
+            m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
+        if d and d["ok"] > 0:
+            m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
+                               for v in [histogram_quantile(p / 100.0, d["buckets"])]
+                               if v is not None}
 
     def _runtime(self, entry: Any) -> Any:
         """The batching layer's runtime for ``entry`` (None without a batching layer)."""
