@@ -186,7 +186,8 @@ def test_store_config_and_lazy_import(tmp_path):
 
 
 def test_password_is_redacted_and_an_unreachable_database_is_unavailable():
-    from agent.coordinator.store import StoreUnavailable, open_store, redact
+    from agent.coordinator.pgstore import redact
+    from agent.coordinator.store import StoreUnavailable, open_store
 
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
     assert redact("postgresql://edge:s3cret@db:5432/fleet") == "postgresql://edge:***@db:5432/fleet"

@@ -11,7 +11,8 @@ import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.store import PostgresStore, open_store
+from agent.coordinator.pgstore import PostgresStore
+from agent.coordinator.store import open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

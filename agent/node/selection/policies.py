@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 #: Policies that ask every member and combine (the others ask one member); the names
-#: are ``agent.config.SELECTION_POLICIES``.
+#: are ``agent.config.modelconfig.SELECTION_POLICIES``.
 ENSEMBLES = ("exp4", "clipper_exp4")
 #: Clipper's ``Exp4Policy::eta`` (``selection_policies.hpp``): the control's learning rate.
 CLIPPER_ETA = 0.01
