@@ -8,7 +8,7 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
 - a miss starts one load (single flight: later requests for the model wait on it); with
   a disk tier (``cachepolicies.tiers``) it first pulls the model's files when they are
   not on disk: the pull waits for one of ``max_concurrent_pulls`` pull slots (FIFO),
-  then makes room on disk and downloads (``DiskTier.fetch``: its download seconds, at
+  then makes room on disk and downloads (``DiskBooks.fetch``: its download seconds, at
   least its bytes over ``pull_bandwidth``, the agent's cap per pull); then the load
   takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
   queue* (``cachepolicies.roomqueue``, the agent's own, with the same verbs: deadline
@@ -46,7 +46,7 @@ import numpy as np
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool
 from cachepolicies.roomqueue import RoomQueue, Waiter
-from cachepolicies.tiers import DiskTier
+from cachepolicies.tiers import DiskBooks
 from cachepolicies.traces import Profiles, Trace
 
 #: Clipper's multiplicative decrease of the batch limit (the agent's ``BACKOFF``).
@@ -123,7 +123,7 @@ _ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = 0, 1, 2, 3, 4
 
 
 def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-           settings: Queueing, *, disk: DiskTier | None = None,
+           settings: Queueing, *, disk: DiskBooks | None = None,
            log_events: bool = False) -> Outcome:
     """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
     disk tier a miss pulls its files into first (None: every model's files on disk),
@@ -135,7 +135,7 @@ class _Twin:
     """The replay's state and its event handlers (one instance per replay)."""
 
     def __init__(self, trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-                 settings: Queueing, disk: DiskTier | None, log_events: bool) -> None:
+                 settings: Queueing, disk: DiskBooks | None, log_events: bool) -> None:
         self.s = settings
         self.disk = disk
         self.sizes = profiles.size_bytes.tolist()

@@ -934,8 +934,8 @@ def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12,
 #: Compile (or load) the kernels most tests reach: Faro's solver (the coordinator's
 #: planning), and every policy with the simulator's compiled loop.
 _WARM_KERNELS = ("""
-from agent.coordinator.faro import Capacity, ModelSpec, Problem, solve
-solve(Problem(Capacity(8, 1e12), (ModelSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
+from agent.coordinator.faro import Capacity, JobSpec, Problem, solve
+solve(Problem(Capacity(8, 1e12), (JobSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
 """, """
 from cachepolicies import POLICY_NAMES
 from cachepolicies.registry import prime_policy

@@ -15,7 +15,7 @@ own): granted in deadline-then-arrival order as the tier's bookkeeping changes (
 ends, files are dropped, what memory does with a version changes), by its model's
 ``load_wait_max_s`` (``DiskBusy``, 503 + Retry-After, after it). Files that can never fit
 (more than the budget less the pinned versions, or than the file system could ever
-free) and a full file system fail the pull with ``DiskFull`` (507) naming the model, the
+free) and a full file system fail the pull with ``NoDiskRoom`` (507) naming the model, the
 bytes it needs and the bytes free, and evict nothing. A pull in flight is a window on
 the memory tier's meter: a load measured meanwhile (its RSS counts the pull's buffers)
 is booked at its estimate. A model whose config pins a ``digest`` gets only a version of
@@ -109,7 +109,7 @@ class PullError(AgentError):
         self.status, self.retry_after = status, retry_after
 
 
-class DiskFull(PullError):
+class NoDiskRoom(PullError):
     """The files can never fit: the disk, or the disk budget less what is pinned (507)."""
 
     def __init__(self, message: str) -> None:
@@ -131,7 +131,7 @@ class NotSourced(AgentError):
 
 
 @dataclass
-class Pull:
+class PullUnderWay:
     """A pull under way: its task and its progress (written by the pulling thread)."""
 
     key: Key
@@ -171,7 +171,7 @@ class DiskTier:
         self.rooms = RoomQueue(self)  # pulls waiting for room; this tier is its Room
         self.listings = SourceListings(self.root, self.executor, open_source=open_source,
                                        wall_clock=wall_clock)
-        self.pulls: dict[Key, Pull] = {}
+        self.pulls: dict[Key, PullUnderWay] = {}
         self.pulled = self.evicted = self.pull_failures = 0
         self.pulled_bytes = 0
         #: the last failure of each version's pull (cleared when one succeeds)
@@ -287,7 +287,7 @@ class DiskTier:
     async def ensure(self, name: str, version: int, *, loading: bool = False) -> None:
         """Pull ``name``'s ``version`` if it is not on disk (or is, of a digest other
         than its pinned one); every caller of a version being pulled awaits that one
-        pull. ``PullError`` (``DiskFull``) when it fails. ``loading``: the caller is the
+        pull. ``PullError`` (``NoDiskRoom``) when it fails. ``loading``: the caller is the
         version's own load, which has read none of its files yet."""
         key = (name, int(version))
         if name not in self.sources:
@@ -301,7 +301,7 @@ class DiskTier:
         pull = self.pulls.get(key)
         if pull is None:
             task = asyncio.get_running_loop().create_task(self._pull(key))
-            pull = self.pulls[key] = Pull(key, task, self.wall_clock())
+            pull = self.pulls[key] = PullUnderWay(key, task, self.wall_clock())
             task.add_done_callback(lambda t: self._pull_done(key, t))
         await asyncio.shield(pull.task)
 
@@ -400,12 +400,12 @@ class DiskTier:
     def _failure(self, where: str, ref: SourceRef, exc: BaseException) -> PullError:
         """``exc`` as a ``PullError`` naming the model and the source's display URL."""
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return DiskFull(f"{where}: the disk filled up while pulling from "
+            return NoDiskRoom(f"{where}: the disk filled up while pulling from "
                             f"{ref.display_url}: {exc.strerror}")
         if isinstance(exc, AgentError):
             text = f"{where}: pulling from {ref.display_url} failed: {exc}"
             if exc.status == 507:
-                return DiskFull(text)
+                return NoDiskRoom(text)
             return PullError(text, exc.status, exc.retry_after)
         log.error("disk tier: %s: pulling from %s failed", where, ref.display_url,
                   exc_info=exc)
@@ -432,7 +432,7 @@ class DiskTier:
     async def _make_room(self, key: Key, need: int) -> None:
         """Reserve ``need`` bytes in the budget, evicting (idle versions first, then the
         files of versions resident in memory), waiting in the room queue while pulls and
-        loads hold the room, and check the file system has them. ``DiskFull`` (nothing
+        loads hold the room, and check the file system has them. ``NoDiskRoom`` (nothing
         evicted) when they can never fit; ``DiskBusy`` after the wait bound."""
         never = self._never_fits(key, need)
         if never is not None:
@@ -447,7 +447,7 @@ class DiskTier:
             await asyncio.gather(*(asyncio.wrap_future(r) for r in waiter.granted))
             fs_free = self._fs_free(key)
             if need > fs_free:
-                raise DiskFull(f"model {key[0]}:{key[1]} needs {format_size(need)} ({need} "
+                raise NoDiskRoom(f"model {key[0]}:{key[1]} needs {format_size(need)} ({need} "
                                f"bytes) on disk but the disk tier's file system has "
                                f"{format_size(fs_free)} ({fs_free} bytes) free")
         except BaseException:
@@ -471,7 +471,7 @@ class DiskTier:
             f"({format_size(self.pool.reserved)}) and by versions pinned or "
             f"loading: {', '.join(busy) or 'none'}")
 
-    def _never_fits(self, key: Key, need: int) -> DiskFull | None:
+    def _never_fits(self, key: Key, need: int) -> NoDiskRoom | None:
         """Why ``need`` bytes can never be had (None: they can): more than the budget
         less the pinned versions, or than the file system's free bytes and every
         unpinned version together."""
@@ -480,7 +480,7 @@ class DiskTier:
                   if self.memory.usage(k) == "pinned"}
         room = self.pool.budget - sum(pinned.values())
         if need > room:
-            return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) but the "
+            return NoDiskRoom(f"{where} needs {format_size(need)} ({need} bytes) but the "
                            f"disk budget is {format_size(self.pool.budget)} "
                            f"({self.pool.budget} bytes), of which {format_size(max(room, 0))} "
                            f"({max(room, 0)} bytes) can ever be freed; pinned: "
@@ -488,7 +488,7 @@ class DiskTier:
         fs_free = self.free_bytes(self.root)
         freeable = sum(size for k, size in self.held.items() if k not in pinned)
         if need > fs_free + freeable:
-            return DiskFull(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
+            return NoDiskRoom(f"{where} needs {format_size(need)} ({need} bytes) on disk but "
                             f"the disk tier's file system has {format_size(fs_free)} "
                             f"({fs_free} bytes) free and {format_size(freeable)} of "
                             "evictable models")
@@ -524,11 +524,11 @@ class DiskTier:
             self.evicted += 1
         return [r for r in removals if r is not None]
 
-    def futile(self, waiter: Waiter) -> DiskFull | None:
+    def futile(self, waiter: Waiter) -> NoDiskRoom | None:
         """Refuse a pull only pinned versions stand in the way of."""
         if self.pool.reserved or any(self.memory.usage(k) == "reading" for k in self.held):
             return None  # a pull or a load under way frees room when it ends
-        return self._never_fits(waiter.key, waiter.need) or DiskFull(
+        return self._never_fits(waiter.key, waiter.need) or NoDiskRoom(
             f"model {waiter.key[0]}:{waiter.key[1]} needs {format_size(waiter.need)} "
             f"({waiter.need} bytes) but the disk budget is held by pinned versions")
 

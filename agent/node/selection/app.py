@@ -38,7 +38,7 @@ from agent.node.cache.lifecycle import State as Life
 from agent.node.call import Answer, Call, Decoded
 from agent.node.repository import ModelSpec
 from agent.node.selection.feedback import PendingLog, Prediction
-from agent.node.selection.policies import Policy, State, loss_of
+from agent.node.selection.policies import LearnedState, SelectionPolicy, loss_of
 from agent.node.selection.store import GLOBAL, SelectionStore
 
 from agent.node.serving import resolve_settings
@@ -87,14 +87,14 @@ class SelectionApp:
         self.spec, self.options, self.store, self.clock = spec, options, store, clock
         self.name = spec.name
         self.members = [parse_candidate(c) for c in options.candidates]
-        self.policy = Policy(options.policy, len(self.members), eta=options.eta,
+        self.policy = SelectionPolicy(options.policy, len(self.members), eta=options.eta,
                              share=options.share, gamma=options.gamma,
                              epsilon=options.epsilon, discount=options.discount,
                              static_weights=tuple(options.weights))
         self.state = self.policy.fresh()
-        self.contexts: OrderedDict[str, State] = OrderedDict()
+        self.contexts: OrderedDict[str, LearnedState] = OrderedDict()
         self.dirty: set[str] = set()           # contexts (GLOBAL too) to write
-        self.unsaved: dict[str, State] = {}    # contexts evicted from memory, not written
+        self.unsaved: dict[str, LearnedState] = {}    # contexts evicted from memory, not written
         self.frozen = False                    # weights set by hand: no learning
         self.keys: list[str] | None = None     # members as name:version (``bind``)
         self.validated = False                 # members checked to agree (``ensure_valid``)
@@ -204,16 +204,16 @@ class SelectionApp:
         self.dirty |= {GLOBAL, *self.contexts, *self.unsaved}
         self.validated = False
 
-    def _from_saved(self, saved: tuple[list[str], dict]) -> State:
+    def _from_saved(self, saved: tuple[list[str], dict]) -> LearnedState:
         members, doc = saved
         try:
-            return State.from_json(doc).remap(members, self.keys or [])
+            return LearnedState.from_json(doc).remap(members, self.keys or [])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             log.warning("app %s: a saved state does not read (%s); starting afresh",
                         self.name, exc)
             return self.state.copy()
 
-    def state_for(self, context: str | None) -> State:
+    def state_for(self, context: str | None) -> LearnedState:
         """The state of ``context`` (None: the global one): in memory, else saved, else
         a copy of the global state; the least recently used contexts leave memory."""
         if context is None:
@@ -499,7 +499,7 @@ class SelectionApp:
         return True
 
     # -- inspection ---------------------------------------------------------------------
-    def peek_state(self, context: str) -> State | None:
+    def peek_state(self, context: str) -> LearnedState | None:
         """``context``'s state if it has one (in memory or saved), without keeping it."""
         state = self.contexts.get(context) or self.unsaved.get(context)
         if state is None and self.store is not None and self.keys is not None:
