@@ -171,7 +171,8 @@ def simulate_command(
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
     """The trace and profiles files of ``--from``: fetched from a node's URL into
     ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
-    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record, read_token
+    from agent.commands.agentapi import read_token
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record
 
     if source.startswith(("http://", "https://")):
         texts = fetch_record(source, read_token(token_file))

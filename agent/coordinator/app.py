@@ -53,7 +53,8 @@ from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
-from agent.coordinator.store import StoredPlan, open_store
+from agent.coordinator.store import StoredPlan
+from agent.coordinator.stores import open_store
 from agent.http.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
 from agent.http.eventloop import header_timeout_args

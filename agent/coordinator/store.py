@@ -13,11 +13,9 @@ takes a database from version i to i + 1, each in one transaction, so an old sta
 directory is upgraded in place on start. Times are the coordinator's wall clock,
 passed in by the caller (``now``), never read here.
 
-``PostgresStore`` (``agent.coordinator.pgstore``; ``store: postgresql://...``) is the same
-store on PostgreSQL for several coordinators sharing one database: the same SQL and migrations (``pg_dialect``
-rewrites the few words the dialects spell differently), a ``schema_version`` table, and
-``leadership()``, the session advisory lock that elects the one coordinator that plans.
-psycopg is imported only when a PostgreSQL store is opened.
+``PostgresStore`` (``agent.coordinator.stores``, which also holds ``open_store``: the
+store a config names) is the same store on PostgreSQL for several coordinators sharing
+one database.
 """
 
 from __future__ import annotations
@@ -472,23 +470,6 @@ class Store:
         """The newest plan's id (cheap: to notice a plan another process made)."""
         rows = self._query("SELECT MAX(id) FROM plans")
         return rows[0][0] if rows else None
-
-
-def is_postgres_url(target: Any) -> bool:
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
-
-
-def open_store(target: Any, *, rate_step_s: float = 10.0) -> Store:
-    """The store ``target`` names: a coordinator config (its ``store`` URL, else its
-    SQLite ``database`` file), a ``postgresql://`` URL, or a SQLite file path."""
-    if hasattr(target, "database"):
-        target, rate_step_s = (getattr(target, "store", None) or target.database,
-                               target.rate_step_s)
-    if is_postgres_url(target):
-        from agent.coordinator.pgstore import PostgresStore
-
-        return PostgresStore(target, rate_step_s=rate_step_s)
-    return Store(target, rate_step_s=rate_step_s)
 
 
 class Leadership:

@@ -56,6 +56,12 @@ class Leases:
             self.release(entry, served=False)
             raise
 
+    async def ensure_loaded(self, name: str, version: int | None = None) -> Entry:
+        """Load without counting a request (repository load, warm restart, pins)."""
+        entry = await self.acquire(name, version, record=False)
+        self.release(entry, served=False)
+        return entry
+
     async def _until_ready(self, entry: Entry, record: bool, timeout: float | None) -> None:
         """Wait until ``entry`` is READY, starting its load task when none runs (every
         waiter waits on that one task); raise what the load raised, or ``CacheBusy``

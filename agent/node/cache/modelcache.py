@@ -134,7 +134,7 @@ class ModelCache:
                            load_concurrency=load_concurrency, clock=clock, listener=listener)
         self.leases = Leases(self.catalog, self.tiers, self.loads, self.unloads,
                              clock=clock, wall_clock=wall_clock)
-        self.rollouts = Rollouts(self)
+        self.rollouts = Rollouts(self.catalog, self.leases, self.unloads)
         self.update_specs(specs)
 
     @property
@@ -203,9 +203,7 @@ class ModelCache:
 
     async def ensure_loaded(self, name: str, version: int | None = None) -> Entry:
         """Load without counting a request (repository load, warm restart, pins)."""
-        entry = await self.leases.acquire(name, version, record=False)
-        self.leases.release(entry, served=False)
-        return entry
+        return await self.leases.ensure_loaded(name, version)
 
     def measured_runs(self, entry: Entry, *, warm: float | None = None,
                       first: float | None = None) -> None:

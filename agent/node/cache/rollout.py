@@ -18,13 +18,12 @@ import contextlib
 import enum
 import logging
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING
 
+from agent.node.cache.catalog import Catalog
 from agent.node.cache.errors import CacheError
+from agent.node.cache.leases import Leases
 from agent.node.cache.lifecycle import State
-
-if TYPE_CHECKING:
-    from agent.node.cache.modelcache import ModelCache
+from agent.node.cache.unloads import Unloads
 
 log = logging.getLogger("edgeagent.rollout")
 
@@ -55,29 +54,29 @@ def next_action(old: int | None, new: int | None, listed: Collection[int],
 class Rollouts:
     """The rollouts under way, one task per model."""
 
-    def __init__(self, cache: ModelCache) -> None:
-        self.cache = cache
+    def __init__(self, catalog: Catalog, leases: Leases, unloads: Unloads) -> None:
+        self.catalog, self.leases, self.unloads = catalog, leases, unloads
         self.tasks: dict[str, asyncio.Task] = {}
         self.done = 0
 
     def _action(self, name: str, old: int | None) -> Action:
-        spec = self.cache.specs.get(name)
+        spec = self.catalog.specs.get(name)
         if spec is None:
             return Action.SERVE_NEW
-        states = {v: e.state for (n, v), e in self.cache.entries.items() if n == name}
+        states = {v: e.state for (n, v), e in self.catalog.entries.items() if n == name}
         return next_action(old, spec.default_version, spec.versions, states)
 
     def rescanned(self, serving: dict[str, int | None]) -> None:
         """After a rescan, ``serving``: the version each model served before it. A model
         with a new default keeps its old version serving while a rollout runs."""
-        held = self.cache.catalog.held
-        for name in self.cache.specs:
+        held = self.catalog.held
+        for name, spec in self.catalog.specs.items():
             old = serving.get(name)
             if self._action(name, old) is Action.SERVE_NEW:
                 held.pop(name, None)
             else:
                 held[name] = old
-                self._start(name, old, self.cache.specs[name].default_version)
+                self._start(name, old, spec.default_version)
 
     def _start(self, name: str, old: int, new: int) -> None:
         task = self.tasks.get(name)
@@ -86,37 +85,37 @@ class Rollouts:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # a rescan outside the event loop: the new one serves
-            self.cache.catalog.held.pop(name, None)
+            self.catalog.held.pop(name, None)
             return
         self.tasks[name] = loop.create_task(self._roll_out(name, old, new))
 
     async def _roll_out(self, name: str, old: int, new: int) -> None:
         """Load ``new`` beside ``old`` (kept from eviction meanwhile), switch, and unload
         ``old`` once idle."""
-        cache = self.cache
-        old_entry = cache.entries.get((name, old))
+        catalog = self.catalog
+        old_entry = catalog.entries.get((name, old))
         if old_entry is None:
             return
         was_pinned = old_entry.account.pinned
         old_entry.pin(True)  # the new one's load must not evict it
         log.info("rollout %s: loading version %d beside %d", name, new, old)
         with contextlib.suppress(CacheError):
-            await cache.ensure_loaded(name, new)
-        if cache.catalog.held.get(name) != old:
+            await self.leases.ensure_loaded(name, new)
+        if catalog.held.get(name) != old:
             old_entry.pin(was_pinned)
             return  # superseded (a rescan changed the versions meanwhile)
         if self._action(name, old) in (Action.LOAD_NEW, Action.KEEP_OLD):
             old_entry.pin(was_pinned)
             log.warning("rollout %s: version %d did not load, %d keeps serving: %s",
-                        name, new, old, cache.entry(name, new).life.error)
+                        name, new, old, catalog.entry(name, new).life.error)
             return
-        new_entry = cache.entry(name, new)
+        new_entry = catalog.entry(name, new)
         new_entry.pin(new_entry.account.pinned or was_pinned)
-        del cache.catalog.held[name]  # requests without a version now get ``new``
+        del catalog.held[name]  # requests without a version now get ``new``
         old_entry.pin(False)
         log.info("rollout %s: version %d serves; unloading %d once idle", name, new, old)
-        await cache.unload_when_idle(old_entry,
-                                     keep=lambda e: cache.catalog.serving(name) == e.version)
+        await self.unloads.when_idle(old_entry,
+                                     keep=lambda e: catalog.serving(name) == e.version)
         self.done += 1
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
-"""The coordinator's store on PostgreSQL (``store: postgresql://...``) for several
-coordinators sharing one database: the same SQL and migrations as the SQLite ``Store``
-(``pg_dialect`` rewrites the few words the dialects spell differently), a
+"""The stores a coordinator opens (``open_store``: the one its config names): SQLite's
+(``agent.coordinator.store``) and, here, the same store on PostgreSQL (``store:
+postgresql://...``) for several coordinators sharing one database: the same SQL and
+migrations (``pg_dialect`` rewrites the few words the dialects spell differently), a
 ``schema_version`` table, and ``leadership()``, the session advisory lock that elects the
 one coordinator that plans. psycopg is imported only when a PostgreSQL store is opened.
 """
@@ -206,3 +207,18 @@ class PgLeadership(Leadership):
         with self._lock:
             self._held = False
             self._drop()  # the session ends: the lock is released
+
+
+def is_postgres_url(target: Any) -> bool:
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(target: Any, *, rate_step_s: float = 10.0) -> Store:
+    """The store ``target`` names: a coordinator config (its ``store`` URL, else its
+    SQLite ``database`` file), a ``postgresql://`` URL, or a SQLite file path."""
+    if hasattr(target, "database"):
+        target, rate_step_s = (getattr(target, "store", None) or target.database,
+                               target.rate_step_s)
+    if is_postgres_url(target):
+        return PostgresStore(target, rate_step_s=rate_step_s)
+    return Store(target, rate_step_s=rate_step_s)
