@@ -5,7 +5,7 @@ A *checker* takes a value and returns it (converted where that is the point, e.g
 or raises ``ValueError`` with a message that reads after a key: ``must be a number > 0,
 got 'fast'``. ``SchemaError`` is such a message with the dotted key it is about;
 ``ConfigError`` the same for a configuration file (it names the file first). The
-declarations (``agent.config.schema``) word their errors with these checkers.
+declarations (``agent.schema``) word their errors with these checkers.
 """
 
 from __future__ import annotations

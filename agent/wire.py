@@ -4,7 +4,7 @@ this module; neither imports the other.
 
 Each is declared once, as msgspec Structs whose annotations carry the bounds: msgspec
 decodes a body straight into them (``parse_report``), and a body that does not fit gets
-the first bad field named (``agent.config.schema.decode``).
+the first bad field named (``agent.schema.decode``).
 
 **Report** (JSON; only ``capacity`` is required; ``models`` maps names to per-model stats)::
 
@@ -67,7 +67,7 @@ from urllib.parse import urlsplit
 from msgspec import Meta, Struct
 
 from agent.errors import AgentError
-from agent.config.schema import decode, expected
+from agent.schema import decode, expected
 from agent.validation import SchemaError
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.

@@ -16,7 +16,7 @@ from agent.commands.config import KINDS, example_text
 from agent.config import (AgentConfig, ModelConfig, SloOptions, load_agent_config,
                           parse_agent_config)
 from agent.coordinator.config import CoordinatorConfig
-from agent.config.schema import _section_type, settings
+from agent.schema import _section_type, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DECLARATIONS = {"agent": AgentConfig, "model": ModelConfig, "coordinator": CoordinatorConfig}

@@ -122,7 +122,7 @@ def test_node_and_coordinator_never_import_each_other():
     assert _violations(_files("agent/coordinator"), ("agent.node", "agent.backends")) == []
 
 
-LEAVES = ("units.py", "validation.py", "config/schema.py", "memory.py", "config/__init__.py",
+LEAVES = ("units.py", "validation.py", "schema.py", "memory.py", "config/__init__.py",
           "wire.py", "security/httpauth.py", "http/eventloop.py", "http/body.py", "modelzoo.py",
           "onnxfile.py", "errors.py", "http/dashboard.py")
 

@@ -14,7 +14,7 @@ import orjson
 
 import agent.wire as wire
 from agent.coordinator.ingest import Fleet, report_record, reported_models
-from agent.config.schema import explain
+from agent.schema import explain
 from agent.validation import load_json
 
 

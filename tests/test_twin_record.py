@@ -123,7 +123,7 @@ def test_the_ring_keeps_the_last_requests_within_its_bytes():
                                              record._model, record._rows,
                                              record._status)) == record.nbytes
     from agent.config import AgentConfig
-    from agent.config.schema import settings
+    from agent.schema import settings
     help = settings(AgentConfig)["record_requests"].help
     assert f"{ENTRY_BYTES} bytes a request" in help  # the documented cap is the ring's
     empty = RequestRecord(0)

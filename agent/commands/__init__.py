@@ -71,13 +71,13 @@ def self_command() -> str:
 
 def declared_option(cls: type, name: str, **overrides: Any) -> Callable:
     """``--name`` as a click option for the configuration key ``name`` of ``cls`` (a
-    declaration, ``agent.config.schema``): its help, default and type come from the key (a
+    declaration, ``agent.schema``): its help, default and type come from the key (a
     number's range, a choice, a size or device through the key's checker); ``overrides``
     add to click's arguments (a path's ``type`` with ``exists``). The option's value is
     None when not given: it overrides the file only then."""
     import msgspec.inspect as mi
 
-    from agent.config.schema import settings
+    from agent.schema import settings
 
     key = settings(cls)[name]
     help = key.help[:1].upper() + key.help[1:]

@@ -32,7 +32,7 @@ def _named(target: str):
 
 def example_text(kind: str) -> str:
     """The example file of ``kind`` (a key of KINDS)."""
-    from agent.config.schema import example_yaml
+    from agent.schema import example_yaml
 
     declaration, _, title = KINDS[kind]
     return example_yaml(_named(declaration), title)

@@ -1,7 +1,7 @@
 """The agent's configuration and a model's ``config.yaml``, each declared once: a
 model's in ``modelconfig``, the agent's in ``agentconfig`` (this face hands on what the
-rest of the code imports), the declarations' machinery in ``schema``, the twin's
-settings in ``twinsettings``. An unknown key or a bad value is a ``ConfigError`` naming
+rest of the code imports; both are declared with ``agent.schema``), the twin's settings
+in ``twinsettings``. An unknown key or a bad value is a ``ConfigError`` naming
 the file and the dotted key, e.g. ``models/resnet/config.yaml: slo.latency_ms: must be a
 number > 0, got 'fast'``."""
 

@@ -14,8 +14,8 @@ from msgspec import field, structs
 
 from agent.config.modelconfig import (COLD_START, SERVER_BATCHING, SERVER_PREDICTION_CACHE,
                                       PredictionCacheOptions, ServerBatching, SloOptions)
-from agent.config.schema import (AtLeastOne, AtLeastZero, LogLevel, NonNegative, Port,
-                                 Positive, Section, Text, load, setting)
+from agent.schema import (AtLeastOne, AtLeastZero, LogLevel, NonNegative, Port, Positive,
+                          Section, Text, load, setting)
 from agent.security.authconfig import AgentAuthSettings
 from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, choice, device, load_yaml, size, string

@@ -2,7 +2,7 @@
 the checkers of what a type cannot say (a source URL, a digest, source options).
 
 Every key is a field of a frozen msgspec Struct whose annotation carries its type,
-bounds and help (``agent.config.schema.setting``); the parser, the defaults and the
+bounds and help (``agent.schema.setting``); the parser, the defaults and the
 documented example file (``configs/model.yaml``: ``edgeagent config example``) all come
 from it. An unknown key or a bad value is a ``ConfigError`` naming the file and the
 dotted key, e.g. ``models/resnet/config.yaml: slo.latency_ms: must be a number > 0,
@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta, field
 
-from agent.config.schema import (INTERNAL, AtLeastOne, AtLeastZero, NonNegative, Positive,
-                                 Section, Text, load, setting)
+from agent.schema import (INTERNAL, AtLeastOne, AtLeastZero, NonNegative, Positive,
+                          Section, Text, load, setting)
 from agent.validation import ConfigError, SchemaError, choice, device, load_yaml, size, string
 
 BACKENDS = ("onnx", "tfserving", "synthetic")

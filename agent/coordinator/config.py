@@ -1,7 +1,7 @@
 """The coordinator's configuration (``coordinator serve --config FILE``), declared once.
 
 Every key is a field of a frozen msgspec Struct whose annotation carries its type,
-bounds and help (``agent.config.schema.setting``): the parser, the defaults (the embedded
+bounds and help (``agent.schema.setting``): the parser, the defaults (the embedded
 configuration when no file is given), the example file (``configs/coordinator.yaml``:
 ``edgeagent config example coordinator``) and the help of ``coordinator serve``'s flags
 come from it.
@@ -19,7 +19,7 @@ from msgspec import field, structs
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.security.authconfig import AuthSettings
-from agent.config.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
+from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
 from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, string
 

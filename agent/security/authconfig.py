@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 from agent.security.auththrottle import FailureThrottle
-from agent.config.schema import Positive, Section, setting
+from agent.schema import Positive, Section, setting
 from agent.validation import choice
 
 #: The endpoint groups open by default that ``auth.protect`` may guard too.

@@ -13,7 +13,7 @@ import ssl
 from pathlib import Path
 from typing import Annotated, Any
 
-from agent.config.schema import Section, setting
+from agent.schema import Section, setting
 from agent.validation import choice
 
 CLIENT_AUTH = ("none", "request", "require")
