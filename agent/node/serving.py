@@ -19,6 +19,7 @@ still queued when a model is unloaded or the agent stops gets an explicit 503.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -129,6 +130,8 @@ class ModelRuntime:
     def __init__(self, key: str, settings: ServingSettings) -> None:
         self.key = key
         self.settings = settings
+        #: Told the runs it measures (``ModelCache.measured_runs`` of its loaded entry).
+        self.measured: Callable[..., None] = lambda **runs: None
         self.tuner = BatchTuner(settings.tuner)
         self.latencies = LatencyWindow()
         self.offered = RateMeter()
@@ -140,10 +143,10 @@ class ModelRuntime:
         self.batcher: ModelBatcher | None = None
         self.prediction_cache: PredictionCache | None = None
         self.stats = ModelStats()  # Triton's statistics extension (agent.node.stats)
-        #: Told the first batch's seconds, where the load's warm-up failed (the cold run).
-        self.first_batch: Callable[[float], None] | None = None
-        #: Told a warm run's seconds once known, where its cache entry has none yet.
-        self.warm_known: Callable[[float], None] | None = None
+        #: This load's first batch is its cold first run (its warm-up failed).
+        self.cold_run_pending = False
+        #: A warm run is to be told once measured (its entry has none yet).
+        self.warm_run_pending = False
 
     def configure(self, settings: ServingSettings) -> None:
         self.settings = settings
@@ -161,14 +164,22 @@ class ModelRuntime:
     def on_batch(self, rows: int, seconds: float) -> None:
         self.batches += 1
         self.batch_rows += rows
-        if self.first_batch is not None:  # once per load, where the warm-up failed
-            self.first_batch(seconds)
-            self.first_batch = None
-        elif self.warm_known is not None:
+        if self.cold_run_pending:  # its reload penalty's first run, from now on
+            self.cold_run_pending = False
+            self.measured(first=seconds)
+        elif self.warm_run_pending:
             warm = self.warm_run_seconds()
             if warm is not None:
-                self.warm_known(warm)
-                self.warm_known = None
+                self.warm_run_pending = False
+                self.measured(warm=warm)
+
+    def loaded(self, measured: Callable[..., None], *, cold_run: bool,
+               warm_known: bool) -> None:
+        """A load of the model, whose runs ``measured`` is told: ``cold_run``, its
+        warm-up failed (the first batch is the cold run); ``warm_known``, its entry knows
+        a warm run already."""
+        self.measured = measured
+        self.cold_run_pending, self.warm_run_pending = cold_run, not warm_known
 
     def warm_run_seconds(self) -> float | None:
         """A warm run of one row, as measured (None: not yet): the twin's
@@ -269,10 +280,9 @@ class Serving:
         rt.batcher = ModelBatcher(entry.key, backend, self.executor, rt.tuner,
                                   batchable=batchable, workers=rt.workers, clock=self.clock,
                                   on_batch=rt.on_batch, stats=rt.stats)
-        rt.first_batch = None if not backend.warm_up_failed else (
-            lambda seconds: self.cache.measured_runs(entry, first=seconds))  # the cold run
-        rt.warm_known = None if entry.account.warm_run_seconds is not None else (
-            lambda seconds: self.cache.measured_runs(entry, warm=seconds))
+        rt.loaded(functools.partial(self.cache.measured_runs, entry),
+                  cold_run=backend.warm_up_failed,
+                  warm_known=entry.account.warm_run_seconds is not None)
         log.info("serving %s: %s, SLO %.0f ms (p%g), %d worker(s), queue bound %d%s",
                  entry.key, f"batched up to {rt.settings.max_batch_size}" if batchable
                  else "not batched", rt.settings.slo * 1000, rt.settings.percentile,
@@ -285,7 +295,7 @@ class Serving:
         rt = self.runtimes.get((entry.name, entry.version))
         if rt is None:
             return
-        self.cache.measured_runs(entry, warm=rt.warm_run_seconds())
+        rt.measured(warm=rt.warm_run_seconds())
         if rt.prediction_cache is not None:
             rt.prediction_cache.clear()
         batcher, rt.batcher = rt.batcher, None
