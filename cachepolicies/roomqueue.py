@@ -97,6 +97,8 @@ class RoomQueue:
         """Grant the waiters in queue order as far as room allows now; a waiter for
         which waiting is futile is refused. A change told while granting (a victim's
         unload starting) is looked at once the grant is done."""
+        if not self._heap:
+            return
         if self._granting:
             self._again = True
             return

@@ -2,15 +2,18 @@
 
 Each front end (v2 REST ``api_v2``, v2 gRPC ``grpc_v2``, TF Serving REST
 ``api_tfserving``) reads its protocol into one ``Call`` (``agent.node.call``) and hands
-it to
-``FrontDesk.infer(call)``, the one entry point that serves it: it asks ``servable``, the
-one place that decides what serves a name (a model of the repository, through the cache
-and batching: ``ModelServable``; a selection app: ``AppServable``; next, a peer node that
-runs the model under the plan), and awaits its ``infer``. A servable is anything with an
-async ``infer(call) -> Answer``, so a remote one fits: a ``Call`` keeps the body as
-received (undecoded, where the front end has one) with the headers that frame it, the
-client's deadline, request id, parameters, the protocol and the caller, which is all a
-forwarder needs; an ``Answer`` names the node that served it (``served_by``).
+it to ``FrontDesk.infer(call)``, the one entry point that serves it: it asks
+``servable``, the one place that decides what serves a name (a model of the repository,
+through the cache and batching: ``ModelServable``; a selection app: ``AppServable``),
+and awaits its ``infer``.
+
+A peer node that runs the model under the plan is the next servable, and ``servable`` is
+where it is chosen: anything with an async ``infer(call) -> Answer`` fits. A ``Call``
+keeps what a forwarder passes on: the body as received (undecoded, where the front end
+has one: the v2 JSON or binary body, the TF predict body, the gRPC message) with the
+headers that frame it, the client's deadline (``timeout``), request id, parameters, the
+protocol it came in by and the caller (``identity``); an ``Answer`` names the node that
+served it (``served_by``), for the front end to say so.
 
 A model's statistics (Triton's extension and the twin's request record) are counted
 where it is served (``Serving.infer``), every request alike: one whose input does not

@@ -336,7 +336,7 @@ class Serving:
                 self._check_cold(entry, rt, deadline, rows)
             wait = max(deadline.left(self.clock()), 0.0) if deadline.hard else None
             async with self.cache.lease(call.model, call.version, timeout=wait) as entry:
-                if inputs is None or entry.backend.inputs != known:
+                if inputs is None or entry.signature is not known:  # (re)loaded since
                     inputs = call.inputs.against(entry.backend.inputs)
                 rows = rows_of(inputs)
                 outputs, hit = await self._run(rt, inputs, call.parameters, deadline, cold,

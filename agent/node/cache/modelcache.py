@@ -51,9 +51,6 @@ from agent.memory import FootprintModel, MemoryMeter
 from agent.node.cache.catalog import Catalog
 from agent.node.cache.disktier import DiskTier
 from agent.node.cache.entry import Entry
-from agent.node.cache.errors import (CacheBusy, CacheError, LoadFailed, ModelInUse,
-                                     ModelInvalid, ModelTooLarge, NotListed, Reloading,
-                                     UnknownModel)
 from agent.node.cache.leases import Leases
 from agent.node.cache.lifecycle import State
 from agent.node.cache.loads import Loads
@@ -64,10 +61,6 @@ from agent.node.cache.tiers import DiskFactory, Tiers
 from agent.node.cache.unloads import Unloads
 from agent.node.cache import views
 from agent.node.repository import ModelSpec
-
-__all__ = ["CacheBusy", "CacheError", "CacheListener", "LoadFailed", "ModelCache",
-           "ModelInUse", "ModelInvalid", "ModelTooLarge", "NotListed", "Reloading",
-           "UnknownModel"]
 
 log = logging.getLogger("edgeagent.cache")
 

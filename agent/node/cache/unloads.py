@@ -167,7 +167,7 @@ class Unloads:
     def moved(self, entry: Entry) -> None:
         """``entry``'s leases, pin or state changed: its ``when_idle`` waiters look
         again."""
-        for waiter in self._idle.pop(entry.id, ()):
+        for waiter in self._idle.pop(entry.id, ()) if self._idle else ():
             if not waiter.done():
                 waiter.set_result(None)
 
