@@ -39,7 +39,7 @@ class Catalog:
         if spec is None:
             raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
-            version = self.serving(name)
+            version = self.held.get(name, spec.default_version)  # ``serving``, per request
             if version is None and spec.pending and not spec.error:
                 raise NotListed(spec.pending)
             if version is None:
