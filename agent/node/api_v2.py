@@ -8,9 +8,8 @@ from aiohttp import web
 
 from agent import __version__
 from agent.http.body import request_body
-from agent.node.call import Call, Decoded
+from agent.node.call import Call, Decoded, timeout_parameter
 from agent.node.routes import NODE, counted, model_ref, send_body
-from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
 from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_response, json_object,
                                 parse_json)

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from agent.backends.base import TensorSpec, check_inputs
+from agent.backends.base import InvalidInput, TensorSpec, check_inputs
 from agent.node.batching import rows_of
 
 
@@ -72,3 +72,21 @@ class Answer:
     request_id: str | None = None
     parameters: dict[str, Any] | None = None
     served_by: str | None = None
+
+
+#: The largest ``timeout`` parameter (microseconds, about 11.6 days): beyond it a
+#: deadline is no time value (``1e300`` overflows the event loop's timers).
+MAX_TIMEOUT_US = 1e12
+
+
+def timeout_parameter(parameters: dict[str, Any]) -> float | None:
+    """The client's ``timeout`` request parameter, in microseconds as Triton's clients
+    send it, as seconds (None when absent)."""
+    raw = parameters.get("timeout")
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) \
+            or not 0 < raw <= MAX_TIMEOUT_US:
+        raise InvalidInput(f"parameter 'timeout' must be a number of microseconds > 0 and "
+                           f"<= {MAX_TIMEOUT_US:.0e}, got {raw!r}")
+    return raw / 1e6

@@ -49,13 +49,12 @@ from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
 from agent.node.cache import UnknownModel
-from agent.node.call import Call, Decoded
+from agent.node.call import Call, Decoded, timeout_parameter
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.grpc_tensors import (decode_infer_request, encode_infer_response,
                                      parameters_of, split_infer_request)
-from agent.node.serving import timeout_parameter
 from agent.node.tensors import BadRequest
 from agent.security.tls import ServerTls
 from agent.validation import ascii_int

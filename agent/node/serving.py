@@ -106,24 +106,6 @@ def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
         or max(REQUEST_ROWS_FACTOR * max_batch, MIN_REQUEST_ROWS))
 
 
-#: The largest ``timeout`` parameter (microseconds, about 11.6 days): beyond it a
-#: deadline is no time value (``1e300`` overflows the event loop's timers).
-MAX_TIMEOUT_US = 1e12
-
-
-def timeout_parameter(parameters: dict[str, Any]) -> float | None:
-    """The client's ``timeout`` request parameter, in microseconds as Triton's clients
-    send it, as seconds (None when absent)."""
-    raw = parameters.get("timeout")
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) \
-            or not 0 < raw <= MAX_TIMEOUT_US:
-        raise InvalidInput(f"parameter 'timeout' must be a number of microseconds > 0 and "
-                           f"<= {MAX_TIMEOUT_US:.0e}, got {raw!r}")
-    return raw / 1e6
-
-
 class ModelRuntime:
     """What the agent knows about serving one model version, across its loads."""
 
