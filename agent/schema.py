@@ -62,7 +62,7 @@ AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LogLevel = Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))]
-# The servers' connection bounds (agent.connections), an agent's and a coordinator's.
+# The servers' connection bounds (agent.http.connections), an agent's and a coordinator's.
 MaxConnections = Annotated[AtLeastOne | None, setting(
     "open connections in all (an agent's gRPC listener holds as many of its own; each "
     "report worker as many); one more closes the oldest idle connection, or is closed "

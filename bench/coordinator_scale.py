@@ -172,7 +172,7 @@ def tls_context(ca_file: str | None) -> Any:
     """A client context trusting ``ca_file`` (None: plain HTTP)."""
     if ca_file is None:
         return None
-    from agent.tls import client_context
+    from agent.security.tls import client_context
 
     return client_context(Path(ca_file))
 

@@ -190,7 +190,7 @@ def simulated_loads(fleet: Fleet, warmup, measured, plan: dict, budget: int,
     import urllib.request
 
     from agent.config import AgentConfig
-    from agent.twinsettings import recorded_settings, twin_settings
+    from agent.config.twinsettings import recorded_settings, twin_settings
     from cachepolicies.fleet import routing_weights, spread
     from cachepolicies.simulator import simulate
     from cachepolicies.traces import Trace, make_profiles, make_trace

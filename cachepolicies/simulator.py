@@ -40,7 +40,7 @@ from cachepolicies import replay, twin
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, PolicyContractError
 from cachepolicies.registry import make_policy, parse_policy_spec
-from cachepolicies.tiers import DiskTier, check_disk_capacity
+from cachepolicies.tiers import DiskBooks, check_disk_capacity
 from cachepolicies.traces import Profiles, Trace, check_capacity
 from cachepolicies.twin import Queueing
 
@@ -115,7 +115,7 @@ def simulate(
         disk_capacity = int(disk_capacity)
         check_disk_capacity(trace, profiles, disk_capacity)
         disk_policy = disk_policy or policy_spec
-        disk = DiskTier(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
+        disk = DiskBooks(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
                                                    seed=seed), profiles,
                         bandwidth=None if queueing is None else queueing.pull_bandwidth)
     # The cycle collector would only cost time here; cycles, if any, go after the run.
@@ -260,7 +260,7 @@ def _replay_native(
 
 def _replay(
     trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-    disk: DiskTier | None = None,
+    disk: DiskBooks | None = None,
 ) -> tuple[int, int, int, float]:
     """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay
     (with ``disk``, the delay of the loads only: the downloads are the tier's)."""

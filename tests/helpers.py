@@ -354,7 +354,7 @@ class AgentServer(ThreadedServer):
     def __init__(self, config, **node_kwargs):
         from agent.node.app import NODE, create_app, prepare_process
 
-        from agent.tls import ServerTls
+        from agent.security.tls import ServerTls
 
         prepare_process()  # as ``edgeagent serve`` does
         self.tls = ServerTls(config.tls) if config.tls is not None else None
@@ -537,6 +537,19 @@ class Recorder:
         return backend
 
 
+class ServingListener:
+    """The cache's listener where a test runs serving without a node: it tells
+    ``serving`` of loads and unloads, as ``agent.node.node.Node`` does."""
+
+    serving = None
+
+    def model_loaded(self, entry):
+        self.serving.model_loaded(entry)
+
+    def model_unloaded(self, entry, reason):
+        self.serving.model_unloaded(entry, reason)
+
+
 async def start_serving(repo, backend_factory=None, **config):
     """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
     from agent.config import AgentConfig
@@ -545,9 +558,10 @@ async def start_serving(repo, backend_factory=None, **config):
     from agent.node.serving import Serving
 
     kwargs = {"backend_factory": backend_factory} if backend_factory else {}
-    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, **kwargs)
-    serving = Serving(cache, AgentConfig(repository=repo, **config), None)
-    return cache, serving
+    listener = ServingListener()
+    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, listener=listener, **kwargs)
+    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    return cache, listener.serving
 
 
 async def stop_serving(cache, serving):
@@ -557,8 +571,10 @@ async def stop_serving(cache, serving):
 
 async def call_model(serving, name, x, timeout=None, parameters=None):
     """Model ``name``'s output Y for input X = ``x`` through ``serving``."""
-    _, out = await serving.infer(name, None, lambda e: {"X": x}, parameters or {},
-                                 arrived=serving.clock(), timeout=timeout, rows=len(x))
+    from agent.node.call import Call, Decoded
+
+    _, out = await serving.infer(Call(name, None, "v2", serving.clock(), Decoded({"X": x}),
+                                      parameters or {}, timeout=timeout))
     return out["Y"]
 
 
@@ -949,8 +965,8 @@ def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12,
 #: Compile (or load) the kernels most tests reach: Faro's solver (the coordinator's
 #: planning), and every policy with the simulator's compiled loop.
 _WARM_KERNELS = ("""
-from agent.coordinator.faro import Capacity, ModelSpec, Problem, solve
-solve(Problem(Capacity(8, 1e12), (ModelSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
+from agent.coordinator.faro import Capacity, JobSpec, Problem, solve
+solve(Problem(Capacity(8, 1e12), (JobSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
 """, """
 from cachepolicies import POLICY_NAMES
 from cachepolicies.registry import prime_policy

@@ -12,9 +12,9 @@ import ssl
 import pytest
 import yaml
 
-from agent.authconfig import AgentAuthSettings, AuthSettings
-from agent.auththrottle import FailureThrottle
-from agent.credentials import (Credential, CredentialError, Credentials, load_credentials,
+from agent.security.authconfig import AgentAuthSettings, AuthSettings
+from agent.security.auththrottle import FailureThrottle
+from agent.security.credentials import (Credential, CredentialError, Credentials, load_credentials,
                                load_token_file, new_token, token_hash)
 from tests.helpers import REPORT, add_mlp, v2_body
 

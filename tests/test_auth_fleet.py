@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from agent.credentials import new_token, token_hash
+from agent.security.credentials import new_token, token_hash
 from tests.helpers import REPORT, Agent, CoordinatorProcess, add_mlp, call, v2_body, wait_for
 
 NODES = [f"edge-{i}" for i in range(1, 6)]
@@ -99,7 +99,7 @@ def test_rotation_under_load_by_sighup(repo, tmp_path, reporters):
     certificates (to a new CA the clients trust beside the old) are rotated by SIGHUP
     (new beside old; SIGHUP; old removed; SIGHUP): every answer 200, new handshakes
     get the new certificate, and the removed tokens fail on every listener within 1 s."""
-    from agent.tls import client_context
+    from agent.security.tls import client_context
     from tests.helpers import issue_cert, make_ca
 
     nodes = [f"edge-{i}" for i in range(1, reporters + 1)]
@@ -356,7 +356,7 @@ def test_nodes_over_mtls_each_post_only_their_own_report(tmp_path, count):
     own certificate (issued here), through two report workers: every node's own report
     200; edge-1 posting as edge-2 over 120 fresh connections and every node posting as its neighbour: 403 every time; a node
     certificate: 403 on the admin endpoints; the fleet lists exactly those nodes."""
-    from agent.tls import client_context
+    from agent.security.tls import client_context
     from tests.helpers import issue_cert, make_ca
 
     ca = make_ca(tmp_path, "fleet-ca")

@@ -1,5 +1,5 @@
-"""Each configuration is declared once (agent/config.py, agent/coordinator/config.py):
-the committed example files, the flags' help and the parser all come from the
+"""Each configuration is declared once (agent/config/agentconfig.py and modelconfig.py,
+agent/coordinator/config.py): the committed example files, the flags' help and the parser all come from the
 declaration, and these tests hold them to it."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.store import PostgresStore, open_store
+from agent.coordinator.stores import PostgresStore, open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -197,8 +197,8 @@ def test_agent_page_shows_selection_apps_with_a_read_token(repo, start_agent, tm
     import numpy as np
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import token_hash
     from tests.helpers import add_app, add_classifier
 
     add_classifier(repo, "good", classes=10, seed=1, error=0.05)
@@ -265,8 +265,8 @@ def test_agent_page_asks_for_a_token_and_works_with_a_read_token(repo, start_age
                                                                  tmp_path):
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import token_hash
 
     add_mlp(repo, "classifier")
     tokens = tmp_path / "tokens.yaml"

@@ -486,7 +486,7 @@ async def _drop(disk, name, version=None):
 
 
 def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources, tmp_path):
-    from agent.node.disktier import DiskTier
+    from agent.node.cache.disktier import DiskTier
     from agent.node.repository import scan_repository
 
     publish(src, "ok")
@@ -639,7 +639,7 @@ async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
     """A restart with a smaller disk_budget: what is on disk is kept as found, and the
     next pull evicts (least valuable first) until it fits."""
     from agent.config import ModelConfig
-    from agent.node.disktier import DiskTier
+    from agent.node.cache.disktier import DiskTier
 
     for name in ("a", "b", "c"):
         publish(src, name)

@@ -238,7 +238,7 @@ def test_a_published_version_rolls_out_with_no_failed_request(start_coordinator,
     assert versions[0] == "1" and versions[-1] == "2" and len(answers) > 100
     switch = versions.index("2")
     assert set(versions[switch:]) == {"2"}  # no flapping back once switched
-    assert agent.node.rollouts.done == 1
+    assert agent.node.cache.rollouts.done == 1
 
 
 def test_a_node_refuses_a_pull_that_carries_a_credential(start_coordinator, agents, tmp_path):

@@ -732,8 +732,8 @@ def test_scoped_tokens_over_grpc(repo, serve, tmp_path):
     PERMISSION_DENIED; with auth.protect the data plane needs an infer token."""
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import new_token, token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import new_token, token_hash
 
     read, infer = new_token(), new_token()
     tokens = tmp_path / "tokens.yaml"

@@ -326,7 +326,7 @@ def test_body_memory_counts_what_arrives_and_half_read_bodies_never_wait_for_eac
     promises made ahead (gRPC) wait in a queue of their own, never ahead of bodies."""
     import asyncio
 
-    from agent.httpbody import BodyMemory
+    from agent.http.body import BodyMemory
 
     async def scenario():
         memory = BodyMemory(100, step_min=0, step_max=0)  # no step ahead: exact counts

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from agent.authconfig import AgentAuthSettings
+from agent.security.authconfig import AgentAuthSettings
 from agent.config import TfServingSettings
-from agent.credentials import new_token, token_hash
+from agent.security.credentials import new_token, token_hash
 from agent.modelzoo import write_mlp
 from agent.node.grpc_v2 import start_grpc
 from tests.helpers import TINY_MLP, add_mlp, add_synthetic

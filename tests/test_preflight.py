@@ -89,7 +89,7 @@ def test_a_config_that_checks_ok_is_one_serve_accepts(tmp_path, base):
                                           "key_file": str(server.key_file)}}))
     assert _run("config", "check", "agent", str(config)) == (0, f"{config}: ok\n")
     from agent.commands.serve import build_config
-    from agent.preflight import check_agent
+    from agent.config.preflight import check_agent
 
     check_agent(build_config(str(config), {})[0], config)  # what serve runs: no error
 
@@ -100,7 +100,7 @@ def test_the_demo_needs_no_repository_yet(tmp_path):
     config.write_text(json.dumps({"data_dir": str(tmp_path / "fresh")}))
     assert _run("config", "check", "agent", str(config))[0] == 0
     from agent.commands.serve import build_config
-    from agent.preflight import check_agent
+    from agent.config.preflight import check_agent
 
     config_, demo = build_config(str(config), {})
     assert demo and not config_.repository.exists()

@@ -20,10 +20,10 @@ import tritonclient.grpc as grpcclient
 import yaml
 from click.testing import CliRunner
 
-from agent.authconfig import AgentAuthSettings
+from agent.security.authconfig import AgentAuthSettings
 from agent.cli import main
 from agent.config import AgentConfig, CoordinatorLink, RoutingSettings
-from agent.credentials import token_hash
+from agent.security.credentials import token_hash
 from agent.node.grpc_v2 import start_grpc
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -396,7 +396,7 @@ def test_nodes_forward_over_mutual_tls_with_their_own_certificates(tmp_path, fle
     import urllib.error
     import urllib.request
 
-    from agent.tls import TlsSettings
+    from agent.security.tls import TlsSettings
     from tests.helpers import issue_cert, make_ca
 
     certs = tmp_path / "certs"

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from agent.httpauth import names_this_server, own_names
+from agent.security.httpauth import names_this_server, own_names
 from tests.helpers import REPORT, add_mlp
 
 

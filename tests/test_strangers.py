@@ -228,9 +228,9 @@ def test_the_oldest_idle_connection_makes_room_and_busy_ones_stay(tmp_path):
     never 127.0.0.2's; handshakes count too."""
     from aiohttp import web
 
-    from agent.connections import Connections, ConnectionLimits
-    from agent.eventloop import handler_args, listen
-    from agent.httpbody import body_timeout_middleware
+    from agent.http.connections import Connections, ConnectionLimits
+    from agent.http.eventloop import handler_args, listen
+    from agent.http.body import body_timeout_middleware
 
     ca = make_ca(tmp_path)
     leaf = issue_cert(ca, tmp_path, "server")
@@ -329,7 +329,7 @@ def test_the_oldest_idle_connection_makes_room_and_busy_ones_stay(tmp_path):
 
 
 def test_the_bounds_follow_the_open_file_limit():
-    from agent.connections import connection_limits
+    from agent.http.connections import connection_limits
 
     assert connection_limits(open_files=16384) == (4096, 1024)  # the units' LimitNOFILE
     assert connection_limits(open_files=1024) == (256, 64)  # systemd's default soft limit

@@ -23,9 +23,9 @@ import psutil
 import pytest
 import yaml
 
-from agent.authconfig import AuthSettings
-from agent.credentials import new_token, token_hash
-from agent.tls import client_context
+from agent.security.authconfig import AuthSettings
+from agent.security.credentials import new_token, token_hash
+from agent.security.tls import client_context
 from tests.helpers import (REPORT, Agent, CoordinatorProcess, add_mlp, call, issue_cert,
                            make_ca, reserved_port, v2_body, wait_for)
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from agent.authconfig import AgentAuthSettings
+from agent.security.authconfig import AgentAuthSettings
 from agent.config import AgentConfig
 from agent.cli import main
-from agent.credentials import new_token, token_hash
+from agent.security.credentials import new_token, token_hash
 from agent.node.record import ENTRY_BYTES, RequestRecord
 from cachepolicies.traces import read_profiles, read_trace
 from tests.helpers import BODY, TINY_MLP, AgentServer, add_mlp, add_synthetic, v2_body

@@ -24,7 +24,7 @@ from tests.helpers import HEAVY, ROOT, ask_the_demo
 pytestmark = pytest.mark.slow
 
 #: Package data the agent reads at run time, as paths inside the wheel.
-PACKAGE_DATA = ("agent/static/node.html", "agent/static/node.js", "agent/static/dashboard.css",
+PACKAGE_DATA = ("agent/http/static/node.html", "agent/http/static/node.js", "agent/http/static/dashboard.css",
                 "agent/node/protos/grpc_predict_v2_pb2.py",
                 "agent/node/protos/grpc_predict_v2.proto",
                 "agent/backends/tfserving_pb/tensorflow_serving_pb2.py",

@@ -3,24 +3,16 @@ from a shell."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agent import credentials
-from agent.commands import tls_options
+from agent.commands.agentapi import (agent_context, agent_options, apply_common, call,
+                                     common_options)
 from agent.commands.output import key_values, number, show_json
 from agent.commands.output import table as output_table
 from agent.units import format_size
-
-
-def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
-    from agent.commands.http import call_json  # urllib: only when a command calls
-
-    return call_json(ctx.obj["url"], method, path, body, token=ctx.obj["token"], server="agent")
 
 
 def _wait(m: dict[str, Any]) -> str:
@@ -115,23 +107,6 @@ def _show(ctx: click.Context, doc: Any) -> None:
         click.echo(key_values(doc))
 
 
-def agent_options(f):
-    """``--url``, ``--json``, ``--token-file`` and the TLS options of a command group that
-    calls a running agent's admin API (``agent_context`` keeps them)."""
-    f = tls_options(f)
-    f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
-    f = click.option("--json", "as_json", is_flag=True,
-                     help="Print JSON instead of a table.")(f)
-    return click.option(
-        "--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
-        show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")(f)
-
-
-def agent_context(url: str, as_json: bool, token_file: str | None) -> dict[str, Any]:
-    return {"url": url, "json": as_json, "token": read_token(token_file)}
-
-
 @click.group()
 @agent_options
 @click.pass_context
@@ -140,41 +115,9 @@ def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -
     ctx.obj = agent_context(url, as_json, token_file)
 
 
-def read_token(token_file: str | None) -> str | None:
-    """The token a command sends: its ``--token-file`` (``agent.credentials.read_token``:
-    an empty file is a usage error), else $EDGEAGENT_TOKEN."""
-    if not token_file:
-        return os.environ.get("EDGEAGENT_TOKEN")
-    try:
-        return credentials.read_token(token_file)
-    except credentials.CredentialError as err:
-        raise click.BadParameter(str(err), param_hint="--token-file") from None
-
-
-def _common(f):
-    """Let --url/--json/--token-file also follow the subcommand (``cache ls --json``)."""
-    f = click.option("--url", "sub_url", default=None, help="The agent's URL.")(f)
-    f = click.option("--token-file", "sub_token_file",
-                     type=click.Path(exists=True, dir_okay=False), default=None,
-                     expose_value=False, callback=_sub_token,
-                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
-    return click.option("--json", "sub_json", is_flag=True, help="Print JSON.")(f)
-
-
-def _sub_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
-        ctx.ensure_object(dict)["token"] = read_token(value)
-
-
-def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
-    if sub_url:
-        ctx.obj["url"] = sub_url
-    ctx.obj["json"] = ctx.obj["json"] or sub_json
-
-
 @cache.command("ls")
 @click.option("--wide", is_flag=True, help="Every column, however wide the terminal.")
-@_common
+@common_options
 @click.pass_context
 def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> None:
     """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
@@ -182,16 +125,16 @@ def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> N
     counts (the columns that fit the terminal; --wide: all), and why a model cannot
     serve; then per model and peer what was forwarded, the disk tier's budget, pulls and
     evictions, and the selection apps served over the models."""
-    _apply(ctx, sub_url, sub_json)
+    apply_common(ctx, sub_url, sub_json)
     ctx.obj["wide"] = wide
-    models = _call(ctx, "GET", "/v1/cache")
+    models = call(ctx, "GET", "/v1/cache")
     _show(ctx, models)
     if not ctx.obj["json"]:
         for line in routing_lines(models):
             click.echo(line)
-        click.echo(disk_line(_call(ctx, "GET", "/v1/disk")))
+        click.echo(disk_line(call(ctx, "GET", "/v1/disk")))
         try:
-            apps = _call(ctx, "GET", "/v1/selection")
+            apps = call(ctx, "GET", "/v1/selection")
         except click.ClickException:  # an agent without apps' routes, or no admin token
             return
         if apps:
@@ -213,21 +156,21 @@ def disk_line(disk: dict[str, Any]) -> str:
 
 @cache.command()
 @click.argument("name")
-@_common
+@common_options
 @click.pass_context
 def inspect(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
     """One model in detail."""
-    _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "GET", f"/v1/cache/{name}"))
+    apply_common(ctx, sub_url, sub_json)
+    _show(ctx, call(ctx, "GET", f"/v1/cache/{name}"))
 
 
 def _action(action: str, doc: str):
     @click.argument("name")
-    @_common
+    @common_options
     @click.pass_context
     def command(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
-        _apply(ctx, sub_url, sub_json)
-        _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/{action}"))
+        apply_common(ctx, sub_url, sub_json)
+        _show(ctx, call(ctx, "POST", f"/v1/cache/{name}/{action}"))
     command.__doc__ = doc
     return cache.command(action)(command)
 
@@ -235,13 +178,13 @@ def _action(action: str, doc: str):
 @cache.command()
 @click.argument("name")
 @click.argument("count", type=click.IntRange(1, 256))
-@_common
+@common_options
 @click.pass_context
 def workers(ctx: click.Context, name: str, count: int, sub_url: str | None,
             sub_json: bool) -> None:
     """Run a model's batches on COUNT workers (replicas), now and after reloads."""
-    _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/workers", {"workers": count}))
+    apply_common(ctx, sub_url, sub_json)
+    _show(ctx, call(ctx, "POST", f"/v1/cache/{name}/workers", {"workers": count}))
 
 
 _action("evict", "Unload a model now (409 while it is in use or pinned).")
@@ -270,12 +213,12 @@ def fetch_record(url: str, token: str | None, since: float | None = None
               help=f"Directory to write {TRACE_FILE} and {PROFILES_FILE} into.")
 @click.option("--since", type=float,
               help="Unix seconds: only the requests since then [default: all it keeps].")
-@_common
+@common_options
 @click.pass_context
 def trace(ctx: click.Context, out_dir: Path, since: float | None, sub_url: str | None,
           sub_json: bool) -> None:
     """Save the agent's recorded requests and model profiles (for simulate --from DIR)."""
-    _apply(ctx, sub_url, sub_json)
+    apply_common(ctx, sub_url, sub_json)
     trace_text, profiles_text = fetch_record(ctx.obj["url"], ctx.obj["token"], since)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / TRACE_FILE).write_text(trace_text)

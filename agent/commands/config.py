@@ -13,17 +13,17 @@ from pathlib import Path
 import click
 
 # kind -> (the declaration, the function that reads a file of it, the example's title,
-# what its server checks before it starts: agent.preflight, or None)
+# what its server checks before it starts: agent.config.preflight, or None)
 KINDS = {
     "agent": ("agent.config:AgentConfig", "agent.config:load_agent_config",
               "configs/agent.yaml: the node agent's configuration, every key shown.",
-              "agent.preflight:check_agent"),
+              "agent.config.preflight:check_agent"),
     "model": ("agent.config:ModelConfig", "agent.config:load_model_config",
               "configs/model.yaml: a model's config.yaml, every key shown.", None),
     "coordinator": ("agent.coordinator.config:CoordinatorConfig",
                     "agent.coordinator.config:load_coordinator_config",
                     "configs/coordinator.yaml: the coordinator's configuration, every key "
-                    "shown.", "agent.preflight:check_server"),
+                    "shown.", "agent.config.preflight:check_server"),
 }
 
 

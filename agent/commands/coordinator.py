@@ -42,8 +42,8 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     import signal
 
     from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
-    from agent.connections import server_connections
-    from agent.eventloop import listen, settle_gc
+    from agent.http.connections import server_connections
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
     app = create_app(config)
@@ -99,7 +99,7 @@ def store_verification_warning(store: str | None) -> str | None:
         return None
     from psycopg.conninfo import conninfo_to_dict
 
-    from agent.exposure import is_loopback
+    from agent.security.exposure import is_loopback
 
     try:
         params = conninfo_to_dict(store)
@@ -130,8 +130,8 @@ def serve(config_file: str | None, host: str | None, port: int | None,
           state_dir: Path | None, log_level: str | None, report_workers: int | None,
           insecure: bool | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
-    from agent.eventloop import run_event_loop
-    from agent.preflight import check_server
+    from agent.http.eventloop import run_event_loop
+    from agent.config.preflight import check_server
 
     try:  # what config check refuses
         config = load_coordinator_config(config_file).with_overrides(

@@ -61,11 +61,11 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import asyncio
     import signal
 
-    from agent.connections import server_connections
-    from agent.eventloop import listen, settle_gc
+    from agent.http.connections import server_connections
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
-    from agent.tls import ServerTls
+    from agent.security.tls import ServerTls
 
     tls = ServerTls(config.tls) if config.tls is not None else None
     app = create_app(config)
@@ -173,7 +173,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
     # One policy decision per request needs no compiler: the kernels run interpreted,
     # and numba/llvmlite stay out of the agent's memory (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")
-    from agent.eventloop import run_event_loop
+    from agent.http.eventloop import run_event_loop
 
     overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}
     if overrides.get("policy"):
@@ -183,7 +183,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
             parse_policy_spec(overrides["policy"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
-    from agent.preflight import check_agent
+    from agent.config.preflight import check_agent
 
     try:  # what config check refuses stops the start before the demo is generated
         config, demo = build_config(config_file, overrides)

@@ -177,7 +177,7 @@ def simulate_command(
         twin = None
         if queueing:
             from agent.config import AgentConfig
-            from agent.twinsettings import twin_settings
+            from agent.config.twinsettings import twin_settings
 
             twin = twin_settings(
                 AgentConfig(), settings, workers=workers, load_concurrency=load_concurrency,
@@ -220,7 +220,7 @@ def _simulate_fleet(sources: Sequence[str], token_file: str | None,
         raise click.UsageError("a fleet needs --capacity (each node's) and --policy")
     try:
         from agent.config import AgentConfig
-        from agent.twinsettings import twin_settings
+        from agent.config.twinsettings import twin_settings
         from cachepolicies.fleet import fleet_nodes, fleet_total, routing_weights, spread
         from cachepolicies.simulator import sweep
 
@@ -289,7 +289,8 @@ def _native_replays(specs: Sequence[str], queued_or_tiered: bool,
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
     """The trace and profiles files of ``--from``: fetched from a node's URL into
     ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
-    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record, read_token
+    from agent.commands.agentapi import read_token
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record
 
     if source.startswith(("http://", "https://")):
         texts = fetch_record(source, read_token(token_file))
@@ -332,9 +333,9 @@ def _read_record(source: str, trace_path: Path, profiles_path: Path
 
 
 def record_settings(profiles_path: Path, source: str | None = None) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``agent.twinsettings``);
+    """The twin's settings a node's profiles file gives (``agent.config.twinsettings``);
     ``source``: the node's URL it was fetched from (errors name it, not the copy)."""
-    from agent.twinsettings import recorded_settings
+    from agent.config.twinsettings import recorded_settings
 
     shown = f"{source.rstrip('/')}/v1/profiles" if source and source.startswith(
         ("http://", "https://")) else profiles_path

@@ -44,7 +44,7 @@ def new(scopes: tuple[str, ...], name: str | None, node: str | None,
     entry to add to a server's auth.token_file, which holds only its SHA-256."""
     import yaml
 
-    from agent.credentials import (CredentialError, new_token, parse_entry, token_hash,
+    from agent.security.credentials import (CredentialError, new_token, parse_entry, token_hash,
                                    write_secret)
 
     if out is not None and out.exists():

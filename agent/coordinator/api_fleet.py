@@ -19,7 +19,7 @@ from aiohttp import web
 from agent.coordinator.catalog import CatalogError
 from agent.coordinator.planner import Planner
 from agent.coordinator.sizing import parse_sizing_request, provision_fleet, size_fleet
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.validation import load_json
 
 SIZING_LOCK: web.AppKey[asyncio.Lock] = web.AppKey("sizing_lock", asyncio.Lock)

@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from agent.coordinator.catalog import CatalogError
-from agent.credentials import bearer, new_token, token_hash
-from agent.httpauth import Need, Verdict, request_peer, respond
-from agent.httpbody import request_body
+from agent.security.credentials import bearer, new_token, token_hash
+from agent.security.httpauth import Need, Verdict, request_peer, respond
+from agent.http.body import request_body
 from agent.validation import load_json, number, only
 from agent.wire import NAME
 

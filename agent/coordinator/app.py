@@ -18,7 +18,7 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
     POST   /v1/join-tokens, /v1/join      a node's own credential (api_join)
     GET    /metrics                       failed authentications (Prometheus text)
-    GET    /                              the dashboard page (agent.dashboard)
+    GET    /                              the dashboard page (agent.http.dashboard)
 
 With tokens (``admin_token_file``, ``auth.token_file``) every path but ``/v1/health`` and
 the dashboard's files needs ``Authorization: Bearer <token>`` (``coordinator_need``): a
@@ -57,16 +57,17 @@ from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
-from agent.coordinator.store import StoredPlan, open_store
-from agent.dashboard import add_dashboard, is_dashboard_path
+from agent.coordinator.store import StoredPlan
+from agent.coordinator.stores import open_store
+from agent.http.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import handler_args
-from agent.httpbody import BodyMemory, body_timeout_middleware, request_body
-from agent.httpjson import json_newline
-from agent.credentials import Credential, Credentials, load_credentials, node_credential
-from agent.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
+from agent.http.eventloop import handler_args
+from agent.http.body import BodyMemory, body_timeout_middleware, request_body
+from agent.http.jsonnewline import json_newline
+from agent.security.credentials import Credential, Credentials, load_credentials, node_credential
+from agent.security.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
                             names_this_server, own_names, request_peer, scoped_auth)
-from agent.tls import ServerTls
+from agent.security.tls import ServerTls
 from agent.units import iso_time
 from agent.validation import ascii_int, load_json, only
 

@@ -18,10 +18,10 @@ from msgspec import field, structs
 
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
-from agent.authconfig import AuthSettings
+from agent.security.authconfig import AuthSettings
 from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
                           Positive, Section, Text, load, setting)
-from agent.tls import TlsSettings
+from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, size, string
 
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from agent.coordinator.faro import Capacity, ModelSpec
+from agent.coordinator.faro import Capacity, JobSpec
 from agent.wire import Directives, Pull
 
 
@@ -55,9 +55,9 @@ class ModelPlan:
     proc_source: str | None = None  # measured | catalog | default
     source: dict[str, Any] | None = None  # catalog.ModelSLO.pull(): where nodes pull it
 
-    def spec(self, name: str) -> ModelSpec:
+    def spec(self, name: str) -> JobSpec:
         """The solver's view of this model (rate, times in seconds, needs)."""
-        return ModelSpec(name=name, rate=self.rate, proc_s=self.proc_ms / 1000.0,
+        return JobSpec(name=name, rate=self.rate, proc_s=self.proc_ms / 1000.0,
                          slo_s=self.slo_ms / 1000.0, percentile=self.percentile,
                          priority=self.priority, cpu_per_replica=self.cpu_per_replica,
                          memory_per_replica_bytes=self.memory_per_replica_bytes)

@@ -51,7 +51,7 @@ import numpy as np
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Problem,
+from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Problem,
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
@@ -96,7 +96,7 @@ def rate_series(points: list[tuple[float, float, float]], end: float, step: floa
     return counts[int(np.argmax(covered)):] / step
 
 
-def check_spec(spec: ModelSpec) -> None:
+def check_spec(spec: JobSpec) -> None:
     """ValueError naming the field unless ``spec``'s numbers can be planned: finite,
     rate >= 0, times and needs > 0 (reports are range-checked at ingestion; this
     catches what their sums, forecasts and the catalog can still make of them)."""
@@ -247,7 +247,7 @@ class Planner:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
                 proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
-                spec = ModelSpec(
+                spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
                     priority=slo.priority, cpu_per_replica=slo.cpu_per_replica,
@@ -272,7 +272,7 @@ class Planner:
                live: dict[str, NodeReport], previous: StoredPlan | None,
                sourced: set[str] = frozenset()):  # type: ignore[assignment]
         """``sourced``: the models with a source (they may go to any node)."""
-        nodes = [Node(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
+        nodes = [Machine(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
                  for n, r in sorted(live.items())]
         holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
         files: dict[str, set[str]] = {}  # model -> nodes holding (or pulling) its files

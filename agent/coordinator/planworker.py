@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.planner import PlanError, Planner
-from agent.coordinator.store import StoredPlan, open_store
+from agent.coordinator.store import StoredPlan
+from agent.coordinator.stores import open_store
 
 log = logging.getLogger("edgeagent.coordinator.planworker")
 

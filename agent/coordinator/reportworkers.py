@@ -8,7 +8,7 @@ the kernel spreads connections over the listeners; an agent's keep-alive connect
 stays with one). A worker
 
 * answers ``POST /v1/nodes/{name}/report`` itself: checks its credential (the node's
-  own, or admin: the coordinator's rule, ``agent.httpauth``; the tokens the coordinator
+  own, or admin: the coordinator's rule, ``agent.security.httpauth``; the tokens the coordinator
   accepts and the node certificates it refuses come over the pipe, again on SIGHUP and
   when a node is deleted, which waits until every worker has them), throttles failures
   per peer, validates
@@ -22,7 +22,7 @@ stays with one). A worker
   the coordinator's own that only this user's processes can open (the token is checked
   there), with the real peer address and certificate name and issue time in headers the
   coordinator trusts only with the forward key it gave the worker
-  (``agent.httpauth.FORWARD_KEY``; the socket refuses a request without it);
+  (``agent.security.httpauth.FORWARD_KEY``; the socket refuses a request without it);
 * serves the coordinator's ``tls:`` with a context of its own, read again when the
   coordinator, on SIGHUP, says ``reload``.
 
@@ -53,15 +53,15 @@ from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_repor
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
-from agent.connections import server_connections
-from agent.eventloop import handler_args, listen, run_event_loop, settle_gc
-from agent.credentials import Credentials
-from agent.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWARDED_PEER,
+from agent.http.connections import server_connections
+from agent.http.eventloop import handler_args, listen, run_event_loop, settle_gc
+from agent.security.credentials import Credentials
+from agent.security.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWARDED_PEER,
                             Guard, Need, carries_credential, certificate_issued,
                             certificate_name, host_check, own_names, scoped_auth)
-from agent.httpbody import BodyMemory, body_timeout_middleware, request_body
-from agent.httpjson import json_newline
-from agent.tls import ServerTls
+from agent.http.body import BodyMemory, body_timeout_middleware, request_body
+from agent.http.jsonnewline import json_newline
+from agent.security.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 

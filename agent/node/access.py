@@ -3,7 +3,7 @@ the gRPC RPCs alike: an RPC needs what its HTTP route needs)."""
 
 from __future__ import annotations
 
-from agent.httpauth import Need
+from agent.security.httpauth import Need
 
 _READ_ONLY = ("GET", "HEAD")
 _ADMIN, _READ, _INFER = Need("admin"), Need("read"), Need("infer")

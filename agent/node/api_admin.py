@@ -7,7 +7,7 @@ import math
 
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.cache import UnknownModel
 from agent.node.hostpaths import public_fields
 from agent.node.record import profiles_csv
@@ -150,7 +150,7 @@ async def disk(request: web.Request) -> web.Response:
                               "pulling": [{**p, "started": iso_time(p["started"])}
                                           for p in tier.pulling()],
                               "sources": [public_fields(node, {**s, "listed_at": iso_time(
-                                  s["listed_at"])}) for s in tier.listings()],
+                                  s["listed_at"])}) for s in tier.listings.describe()],
                               "pull_errors": [public_fields(node, e)
                                               for e in tier.pull_errors()]})
 

@@ -17,12 +17,12 @@ from typing import Any
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.dashboard import add_dashboard
+from agent.http.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import handler_args
-from agent.httpbody import body_timeout_middleware
-from agent.httpjson import json_newline
-from agent.httpauth import carries_credential, host_check, own_names, scoped_auth
+from agent.http.eventloop import handler_args
+from agent.http.body import body_timeout_middleware
+from agent.http.jsonnewline import json_newline
+from agent.security.httpauth import carries_credential, host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
 from agent.node.hostpaths import public_message

@@ -329,20 +329,22 @@ class ModelBatcher:
         if self.on_batch is not None:
             self.on_batch(rows, seconds)
 
+    async def _infer_one(self, p: Pending, full: bool) -> None:
+        started = self.clock()
+        try:
+            outputs = await self.backend.infer_async(p.inputs, p.parameters, self.executor)
+        except Exception as exc:  # noqa: BLE001 - the request's answer
+            p.fail(exc)
+            return
+        seconds = self.clock() - started
+        self._observe(p.weight, seconds, full)
+        if self.stats is not None:
+            self.stats.executed(p.weight, [started - p.enqueued], 0.0, seconds, 0.0)
+        p.resolve(outputs)
+
     async def _infer(self, batch: list[Pending], full: bool) -> None:
         if len(batch) == 1:
-            p = batch[0]
-            started = self.clock()
-            try:
-                outputs = await self.backend.infer_async(p.inputs, p.parameters, self.executor)
-            except Exception as exc:  # noqa: BLE001 - the request's answer
-                p.fail(exc)
-                return
-            seconds = self.clock() - started
-            self._observe(p.weight, seconds, full)
-            if self.stats is not None:
-                self.stats.executed(p.weight, [started - p.enqueued], 0.0, seconds, 0.0)
-            p.resolve(outputs)
+            await self._infer_one(batch[0], full)
             return
         gathering = self.clock()
         merged = {name: np.concatenate([p.inputs[name] for p in batch])

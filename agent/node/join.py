@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from agent.config import CoordinatorLink
-from agent.credentials import read_token, write_secret
+from agent.security.credentials import read_token, write_secret
 from agent.validation import load_json
 
 log = logging.getLogger("edgeagent.reporter")

@@ -17,19 +17,18 @@ from typing import Any, Callable
 from agent.backends import Backend, BackendError, make_backend
 from agent.backends.tfserving import TfServingHost
 from agent.config import AgentConfig
-from agent.credentials import Credentials, load_credentials
-from agent.httpauth import Guard
-from agent.httpbody import BodyMemory
+from agent.security.credentials import Credentials, load_credentials
+from agent.security.httpauth import Guard
+from agent.http.body import BodyMemory
 from agent.memory import (FootprintModel, GpuAccounting, GpuMemoryReader, cpu_budget_default,
                           gpu_budgets)
 from agent.node import state as statefile
-from agent.node.cache import CacheError, ModelCache, ModelInvalid, UnknownModel
-from agent.node.disktier import DiskTier
-from agent.node.lifecycle import State
+from agent.node.cache import CacheError, Entry, ModelCache, ModelInvalid, State, UnknownModel
+from agent.node.cache.disktier import DiskTier
+from agent.node.frontdesk import FrontDesk
 from agent.node.metrics import Metrics
 from agent.node.offload import Decoder
 from agent.node.repository import ModelSpec, apply_override, scan_model, scan_repository
-from agent.node.rollout import Rollouts
 from agent.node.routing import Router
 from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
@@ -46,6 +45,11 @@ def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
     budgets.update(gpu_budgets(config.gpu_budget, (reader or GpuMemoryReader()).devices(),
                                config.memory_margin))
     return budgets
+
+
+def _tokens(config: AgentConfig) -> Any:
+    """The tokens the agent accepts: ``admin_token_file`` and ``auth.token_file``'s."""
+    return load_credentials(config.admin_token_file, config.auth.token_file)
 
 
 class Node:
@@ -66,36 +70,20 @@ class Node:
         saved = statefile.read_state(config.resident_state_path) if config.restore else None
         # One TF Serving server for all TF models; it starts when the first one loads.
         self.tfserving = TfServingHost(config.tfserving, config.data_dir / "tfserving")
-        gpu_reader = GpuMemoryReader()
-        budgets = budgets or default_budgets(config, gpu_reader)
-        #: GPU budgets, per-process NVML meters and each GPU's context overhead.
-        self.gpu = GpuAccounting(gpu_reader, {d: b for d, b in budgets.items() if d != "cpu"})
-        if backend_factory is make_backend:
-            backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
-                                                gpu=self.gpu)
+        self._listing_task: asyncio.Task | None = None
+        self.cache = self._make_cache(config, budgets, clock, backend_factory, disk={
+            **({"open_source": open_source} if open_source else {}),
+            **({"free_bytes": disk_free} if disk_free else {})})
         #: The disk tier: sourced models' files under data_dir/models (the ``fleet``'s
         #: pull and drop directives use its ``ensure``/``drop``/``holdings``).
-        self.disk = DiskTier(
-            config.models_dir, config.disk_budget, policy=config.disk_policy or config.policy,
-            max_concurrent_pulls=config.max_concurrent_pulls, bandwidth=config.pull_bandwidth,
-            clock=clock, **({"open_source": open_source} if open_source else {}),
-            **({"free_bytes": disk_free} if disk_free else {}))
-        self._listing_task: asyncio.Task | None = None
+        self.disk: DiskTier = self.cache.disk
         #: The models the repository holds but that cannot be served, with why (logged
         #: once per change: ``_log_invalid``).
         self.invalid: dict[str, str] = {}
         models, apps = split_apps(self._log_invalid(self._scan(config)))
-        self.cache = ModelCache(
-            models, budgets,
-            policy=config.policy, clock=clock, backend_factory=backend_factory,
-            footprints=FootprintModel.load(config.footprints_path, open_file),
-            load_concurrency=config.load_concurrency, infer_executor=self.infer_executor,
-            load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
-            load_retry_s=config.load_retry_s, disk=self.disk)
+        self.cache.update_specs(models)
         self._saved = saved
-        for name, pinned in ((saved or {}).get("pins") or {}).items():
-            with contextlib.suppress(CacheError):
-                self.cache.set_pinned(name, bool(pinned))
+        self._restore_pins(saved)
         # Queues, batchers, admission and prediction caches per model (agent.node.serving).
         self.serving = Serving(self.cache, config, self.infer_executor)
         #: Selection apps (``backend: selection``), served above the cache.
@@ -106,28 +94,67 @@ class Node:
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
         self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)
-        #: Decodes large request bodies off the event loop (thread or child process).
-        self.decoder = Decoder()
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
-        self.guard = Guard(Credentials(load_credentials(config.admin_token_file,
-                                                        config.auth.token_file)),
-                           throttle=config.auth.throttle())
+        self.guard = Guard(Credentials(_tokens(config)), throttle=config.auth.throttle())
         #: Where each request is served: here, or the node the plan runs its model on.
         self.router = Router(config, self.cache, self.serving, self.guard)
-        self.selection.router = self.router
         self.metrics.registry.register(self.router.stats.collector())
+        #: Where every inference request comes in (``agent.node.frontdesk``).
+        self.desk = FrontDesk(self.serving, self.selection, self.metrics, self.router)
+        #: Decodes large request bodies off the event loop (thread or child process).
+        self.decoder = Decoder()
         #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
         #: applied over the repository's config at every rescan until a plain load.
         self.overrides: dict[str, dict] = {}
         self.ready = False
         self._persist_task: asyncio.Task | None = None
-        self._startup_task: asyncio.Task | None = None
-        self._idle_task: asyncio.Task | None = None
-        #: New versions of serving models, rolled out without failing a request.
-        self.rollouts = Rollouts(self.cache)
-        self._poll_task: asyncio.Task | None = None
-        self.cache.on_load.append(lambda e: self.schedule_persist())
-        self.cache.on_unload.append(lambda e, why: self.schedule_persist())
+        self._startup_task = self._idle_task = self._poll_task = self._persist_task
+
+    def _restore_pins(self, saved: dict[str, Any] | None) -> None:
+        """Pin and unpin as the state file left them."""
+        for name, pinned in ((saved or {}).get("pins") or {}).items():
+            with contextlib.suppress(CacheError):
+                self.cache.set_pinned(name, bool(pinned))
+
+    def _make_cache(self, config: AgentConfig, budgets: dict[str, int] | None,
+                    clock: Callable[[], float], backend_factory: Callable[..., Backend],
+                    disk: dict[str, Any]) -> ModelCache:
+        """The cache over ``budgets`` (default: the host's, ``default_budgets``), with
+        this node as its listener and its disk tier under ``data_dir/models`` (``disk``:
+        the tier's injected source opener and free-space reader, for tests); its models
+        come with the first scan."""
+        gpu_reader = GpuMemoryReader()
+        budgets = budgets or default_budgets(config, gpu_reader)
+        #: GPU budgets, per-process NVML meters and each GPU's context overhead.
+        self.gpu = GpuAccounting(gpu_reader, {d: b for d, b in budgets.items() if d != "cpu"})
+        if backend_factory is make_backend:
+            backend_factory = functools.partial(make_backend, tfserving=self.tfserving,
+                                                gpu=self.gpu)
+        return ModelCache(
+            {}, budgets,
+            policy=config.policy, clock=clock, backend_factory=backend_factory,
+            footprints=FootprintModel.load(config.footprints_path, self.open_file),
+            load_concurrency=config.load_concurrency,
+            load_wait_max_s=config.load_wait_max_s, idle_unload_s=config.idle_unload_s,
+            load_retry_s=config.load_retry_s, listener=self,
+            disk=functools.partial(
+                DiskTier, config.models_dir, config.disk_budget,
+                policy=config.disk_policy or config.policy,
+                max_concurrent_pulls=config.max_concurrent_pulls,
+                bandwidth=config.pull_bandwidth, clock=clock, **disk))
+
+    # -- what the cache tells (``agent.node.cache.CacheListener``) -------------------
+    def model_loaded(self, entry: Entry) -> None:
+        """A model is READY: it gets its queue and batcher, its load time is counted,
+        the state file is written soon."""
+        self.serving.model_loaded(entry)
+        self.metrics.model_loaded(entry)
+        self.schedule_persist()
+
+    def model_unloaded(self, entry: Entry, reason: str) -> None:
+        """A model was unloaded: its batcher closes, the state file is written soon."""
+        self.serving.model_unloaded(entry, reason)
+        self.schedule_persist()
 
     # -- lifecycle -------------------------------------------------------------------
     #: Seconds between two checks for models idle past their ``idle_unload_s``.
@@ -269,11 +296,12 @@ class Node:
         the model's config and state as they were."""
         from agent.validation import load_json
 
-        if self.selection.is_app(name):  # an app's load: its members agree (loaded if new)
+        app = self.desk.app(name)
+        if app is not None:  # an app's load: its members agree (loaded if new)
             if override is not None:
                 raise ModelInvalid(f"failed to load {name!r}: a selection app takes no "
                                    "parameters.config (edit its config.yaml)")
-            await self.selection.app(name).ensure_valid(self.serving)
+            await app.signature()
             return
         if name not in self.cache.specs:
             raise UnknownModel(f"failed to load {name!r}: no such model in the repository")
@@ -329,12 +357,11 @@ class Node:
         if config.disk_budget and config.disk_budget != self.disk.pool.budget:
             self.disk.pool.budget = config.disk_budget  # the next pull evicts down to it
             log.info("SIGHUP: disk budget is now %d bytes", config.disk_budget)
-        self.cache.load_wait_max_s = config.load_wait_max_s
-        self.cache.load_retry_s = config.load_retry_s
-        self.cache.idle_unload_s = config.idle_unload_s
+        bounds = self.cache.settings  # the cache's parts read these at each use
+        bounds.load_wait_max_s, bounds.load_retry_s, bounds.idle_unload_s = (
+            config.load_wait_max_s, config.load_retry_s, config.idle_unload_s)
         try:
-            self.guard.credentials.replace(load_credentials(config.admin_token_file,
-                                                            config.auth.token_file))
+            self.guard.credentials.replace(_tokens(config))
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the old tokens: %s", exc)
         self.config = config
@@ -344,7 +371,6 @@ class Node:
         for task in (self._idle_task, self._poll_task):
             if task is not None:
                 task.cancel()
-        await self.rollouts.close()
         if self._listing_task is not None:
             self._listing_task.cancel()
         if self._startup_task is not None and not self._startup_task.done():

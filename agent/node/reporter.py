@@ -21,21 +21,14 @@ What applying means:
   when the directives drop it or lapse.
 * ``drop_rate``: recorded and shown in ``GET /v1/coordinator`` (the batching layer's
   admission control has no knob for it yet).
-* ``pull``: a model the node's repository does not have is written as an assigned model
-  directory, ``<data_dir>/assigned/<model>/config.yaml`` (its config with the source;
-  the repository scan's second root, where the operator's own entry of the same name
-  wins, logged), its source listed, its files pulled by the disk tier
-  (``DiskTier.ensure``) and, with ``load``, loaded. A pull with a ``digest`` pins it in
-  the config (with its ``version``, the one version served): the disk tier refuses a
-  version of another digest. A pull naming a version (or digest)
-  the node has not seen lists the source again: a newer version found is rolled out
-  (``agent.node.rollout``). A pull that lapses is not undone, only not renewed.
+* ``pull`` and ``drop``: the models the coordinator moves here (an assigned model
+  directory, its files pulled into the disk tier, loaded where it says) and away
+  (unloaded once idle, its directory removed): ``agent.node.assignments``. A pull that
+  lapses is not undone, only not renewed; a drop of a busy model is tried again by the
+  next directives.
 * ``routing``: the routing table (or its version alone, confirming the one held) goes
   to the node's router (``agent.node.routing``); the report says where peers reach
   this node, the table it holds, and per model its routed traffic.
-* ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
-  flight, not pinned: the cache's own evict), its directory removed and its files left
-  to the disk tier (``DiskTier.drop``); while it is busy, the next directives try again.
 
 Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
 samples: arrivals (requests of any outcome that reached the fleet here: those a peer
@@ -55,7 +48,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -63,15 +55,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import aiohttp
 from aiohttp import web
 
-from agent.config import CoordinatorLink, parse_model_config
+from agent.config import CoordinatorLink
+from agent.node.assignments import Assignments
 from agent.node.cache import CacheError
+from agent.node.cache.lifecycle import State
 from agent.node.join import report_token
-from agent.node.lifecycle import State
 from agent.node.state import read_state, write_state
-from agent.sources import redact_url
-from agent.tls import client_context, verify_failure
+from agent.security.tls import client_context, verify_failure
 from agent.validation import load_json
-from agent.wire import DirectiveBook, Directives, Pull, refuse_credentials
+from agent.wire import DirectiveBook, Directives
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -155,14 +147,8 @@ class Reporter:
         self.drop_rate: dict[str, float] = {}
         self.directives: Directives | None = None
         self.loading: dict[str, asyncio.Task] = {}
-        #: model -> its pull directive being carried out (one at a time per model)
-        self.assigning: dict[str, asyncio.Task] = {}
-        self.dropping: dict[str, asyncio.Task] = {}  # unloads before a drop
-        #: model -> (version, digest) of the last pull carried out: a pull naming
-        #: another lists the source again
-        self._pulled: dict[str, tuple[int | None, str | None]] = {}
-        self._shadowed: set[str] = set()  # pulls the operator's own entry outranks
-        self.assign_errors: dict[str, str] = {}
+        #: The models the coordinator moves here (pull) and away (drop).
+        self.assignments = Assignments(node)
         self._estimates: dict[str, int] = {}  # model version -> bytes, never measured
         self.failures = 0
         self.last_error: str | None = None
@@ -193,8 +179,7 @@ class Reporter:
                  self.name)
 
     async def stop(self) -> None:
-        for task in [self._task, *self.loading.values(), *self.assigning.values(),
-                     *self.dropping.values()]:
+        for task in [self._task, *self.loading.values(), *self.assignments.tasks()]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -289,7 +274,7 @@ class Reporter:
             info = cache.describe(entry)
             resident = any(e.state is State.READY for (n, _), e in cache.entries.items()
                            if n == name)
-            d, total = deltas.get(name), totals.get(name)
+            d = deltas.get(name)
             m: dict[str, Any] = {
                 "device": entry.device, "state": info["state"], "resident": resident,
                 "pinned": entry.account.pinned, "size_bytes": info["size_bytes"],
@@ -298,21 +283,7 @@ class Reporter:
                              for t, s, c in self._pending.get(name, ())],
                 "requests": d["requests"] if d else 0.0, "drops": d["drops"] if d else 0.0,
             }
-            rt = self._runtime(entry)
-            if rt is not None:
-                m["workers"] = rt.workers
-            batches = self._batches(rt)
-            if batches:
-                m["batches"] = batches
-                m["batch_ms"] = {str(b): round(t * 1000.0, 3)
-                                 for b, t in rt.tuner.profile.means().items()}
-            elif total and total["ok"] > 0 and not router.stats.forwarded_any(name):
-                # (a model this node forwards: its answers' latency is not processing)
-                m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
-            if d and d["ok"] > 0:
-                m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
-                                   for v in [histogram_quantile(p / 100.0, d["buckets"])]
-                                   if v is not None}
+            self._add_serving(m, entry, d, totals.get(name))
             models[name] = m
         report = {"capacity": self.capacity(), "interval_s": self.interval, "models": models}
         if router.enabled:
@@ -359,6 +330,27 @@ class Reporter:
                         if v is not None}
             out[name] = row
         return out
+
+    def _add_serving(self, m: dict[str, Any], entry: Any, d: dict[str, Any] | None,
+                     total: dict[str, Any] | None) -> None:
+        """A model's workers, batch sizes and times, and latency percentiles (from the
+        interval's histogram ``d``) in its report ``m``."""
+        rt = self._runtime(entry)
+        if rt is not None:
+            m["workers"] = rt.workers
+        batches = self._batches(rt)
+        if batches:
+            m["batches"] = batches
+            m["batch_ms"] = {str(b): round(t * 1000.0, 3)
+                             for b, t in rt.tuner.profile.means().items()}
+        elif total and total["ok"] > 0 and not self.node.router.stats.forwarded_any(
+                entry.name):  # (a model this node forwards: its answers' latency is not
+            # processing)
+            m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
+        if d and d["ok"] > 0:
+            m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
+                               for v in [histogram_quantile(p / 100.0, d["buckets"])]
+                               if v is not None}
 
     def _runtime(self, entry: Any) -> Any:
         """The batching layer's runtime for ``entry`` (None without a batching layer)."""
@@ -427,9 +419,9 @@ class Reporter:
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
         self._save_pins()
         for pull in directives.pull:
-            self._assign(pull)
+            self.assignments.assign(pull)
         for name in directives.drop:
-            self._drop(name)
+            self.assignments.drop(name)
 
     def _leaving_room(self, planned: list[str], replicas: dict[str, int]) -> set[str]:
         """The planned models to pin: those the plan runs most replicas of first, each
@@ -543,101 +535,6 @@ class Reporter:
         self.loading[name] = asyncio.get_running_loop().create_task(load())
 
     # -- models that travel: pull and drop ----------------------------------------------
-    def _assigned(self, name: str) -> bool:
-        """``name`` is served from an assigned model directory (the coordinator's)."""
-        spec = self.node.cache.specs.get(name)
-        return spec is not None and spec.path == self.node.config.assigned_dir / name
-
-    def _assign(self, pull: Pull) -> None:
-        task = self.assigning.get(pull.model)
-        if task is not None and not task.done():
-            return
-        self.assigning[pull.model] = asyncio.get_running_loop().create_task(
-            self._carry_out(pull))
-
-    async def _carry_out(self, pull: Pull) -> None:
-        name = pull.model
-        try:
-            await self._pull(pull)
-            self.assign_errors.pop(name, None)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - logged; the next directives try again
-            self.assign_errors[name] = f"{type(exc).__name__}: {exc}" \
-                if not isinstance(exc, (ValueError, CacheError)) else str(exc)
-            log.warning("coordinator's pull of %s: %s", name, self.assign_errors[name])
-
-    async def _pull(self, pull: Pull) -> None:
-        """Write ``pull``'s model directory, list its source, pull its files, load it."""
-        node, name = self.node, pull.model
-        spec = node.cache.specs.get(name)
-        if spec is not None and not self._assigned(name):
-            if name not in self._shadowed:
-                self._shadowed.add(name)
-                log.info("coordinator's pull of %s: the repository's own entry %s serves "
-                         "it", name, spec.path)
-            return
-        refuse_credentials(pull.source, pull.source_options)
-        doc = {**pull.config, "source": pull.source,
-               "source_options": dict(pull.source_options)}
-        if pull.digest is not None:  # a digest pins one version: the catalog's, or
-            doc["digest"] = pull.digest  # the newest listed
-            if pull.version is not None:
-                doc["version"] = pull.version
-        where = node.config.assigned_dir / name / "config.yaml"
-        parse_model_config(doc, where)  # ConfigError (a ValueError) names the key
-        text = yaml_text(doc)
-        relist = spec is None or self._pulled.get(name) != (pull.version, pull.digest)
-        if spec is None or _read(where) != text:
-            await asyncio.get_running_loop().run_in_executor(None, _write_atomically,
-                                                             where, text)
-            log.info("coordinator assigns %s from %s", name, redact_url(pull.source))
-            node.rescan(relist=False)
-        if relist or pull.version not in (None, *node.cache.specs[name].versions):
-            if await node.disk.refresh([name]):
-                node.rescan(relist=False)
-        spec = node.cache.specs[name]
-        if spec.error or spec.pending:
-            raise ValueError(spec.error or spec.pending)
-        version = spec.default_version if pull.version is None \
-            else max(pull.version, spec.default_version or 0)
-        if version not in spec.versions:
-            raise ValueError(f"model {name!r}: its source lists no version {pull.version} "
-                             f"(versions: {', '.join(map(str, spec.versions)) or 'none'})")
-        self._pulled[name] = (pull.version, pull.digest)
-        await node.disk.ensure(name, version)
-        if pull.load:
-            await node.cache.ensure_loaded(name)
-
-    def _drop(self, name: str) -> None:
-        """Unload assigned ``name`` once idle, remove its directory, free its files."""
-        if not self._assigned(name):
-            return
-        if any(t is not None and not t.done()
-               for t in (self.assigning.get(name), self.dropping.get(name))):
-            return
-        cache = self.node.cache
-        entries = [e for (n, _), e in cache.entries.items() if n == name]
-        if any(e.account.in_flight or e.account.pinned
-               or e.state in (State.LOADING, State.UNLOADING) for e in entries):
-            return  # busy: the next directives try again
-        for entry in entries:
-            if entry.state is State.READY:
-                self.dropping[name] = asyncio.get_running_loop().create_task(
-                    self._evict(entry))
-                return  # removed once unloaded (the next directives)
-        shutil.rmtree(self.node.config.assigned_dir / name, ignore_errors=True)
-        self._pulled.pop(name, None)
-        self.node.rescan(relist=False)
-        self.node.disk.drop(name)
-        log.info("coordinator moved %s away: dropped", name)
-
-    async def _evict(self, entry: Any) -> None:
-        try:
-            await self.node.cache.evict(entry.name, entry.version)
-        except CacheError as exc:
-            log.info("drop %s: not yet: %s", entry.key, exc)
-
     def _save_pins(self) -> None:
         try:
             saved = read_state(self.pins_path) if self.pins_path.exists() else None
@@ -673,8 +570,7 @@ class Reporter:
                 else round(expires - now, 3),
                 "pinned_by_coordinator": sorted(self.pinned_by_us),
                 "prefetching": sorted(self.loading),
-                "assigning": sorted(n for n, t in self.assigning.items() if not t.done()),
-                "assign_errors": dict(self.assign_errors),
+                **self.assignments.status(),
                 "workers": dict(self.workers), "drop_rate": dict(self.drop_rate),
                 "workers_applied": getattr(self.node, "serving", None) is not None}
 
@@ -687,27 +583,6 @@ def _without_table(directives: Directives | None) -> dict[str, Any] | None:
     out = directives.to_json()
     out.pop("routing", None)
     return out
-
-
-def yaml_text(doc: dict[str, Any]) -> str:
-    import yaml
-
-    return "# written by edgeagent for the coordinator's pull directive\n" + \
-        yaml.safe_dump(doc, sort_keys=True)
-
-
-def _read(path: Any) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-
-
-def _write_atomically(path: Any, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 REPORTER: web.AppKey[Reporter] = web.AppKey("reporter", Reporter)

@@ -11,7 +11,7 @@ one bad directory never hides the others.
 
 A *sourced* model names a ``source:`` in its config.yaml and holds no version
 directories: its versions are its source's listing (``Listing``, which the disk tier,
-``agent.node.disktier``, keeps) and its files live under the tier's directory
+``agent.node.cache.disktier``, keeps) and its files live under the tier's directory
 (``files_root``), never in the repository.
 """
 

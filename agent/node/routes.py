@@ -40,13 +40,9 @@ def counted(endpoint: str) -> Callable:
                 code = 499 if client_disconnected(exc, request.transport) else http_status(exc)
                 raise
             finally:
-                name = request.match_info.get("name", "")
-                known = name in node.cache.specs or node.selection.is_app(name) \
-                    or node.router.knows(name)
-                node.metrics.observe(name if known else "<unknown>",
-                                     endpoint, code,
-                                     time.perf_counter() - started if code == 200 else None,
-                                     _asked_version(request))
+                node.desk.count(request.match_info.get("name", ""), endpoint, code,
+                                time.perf_counter() - started if code == 200 else None,
+                                _asked_version(request))
         return counted_handler
     return wrap
 

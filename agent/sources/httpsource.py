@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
-from agent.exposure import is_loopback
+from agent.security.exposure import is_loopback
 from agent.sources.archive import archive_kind
 from agent.sources.errors import SourceError, SourceNotFound, SourceUnavailable, http_error
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent.exposure import is_loopback
+from agent.security.exposure import is_loopback
 from agent.sources.errors import DigestMismatch, SourceError, SourceNotFound, SourceUnavailable
 from agent.sources.ociregistry import MANIFEST_TYPES, RegistryClient, docker_credentials
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest

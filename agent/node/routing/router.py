@@ -42,8 +42,8 @@ import orjson
 from aiohttp import web
 
 from agent.backends.base import DATATYPES, InvalidInput, datatype_of
-from agent.credentials import read_token
-from agent.httpauth import Guard
+from agent.security.credentials import read_token
+from agent.security.httpauth import Guard
 from agent.node.admission import Shed
 from agent.node.cache import CacheError, LoadFailed
 from agent.node.routes import send_body
@@ -53,8 +53,8 @@ from agent.node.routing.peers import PeerBook
 from agent.node.routing.stats import RoutingStats
 from agent.node.routing.table import HeldTable
 from agent.node.routing.trust import MARK, SERVE_MS, SERVED_BY, Trust
-from agent.node.serving import MAX_TIMEOUT_US
-from agent.tls import client_context
+from agent.node.call import MAX_TIMEOUT_US
+from agent.security.tls import client_context
 from agent.wire import PeerAddress
 
 if TYPE_CHECKING:

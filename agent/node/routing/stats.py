@@ -33,7 +33,7 @@ class PeerStats:
         return sum(self.answers.values())
 
 
-class ModelStats:
+class RoutedModelStats:
     """One model's routing on this node."""
 
     def __init__(self) -> None:
@@ -60,12 +60,12 @@ class RoutingStats:
     """Every model's routing stats; ``collector`` shows them in ``/metrics``."""
 
     def __init__(self) -> None:
-        self.models: dict[str, ModelStats] = {}
+        self.models: dict[str, RoutedModelStats] = {}
 
-    def model(self, name: str) -> ModelStats:
+    def model(self, name: str) -> RoutedModelStats:
         stats = self.models.get(name)
         if stats is None:
-            stats = self.models[name] = ModelStats()
+            stats = self.models[name] = RoutedModelStats()
         return stats
 
     def answered(self, model: str, peer: str, status: int, round_trip: float,

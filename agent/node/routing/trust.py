@@ -24,9 +24,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent.credentials import bearer
+from agent.security.credentials import bearer
 from agent.errors import AgentError
-from agent.httpauth import Guard
+from agent.security.httpauth import Guard
 from agent.wire import RoutingTable
 
 #: The mark of a forwarded request (HTTP header; gRPC metadata): the forwarding node.
@@ -116,7 +116,7 @@ class Trust:
 
     def http_sender(self, request: Any, table: RoutingTable | None) -> str:
         """``sender`` for an aiohttp request carrying the mark."""
-        from agent.httpauth import certificate_name
+        from agent.security.httpauth import certificate_name
 
         return self.sender(request.headers[MARK], request.headers.get("Authorization", ""),
                            certificate_name(request.transport), request.remote, table)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.credentials import CredentialError, load_token_file, read_secret
-from agent.exposure import exposure_error
-from agent.tls import ServerTls, client_context
+from agent.security.credentials import CredentialError, load_token_file, read_secret
+from agent.security.exposure import exposure_error
+from agent.security.tls import ServerTls, client_context
 from agent.validation import ConfigError, SchemaError, unreadable
 
 

@@ -6,7 +6,7 @@ A connection past either bound closes the oldest idle connection of the same gro
 (the peer's, or all) and takes its place; when every one is busy, it is closed at
 once. Idle: its TLS handshake not done, or its handler waiting for the next request
 (a request head arriving a byte at a time is idle); busy: a request read or answered
-(``Busy``, which ``agent.httpbody``'s middleware holds while its request runs, and the
+(``Busy``, which ``agent.http.body``'s middleware holds while its request runs, and the
 answer's bytes not yet written). So a stranger's connections cannot keep a new
 client out, and the busy ones of other clients are never cut.
 

@@ -1,6 +1,6 @@
 """The dashboard pages the node agent and the coordinator serve at ``GET /``.
 
-Plain HTML, CSS and scripts from ``agent/static`` (package data: an install carries
+Plain HTML, CSS and scripts from ``agent/http/static`` (package data: an install carries
 them): no build step, nothing fetched from elsewhere (a Content-Security-Policy of
 ``'self'`` holds the page to it). The page polls the server's own JSON API; where that
 needs a token (a read token will do) the page asks for it and keeps it in the tab's
@@ -33,7 +33,7 @@ def is_dashboard_path(path: str) -> bool:
 
 
 def add_dashboard(app: web.Application, page: str) -> None:
-    """Serve ``agent/static/<page>`` at ``GET /`` and the shared files at
+    """Serve ``agent/http/static/<page>`` at ``GET /`` and the shared files at
     ``GET /static/<name>``. Files are read once, here."""
     files = {p.name: (p.read_bytes(), _TYPES[p.suffix]) for p in STATIC.iterdir()
              if p.suffix in _TYPES}

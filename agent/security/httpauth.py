@@ -1,7 +1,7 @@
 """Scoped bearer auth shared by the node agent, the coordinator and its report workers.
 
-A ``Guard`` holds what a server accepts (``agent.credentials``), the per-peer throttle
-of failed attempts (``agent.auththrottle``) and their counts. ``scoped_auth`` is the
+A ``Guard`` holds what a server accepts (``agent.security.credentials``), the per-peer throttle
+of failed attempts (``agent.security.auththrottle``) and their counts. ``scoped_auth`` is the
 middleware: a path's ``Need`` (a scope, and for a node's report its node name) is met
 by a credential that allows it, else 401 (no or unknown credential), 403 (wrong scope
 or another node's report) or 429 with ``Retry-After`` (too many failures from that
@@ -26,8 +26,8 @@ from typing import Any, Callable, NamedTuple
 
 from aiohttp import web
 
-from agent.auththrottle import FailureThrottle
-from agent.credentials import Credential, Credentials, bearer
+from agent.security.auththrottle import FailureThrottle
+from agent.security.credentials import Credential, Credentials, bearer
 from agent.errors import json_error
 
 log = logging.getLogger("edgeagent.auth")

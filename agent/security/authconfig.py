@@ -1,12 +1,12 @@
 """The ``auth:`` sections of the agent's and the coordinator's configs (declarations
-only; ``agent.credentials`` reads the files they name)."""
+only; ``agent.security.credentials`` reads the files they name)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
-from agent.auththrottle import FailureThrottle
+from agent.security.auththrottle import FailureThrottle
 from agent.schema import Positive, Section, setting
 from agent.validation import choice
 

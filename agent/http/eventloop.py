@@ -1,6 +1,6 @@
 """Running a server: its main coroutine on the fastest event loop, its HTTP listener
-(with bounded connections, ``agent.connections``), and its header read timeout
-(``handler_args``; the body's is in ``agent.httpbody``)."""
+(with bounded connections, ``agent.http.connections``), and its header read timeout
+(``handler_args``; the body's is in ``agent.http.body``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from agent.connections import Connections, limited_site
+from agent.http.connections import Connections, limited_site
 
 
 def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
@@ -35,11 +35,11 @@ async def listen(app: Any, host: str, port: int, connections: Connections, *,
                  **runner_kwargs: Any) -> tuple[Any, str]:
     """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL).
     ``connections``: the bounds on open connections and the TLS handshake's deadline
-    (``agent.connections``). ``backlog``: connections waiting to be accepted (a fleet
+    (``agent.http.connections``). ``backlog``: connections waiting to be accepted (a fleet
     reconnecting at once needs more than the default; the kernel caps it at
     net.core.somaxconn). ``reuse_port``: other processes of this user may listen on the
     same port (``SO_REUSEPORT``; the kernel spreads connections over them).
-    ``ssl_context``: HTTPS (``agent.tls``)."""
+    ``ssl_context``: HTTPS (``agent.security.tls``)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
@@ -102,7 +102,7 @@ def handler_args(read_timeout_s: float) -> dict[str, Any]:
     after as long). After an answer to a request whose body was not all read (a 408, a
     413), aiohttp drains the rest for at most as long (its lingering time, 10 s by
     default) before it closes the connection. Bodies reach the handlers as they came
-    (``auto_decompress`` off): ``agent.httpbody`` decodes a ``Content-Encoding`` itself,
+    (``auto_decompress`` off): ``agent.http.body`` decodes a ``Content-Encoding`` itself,
     in bounded steps counted against the limits."""
     return {"keepalive_timeout": read_timeout_s, "lingering_time": min(read_timeout_s, 10.0),
             "auto_decompress": False}

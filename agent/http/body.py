@@ -2,7 +2,7 @@
 sends half a body does not hold a connection), a piece at a time into one growing
 buffer (``body_timeout_middleware``; handlers take it from ``request_body``), decoded
 here from its ``Content-Encoding`` (gzip, deflate) in bounded steps (aiohttp's own
-decoding is off: ``agent.eventloop.handler_args``), each piece counted as it arrives,
+decoding is off: ``agent.http.eventloop.handler_args``), each piece counted as it arrives,
 decoded, against the size limit and the bytes of bodies in flight (``BodyMemory``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.connections import Busy
+from agent.http.connections import Busy
 from agent.errors import AgentError, json_error
 
 BODY: web.RequestKey[bytes | bytearray] = web.RequestKey("body")  # read by the middleware
@@ -320,7 +320,7 @@ def body_decoder(encoding: str | None) -> _Inflate | None:
 # -- the middleware ----------------------------------------------------------------------------
 
 
-class TooLarge(Exception):
+class BodyTooLarge(Exception):
     """A body passed the size limit while it was read (answered 413)."""
 
 
@@ -335,7 +335,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int,
     ``memory``, each piece is counted there as it arrives until the handler is done
     (its answer written); a body kept waiting for room past ``seconds`` gets
     ``NoRoomForBody`` (503). While the request runs its connection is busy
-    (``agent.connections.Busy``)."""
+    (``agent.http.connections.Busy``)."""
     async def read(request: web.Request, body: Body | None, decoder: Any) -> bytes | bytearray:
         length = request.content_length
         data: bytes | bytearray = b""
@@ -344,7 +344,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int,
             for piece in (decoder.pieces(raw) if decoder is not None else (raw,)):
                 total += len(piece)
                 if total > max_bytes:
-                    raise TooLarge()
+                    raise BodyTooLarge()
                 if body is not None and not memory.count(body, total):
                     await memory.room(body, total)
                 if not data:
@@ -402,7 +402,7 @@ def body_timeout_middleware(seconds: float, max_bytes: int,
                                                f"{seconds:g} s of its headers (read_timeout_s)")
                     response.force_close()
                     return response
-                except TooLarge:
+                except BodyTooLarge:
                     return too_large(decoder is not None)
                 if body is not None:
                     memory.finish(body, len(request[BODY]))

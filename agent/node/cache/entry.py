@@ -1,15 +1,20 @@
 """What the cache knows of one version of one model, in three parts: its lifecycle
-(``agent.node.lifecycle``), its accounting (the bytes it holds and what a miss costs,
-its pin and references) and its statistics (counters for people and metrics)."""
+(``agent.node.cache.lifecycle``), its accounting (the bytes it holds and what a miss costs,
+its pin and references) and its statistics (counters for people and metrics).
+
+Only the cache package writes an entry's fields (``tests/test_cache_package.py``); what
+decides whether the entry may be evicted (its state, pin and leases) changes only through
+the entry's own verbs and the lifecycle's named moves, which tell its ``EntryWatcher``
+(the tiers: their room queues, ``changed``)."""
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agent.backends.base import Backend, TensorSpec
-from agent.node.lifecycle import Lifecycle, State
+from agent.node.cache.lifecycle import Lifecycle, State
 from agent.node.repository import ModelSpec
 
 MEASUREMENTS_KEPT = 3  # a model's recent clean size measurements that price its next load
@@ -28,6 +33,9 @@ class Accounting:
         default_factory=lambda: collections.deque(maxlen=MEASUREMENTS_KEPT))
     load_seconds: float = 0.0
     first_run_seconds: float = 0.0
+    #: A warm run's seconds, as the serving layer measured it (None: not yet): the
+    #: first run's surplus over it is part of the penalty (``miss_penalty``).
+    warm_run_seconds: float | None = None
     pinned: bool = False
     in_flight: int = 0                 # requests holding a reference (never unloaded)
     idle_since: float | None = None    # cache clock when its last request ended
@@ -61,6 +69,18 @@ class Statistics:
     last_used: float | None = None  # wall clock when its last request ended
 
 
+class EntryWatcher(Protocol):
+    """Who is told when an entry's state, pin or leases changed (what may be evicted,
+    and what memory does with its files, may have changed)."""
+
+    def moved(self, entry: Entry) -> None: ...
+
+
+class _Unwatched:
+    def moved(self, entry: Entry) -> None:
+        pass
+
+
 @dataclass
 class Entry:
     """One version of one model: its spec, the loaded backend and what it says about
@@ -69,6 +89,7 @@ class Entry:
 
     spec: ModelSpec
     version: int
+    watcher: EntryWatcher = field(default=_Unwatched(), repr=False, compare=False)
     life: Lifecycle = field(init=False)
     account: Accounting = field(init=False)
     stats: Statistics = field(default_factory=Statistics)
@@ -77,8 +98,31 @@ class Entry:
     signature: list[TensorSpec] | None = None  # input specs, kept after unload
 
     def __post_init__(self) -> None:
-        self.life = Lifecycle(self.key)
+        self.life = Lifecycle(self.key, on_move=lambda: self.watcher.moved(self))
         self.account = Accounting(pinned=self.spec.config.pin)
+
+    # -- leases and pins -----------------------------------------------------------------
+    def lease(self) -> None:
+        """A request holds it (never unloaded under it)."""
+        self.account.in_flight += 1
+
+    def unlease(self, now: float, wall_clock: float | None = None) -> bool:
+        """A request let go (``wall_clock``: it was served then); True when none is
+        left, the watcher told."""
+        account = self.account
+        account.in_flight -= 1
+        if wall_clock is not None:
+            self.stats.last_used = wall_clock
+        if account.in_flight:
+            return False
+        account.idle_since = now
+        self.watcher.moved(self)
+        return True
+
+    def pin(self, pinned: bool) -> None:
+        """Pin (never a victim) or unpin it."""
+        self.account.pinned = pinned
+        self.watcher.moved(self)
 
     @property
     def state(self) -> State:
