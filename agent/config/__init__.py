@@ -5,8 +5,9 @@ in ``twinsettings``. An unknown key or a bad value is a ``ConfigError`` naming
 the file and the dotted key, e.g. ``models/resnet/config.yaml: slo.latency_ms: must be a
 number > 0, got 'fast'``."""
 
-from agent.config.agentconfig import (AgentConfig, CoordinatorLink, TfServingSettings,
-                                      load_agent_config, parse_agent_config)
+from agent.config.agentconfig import (NODE_NAME_VARIABLE, AgentConfig, CoordinatorLink,
+                                      RoutingSettings, TfServingSettings, load_agent_config,
+                                      parse_agent_config)
 from agent.config.modelconfig import (BACKENDS, ClassifierOptions, DeclaredTensor,
                                       ModelConfig, SloOptions, SyntheticOptions,
                                       load_model_config, parse_model_config,
@@ -14,6 +15,6 @@ from agent.config.modelconfig import (BACKENDS, ClassifierOptions, DeclaredTenso
 from agent.validation import ConfigError
 
 __all__ = ["AgentConfig", "BACKENDS", "ClassifierOptions", "ConfigError", "CoordinatorLink",
-           "DeclaredTensor", "ModelConfig", "SloOptions", "SyntheticOptions",
-           "TfServingSettings", "load_agent_config", "load_model_config",
+           "DeclaredTensor", "ModelConfig", "NODE_NAME_VARIABLE", "RoutingSettings",
+           "SloOptions", "SyntheticOptions", "TfServingSettings", "load_agent_config", "load_model_config",
            "parse_agent_config", "parse_model_config", "version_digest"]
