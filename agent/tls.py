@@ -135,18 +135,63 @@ class ServerTls:
 
 
 def client_context(ca_file: Path | None = None, cert_file: Path | None = None,
-                   key_file: Path | None = None, *, prefix: str = "") -> ssl.SSLContext:
-    """A client's context: the server verified against ``ca_file`` (None: the system's
-    CAs) and its name; ``cert_file``/``key_file``: this client's certificate."""
-    ctx = ssl.create_default_context()
+                   key_file: Path | None = None, *, prefix: str = "",
+                   kind: type[ssl.SSLContext] = ssl.SSLContext) -> ssl.SSLContext:
+    """A client's context (of class ``kind``): the server verified against ``ca_file``
+    (None: the system's CAs) and its name; ``cert_file``/``key_file``: this client's
+    certificate."""
+    ctx = kind(ssl.PROTOCOL_TLS_CLIENT)
     if ca_file is not None:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         _load_cas(ctx, ca_file, f"{prefix}ca_file")
+    else:
+        ctx.load_default_certs()
     if cert_file is not None or key_file is not None:
         if cert_file is None or key_file is None:
             raise ValueError(f"{prefix}cert_file and {prefix}key_file go together")
         _load_chain(ctx, cert_file, key_file, prefix)
     return ctx
+
+
+class ResumingContext(ssl.SSLContext):
+    """A client context whose new connections resume the last session to the same server
+    name (TLS 1.3 tickets, or a TLS 1.2 session id): a reconnect spares the client the
+    certificate chain's verification (what it saves: docs/benchmarks.md).
+    asyncio and uvloop make every client connection through ``wrap_bio``, which takes
+    the session; the session of a connection is read when the next one starts (a TLS
+    1.3 ticket comes after the handshake). A server that cannot resume it (a restart
+    made new ticket keys) does a full handshake: nothing fails."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self._last: dict[Any, ssl.SSLObject] = {}  # server name -> its newest connection
+        self._sessions: dict[Any, ssl.SSLSession] = {}  # server name -> resumable session
+
+    @classmethod
+    def for_client(cls, ca_file: Path | None = None, cert_file: Path | None = None,
+                   key_file: Path | None = None, *, prefix: str = "") -> "ResumingContext":
+        """``client_context``'s context, resuming."""
+        ctx = client_context(ca_file, cert_file, key_file, prefix=prefix, kind=cls)
+        assert isinstance(ctx, cls)
+        return ctx
+
+    def wrap_bio(self, incoming: Any, outgoing: Any, server_side: bool = False,
+                 server_hostname: Any = None, session: Any = None) -> ssl.SSLObject:
+        if not server_side and session is None:
+            previous = self._last.get(server_hostname)
+            fresh = previous.session if previous is not None else None
+            if fresh is not None and (fresh.has_ticket or fresh.id):
+                self._sessions[server_hostname] = fresh
+            session = self._sessions.get(server_hostname)
+        obj = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        if not server_side:
+            self._last[server_hostname] = obj
+        return obj
+
+    def resumed(self, server_hostname: Any) -> bool | None:
+        """Whether the newest connection to ``server_hostname`` resumed a session (None:
+        none was made)."""
+        obj = self._last.get(server_hostname)
+        return None if obj is None else obj.session_reused
 
 
 #: OpenSSL's verify codes (X509_V_ERR_*) the words of ``verify_failure`` cover.

@@ -12,10 +12,14 @@ stays with one). A worker
   accepts come over the pipe, again on SIGHUP), throttles failures per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
   plan, which the coordinator pushes to every worker when it adopts one, and answers
-  503 while the coordinator says its store is failing;
+  503 while the coordinator says its store is failing, or while it is itself
+  overloaded (``agent.coordinator.shedding``: its loop's lag or its reports not yet
+  handed over past their limits; with ``Retry-After``);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
-  directives issued (``GET /v1/nodes``) as for a report it answered itself;
+  directives issued (``GET /v1/nodes``) as for a report it answered itself; and every
+  ``LOAD_S`` its CPU, reports answered and refused and its loop's lag (``WorkerLoad``,
+  for the coordinator's ``/metrics``);
 * forwards every other request to the coordinator, as it came, over a loopback
   listener of the coordinator's own (the token is checked there), with the real peer
   address and certificate name in headers the coordinator trusts only with the forward
@@ -39,7 +43,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
@@ -47,6 +51,7 @@ from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportedModels, parse_report_body,
                                      refuse_while_store_fails, report_record, reported_models)
 from agent.coordinator.planworker import exit_with_parent
+from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
 from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
@@ -59,6 +64,7 @@ from agent.tls import ServerTls
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 
 BATCH_S = 0.25  # a worker hands its answered reports over this often
+LOAD_S = 1.0  # ... and tells its load this often
 RESTART_S = 1.0  # a dead worker is started again after this long
 REPORT_PATH = "/v1/nodes/{name}/report"
 #: A worker's first message: it listens on the port.
@@ -71,6 +77,17 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "traile
 
 # one answered report as handed over: what to write, its models, the directives' JSON
 Answered = tuple[ReportRecord, ReportedModels, bytes]
+
+
+class WorkerLoad(NamedTuple):
+    """What a worker last told of its load: its CPU seconds since it started, the reports
+    it answered and refused, its loop's smoothed lag (seconds)."""
+
+    index: int
+    cpu_s: float
+    answered: int
+    refused: int
+    lag_s: float
 
 
 class _Worker:
@@ -109,6 +126,9 @@ class ReportWorkers:
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
         self.auth_failures: dict[int, dict[str, int]] = {}
+        #: pid -> that worker's load as it last told (a worker started again is a new
+        #: pid; a dead one's last word stays: its CPU was spent)
+        self.load: dict[int, WorkerLoad] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -159,6 +179,9 @@ class ReportWorkers:
                 continue
             if isinstance(message, tuple) and message[0] == "auth":
                 self.auth_failures[worker.index] = message[1]
+                continue
+            if isinstance(message, tuple) and message[0] == "load":
+                self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
                 continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
@@ -242,6 +265,9 @@ class _WorkerState:
         self.internal_url, self.forward_key = internal_url, forward_key
         self.healthy, self.full = True, False
         self.answered: list[Answered] = []
+        self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
+                               config.report_retry_after_s)
+        self.reports = 0  # answered since the worker started
         self.session: ClientSession | None = None
 
     def take(self, message: tuple) -> None:
@@ -269,12 +295,14 @@ async def _report(request: web.Request) -> web.Response:
     plan = state.fleet.plan
     if state.full and (plan is None or name not in plan.rows):  # maybe a new node
         return await _forward(request)
+    state.shedder.check(len(state.answered))
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
     refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            reported_models(report), body))
+    state.reports += 1
     return web.Response(body=body, content_type="application/json")
 
 
@@ -370,6 +398,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
     told_failures: dict[str, int] = {}
 
     async def hand_over() -> None:
+        told_load = loop.time()
         while True:
             await asyncio.sleep(BATCH_S)
             batch, state.answered = state.answered, []
@@ -378,12 +407,19 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
                 await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
+            if loop.time() - told_load >= LOAD_S:
+                told_load = loop.time()
+                await loop.run_in_executor(sender, up.send, (
+                    "load", os.getpid(), time.process_time(), state.reports,
+                    state.shedder.refused, state.shedder.lag))
 
     handing = loop.create_task(hand_over())
+    watching = loop.create_task(state.shedder.watch())
     try:
         await stop.wait()
     finally:
         handing.cancel()
+        watching.cancel()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
         last = [sender.submit(up.send, batch)] if batch else []
