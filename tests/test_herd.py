@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import re
 import threading
 import time
 import urllib.request
 
 import pytest
+from click.testing import CliRunner
 
 from agent.backoff import MAX_RETRY_AFTER_S, backoff_cap, parse_retry_after, retry_delay
 from agent.coordinator.cost import CostMeter
+from agent.cli import main
 from agent.coordinator.shedding import PROBE_S, Overloaded, Shedder
 from agent.errors import http_status
 from tests.helpers import BODY, REPORT, add_synthetic, request, wait_for
@@ -216,6 +219,13 @@ def test_a_refused_agent_serves_on_its_last_directives_and_obeys_retry_after(
         assert status["directives"] is not None and status["directives_age_s"] >= 3
         assert status["directives_expire_in_s"] > 0
         assert agent.request("POST", "/v2/models/m/infer", BODY)[0] == 200  # ... serving
+        shown = CliRunner().invoke(main, ["cache", "ls", "--url", agent.url])
+        line = shown.output.splitlines()[-1]
+        assert shown.exit_code == 0 and line.startswith(f"coordinator {co.url}: "), shown.output
+        assert "failed in a row (Refused: coordinator answered 503: the coordinator is busy" \
+            in line
+        assert re.search(r"directives (\d+\.\d) s old \(no plan\), lapse in", line), line
+        assert float(re.search(r"directives (\S+) s old", line)[1]) >= 3
         # every 0.1 s it would have tried 30 times; Retry-After (1 s) spaced them out
         assert co.co.shedder.refused - refused_before <= 4
         stop.set()
