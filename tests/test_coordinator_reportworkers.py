@@ -183,6 +183,56 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
         psutil.STATUS_ZOMBIE
 
 
+def metric(port: int, name: str) -> float:
+    """One sample of the coordinator's ``/metrics`` (``name`` with its labels)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+def test_a_worker_whose_loop_ran_late_refuses_with_retry_after(coordinator):
+    """A report worker stopped for a while (as a starved CPU would hold it) runs late
+    once it goes on: a report it then gets is refused at once, 503 with Retry-After,
+    on a connection it keeps; a moment later it answers again. The coordinator's
+    ``/metrics`` counts the refusal and the workers' CPU."""
+    port = coordinator.port
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def send() -> tuple[int, str | None, dict]:
+        conn.request("POST", "/v1/nodes/late/report", json.dumps(REPORT),
+                     {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, answer.getheader("Retry-After"), json.loads(answer.read())
+
+    assert send()[0] == 200
+    (pid, _), = holders(port, {conn.sock.getsockname()[1]}).items()
+    worker = psutil.Process(pid)
+    answers = []
+    for _ in range(3):  # (the first report after it goes on may come before it notices)
+        worker.suspend()
+        time.sleep(1.5)
+        worker.resume()
+        time.sleep(0.05)
+        answers.append(send())
+        if answers[-1][0] == 503:
+            break
+    status, retry_after, doc = answers[-1]
+    assert (status, retry_after) == (503, "5"), answers
+    assert "busy" in doc["error"] and "ms late" in doc["error"]
+    wait_for(lambda: send()[0] == 200, 10, "answered again on the same connection")
+    conn.close()
+    prefix = "edgeagent_coordinator_"
+    wait_for(lambda: metric(port, prefix + 'reports_total{answer="refused"}') >= 1, 10,
+             "the refusal counted")
+    assert metric(port, prefix + 'reports_total{answer="answered"}') >= 2
+    assert metric(port, prefix + 'cpu_seconds_total{part="report_workers"}') > 0
+
+
 def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
     import subprocess
     import sys

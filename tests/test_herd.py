@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backoff import MAX_RETRY_AFTER_S, backoff_cap, parse_retry_after, retry_delay
 from agent.coordinator.cost import CostMeter
@@ -181,14 +182,18 @@ def test_an_overloaded_coordinator_refuses_with_retry_after_and_counts_it(start_
         stop.set()
     # once the loop keeps up again, reports are answered; the refusals were counted
     wait_for(lambda: co.request("POST", "/v1/nodes/a/report", REPORT)[0] == 200, 10)
-    co.co.measure(time.monotonic())
     with urllib.request.urlopen(f"{co.url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    refused_line = next(line for line in text.splitlines()
-                        if line.startswith('edgeagent_coordinator_reports_total{answer="refused"}'))
-    assert int(refused_line.split()[1]) >= 1
-    assert 'edgeagent_coordinator_cpu_seconds_total{part="main"}' in text
-    assert "edgeagent_coordinator_live_nodes 1" in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for f in families.values() for s in f.samples}
+    prefix = "edgeagent_coordinator_"
+    assert value[(prefix + "reports_total", (("answer", "refused"),))] >= 1
+    assert value[(prefix + "reports_total", (("answer", "answered"),))] >= 2
+    assert value[(prefix + "cpu_seconds_total", (("part", "main"),))] > 0
+    assert value[(prefix + "live_nodes", ())] == 1
+    assert families[prefix + "loop_lag_seconds"].type == "gauge"
+    assert families[prefix + "cpu_seconds"].type == "counter"
 
 
 def test_a_refused_agent_serves_on_its_last_directives_and_obeys_retry_after(

@@ -225,7 +225,8 @@ class Coordinator:
                                   if s.last_seen >= since))
 
     async def measuring(self) -> None:
-        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs)."""
+        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs; a scrape
+        of ``/metrics`` measures too, at most once a second)."""
         loop = asyncio.get_running_loop()
         while True:
             self.measure(loop.time())
@@ -485,6 +486,9 @@ async def metrics(request: web.Request) -> web.Response:
         for reason, count in counts.items():
             failures[reason] = failures.get(reason, 0) + count
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
+    now, last = asyncio.get_running_loop().time(), co.cost.last_sample_at()
+    if last is None or now - last >= 1.0:  # counters as of now, within a second
+        co.measure(now)
     lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_lags())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")
