@@ -397,18 +397,17 @@ def stop_coordinator(co: subprocess.Popen) -> None:
 
 
 def own_metrics(url: str, ca_file: str | None) -> dict[str, float]:
-    """The coordinator's own cost gauges from its ``/metrics`` (empty for a tree
-    without them)."""
-    names = ("edgeagent_coordinator_cpu_per_report_seconds",
-             "edgeagent_coordinator_cpu_per_node_second")
+    """The coordinator's own cost figures from its ``/metrics`` (``agent.coordinator.
+    cost``; empty for a tree without them): sample (with its labels) -> value."""
     try:
         req = urllib.request.Request(f"{url}/metrics")
         with urllib.request.urlopen(req, timeout=30, context=tls_context(ca_file)) as resp:
             text = resp.read().decode()
     except OSError:
         return {}
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line.split(" ", 1)[0] in names}
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("edgeagent_coordinator_") and " " in line}
 
 
 def _time_plan(url: str, timed: dict, ca_file: str | None) -> None:
@@ -506,6 +505,7 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
                 p.start()
             time.sleep(max(0.0, t0 + warmup - time.time()))
             co_cpu0, db_cpu0, wall0 = cpu_seconds(co.pid), database_cpu_seconds(), time.time()
+            gauges0 = own_metrics(url, ca_file)
             refreshes: list[tuple[float, int]] = []
             if args.dashboard:
                 threading.Thread(target=_dashboard, daemon=True, args=(
@@ -569,9 +569,22 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
             "planner_cpu": planner_cpu / wall,
             "client_ms_per_report": sum(r["window_cpu_s"] for r in results) * 1000
             / max(1, total["ok"]),
-            "gauges": gauges, "refreshes": refreshes,
+            "gauges": gauges, "parts": None if restart else own_split(gauges0, gauges),
+            "refreshes": refreshes,
             "restart": restart_figures(results, timed["restart"], wall0 + args.duration)
             if restart else None}
+
+
+def own_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """CPU ms per report answered over the window, by part, as the coordinator counts
+    them in ``/metrics`` (None for a tree without them)."""
+    answered = 'edgeagent_coordinator_reports_total{answer="answered"}'
+    if answered not in before or answered not in after:
+        return None
+    reports = max(1.0, after[answered] - before[answered])
+    return {part: (after[key] - before[key]) * 1000 / reports for part in
+            ("main", "report_workers", "planner")
+            for key in [f'edgeagent_coordinator_cpu_seconds_total{{part="{part}"}}']}
 
 
 def restart_figures(results: list[dict], restart: tuple[float, float, float],
@@ -696,7 +709,7 @@ def main() -> None:
                 load0 = os.getloadavg()[0]
                 r = run(n, args, mode == "tls", tree)
                 rows.append(r)
-                own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")
+                own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")  # a minute
                 print(f"{r['nodes']:>6} | {'this' if tree == ROOT else 'baseline':>8} | "
                       f"{'yes' if r['tls'] else 'no':>3} | {r['offered_s']:>9.0f} | "
                       f"{r['ingested_s']:>10.0f} | {r['refused']:>7} | "
@@ -722,6 +735,9 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
+    if r["parts"]:
+        print("         its own /metrics over the window, CPU ms per report: " + ", ".join(
+            f"{part} {ms:.3f}" for part, ms in r["parts"].items()), flush=True)
     if args.store != "sqlite":
         print(f"         PostgreSQL's server processes on this box: "
               f"{r['database_cpu']:.0%} of a core", flush=True)
