@@ -167,7 +167,7 @@ def block_loop(server, until: threading.Event, busy_s: float = 0.3, free_s: floa
 
 
 def test_an_overloaded_coordinator_refuses_with_retry_after_and_counts_it(start_coordinator):
-    co = start_coordinator(report_retry_after_s=3)
+    co = start_coordinator(report_retry_after_s=3, report_shed_lag_ms=200)
     assert co.request("POST", "/v1/nodes/a/report", REPORT)[0] == 200
     stop = threading.Event()
     block_loop(co, stop)
@@ -191,7 +191,7 @@ def test_an_overloaded_coordinator_refuses_with_retry_after_and_counts_it(start_
     assert value[(prefix + "reports_total", (("answer", "refused"),))] >= 1
     assert value[(prefix + "reports_total", (("answer", "answered"),))] >= 2
     assert value[(prefix + "cpu_seconds_total", (("part", "main"),))] > 0
-    assert value[(prefix + "live_nodes", ())] == 1
+    assert value[(prefix + "live_nodes", ())] == 1, text
     assert families[prefix + "loop_lag_seconds"].type == "gauge"
     assert families[prefix + "cpu_seconds"].type == "counter"
 
@@ -202,7 +202,7 @@ def test_a_refused_agent_serves_on_its_last_directives_and_obeys_retry_after(
     from tests.helpers import AgentServer
 
     add_synthetic(repo, "m")
-    co = start_coordinator(report_retry_after_s=1, directive_ttl_s=30)
+    co = start_coordinator(report_retry_after_s=1, report_shed_lag_ms=200, directive_ttl_s=30)
     cfg = AgentConfig(repository=repo, data_dir=tmp_path / "data", cpu_budget=50_000_000,
                       infer_threads=2, coordinator=CoordinatorLink(
                           url=co.url, node_name="n1", report_interval_s=0.1))

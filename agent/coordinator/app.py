@@ -206,7 +206,8 @@ class Coordinator:
 
     def measure(self, now: float) -> None:
         """Sample what this coordinator costs (``cost``): its own CPU, its planning
-        process's, its workers' as they told, the reports answered, the live nodes."""
+        process's, its workers' as they told, the reports answered and refused, the live
+        nodes."""
         pid = os.getpid()
         self.cost.cpu("main", pid, time.process_time())
         self.cost.tally(pid, self.reports, self.shedder.refused)
@@ -225,8 +226,8 @@ class Coordinator:
                                   if s.last_seen >= since))
 
     async def measuring(self) -> None:
-        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs; a scrape
-        of ``/metrics`` measures too, at most once a second)."""
+        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs; each
+        scrape of ``/metrics`` measures too)."""
         loop = asyncio.get_running_loop()
         while True:
             self.measure(loop.time())
@@ -486,9 +487,7 @@ async def metrics(request: web.Request) -> web.Response:
         for reason, count in counts.items():
             failures[reason] = failures.get(reason, 0) + count
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
-    now, last = asyncio.get_running_loop().time(), co.cost.last_sample_at()
-    if last is None or now - last >= 1.0:  # counters as of now, within a second
-        co.measure(now)
+    co.measure(asyncio.get_running_loop().time())  # as of now
     lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_lags())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")

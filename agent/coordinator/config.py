@@ -130,7 +130,7 @@ class CoordinatorConfig(Section):
         "refuse reports early (503 with Retry-After) while the process answering them "
         "(the coordinator or a report worker) runs this late (its event loop's lag, "
         "smoothed over half a second): a herd is refused at once, not answered late")] \
-        = 250.0
+        = 500.0
     report_shed_queue: Annotated[AtLeastOne, setting(
         "... or while this many answered reports wait to be written (the group commit) "
         "or handed over to the coordinator (a report worker's)")] = 20_000

@@ -59,9 +59,6 @@ class CostMeter:
         return (sum(a for a, _ in self._tally.values()),
                 sum(r for _, r in self._tally.values()))
 
-    def last_sample_at(self) -> float | None:
-        return self._samples[-1].at if self._samples else None
-
     def sample(self, now: float, live_nodes: int) -> None:
         """Now (monotonic seconds) with ``live_nodes`` live: their seconds since the last
         sample are added, and the window moves on."""
