@@ -76,21 +76,35 @@ def test_parse_retry_after_takes_seconds_or_a_date():
 
 def test_a_short_stall_barely_counts_a_sustained_lag_refuses():
     shed = Shedder(0.25, 1000, 5.0)
-    shed.observe(0.0, 0.05)
-    shed.observe(0.3, 0.35)  # one collection of 300 ms
+    shed.observe(0.0, 0.05, 0.05)
+    shed.observe(0.3, 0.35, 0.35)  # one collection of 300 ms
     assert shed.lag < 0.25
     shed.check(0)  # admitted
-    for _ in range(6):  # then the loop runs 400 ms late for two seconds
-        shed.observe(0.4, 0.45)
-    assert shed.lag > 0.25
+    for _ in range(6):  # then the loop runs 400 ms late for two seconds, always busy
+        shed.observe(0.4, 0.45, 0.45)
+    assert shed.lag > 0.25 and shed.saturated
     with pytest.raises(Overloaded) as refused:
         shed.check(0)
     assert http_status(refused.value) == 503 and refused.value.retry_after == 5.0
     assert "ms late" in str(refused.value) and shed.refused == 1
     for _ in range(20):  # refusing is cheap: the loop catches up, reports come in again
-        shed.observe(0.0, PROBE_S)
+        shed.observe(0.0, PROBE_S, PROBE_S / 2)
     shed.check(0)
     assert shed.refused == 1
+
+
+def test_a_loop_late_on_a_busy_machine_that_still_idles_is_not_refusing():
+    """Late because the machine gives it little CPU, but with time to spare between
+    reports: it keeps up with them, and refusing would only add the retries' cost."""
+    shed = Shedder(0.25, 1000, 5.0)
+    for _ in range(20):
+        shed.observe(0.4, 0.45, 0.25)  # had work 55 % of the time
+    assert shed.lag > 0.25 and not shed.saturated
+    shed.check(0)
+    for _ in range(20):  # unknown (no schedstat): the lag alone decides
+        shed.observe(0.4, 0.45)
+    with pytest.raises(Overloaded):
+        shed.check(0)
 
 
 def test_a_queue_past_its_limit_refuses():
@@ -100,21 +114,34 @@ def test_a_queue_past_its_limit_refuses():
         shed.check(101)
 
 
-def test_the_probe_measures_a_real_blocked_loop():
+def spin(seconds: float) -> None:
+    """Keep this thread on a CPU for ``seconds`` (as reports to answer would)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_the_probe_measures_a_real_loop_late_and_busy_or_only_late():
     async def main():
         shed = Shedder(0.1, 1000, 1.0)
         probe = asyncio.get_running_loop().create_task(shed.watch())
         await asyncio.sleep(0.3)
-        quiet = shed.lag
-        for _ in range(8):  # the loop blocked 0.3 s out of every 0.35 s
+        quiet = (shed.lag, shed.busy)
+        for _ in range(8):  # the loop busy 0.4 s out of every 0.42 s
+            spin(0.4)
+            await asyncio.sleep(0.02)
+        busy = (shed.lag, shed.busy, shed.saturated)
+        for _ in range(8):  # then late as much, but waiting, not working
             time.sleep(0.3)
             await asyncio.sleep(0.05)
-        busy = shed.lag
+        waiting = (shed.lag, shed.busy, shed.saturated)
         probe.cancel()
-        return quiet, busy
+        return quiet, busy, waiting
 
-    quiet, busy = asyncio.run(main())
-    assert quiet < 0.02 and busy > 0.1, (quiet, busy)
+    quiet, busy, waiting = asyncio.run(main())
+    assert quiet[0] < 0.02 and quiet[1] < 0.5, quiet
+    assert busy[0] > 0.1 and busy[1] > 0.9 and busy[2], busy
+    assert waiting[0] > 0.1 and waiting[1] < 0.5 and not waiting[2], waiting
 
 
 # -- cost ------------------------------------------------------------------------------
@@ -140,11 +167,12 @@ def test_cost_meter_ratios_over_its_window_and_dead_workers_stay_counted():
     assert meter.per_report() == pytest.approx(0.001)
     assert meter.per_node_second() == pytest.approx(5.0 / 5000)
     assert meter.reports() == (4000, 15)
-    text = "\n".join(meter.metrics_lines("x", {"coordinator": 0.002}))
+    text = "\n".join(meter.metrics_lines("x", {"coordinator": (0.002, 0.25)}))
     assert 'x_cpu_seconds_total{part="report_workers"} 7.000000' in text
     assert 'x_reports_total{answer="refused"} 15' in text
     assert "x_cpu_per_report_seconds 0.001000000" in text
     assert "x_live_nodes 500" in text and 'x_loop_lag_seconds{process="coordinator"}' in text
+    assert 'x_loop_busy_ratio{process="coordinator"} 0.2500' in text
     for t in range(11, 30):  # a minute later the window holds only the last minute
         meter.sample(100.0 + 10 * t, live_nodes=500)
     assert meter.per_report() is None  # no report in it
@@ -153,17 +181,15 @@ def test_cost_meter_ratios_over_its_window_and_dead_workers_stay_counted():
 # -- a coordinator whose loop runs late ---------------------------------------------------
 
 
-def block_loop(server, until: threading.Event, busy_s: float = 0.3, free_s: float = 0.05):
-    """Keep ``server``'s event loop blocked ``busy_s`` out of every ``busy_s + free_s``
-    (as a saturated CPU would) until ``until`` is set."""
-    def run():
-        while not until.is_set():
-            server.loop.call_soon_threadsafe(time.sleep, busy_s)
-            time.sleep(busy_s + free_s)
+def block_loop(server, until: threading.Event, busy_s: float = 0.4, free_s: float = 0.01):
+    """Keep ``server``'s event loop working ``busy_s`` out of every ``busy_s + free_s``
+    (as more reports than it can answer would) until ``until`` is set."""
+    def work() -> None:
+        if not until.is_set():
+            spin(busy_s)
+            server.loop.call_later(free_s, work)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    server.loop.call_soon_threadsafe(work)
 
 
 def test_an_overloaded_coordinator_refuses_with_retry_after_and_counts_it(start_coordinator):

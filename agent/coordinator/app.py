@@ -233,15 +233,16 @@ class Coordinator:
             self.measure(loop.time())
             await asyncio.sleep(SAMPLE_S)
 
-    def loop_lags(self) -> dict[str, float]:
-        """Process -> its event loop's smoothed lag: this one's and its live workers'."""
-        lags = {"coordinator": self.shedder.lag}
+    def loop_states(self) -> dict[str, tuple[float, float]]:
+        """Process -> its event loop's smoothed (lag, busy share), ``Shedder``'s: this
+        one's and its live workers'."""
+        loops = {"coordinator": (self.shedder.lag, self.shedder.busy)}
         for worker in self.workers.workers:
             load = self.workers.load.get(worker.proc.pid) if worker.proc is not None \
                 else None
             if load is not None:
-                lags[f"report_worker_{worker.index}"] = load.lag_s
-        return lags
+                loops[f"report_worker_{worker.index}"] = (load.lag_s, load.busy)
+        return loops
 
     async def replan_quietly(self, why: str, kind: str = "manual") -> None:
         """Plan now in the background (a failure is logged: the loops try again)."""
@@ -488,7 +489,7 @@ async def metrics(request: web.Request) -> web.Response:
             failures[reason] = failures.get(reason, 0) + count
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
     co.measure(asyncio.get_running_loop().time())  # as of now
-    lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_lags())
+    lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_states())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")
 

@@ -129,7 +129,8 @@ class CoordinatorConfig(Section):
     report_shed_lag_ms: Annotated[Positive, setting(
         "refuse reports early (503 with Retry-After) while the process answering them "
         "(the coordinator or a report worker) runs this late (its event loop's lag, "
-        "smoothed over half a second): a herd is refused at once, not answered late")] \
+        "smoothed over half a second) with work all the time: a herd is refused at "
+        "once, not answered late")] \
         = 500.0
     report_shed_queue: Annotated[AtLeastOne, setting(
         "... or while this many answered reports wait to be written (the group commit) "

@@ -89,9 +89,10 @@ class CostMeter:
         node_seconds = last.node_seconds - first.node_seconds
         return (last.all_cpu - first.all_cpu) / node_seconds if node_seconds > 0 else None
 
-    def metrics_lines(self, prefix: str, lags: dict[str, float]) -> list[str]:
-        """Prometheus text: the counters, the live nodes, the two ratios and ``lags``
-        (process -> its event loop's smoothed lag, ``Shedder.lag``)."""
+    def metrics_lines(self, prefix: str, loops: dict[str, tuple[float, float]]
+                      ) -> list[str]:
+        """Prometheus text: the counters, the live nodes, the two ratios and ``loops``
+        (process -> its event loop's smoothed lag and busy share, ``Shedder``'s)."""
         answered, refused = self.reports()
         lines = [f"# HELP {prefix}_cpu_seconds_total CPU time used, by part: main (the "
                  "coordinator's process), report_workers, planner.",
@@ -119,8 +120,13 @@ class CostMeter:
                           f"{WINDOW_S:g} s.", f"# TYPE {prefix}_{name} gauge",
                           f"{prefix}_{name} {value:.9f}"]
         lines += [f"# HELP {prefix}_loop_lag_seconds How late each process's event loop "
-                  "runs (smoothed); reports are refused past report_shed_lag_ms.",
-                  f"# TYPE {prefix}_loop_lag_seconds gauge"]
+                  "runs (smoothed); reports are refused past report_shed_lag_ms while it "
+                  "is saturated.", f"# TYPE {prefix}_loop_lag_seconds gauge"]
         lines += [f'{prefix}_loop_lag_seconds{{process="{process}"}} {lag:.6f}'
-                  for process, lag in sorted(lags.items())]
+                  for process, (lag, _) in sorted(loops.items())]
+        lines += [f"# HELP {prefix}_loop_busy_ratio The share of time each process's event "
+                  "loop had work, on a CPU or waiting for one (smoothed; saturated from "
+                  "0.9).", f"# TYPE {prefix}_loop_busy_ratio gauge"]
+        lines += [f'{prefix}_loop_busy_ratio{{process="{process}"}} {busy:.4f}'
+                  for process, (_, busy) in sorted(loops.items())]
         return lines

@@ -81,13 +81,15 @@ Answered = tuple[ReportRecord, ReportedModels, bytes]
 
 class WorkerLoad(NamedTuple):
     """What a worker last told of its load: its CPU seconds since it started, the reports
-    it answered and refused, its loop's smoothed lag (seconds)."""
+    it answered and refused, its loop's smoothed lag (seconds) and busy share
+    (``Shedder``)."""
 
     index: int
     cpu_s: float
     answered: int
     refused: int
     lag_s: float
+    busy: float
 
 
 class _Worker:
@@ -411,7 +413,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
                 told_load = loop.time()
                 await loop.run_in_executor(sender, up.send, (
                     "load", os.getpid(), time.process_time(), state.reports,
-                    state.shedder.refused, state.shedder.lag))
+                    state.shedder.refused, state.shedder.lag, state.shedder.busy))
 
     handing = loop.create_task(hand_over())
     watching = loop.create_task(state.shedder.watch())
