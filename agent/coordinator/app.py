@@ -196,7 +196,8 @@ class Coordinator:
                 continue
             self.adopt(plan)
             await self.workers.push_health(
-                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes)
+                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes,
+                self.writer.queued())
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")

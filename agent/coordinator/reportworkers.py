@@ -13,8 +13,9 @@ stays with one). A worker
   the report (the coordinator's 400s), answers the node's directives under the current
   plan, which the coordinator pushes to every worker when it adopts one, and answers
   503 while the coordinator says its store is failing, or while it is itself
-  overloaded (``agent.coordinator.shedding``: its loop's lag or its reports not yet
-  handed over past their limits; with ``Retry-After``);
+  overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
+  yet handed over plus those the coordinator says wait for its group commit past
+  ``report_shed_queue``; with ``Retry-After``);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
   directives issued (``GET /v1/nodes``) as for a report it answered itself; and every
@@ -122,7 +123,7 @@ class ReportWorkers:
         self._port = 0
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
-        self._health: tuple = ("store", True, False)
+        self._health: tuple = ("store", True, False, 0)
         self._credentials: tuple = ("credentials", ())
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
@@ -208,13 +209,15 @@ class ReportWorkers:
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
 
-    async def push_health(self, healthy: bool, full: bool = False) -> None:
+    async def push_health(self, healthy: bool, full: bool = False, queued: int = 0) -> None:
         """Tell every worker whether the store takes writes (503s while it does not;
-        the store's error stays in the coordinator's log) and whether the coordinator
+        the store's error stays in the coordinator's log), whether the coordinator
         keeps ``max_nodes`` (then a worker passes reports from nodes outside its plan
-        on to the coordinator, which knows whether they are new)."""
-        if self.workers and (healthy, full) != self._health[1:]:
-            self._health = ("store", healthy, full)
+        on to the coordinator, which knows whether they are new) and how many reports
+        wait for its group commit (a worker counts them in its queue: a store slower
+        than the reports makes every worker refuse)."""
+        if self.workers and (healthy, full, queued) != self._health[1:]:
+            self._health = ("store", healthy, full, queued)
             await self._broadcast(self._health)
 
     async def push_credentials(self, creds: tuple[Credential, ...]) -> None:
@@ -266,6 +269,7 @@ class _WorkerState:
         self.guard = Guard(Credentials(), throttle=config.auth.throttle())
         self.internal_url, self.forward_key = internal_url, forward_key
         self.healthy, self.full = True, False
+        self.writing = 0  # reports waiting for the coordinator's group commit, as told
         self.answered: list[Answered] = []
         self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
                                config.report_retry_after_s)
@@ -278,7 +282,7 @@ class _WorkerState:
             _, plan_id, created, kind, rows = message
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
-            _, self.healthy, self.full = message
+            _, self.healthy, self.full, self.writing = message
         elif message[0] == "credentials":
             self.guard.credentials.replace(message[1])
         elif message[0] == "reload" and self.tls is not None:
@@ -297,7 +301,7 @@ async def _report(request: web.Request) -> web.Response:
     plan = state.fleet.plan
     if state.full and (plan is None or name not in plan.rows):  # maybe a new node
         return await _forward(request)
-    state.shedder.check(len(state.answered))
+    state.shedder.check(len(state.answered) + state.writing)
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
     refuse_while_store_fails(state.healthy)
