@@ -6,15 +6,19 @@ one), each posting a report of ``--models`` models every ``--interval`` seconds 
 random phase. The report body is the agent's (``agent.wire``: capacity, and per model
 device, residency, size, arrivals, batches, batch profile, latency percentiles) and
 is checked with ``agent.wire.parse_report`` before the run. Clients are ``--procs``
-processes on raw asyncio streams; their CPU is printed beside the coordinator's so a
-client bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while
-ingestion goes on.
+processes on uvloop, a ``SimulatedNode`` protocol per node (its request made once, raw
+bytes on its kept connection, its TLS session resumed, backing off as the agent does:
+``agent.backoff``); their CPU is printed beside the coordinator's so a client
+bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while ingestion
+goes on.
 
-Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) |
-report p50 | p99 (send to last byte of the answer) | max | p99 of the reports sent
-while the plan was being made | late (sends the client could not
-make on time) | POST /v1/plan | coordinator CPU (its main process and report workers,
-not the planning child) and that CPU per ingested report | the planning child's CPU |
+Figures per fleet size: nodes | tree | TLS | offered/s | ingested/s (200 answers per
+second) | refused (503 or 429 with Retry-After) | bad (other errors, failed
+connections) | late (sends the client could not make on time) | report p50 | p99
+(send to last byte of the answer) | max | p99 of the reports sent while the plan was
+being made | POST /v1/plan | coordinator CPU (its main process and report workers,
+not the planning child) and that CPU per ingested report | the coordinator's own
+figure for it (``/metrics``, over its last minute) | the planning child's CPU |
 the clients' CPU and that per ingested report (all over the measured window: the box's
 cores are shared by all three, so each side's share shows) | the 1-minute load average
 before -> after (the box may be shared: a load above its cores starves the coordinator).
@@ -22,16 +26,23 @@ before -> after (the box may be shared: a load above its cores starves the coord
 ``--report-workers N`` runs the coordinator with that many report workers (its
 ``report_workers``); ``--tls`` serves it over TLS (a CA and a certificate made on the
 fly; every node's connection verifies it, one handshake per node as the reporter's
-kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes); ``--dashboard S`` keeps the dashboard open (its requests every S
-s, or ten times as long as the last refresh took where that is longer, as the page
-waits; each refresh timed); ``--timeline MS`` also prints each second whose slowest report
-took over MS ms (stalls show their period: a plan, a collection). The client
-processes run without their garbage collector, whose pauses (5,000 connections each)
-would show as report latency.
+kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes);
+``--modes plain,tls`` runs each fleet size both ways and prints TLS's p99 over plain's;
+``--baseline-tree DIR`` also runs the coordinator of another checkout, alternating,
+under the same clients, and prints the ratios; ``--restart-at S`` restarts the
+coordinator S s into the window (same port and store) and says when every node had a
+200 again and how long a node went without one; ``--dashboard S`` keeps the dashboard
+open (its requests every S s, or ten times as long as the last refresh took where that
+is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints each
+second whose slowest report took over MS ms (stalls show their period: a plan, a
+collection). Each row also gives the coordinator's own count of its CPU per report
+(``/metrics``). The client processes run without their garbage collector, whose pauses
+(5,000 connections each) would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
-    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --tls
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes plain,tls --baseline-tree DIR
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --duration 80 --restart-at 10
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
