@@ -189,6 +189,75 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
         psutil.STATUS_ZOMBIE
 
 
+def metric(port: int, name: str, token: str | None = TOKEN) -> float:
+    """One sample of the coordinator's ``/metrics`` (``name`` with its labels)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics",
+                     headers={"Authorization": f"Bearer {token}"} if token else {})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+def flood(port: int, nodes: int, seconds: float) -> list[tuple[int, str | None]]:
+    """``nodes`` nodes, each on a kept connection of its own, reporting again as soon as
+    answered for ``seconds`` (a herd): every (status, Retry-After) they got."""
+    import asyncio
+
+    body = json.dumps(REPORT).encode()
+    seen: list[tuple[int, str | None]] = []
+
+    async def node(i: int, until: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = (f"POST /v1/nodes/herd-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                   f"\r\n").encode() + body
+        while time.monotonic() < until:
+            writer.write(request)
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            fields = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if line)
+            await reader.readexactly(int(fields["Content-Length"]))
+            seen.append((int(head[9:12]), fields.get("Retry-After")))
+        writer.close()
+
+    async def main() -> None:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(node(i, until) for i in range(nodes)))
+
+    asyncio.run(main())
+    return seen
+
+
+def test_a_flooded_worker_refuses_early_with_retry_after(tmp_path):
+    """400 nodes reporting as fast as one report worker answers: its loop always has
+    work and falls behind, and it refuses reports early (503 with Retry-After) rather
+    than answering them all late; every answer is a 200 or such a refusal, on
+    connections it keeps. The coordinator's ``/metrics`` counts the refusals, the
+    answered reports and the worker's CPU."""
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=1, report_shed_lag_ms=20,
+                            reactive_interval_s=3600)
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 1 and co.proc.pid not in listeners(
+            co.port), 60, "the worker listens, and the coordinator no longer does")
+        seen = flood(co.port, 400, 4.0)
+        statuses = {answer: seen.count(answer) for answer in set(seen)}
+        assert set(statuses) == {(200, None), (503, "5")}, statuses
+        prefix = "edgeagent_coordinator_"
+
+        def counted() -> bool:
+            return metric(co.port, prefix + 'reports_total{answer="refused"}', None) \
+                == statuses[(503, "5")]
+        wait_for(counted, 10, "the refusals counted")
+        assert metric(co.port, prefix + 'reports_total{answer="answered"}', None) == \
+            statuses[(200, None)]
+        assert metric(co.port, prefix + 'cpu_seconds_total{part="report_workers"}', None) > 0
+    finally:
+        co.stop()
+
+
 def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):
     import subprocess
     import sys

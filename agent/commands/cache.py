@@ -124,7 +124,9 @@ def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> N
     disk and download seconds, the nodes the routing table runs it on and its routed
     counts (the columns that fit the terminal; --wide: all), and why a model cannot
     serve; then per model and peer what was forwarded, the disk tier's budget, pulls and
-    evictions, and the selection apps served over the models."""
+    evictions, the coordinator's (when the agent reports to one: its last report, how
+    old the directives the agent follows are), and the selection apps served over the
+    models."""
     apply_common(ctx, sub_url, sub_json)
     ctx.obj["wide"] = wide
     models = call(ctx, "GET", "/v1/cache")
@@ -133,6 +135,9 @@ def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> N
         for line in routing_lines(models):
             click.echo(line)
         click.echo(disk_line(call(ctx, "GET", "/v1/disk")))
+        link = call(ctx, "GET", "/v1/coordinator")
+        if link.get("configured"):
+            click.echo(coordinator_line(link))
         try:
             apps = call(ctx, "GET", "/v1/selection")
         except click.ClickException:  # an agent without apps' routes, or no admin token
@@ -152,6 +157,25 @@ def disk_line(disk: dict[str, Any]) -> str:
             f"pulls {disk['pulls']} ({format_size(disk['pulled_bytes'])}), failed "
             f"{disk['pull_failures']}, evictions {disk['evictions']}"
             + (f"; pulling {pulling}" if pulling else ""))
+
+
+def coordinator_line(link: dict[str, Any]) -> str:
+    """The agent's coordinator in one line, under the ``cache ls`` table: its last
+    report, failures and next try, and the age of the directives followed."""
+    def ago(seconds: float | None) -> str:
+        return "never" if seconds is None else f"{seconds:.1f} s ago"
+
+    text = f"coordinator {link['url']}: last report {ago(link['last_report_s_ago'])}"
+    if link["failures"]:
+        text += (f"; {link['failures']} failed in a row ({link['last_error']}), next try "
+                 f"in {link['next_report_in_s']:.1f} s")
+    directives = link["directives"]
+    if directives is None:
+        return text + "; no directives in force"
+    plan = directives.get("plan_id")
+    return text + (f"; directives {link['directives_age_s']:.1f} s old "
+                   f"({'no plan' if plan is None else f'plan {plan}'}), lapse in "
+                   f"{link['directives_expire_in_s']:.1f} s")
 
 
 @cache.command()

@@ -17,7 +17,8 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
     POST   /v1/join-tokens, /v1/join      a node's own credential (api_join)
-    GET    /metrics                       failed authentications (Prometheus text)
+    GET    /metrics                       failed authentications, CPU per report and
+                                          per node-second, reports refused (Prometheus)
     GET    /                              the dashboard page (agent.http.dashboard)
 
 With tokens (``admin_token_file``, ``auth.token_file``) every path but ``/v1/health`` and
@@ -46,17 +47,20 @@ from typing import Any, Callable
 from urllib.parse import urlencode
 
 import orjson
+import psutil
 from aiohttp import web
 
 from agent.coordinator import api_fleet, api_join
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.cost import SAMPLE_S, CostMeter
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
                                      refuse_new_node_past, refuse_while_store_fails, report_record,
                                      reported_models, reported_routing)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
+from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import StoredPlan
 from agent.coordinator.stores import open_store
 from agent.http.dashboard import add_dashboard, is_dashboard_path
@@ -104,6 +108,11 @@ class Coordinator:
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.adopt, leading=lambda: self.leader)
         self.workers = ReportWorkers(config, apply=self.take_answered)
+        #: Refuses reports early while this process is overloaded (a herd).
+        self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
+                               config.report_retry_after_s)
+        self.reports = 0  # answered by this process (its workers count theirs)
+        self.cost = CostMeter()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
         #: Where the internal socket the report workers forward to lives (made at start).
@@ -232,13 +241,54 @@ class Coordinator:
                 continue
             self.adopt(plan)
             await self.workers.push_health(
-                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes)
+                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes,
+                self.writer.queued())
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")
                 self.leader = leading
                 if leading and self.start_loops:
                     self.spawn(self.replan_quietly("takeover", "long-term"))
+
+    def measure(self, now: float) -> None:
+        """Sample what this coordinator costs (``cost``): its own CPU, its planning
+        process's, its workers' as they told, the reports answered and refused, the live
+        nodes."""
+        pid = os.getpid()
+        self.cost.cpu("main", pid, time.process_time())
+        self.cost.tally(pid, self.reports, self.shedder.refused)
+        for worker_pid, load in list(self.workers.load.items()):
+            self.cost.cpu("report_workers", worker_pid, load.cpu_s)
+            self.cost.tally(worker_pid, load.answered, load.refused)
+        planner = self.planner.pid
+        if planner is not None:
+            try:
+                times = psutil.Process(planner).cpu_times()
+                self.cost.cpu("planner", planner, times.user + times.system)
+            except psutil.Error:  # gone: its last sample stays
+                pass
+        since = self.clock() - self.config.node_timeout_s
+        self.cost.sample(now, sum(1 for s in list(self.fleet.nodes.values())
+                                  if s.last_seen >= since))
+
+    async def measuring(self) -> None:
+        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs; each
+        scrape of ``/metrics`` measures too)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.measure(loop.time())
+            await asyncio.sleep(SAMPLE_S)
+
+    def loop_states(self) -> dict[str, tuple[float, float]]:
+        """Process -> its event loop's smoothed (lag, busy share), ``Shedder``'s: this
+        one's and its live workers'."""
+        loops = {"coordinator": (self.shedder.lag, self.shedder.busy)}
+        for worker in self.workers.workers:
+            load = self.workers.load.get(worker.proc.pid) if worker.proc is not None \
+                else None
+            if load is not None:
+                loops[f"report_worker_{worker.index}"] = (load.lag_s, load.busy)
+        return loops
 
     async def replan_quietly(self, why: str, kind: str = "manual") -> None:
         """Plan now in the background (a failure is logged: the loops try again)."""
@@ -379,6 +429,7 @@ async def health(request: web.Request) -> web.Response:
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
+    co.shedder.check(co.writer.queued())  # before any work: 503 + Retry-After
     raw = bytes(await request_body(request))  # the lane's: request.read()
     report = parse_report_body(name, raw)
     refuse_while_store_fails(co.writer.healthy)
@@ -387,6 +438,7 @@ async def node_report(request: web.Request) -> web.Response:
     co.writer.submit(report_record(name, raw, report, now))  # as sent
     co.fleet.record(name, raw, reported_models(report), now, reported_routing(report))
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
+    co.reports += 1
     return _json_answer(body)
 
 
@@ -508,13 +560,17 @@ async def model_delete(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Failed authentications (Prometheus text), this process's and its workers'."""
+    """Failed authentications, this process's and its workers', and what the coordinator
+    costs (``cost.CostMeter``: CPU per report and per node-second, reports refused, each
+    process's loop lag), as Prometheus text."""
     co = request.app[COORDINATOR]
     failures = dict(co.guard.failures)
     for counts in co.workers.auth_failures.values():
         for reason, count in counts.items():
             failures[reason] = failures.get(reason, 0) + count
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
+    co.measure(asyncio.get_running_loop().time())  # as of now
+    lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_states())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")
 
@@ -609,6 +665,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
         app[COORDINATOR].writer.start()
         app[COORDINATOR].spawn(app[COORDINATOR].follow())
         app[COORDINATOR].spawn(app[COORDINATOR].keep_routing())
+        app[COORDINATOR].spawn(app[COORDINATOR].shedder.watch())
+        app[COORDINATOR].spawn(app[COORDINATOR].measuring())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()

@@ -138,6 +138,18 @@ class CoordinatorConfig(Section):
     report_workers: Annotated[int, setting(
         "processes beside the coordinator that answer node reports on its port (one core "
         "each): 1 or 2 for fleets of thousands of nodes", ge=0, le=64)] = 0
+    report_shed_lag_ms: Annotated[Positive, setting(
+        "refuse reports early (503 with Retry-After) while the process answering them "
+        "(the coordinator or a report worker) runs this late (its event loop's lag, "
+        "smoothed over half a second) with work all the time: a herd is refused at "
+        "once, not answered late")] \
+        = 500.0
+    report_shed_queue: Annotated[AtLeastOne, setting(
+        "... or while this many answered reports wait to be written (the group commit) "
+        "or handed over to the coordinator (a report worker's)")] = 20_000
+    report_retry_after_s: Annotated[Positive, setting(
+        "the Retry-After of such a refusal (agents report again between it and twice "
+        "it, serving on their last directives meanwhile)")] = 5.0
 
     @property
     def database(self) -> Path:

@@ -82,6 +82,12 @@ class PlanWorker:
         plan_id, created, kind, text, rows = value
         return StoredPlan(plan_id, created, kind, text=text, rows=rows)
 
+    @property
+    def pid(self) -> int | None:
+        """The planning process's pid (None before it started)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
         return self._call("plan_now", kind)
 

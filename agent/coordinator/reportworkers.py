@@ -14,10 +14,15 @@ stays with one). A worker
   per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
   plan, which the coordinator pushes to every worker when it adopts one, and answers
-  503 while the coordinator says its store is failing;
+  503 while the coordinator says its store is failing, or while it is itself
+  overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
+  yet handed over plus those the coordinator says wait for its group commit past
+  ``report_shed_queue``; with ``Retry-After``);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
-  directives issued (``GET /v1/nodes``) as for a report it answered itself;
+  directives issued (``GET /v1/nodes``) as for a report it answered itself; and every
+  ``LOAD_S`` its CPU, reports answered and refused and its loop's lag (``WorkerLoad``,
+  for the coordinator's ``/metrics``);
 * forwards every other request to the coordinator, as it came, over a Unix socket of
   the coordinator's own that only this user's processes can open (the token is checked
   there), with the real peer address and certificate name and issue time in headers the
@@ -42,7 +47,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 
@@ -51,6 +56,7 @@ from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_repor
                                      refuse_while_store_fails, report_record, reported_models,
                                      reported_routing)
 from agent.coordinator.planworker import exit_with_parent
+from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
 from agent.http.connections import server_connections
@@ -66,6 +72,7 @@ from agent.security.tls import ServerTls
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 
 BATCH_S = 0.25  # a worker hands its answered reports over this often
+LOAD_S = 1.0  # ... and tells its load this often
 RESTART_S = 1.0  # a dead worker is started again after this long
 REPORT_PATH = "/v1/nodes/{name}/report"
 #: A worker's first message: it listens on the port.
@@ -82,6 +89,19 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "traile
 # one answered report as handed over: what to write, its models, the directives' JSON,
 # its routing (address and routed traffic)
 Answered = tuple[ReportRecord, ReportedModels, bytes, Routed | None]
+
+
+class WorkerLoad(NamedTuple):
+    """What a worker last told of its load: its CPU seconds since it started, the reports
+    it answered and refused, its loop's smoothed lag (seconds) and busy share
+    (``Shedder``)."""
+
+    index: int
+    cpu_s: float
+    answered: int
+    refused: int
+    lag_s: float
+    busy: float
 
 
 class _Worker:
@@ -115,7 +135,7 @@ class ReportWorkers:
         self._port = 0
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
-        self._health: tuple = ("store", True, False)
+        self._health: tuple = ("store", True, False, 0)
         self._credentials: tuple = ("credentials", (), {}, 0)
         self._applied_waiters: list[tuple[int, asyncio.Future]] = []
         self._routing: tuple = ("routing", None, None)
@@ -123,6 +143,9 @@ class ReportWorkers:
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
         self.auth_failures: dict[int, dict[str, int]] = {}
+        #: pid -> that worker's load as it last told (a worker started again is a new
+        #: pid; a dead one's last word stays: its CPU was spent)
+        self.load: dict[int, WorkerLoad] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
@@ -178,6 +201,8 @@ class ReportWorkers:
                 continue
             if isinstance(message, tuple) and message[0] == "applied":
                 self._loop.call_soon_threadsafe(self._applied, worker, message[1])
+            if isinstance(message, tuple) and message[0] == "load":
+                self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
                 continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
@@ -202,13 +227,15 @@ class ReportWorkers:
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
 
-    async def push_health(self, healthy: bool, full: bool = False) -> None:
+    async def push_health(self, healthy: bool, full: bool = False, queued: int = 0) -> None:
         """Tell every worker whether the store takes writes (503s while it does not;
-        the store's error stays in the coordinator's log) and whether the coordinator
+        the store's error stays in the coordinator's log), whether the coordinator
         keeps ``max_nodes`` (then a worker passes reports from nodes outside its plan
-        on to the coordinator, which knows whether they are new)."""
-        if self.workers and (healthy, full) != self._health[1:]:
-            self._health = ("store", healthy, full)
+        on to the coordinator, which knows whether they are new) and how many reports
+        wait for its group commit (a worker counts them in its queue: a store slower
+        than the reports makes every worker refuse)."""
+        if self.workers and (healthy, full, queued) != self._health[1:]:
+            self._health = ("store", healthy, full, queued)
             await self._broadcast(self._health)
 
     async def push_routing(self, version: int | None, table: bytes | None) -> None:
@@ -295,7 +322,11 @@ class _WorkerState:
         self.guard = Guard(Credentials(), throttle=config.auth.throttle())
         self.internal_socket, self.forward_key = internal_socket, forward_key
         self.healthy, self.full = True, False
+        self.writing = 0  # reports waiting for the coordinator's group commit, as told
         self.answered: list[Answered] = []
+        self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
+                               config.report_retry_after_s)
+        self.reports = 0  # answered since the worker started
         self.session: ClientSession | None = None
 
     def take(self, message: tuple) -> tuple | None:
@@ -305,7 +336,7 @@ class _WorkerState:
             _, plan_id, created, kind, rows = message
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
-            _, self.healthy, self.full = message
+            _, self.healthy, self.full, self.writing = message
         elif message[0] == "credentials":
             _, creds, revoked, number = message
             self.guard.credentials.replace(creds, revoked)
@@ -329,12 +360,14 @@ async def _report(request: web.Request) -> web.Response:
     plan = state.fleet.plan
     if state.full and (plan is None or name not in plan.rows):  # maybe a new node
         return await _forward(request)
+    state.shedder.check(len(state.answered) + state.writing)
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
     refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            reported_models(report), body, reported_routing(report)))
+    state.reports += 1
     return web.Response(body=body, content_type="application/json")
 
 
@@ -442,6 +475,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
     told_failures: dict[str, int] = {}
 
     async def hand_over() -> None:
+        told_load = loop.time()
         while True:
             await asyncio.sleep(BATCH_S)
             batch, state.answered = state.answered, []
@@ -450,12 +484,19 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
                 await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
+            if loop.time() - told_load >= LOAD_S:
+                told_load = loop.time()
+                await loop.run_in_executor(sender, up.send, (
+                    "load", os.getpid(), time.process_time(), state.reports,
+                    state.shedder.refused, state.shedder.lag, state.shedder.busy))
 
     handing = loop.create_task(hand_over())
+    watching = loop.create_task(state.shedder.watch())
     try:
         await stop.wait()
     finally:
         handing.cancel()
+        watching.cancel()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
         last = [sender.submit(up.send, batch)] if batch else []

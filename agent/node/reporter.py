@@ -3,8 +3,15 @@
 
 Reports and directives follow the wire schema in ``agent.wire``.
 Nothing here can stop the node serving: every failure (coordinator down, bad answer,
-a model that will not load) is logged and retried with exponential backoff, and
+a model that will not load) is logged and retried with exponential backoff and full
+jitter (``agent.backoff``: a fleet that lost its coordinator does not come back in one
+second); a refusal with ``Retry-After`` (429, or 503 from a coordinator shedding load)
+is retried between that and twice that. Meanwhile the node serves on its last
+directives, ``GET /v1/coordinator`` says how old they are (``directives_age_s``), and
 directives that are not renewed within their ``ttl_s`` are reverted.
+
+One connection to the coordinator, kept between reports; over TLS a new one resumes the
+last session (``agent.security.tls.ResumingContext``: a ticket instead of a full handshake).
 
 What applying means:
 * ``pin``: pinned through ``ModelCache.set_pinned`` while the pinned models of a device
@@ -48,6 +55,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -55,13 +63,14 @@ from typing import TYPE_CHECKING, Any, Callable
 import aiohttp
 from aiohttp import web
 
+from agent.backoff import backoff_cap, parse_retry_after, retry_delay
 from agent.config import CoordinatorLink
 from agent.node.assignments import Assignments
 from agent.node.cache import CacheError
 from agent.node.cache.lifecycle import State
 from agent.node.join import report_token
 from agent.node.state import read_state, write_state
-from agent.security.tls import client_context, verify_failure
+from agent.security.tls import ResumingContext, verify_failure
 from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives
 
@@ -128,16 +137,26 @@ class MetricsSampler:
         return out
 
 
+class Refused(RuntimeError):
+    """The coordinator answered a report with an error; ``retry_after``: the seconds its
+    ``Retry-After`` asked for (None without one)."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Reporter:
     """Periodic reports to the coordinator and the directives they bring back."""
 
     def __init__(self, node: "Node", link: CoordinatorLink, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.node, self.link, self.clock = node, link, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 rng: Callable[[], float] = random.random) -> None:
+        self.node, self.link, self.clock, self.rng = node, link, clock, rng
         self.name = node.config.node_name
         self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
         self.interval = float(link.report_interval_s)
-        self.max_backoff = max(self.interval, min(60.0, self.interval * 16))
+        self.max_backoff = backoff_cap(self.interval)
         self.sampler = MetricsSampler(node.metrics.registry)
         self.book = DirectiveBook()
         self.pins_path = node.config.data_dir / "coordinator-pins.json"
@@ -146,6 +165,7 @@ class Reporter:
         self._workers_before: dict[str, tuple[int, bool]] = {}  # name -> (count, was set)
         self.drop_rate: dict[str, float] = {}
         self.directives: Directives | None = None
+        self.directives_at: float | None = None  # clock() when they came
         self.loading: dict[str, asyncio.Task] = {}
         #: The models the coordinator moves here (pull) and away (drop).
         self.assignments = Assignments(node)
@@ -153,6 +173,8 @@ class Reporter:
         self.failures = 0
         self.last_error: str | None = None
         self.last_ok: float | None = None  # clock() of the last successful report
+        self.retry_after: float | None = None  # the last refusal's Retry-After
+        self.next_at: float | None = None  # clock() of the next report
         self.reports = 0
         self._previous: dict[str, dict[str, Any]] = {}
         self._previous_at: float | None = None
@@ -165,14 +187,15 @@ class Reporter:
         self._revert_saved_pins()
         self._previous, self._previous_at = self.sampler.sample(), self.clock()
         link = self.link
-        ssl_context = client_context(link.ca_file, link.cert_file, link.key_file,
-                                     prefix="coordinator.") \
+        ssl_context = ResumingContext.for_client(link.ca_file, link.cert_file,
+                                                 link.key_file, prefix="coordinator.") \
             if link.url.startswith("https://") else None
-        # one session, its connection kept between reports: one TLS handshake, not one
-        # per report (idle for two intervals at most before it is closed)
+        # one session on one connection, kept between reports: one TLS handshake, not
+        # one per report (idle for two intervals at most before it is closed), and a
+        # new connection resumes the last session
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=max(2.0, self.interval)),
-            connector=aiohttp.TCPConnector(ssl=ssl_context or True, limit=4,
+            connector=aiohttp.TCPConnector(ssl=ssl_context or True, limit=1,
                                            keepalive_timeout=max(15.0, 2 * self.interval)))
         self._task = asyncio.get_running_loop().create_task(self._run())
         log.info("reporting to %s every %gs as node %r", self.link.url, self.interval,
@@ -190,6 +213,7 @@ class Reporter:
     async def _run(self) -> None:
         delay = 0.0
         while True:
+            self.next_at = self.clock() + delay
             await self._sleep(delay)
             try:
                 self.expire_if_due()
@@ -197,15 +221,17 @@ class Reporter:
                 self.apply(directives)
                 if self.failures:
                     log.info("coordinator %s reachable again", self.link.url)
-                self.failures, self.last_error = 0, None
+                self.failures, self.last_error, self.retry_after = 0, None, None
                 delay = self.interval
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - never let reporting hurt serving
                 self.failures += 1
+                self.retry_after = exc.retry_after if isinstance(exc, Refused) else None
                 self.last_error = verify_failure(exc, self.link.ca_file) or (
                     f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-                delay = min(self.max_backoff, self.interval * 2 ** min(self.failures, 10))
+                delay = retry_delay(self.failures, self.interval, self.max_backoff,
+                                    self.retry_after, rng=self.rng)
                 (log.warning if self.failures == 1 else log.debug)(
                     "report to %s failed (%d in a row, next try in %.1fs): %s",
                     self.link.url, self.failures, delay, self.last_error)
@@ -381,9 +407,12 @@ class Reporter:
                 answer = None
             if resp.status != 200:
                 message = answer.get("error") if isinstance(answer, dict) else resp.reason
-                raise RuntimeError(f"coordinator answered {resp.status}: {message}")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"), time.time()) \
+                    if resp.status in (429, 503) else None
+                raise Refused(f"coordinator answered {resp.status}: {message}", retry_after)
         directives = Directives.from_json(answer)
-        self.book.issue(directives, self.clock())
+        self.directives_at = self.clock()
+        self.book.issue(directives, self.directives_at)
         self.node.router.take(directives)
         for queue in self._pending.values():
             queue.clear()  # delivered
@@ -478,7 +507,7 @@ class Reporter:
         log.warning("directives from %s expired (no renewal in %gs): reverting pins %s",
                     self.link.url, self.directives.ttl_s, sorted(self.pinned_by_us) or "none")
         self.book.expire(self.name)
-        self.directives = None
+        self.directives = self.directives_at = None
         for name in sorted(self.pinned_by_us):
             self._unpin(name)
         self.workers, self.drop_rate = {}, {}
@@ -565,7 +594,12 @@ class Reporter:
                 "last_report_s_ago": None if self.last_ok is None
                 else round(now - self.last_ok, 3),
                 "failures": self.failures, "last_error": self.last_error,
+                "retry_after_s": self.retry_after,
+                "next_report_in_s": None if self.next_at is None
+                else round(max(0.0, self.next_at - now), 3),
                 "directives": _without_table(self.directives),
+                "directives_age_s": None if self.directives is None
+                or self.directives_at is None else round(now - self.directives_at, 3),
                 "directives_expire_in_s": None if self.directives is None or expires is None
                 else round(expires - now, 3),
                 "pinned_by_coordinator": sorted(self.pinned_by_us),

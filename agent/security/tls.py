@@ -11,6 +11,7 @@ certificates then stay)."""
 from __future__ import annotations
 
 import ssl
+from collections import deque
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -134,18 +135,85 @@ class ServerTls:
 
 
 def client_context(ca_file: Path | None = None, cert_file: Path | None = None,
-                   key_file: Path | None = None, *, prefix: str = "") -> ssl.SSLContext:
-    """A client's context: the server verified against ``ca_file`` (None: the system's
-    CAs) and its name; ``cert_file``/``key_file``: this client's certificate."""
-    ctx = ssl.create_default_context()
+                   key_file: Path | None = None, *, prefix: str = "",
+                   kind: type[ssl.SSLContext] = ssl.SSLContext) -> ssl.SSLContext:
+    """A client's context (of class ``kind``): the server verified against ``ca_file``
+    (None: the system's CAs) and its name; ``cert_file``/``key_file``: this client's
+    certificate."""
+    ctx = kind(ssl.PROTOCOL_TLS_CLIENT)
     if ca_file is not None:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         _load_cas(ctx, ca_file, f"{prefix}ca_file")
+    else:
+        ctx.load_default_certs()
     if cert_file is not None or key_file is not None:
         if cert_file is None or key_file is None:
             raise SchemaError(f"{prefix}cert_file", f"goes with {prefix}key_file: give both")
         _load_chain(ctx, cert_file, key_file, prefix)
     return ctx
+
+
+class ResumingContext(ssl.SSLContext):
+    """A client context whose new connections resume a recent session to the same server
+    name (TLS 1.3 tickets, or a TLS 1.2 session id): a reconnect spares the client the
+    certificate chain's verification (what it saves: docs/benchmarks.md).
+    asyncio and uvloop make every client connection through ``wrap_bio``, which takes
+    the session. A connection's session is read when a later one starts (a TLS 1.3
+    ticket comes after the handshake): the newest of the last ``RECENT`` connections
+    that has one; a connection whose handshake is still going or failed has none and
+    is passed over. A server that cannot resume it (a restart made new ticket keys)
+    does a full handshake: nothing fails."""
+
+    RECENT = 8
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        # server name -> its newest connections not yet read for a session
+        self._recent: dict[Any, deque[ssl.SSLObject]] = {}
+        self._sessions: dict[Any, ssl.SSLSession] = {}  # server name -> resumable session
+        self._newest: dict[Any, ssl.SSLObject] = {}
+
+    @classmethod
+    def for_client(cls, ca_file: Path | None = None, cert_file: Path | None = None,
+                   key_file: Path | None = None, *, prefix: str = "") -> "ResumingContext":
+        """``client_context``'s context, resuming."""
+        ctx = client_context(ca_file, cert_file, key_file, prefix=prefix, kind=cls)
+        assert isinstance(ctx, cls)
+        return ctx
+
+    def wrap_bio(self, incoming: Any, outgoing: Any, server_side: bool = False,
+                 server_hostname: Any = None, session: Any = None) -> ssl.SSLObject:
+        if server_side:
+            return super().wrap_bio(incoming, outgoing, server_side, server_hostname,
+                                    session)
+        recent = self._recent.setdefault(server_hostname, deque(maxlen=self.RECENT))
+        if session is None:
+            for obj in reversed(recent):
+                fresh = _session_of(obj)
+                if fresh is not None:
+                    self._sessions[server_hostname] = fresh
+                    recent.clear()  # older ones' sessions are older
+                    break
+            session = self._sessions.get(server_hostname)
+        obj = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        recent.append(obj)
+        self._newest[server_hostname] = obj
+        return obj
+
+    def resumed(self, server_hostname: Any) -> bool | None:
+        """Whether the newest connection to ``server_hostname`` resumed a session (None:
+        none was made)."""
+        obj = self._newest.get(server_hostname)
+        return None if obj is None else obj.session_reused
+
+
+def _session_of(obj: ssl.SSLObject) -> ssl.SSLSession | None:
+    """``obj``'s session when it can be resumed (None while its handshake goes on, after
+    it failed, or without a ticket or id)."""
+    try:
+        session = obj.session
+    except ValueError:  # OpenSSL cannot encode a session whose handshake did not end
+        return None
+    return session if session is not None and (session.has_ticket or session.id) else None
 
 
 #: OpenSSL's verify codes (X509_V_ERR_*) the words of ``verify_failure`` cover.
