@@ -253,7 +253,7 @@ def test_a_refused_agent_serves_on_its_last_directives_and_obeys_retry_after(
         shown = CliRunner().invoke(main, ["cache", "ls", "--url", agent.url])
         line = shown.output.splitlines()[-1]
         assert shown.exit_code == 0 and line.startswith(f"coordinator {co.url}: "), shown.output
-        assert "failed in a row (Refused: coordinator answered 503: the coordinator is busy" \
+        assert "failed in a row (CoordinatorRefused: coordinator answered 503: the coordinator is busy" \
             in line
         assert re.search(r"directives (\d+\.\d) s old \(no plan\), lapse in", line), line
         assert float(re.search(r"directives (\S+) s old", line)[1]) >= 3

@@ -137,7 +137,7 @@ class MetricsSampler:
         return out
 
 
-class Refused(RuntimeError):
+class CoordinatorRefused(RuntimeError):
     """The coordinator answered a report with an error; ``retry_after``: the seconds its
     ``Retry-After`` asked for (None without one)."""
 
@@ -227,7 +227,7 @@ class Reporter:
                 raise
             except Exception as exc:  # noqa: BLE001 - never let reporting hurt serving
                 self.failures += 1
-                self.retry_after = exc.retry_after if isinstance(exc, Refused) else None
+                self.retry_after = exc.retry_after if isinstance(exc, CoordinatorRefused) else None
                 self.last_error = verify_failure(exc, self.link.ca_file) or (
                     f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
                 delay = retry_delay(self.failures, self.interval, self.max_backoff,
@@ -409,7 +409,7 @@ class Reporter:
                 message = answer.get("error") if isinstance(answer, dict) else resp.reason
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"), time.time()) \
                     if resp.status in (429, 503) else None
-                raise Refused(f"coordinator answered {resp.status}: {message}", retry_after)
+                raise CoordinatorRefused(f"coordinator answered {resp.status}: {message}", retry_after)
         directives = Directives.from_json(answer)
         self.directives_at = self.clock()
         self.book.issue(directives, self.directives_at)
