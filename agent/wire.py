@@ -83,6 +83,31 @@ Both sides keep directives in a ``DirectiveBook``.
 ``models``: per catalogued or planned model, the live nodes that run it under the plan
 and their replicas (the weights requests are spread by); none: served where it lands.
 ``max_age_s``: past this without a confirmation the node stops trusting the table.
+
+``answer`` (from coordinators that take leases) is the version of the whole answer, its
+directives and routing table together: the same directives and table, the same version.
+
+**Leases** (``POST /v1/nodes/{name}/lease``). A node whose coordinator's answers carry
+``answer`` sends its full report only when something the planner uses changed (or every
+``coordinator.full_report_s``: ``agent.node.lease``) and otherwise renews a lease at its
+interval, a few bytes naming its last full report that was answered (``report_id``, a
+number the node draws for each full report and sends in it) and the answer and routing
+table it holds::
+
+    {"report": 8412993001, "answer": 190734112, "routing": 4712}
+
+A node's first message is a lease naming no report (``{}``): a coordinator that takes
+leases answers ``{"report": true}``, and the node's full reports then carry the fields
+of leases; an older one refuses the path (404, or 403 where it needs an admin token for
+a path it does not know), and the node sends it plain full reports every interval, as
+before (trying a lease again every ``full_report_s``). Its answer is ``{"answer": 190734112}`` when that answer stands (the directives are
+renewed for their ``ttl_s``, the routing table confirmed), the whole new answer
+(directives as above, with ``answer``) when it changed, and ``{"report": true}`` when the
+coordinator does not hold that report (it restarted, or the lease reached a report
+worker that never saw it): the node then sends its full report at once. A full report
+from such a node carries per model ``rate``: requests per second over its last minute,
+what the coordinator takes it to go on receiving until its next full report (its
+``arrivals`` since the last full report come with that one).
 """
 
 from __future__ import annotations
@@ -95,7 +120,7 @@ from msgspec import Meta, Struct
 
 from agent.errors import AgentError
 from agent.schema import decode, expected
-from agent.validation import SchemaError
+from agent.validation import SchemaError, load_json
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
@@ -112,11 +137,14 @@ MAX_SECONDS = 1e9           # ages, windows, load and busy times (about 31 years
 MAX_MS = 1e9                # latencies
 MAX_CORES = 1e6
 MAX_RATE = 1e9              # requests per second in one arrivals window
+MAX_ID = 2 ** 53            # report ids and answer versions: exact in every JSON reader
 
 Count = Annotated[float, Meta(ge=0, le=MAX_COUNT)]
 Bytes = Annotated[float, Meta(ge=0, le=MAX_BYTES)]
 Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Ms = Annotated[float, Meta(ge=0, le=MAX_MS)]
+Rate = Annotated[float, Meta(ge=0, le=MAX_RATE)]
+Id = Annotated[int, expected(f"whole numbers from 0 to {MAX_ID}", ge=0, le=MAX_ID)]
 NodeTypeName = Annotated[str, expected(_NAMED, pattern=NAME.pattern)]
 ModelName = Annotated[str, expected(f"model names of {_NAMED}", pattern=NAME.pattern)]
 BatchSize = Annotated[int, expected("batch sizes >= 1", ge=1, le=999_999_999)]
@@ -188,6 +216,7 @@ class ModelReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     requests: Count = 0.0
     drops: Count = 0.0
     state: Annotated[str, Meta(max_length=MAX_STATE)] = ""
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         if not _PERCENTILES.keys() >= self.latency_ms.keys():  # else look at each
@@ -250,6 +279,7 @@ class RoutedModel(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     errors: Count = 0.0
     arrivals: Annotated[tuple[Arrival, ...], Meta(max_length=MAX_ARRIVALS)] = ()
     latency_ms: dict[str, Ms | None] = {}
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         if not _PERCENTILES.keys() >= self.latency_ms.keys():
@@ -277,6 +307,7 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
     peer: PeerAddress | None = None
     routing: RoutingReport | None = None
+    report_id: Id | None = None
 
     def held(self) -> set[str]:
         """Models whose files the node holds or is pulling, or that it serves."""
@@ -293,6 +324,27 @@ def parse_report(node: str, body: bytes | str | Any) -> NodeReport:
         raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
     try:
         return decode(NodeReport, body)
+    except SchemaError as exc:
+        raise ReportError(exc.key, exc.message) from None
+
+
+class Lease(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """A node's lease (``POST /v1/nodes/{name}/lease``): the id of its last full report
+    that was answered (None: none yet), the answer version it holds and its routing
+    table's."""
+
+    report: Id | None = None
+    answer: Id | None = None
+    routing: RoutingVersion | None = None
+
+
+def parse_lease(node: str, body: bytes | str | Any) -> Lease:
+    """``node``'s lease from ``body``; ``ReportError`` names the first bad field, a body
+    that is not JSON is a plain ``ValueError`` (as ``parse_report``)."""
+    if not isinstance(node, str) or not NAME.match(node):
+        raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
+    try:
+        return decode(Lease, body)
     except SchemaError as exc:
         raise ReportError(exc.key, exc.message) from None
 
@@ -421,6 +473,7 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     drop: tuple[str, ...] = ()
     routing_version: int | None = None
     routing: RoutingTable | None = None
+    answer: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
@@ -431,6 +484,8 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
             out["routing_version"] = self.routing_version
         if self.routing is not None:
             out["routing"] = self.routing.to_json()
+        if self.answer is not None:
+            out["answer"] = self.answer
         return out
 
     @classmethod
@@ -438,6 +493,23 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
         """A coordinator's answer (JSON text or parsed); ValueError names what is
         malformed."""
         return decode(cls, body)
+
+
+class LeaseAnswer(Struct, frozen=True, gc=False, kw_only=True):
+    """The short answers to a lease: ``answer``, the version of the answer the node
+    holds, which stands (renewed); ``report``: send the full report now."""
+
+    answer: int | None = None
+    report: bool = False
+
+
+def parse_lease_answer(body: bytes | str) -> Directives | LeaseAnswer:
+    """A coordinator's answer to a lease: new directives (they have ``ttl_s``) or a
+    ``LeaseAnswer``; ValueError names what is malformed."""
+    doc = load_json(body)
+    if isinstance(doc, dict) and "ttl_s" in doc:
+        return Directives.from_json(doc)
+    return decode(LeaseAnswer, doc)
 
 
 class DirectiveBook:
