@@ -1,5 +1,8 @@
 """The agent's side of the coordinator: report capacity and per-model stats every
-``report_interval_s`` and apply the directives that come back.
+``report_interval_s`` and apply the directives that come back. Between full reports a
+node renews a lease instead, where its coordinator takes them (``agent.node.lease``
+decides which goes: a full report when something the planner uses changed, or every
+``full_report_s``).
 
 Reports and directives follow the wire schema in ``agent.wire``.
 Nothing here can stop the node serving: every failure (coordinator down, bad answer,
@@ -69,10 +72,11 @@ from agent.node.assignments import Assignments
 from agent.node.cache import CacheError
 from agent.node.cache.lifecycle import State
 from agent.node.join import report_token
+from agent.node.lease import LeaseKeeper
 from agent.node.state import read_state, write_state
 from agent.security.tls import ResumingContext, verify_failure
 from agent.validation import load_json
-from agent.wire import DirectiveBook, Directives
+from agent.wire import DirectiveBook, Directives, parse_lease_answer
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -138,12 +142,12 @@ class MetricsSampler:
 
 
 class CoordinatorRefused(RuntimeError):
-    """The coordinator answered a report with an error; ``retry_after``: the seconds its
-    ``Retry-After`` asked for (None without one)."""
+    """The coordinator answered a report with an error (``status``); ``retry_after``:
+    the seconds its ``Retry-After`` asked for (None without one)."""
 
-    def __init__(self, message: str, retry_after: float | None) -> None:
+    def __init__(self, message: str, retry_after: float | None, status: int = 0) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.status = retry_after, status
 
 
 class Reporter:
@@ -155,6 +159,9 @@ class Reporter:
         self.node, self.link, self.clock, self.rng = node, link, clock, rng
         self.name = node.config.node_name
         self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
+        self.lease_url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/lease"
+        self.lease = LeaseKeeper(link.full_report_s, link.change_threshold,
+                                 quantile=histogram_quantile, rng=rng)
         self.interval = float(link.report_interval_s)
         self.max_backoff = backoff_cap(self.interval)
         self.sampler = MetricsSampler(node.metrics.registry)
@@ -278,8 +285,10 @@ class Reporter:
             d["buckets"] = sorted((le, c - pb.get(le, 0.0)) for le, c in cur["buckets"].items())
             deltas[model] = d
             if seconds > 0 and (model in self.node.cache.specs or router.knows(model)):
+                arrivals = max(d["requests"] - received.get(model, 0.0), 0.0)
                 self._pending.setdefault(model, deque(maxlen=MAX_PENDING_POINTS)).append(
-                    (now, seconds, max(d["requests"] - received.get(model, 0.0), 0.0)))
+                    (now, seconds, arrivals))
+                self.lease.observe(model, now, seconds, arrivals, d["drops"], d["buckets"])
         self._previous, self._previous_at = current, now
         return deltas
 
@@ -395,30 +404,68 @@ class Reporter:
         return {str(size): {"count": rt.batches, "seconds": rt.batches * seconds}}
 
     async def report_once(self) -> Directives:
-        """Send one report; the directives in the answer (raises on any failure)."""
+        """Send one report, or renew the lease (``agent.node.lease``); the directives in
+        force after the answer (raises on any failure)."""
         assert self._session is not None, "start() first"
         body = self.build_report()
-        token = await report_token(self._session, self.link, self.name)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with self._session.post(self.url, json=body, headers=headers) as resp:
+        reason = self.lease.due(body, self.clock())
+        directives = None if reason else await self._renew()
+        if directives is None:  # a full report: due, or asked for
             try:
-                answer = await resp.json(content_type=None, loads=load_json)
-            except ValueError:
-                answer = None
-            if resp.status != 200:
-                message = answer.get("error") if isinstance(answer, dict) else resp.reason
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"), time.time()) \
-                    if resp.status in (429, 503) else None
-                raise CoordinatorRefused(f"coordinator answered {resp.status}: {message}", retry_after)
-        directives = Directives.from_json(answer)
+                directives = Directives.from_json(await self._post(
+                    self.url, self.lease.prepare(body)))
+            except CoordinatorRefused as exc:
+                if exc.status == 400 and "report_id" in body:  # it took a lease, not this
+                    self.lease.supported = None
+                raise
+            self.lease.reported(body, directives, self.clock(),
+                                reason or "asked by the coordinator")
+            for queue in self._pending.values():
+                queue.clear()  # delivered
+            self.reports += 1
         self.directives_at = self.clock()
         self.book.issue(directives, self.directives_at)
         self.node.router.take(directives)
-        for queue in self._pending.values():
-            queue.clear()  # delivered
         self.last_ok = self.clock()
-        self.reports += 1
         return directives
+
+    async def _renew(self) -> Directives | None:
+        """Renew the lease: the directives that stand, or new ones; None where the
+        coordinator wants the full report (or takes no leases after all)."""
+        router = self.node.router
+        try:
+            answer = parse_lease_answer(await self._post(self.lease_url, self.lease.lease(
+                self.directives, router.table.version if router.enabled else None)))
+        except CoordinatorRefused as exc:
+            if exc.status == 429 or exc.status >= 500:
+                raise
+            self.lease.refused(self.clock())  # a coordinator without leases: 404 (or
+            return None  # 403 for a path it does not know); a full report says more
+        asked = not isinstance(answer, Directives) and (
+            answer.report or self.directives is None or answer.answer != self.directives.answer)
+        self.lease.answered(asked)
+        if asked:
+            return None
+        return answer if isinstance(answer, Directives) else self.directives
+
+    async def _post(self, url: str, body: dict[str, Any]) -> bytes:
+        """POST ``body`` to the coordinator; its answer's bytes (``CoordinatorRefused``
+        unless 200)."""
+        token = await report_token(self._session, self.link, self.name)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self._session.post(url, json=body, headers=headers) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                try:
+                    answer = load_json(raw)
+                except ValueError:
+                    answer = None
+                message = answer.get("error") if isinstance(answer, dict) else resp.reason
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"), time.time()) \
+                    if resp.status in (429, 503) else None
+                raise CoordinatorRefused(f"coordinator answered {resp.status}: {message}",
+                                         retry_after, resp.status)
+        return raw
 
     # -- directives ------------------------------------------------------------------
     def apply(self, directives: Directives) -> None:
@@ -602,6 +649,7 @@ class Reporter:
                 or self.directives_at is None else round(now - self.directives_at, 3),
                 "directives_expire_in_s": None if self.directives is None or expires is None
                 else round(expires - now, 3),
+                **self.lease.status(now),
                 "pinned_by_coordinator": sorted(self.pinned_by_us),
                 "prefetching": sorted(self.loading),
                 **self.assignments.status(),
