@@ -164,13 +164,14 @@ def test_a_cold_requests_trace_takes_its_latency_apart(tmp_path, traced, protoco
     assert steps[1].attributes["edgeagent.load.bytes"] == shown["size_bytes"]
     assert phases[3].attributes["edgeagent.batch.requests"] == 1
 
-    agent.spans.clear()  # warm, and no traceparent: a trace of its own
-    agent.infer("big", protocol)
-    spans = agent.finished()
-    (request,) = named(spans, "edgeagent.infer")
-    assert request.parent is None and request.context.trace_id != int(CLIENT_TRACE, 16)
-    assert [s.name for s in children(spans, request)] == [
-        "edgeagent.admission", "edgeagent.queue", "edgeagent.batch"]
+    for traceparent in (None, "00-not-a-trace-01", "ff" + TRACEPARENT[2:]):
+        agent.spans.clear()  # warm; no usable traceparent (none, malformed, an unknown
+        agent.infer("big", protocol, traceparent)  # version): a trace of its own
+        spans = agent.finished()
+        (request,) = named(spans, "edgeagent.infer")
+        assert request.parent is None and request.context.trace_id != int(CLIENT_TRACE, 16)
+        assert [s.name for s in children(spans, request)] == [
+            "edgeagent.admission", "edgeagent.queue", "edgeagent.batch"]
 
 
 def test_a_batch_links_the_requests_it_served(tmp_path, traced):
