@@ -1,6 +1,6 @@
 """OpenTelemetry traces of inference requests: opt-in (the agent config's ``tracing:``
-section and the ``tracing`` extra), and when off nothing but a ``None`` test on the
-request path (no SDK import, call or allocation).
+section and the ``tracing`` extra). Off, a request reads ``CURRENT`` twice (``span``,
+``queued``) and tests a few Nones: no SDK import, call or allocation.
 
 A request's span, ``edgeagent.infer`` (kind SERVER), begins where a front end takes the
 request (``Tracing.request``: HTTP in ``agent.node.routes.counted``, gRPC in
