@@ -36,7 +36,8 @@ EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 #: The packages the default install leaves out (pyproject's extras and the tests' own):
 #: ``edgeagent serve`` and the agent's commands import none of them.
 HEAVY = ("numba", "llvmlite", "pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "onnx",
-         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving")
+         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving",
+         "opentelemetry")
 _BLOCKER = """
 import sys, importlib.abc
 class _Blocked(importlib.abc.MetaPathFinder):

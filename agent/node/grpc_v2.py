@@ -348,6 +348,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         name, code = "<unknown>", 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
+        trace = None if node.tracing is None else node.tracing.request(  # tracing
+            dict(context.invocation_metadata() or ()), "", ENDPOINT)
         try:
             message = await self._receptions.receive(
                 context, node.config.max_request_size, node.config.read_timeout_s)
@@ -375,6 +377,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._receptions.done(counted[0])
             node.desk.count(name, ENDPOINT, code,
                             time.perf_counter() - started if code == 200 else None)
+            if trace is not None:  # tracing
+                trace.end(code, name)
 
     def _call(self, request: Any, raw: Any, message: bytes, context: Any
               ) -> tuple[Call, dict[str, Any]]:

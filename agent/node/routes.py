@@ -26,12 +26,15 @@ NODE: web.AppKey["Node"] = web.AppKey("node")
 
 def counted(endpoint: str) -> Callable:
     """Wrap an inference handler: count every request (errors too) and time successes,
-    labelled with ``endpoint`` (one of ``agent.node.metrics.ENDPOINTS``)."""
+    labelled with ``endpoint`` (one of ``agent.node.metrics.ENDPOINTS``); with tracing
+    on, each request is a span (``agent.tracing``)."""
     def wrap(handler: Callable) -> Callable:
         async def counted_handler(request: web.Request) -> web.StreamResponse:
             node = request.app[NODE]
             started = time.perf_counter()
             code = 500
+            trace = None if node.tracing is None else node.tracing.request(  # tracing
+                request.headers, request.match_info.get("name", ""), endpoint)
             try:
                 response = await handler(request)
                 code = response.status
@@ -43,6 +46,8 @@ def counted(endpoint: str) -> Callable:
                 node.desk.count(request.match_info.get("name", ""), endpoint, code,
                                 time.perf_counter() - started if code == 200 else None,
                                 _asked_version(request))
+                if trace is not None:  # tracing
+                    trace.end(code)
         return counted_handler
     return wrap
 

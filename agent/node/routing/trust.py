@@ -24,6 +24,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from agent import tracing
 from agent.security.credentials import bearer
 from agent.errors import AgentError
 from agent.security.httpauth import Guard
@@ -89,11 +90,13 @@ class Trust:
         self.refused = 0  # marked requests refused: strangers, or misconfigured nodes
 
     def outgoing(self) -> list[tuple[str, str]]:
-        """The headers (gRPC metadata) a forwarded request carries: the mark and this
-        node's peer token when it has one."""
+        """The headers (gRPC metadata) a forwarded request carries: the mark, this
+        node's peer token when it has one, and the W3C trace context of the request it
+        serves when that is traced (``agent.tracing``)."""
         out = [(MARK, self.name)]
         if self.token is not None:
             out.append(("authorization", f"Bearer {self.token}"))
+        out.extend(tracing.outgoing())  # tracing
         return out
 
     def sender(self, mark: str, authorization: str, certificate: str | None,
