@@ -26,7 +26,7 @@ import math
 import random
 import uuid
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -45,6 +45,13 @@ from agent.node.serving import resolve_settings
 
 if TYPE_CHECKING:
     from agent.node.serving import Serving
+
+
+class Elsewhere(Protocol):
+    """Where a member runs when not here: the servable of the peer node the plan runs
+    it on (``agent.node.frontdesk.PeerServable``), None where it runs here."""
+
+    def __call__(self, name: str, version: int | None) -> Any: ...
 
 log = logging.getLogger("edgeagent.selection")
 
@@ -123,10 +130,11 @@ class SelectionApp:
         self.overruns = LatencyWindow(OVERRUN_WINDOW)  # cut to answer, of cut requests
 
     # -- validation ---------------------------------------------------------------------
-    async def ensure_valid(self, serving: Serving, router: Any = None) -> None:
+    async def ensure_valid(self, serving: Serving, elsewhere: Elsewhere | None = None
+                           ) -> None:
         """Check once that the members exist and agree on inputs and output (loading a
-        member never loaded before, to read its signature; with ``router``, a member
-        the plan runs on another node is asked there instead); ``ModelInvalid`` (400)
+        member never loaded before, to read its signature; a member the plan runs on a
+        peer node, ``elsewhere``, is asked there instead); ``ModelInvalid`` (400)
         naming the mismatch. Then read the learned global state."""
         if self.validated:
             return
@@ -139,11 +147,10 @@ class SelectionApp:
             for (name, version), text in zip(self.members, self.options.candidates):
                 try:
                     entry = cache.entry(name, version)
-                    peer = router.member_peer(name) \
-                        if router is not None and entry.metadata is None else None
+                    peer = elsewhere(name, version) \
+                        if elsewhere is not None and entry.metadata is None else None
                     if peer is not None:
-                        seen.append((entry.key, await router.member_metadata(
-                            peer, name, version)))
+                        seen.append((entry.key, await peer.metadata()))
                         continue
                     if entry.metadata is None:
                         entry = await cache.ensure_loaded(name, version)
@@ -269,12 +276,13 @@ class SelectionApp:
         return rows
 
     # -- serving ------------------------------------------------------------------------
-    async def infer(self, serving: Serving, call: Call, router: Any = None) -> Answer:
+    async def infer(self, serving: Serving, call: Call, elsewhere: Elsewhere | None = None
+                    ) -> Answer:
         """The app's answer to ``call``, by its deadline: the combined output with its
-        response parameters (confidence, members used and missing, default).
-        ``router``: the node's (``agent.node.routing``): a member the plan runs on
-        another node is called there, and counts as available."""
-        await self.ensure_valid(serving, router)
+        response parameters (confidence, members used and missing, default). A member
+        the plan runs on a peer node (``elsewhere``) is called there, and counts as
+        available."""
+        await self.ensure_valid(serving, elsewhere)
         inputs = call.inputs.against(self.inputs)
         context = self.context_of(call.parameters)
         rid = call.request_id if call.request_id is not None else uuid.uuid4().hex
@@ -282,8 +290,7 @@ class SelectionApp:
         budget = slo if call.timeout is None else min(slo, call.timeout)
         cut = call.arrived + budget - self._margin(budget)
         entries = [serving.cache.entry(n, v) for n, v in self.members]
-        peers = [router.member_peer(n) if router is not None else None
-                 for n, _ in self.members]
+        peers = [elsewhere(n, v) if elsewhere is not None else None for n, v in self.members]
         available = [e.state is Life.READY or peer is not None
                      for e, peer in zip(entries, peers)]
         state = self.state_for(context)
@@ -294,19 +301,9 @@ class SelectionApp:
         if rows == 0:
             raise InvalidInput(f"app {self.name!r}: a request needs at least one row")
         missing = {i: "cold" for i in asked if not available[i]}
-        calls = {}
-        for i in asked:
-            if not available[i]:
-                continue
-            name, version = self.members[i]
-            if peers[i] is not None:  # its node answers by the cut
-                calls[i] = asyncio.ensure_future(router.member(
-                    peers[i], name, version, inputs, self.options.output.name,
-                    max(cut - serving.clock(), 1e-3)))
-            else:
-                calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
-                    Call(name, entries[i].version, call.protocol, call.arrived,
-                         Decoded(inputs), timeout=call.timeout), expires=cut))
+        calls = {i: asyncio.ensure_future(self._call(serving, call, i, entries[i], peers[i],
+                                                     inputs, cut))
+                 for i in asked if available[i]}
         self.selected.update(asked)
         if calls:
             await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
@@ -320,6 +317,19 @@ class SelectionApp:
             self.overruns.add(max(now - cut, 0.0))
         return Answer(outputs, self.name, 1, answer.pop("id"), answer)
 
+    async def _call(self, serving: Serving, call: Call, i: int, entry: Any, peer: Any,
+                    inputs: dict[str, np.ndarray], cut: float) -> dict[str, np.ndarray]:
+        """Member ``i``'s outputs: served here with the client's timeout (dropped while
+        queued past the cut), or by its peer node by the cut."""
+        name, version = self.members[i]
+        if peer is not None:
+            member = Call(name, version, call.protocol, call.arrived, Decoded(inputs),
+                          timeout=max(cut - serving.clock(), 1e-3))
+            return (await peer.infer(member)).outputs
+        member = Call(name, entry.version, call.protocol, call.arrived, Decoded(inputs),
+                      timeout=call.timeout)
+        return (await serving.infer(member, expires=cut))[1]
+
     def _collect(self, calls: dict[int, asyncio.Task], entries: list,
                  missing: dict[int, str]) -> dict[int, np.ndarray]:
         """The members' answers by the cut; those missing counted with their reason (a
@@ -328,7 +338,7 @@ class SelectionApp:
         for i, task in calls.items():
             reason = _outcome(task)
             if reason is None:
-                answers[i] = task.result()[1][self.options.output.name]
+                answers[i] = task.result()[self.options.output.name]
                 self.answered[i] += 1
             else:
                 missing[i] = reason
