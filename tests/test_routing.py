@@ -157,6 +157,33 @@ def test_a_request_is_served_by_the_node_its_table_names(tmp_path, fleet):
     assert "routing: m -> edge-b: 1 forwarded, 0 errors, hop p50" in shown.output
 
 
+def test_a_forwarded_request_is_not_decoded_where_it_landed(tmp_path, fleet):
+    repo = same_repo(tmp_path, m={"base_ms": 0})
+    # decoded at a, this 4 x 4-byte input would be over a's max_tensor_bytes (413)
+    a = fleet("edge-a", repo, max_tensor_bytes=8)
+    b = fleet("edge-b", repo)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
+                        "data": [1.0, 2.0, 3.0, 4.0]}]}
+    assert a.infer("m", body)[0] == 413  # a's own model, served at a: decoded there
+    give_table([a, b], {"m": {"edge-b": 1}})
+    status, headers, doc = a.infer("m", body)
+    assert status == 200 and headers["edgeagent-served-by"] == "edge-b", doc
+    stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(a.grpc.address))
+    _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
+        model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="X", datatype="FP32", shape=[1, 4])],
+        raw_input_contents=[np.ones(4, np.float32).tobytes()]), timeout=10)
+    assert dict(call.trailing_metadata())["edgeagent-served-by"] == "edge-b"
+    # the body's own fault is the peer's answer, passed on as it came and named
+    status, headers, doc = a.request("POST", "/v2/models/m/infer", b'{"inputs": 7}',
+                                     {"Content-Type": "application/json"})
+    assert status == 400 and headers["edgeagent-served-by"] == "edge-b"
+    assert "inputs" in doc["error"]
+    assert a.cache("m")["requests_served"] == 0 and b.cache("m")["requests_served"] == 2
+    routed = a.request("GET", "/v1/routing")[2]["models"]["m"]["peers"]["edge-b"]
+    assert routed["answers"] == {"200": 2, "400": 1}
+
+
 def test_requests_split_by_the_plans_replicas(tmp_path, fleet):
     repo = same_repo(tmp_path, m={"base_ms": 0})
     a, b, c = fleet("edge-a", repo), fleet("edge-b", repo), fleet("edge-c", repo)
