@@ -14,6 +14,7 @@ p50 overhead <= 0.3 ms, >= 3,000 req/s.
         [--client aiohttp|wrk] [--record-requests N]
     .venv/bin/python bench/serving_overhead.py --record-ab 8 [--seconds 2]
     .venv/bin/python bench/serving_overhead.py --against DIR [--rounds 8] [--seconds 2]
+    .venv/bin/python bench/serving_overhead.py --client wrk --profile 10 [--concurrency 1]
 
 ``--record-requests 0`` runs the agent without its request record (the twin's ring,
 on by default). ``--record-ab R`` measures what the record costs: two agents, one with
@@ -22,7 +23,11 @@ R rounds, alternating which goes first; it prints each round's p50/p99 of both, 
 difference (with - without) as its mean over the rounds with its spread, so "within
 the noise" is a measured statement. ``--against DIR`` compares this checkout with
 another (``git archive COMMIT | tar -x -C DIR``) the same way: an agent from each,
-``--rounds`` rounds alternating, the difference this - DIR.
+``--rounds`` rounds alternating, the difference this - DIR. ``--profile S`` samples the
+agent for S seconds with py-spy (``pip install py-spy``, the bench extra; it needs the
+right to trace the agent's process: root, or ``ptrace_scope`` 0) while the client loads
+it at the first concurrency, and prints where the event loop's own time (while it holds
+the GIL) goes: each function's share, inclusive and by itself.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -196,6 +203,51 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
               f"{np.median(b):.3f} ms")
 
 
+def profile(agent: subprocess.Popen, url: str, client, body: str, seconds: float,
+            concurrency: int, top: int = 45) -> None:
+    """py-spy on ``agent`` for ``seconds`` under load; the event loop thread's shares."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "profile.txt"
+        sampler = subprocess.Popen(
+            [spy, "record", "-p", str(agent.pid), "-d", f"{seconds:.0f}", "-r", "1000",
+             "--gil", "--nonblocking", "-f", "raw", "-o", str(raw)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        load = client(url + "/v2/models/small/infer", seconds + 2, concurrency, "POST", body)
+        out = sampler.communicate(timeout=60)[0]
+        if sampler.returncode or not raw.exists():
+            print(f"py-spy could not sample the agent: {out.strip()[-500:]}")
+            return
+        inclusive, alone, total = shares(raw.read_text())
+    print(f"profile: {total} samples of the event loop holding the GIL in {seconds:g} s, "
+          f"{load['rps']:.0f} req/s at concurrency {concurrency} (py-spy slows it)")
+    print(f"{'incl %':>7} {'self %':>7}  function")
+    for frame, n in inclusive.most_common(top):
+        print(f"{100 * n / total:7.1f} {100 * alone[frame] / total:7.1f}  {frame}")
+
+
+def shares(collapsed: str) -> tuple[Counter, Counter, int]:
+    """(samples per function inclusive, by itself, total) of the event loop thread's
+    stacks in py-spy's collapsed output; the frames above the loop are left out."""
+    inclusive: Counter = Counter()
+    alone: Counter = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        loops = [i for i, f in enumerate(frames) if f.startswith(("run (uvloop",
+                                                                   "Runner.run ("))]
+        if not loops:
+            continue
+        loop = loops[-1]
+        frames = frames[loop + 1:] or ["(the loop itself)"]
+        total += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+        alone[frames[-1]] += int(count)
+    return inclusive, alone, total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -211,6 +263,9 @@ def main() -> None:
                     help="this checkout vs the one in DIR, --rounds rounds alternating, at "
                          "the first --concurrency")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of --against")
+    ap.add_argument("--profile", type=float, metavar="SECONDS",
+                    help="then sample the agent with py-spy for SECONDS under load at the "
+                         "first --concurrency and print where the event loop's time goes")
     args = ap.parse_args()
     if args.record_ab is not None and (args.record_ab < 2 or args.record_requests is not None):
         ap.error("--record-ab needs at least 2 rounds and no --record-requests")
@@ -270,6 +325,8 @@ def main() -> None:
             best = max(r[3]["rps"] for r in rows)
             print(f"best agent throughput: {best:.0f} req/s (target >= 3000); direct at the "
                   f"same concurrency: {max(r[1]['rps'] for r in rows):.0f} req/s")
+            if args.profile:
+                profile(agent, url, client, body, args.profile, levels[0])
         finally:
             agent.terminate()
             agent.wait(30)
