@@ -10,11 +10,10 @@ import logging
 from typing import Any, Callable
 
 from agent.backends.base import BackendCrashed
-
 from agent.node.cache.catalog import Catalog
-from agent.node.cache.disktier import PullError
 from agent.node.cache.entry import Entry
-from agent.node.cache.errors import CacheBusy, CacheError, LoadFailed, ModelInvalid, Reloading
+from agent.node.cache.errors import (CacheBusy, CacheError, LoadFailed, ModelInvalid,
+                                     PullError, Reloading)
 from agent.node.cache.lifecycle import State
 from agent.node.cache.loads import Loads
 from agent.node.cache.tiers import Tiers
