@@ -65,6 +65,15 @@ class Node:
     def cache(self, model, headers=None):
         return self.request("GET", f"/v1/cache/{model}", headers=headers)[2]
 
+    def grpc_served_by(self, model, width):
+        """The node that served a gRPC ModelInfer of ``width`` ones sent here."""
+        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.grpc.address))
+        _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
+            model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
+                name="X", datatype="FP32", shape=[1, width])],
+            raw_input_contents=[np.ones(width, np.float32).tobytes()]), timeout=10)
+        return dict(call.trailing_metadata())["edgeagent-served-by"]
+
     def close(self):
         self.agent.call(self.grpc.stop(0))
         self.agent.close()
@@ -168,12 +177,7 @@ def test_a_forwarded_request_is_not_decoded_where_it_landed(tmp_path, fleet):
     give_table([a, b], {"m": {"edge-b": 1}})
     status, headers, doc = a.infer("m", body)
     assert status == 200 and headers["edgeagent-served-by"] == "edge-b", doc
-    stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(a.grpc.address))
-    _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
-        model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
-            name="X", datatype="FP32", shape=[1, 4])],
-        raw_input_contents=[np.ones(4, np.float32).tobytes()]), timeout=10)
-    assert dict(call.trailing_metadata())["edgeagent-served-by"] == "edge-b"
+    assert a.grpc_served_by("m", 4) == "edge-b"
     # the body's own fault is the peer's answer, passed on as it came and named
     status, headers, doc = a.request("POST", "/v2/models/m/infer", b'{"inputs": 7}',
                                      {"Content-Type": "application/json"})
@@ -308,12 +312,7 @@ def test_a_table_naming_a_node_that_is_gone(tmp_path, fleet):
         for _ in range(3):
             status, headers, _ = a.infer("m")
             assert status == 200 and headers["edgeagent-served-by"] == "edge-a"
-        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(a.grpc.address))
-        _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
-            model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
-                name="X", datatype="FP32", shape=[1, 2])],
-            raw_input_contents=[np.ones(2, np.float32).tobytes()]), timeout=10)
-        assert dict(call.trailing_metadata())["edgeagent-served-by"] == "edge-a"
+        assert a.grpc_served_by("m", 2) == "edge-a"
     routed = a.request("GET", "/v1/routing")[2]
     # tried once, then skipped with backoff
     assert routed["models"]["m"]["fallback_reasons"] == {"peer_failed": 1, "peers_down": 3}
