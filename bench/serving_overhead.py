@@ -181,14 +181,15 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
     (ABBA...); each round's p50/p99 and the p50/p99 differences' mean and spread."""
     labels = list(urls)
     rows: dict[str, list[dict]] = {label: [] for label in labels}
-    print(f"{'round':>5} " + " ".join(f"{label + ' p50/p99 ms':>24}" for label in labels))
+    print(f"{'round':>5} " + " ".join(f"{label + ' p50/p99 ms, req/s':>32}"
+                                      for label in labels))
     for r in range(rounds):
         for label in (labels if r % 2 == 0 else labels[::-1]):
             rows[label].append(client(urls[label] + "/v2/models/small/infer", seconds,
                                       concurrency, "POST", body))
         print(f"{r + 1:5d} " + " ".join(
             f"{rows[label][-1]['p50_ms']:>15.3f}/{rows[label][-1]['p99_ms']:<8.3f}"
-            for label in labels))
+            f"{rows[label][-1]['rps']:>8.0f}" for label in labels))
     with_, without = labels[1], labels[0]
     for q in ("p50_ms", "p99_ms"):
         a = np.array([x[q] for x in rows[with_]])
@@ -201,6 +202,9 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
               f"±2 standard errors {half:.3f} ms: {verdict}); the rounds' median "
               f"difference {np.median(diff):+.3f} ms; medians {np.median(a):.3f} vs "
               f"{np.median(b):.3f} ms")
+    a, b = (np.array([x["rps"] for x in rows[label]]) for label in (with_, without))
+    print(f"req/s {with_} / {without}: {np.median(a / b):.3f}, the rounds' median ratio; "
+          f"medians {np.median(a):.0f} vs {np.median(b):.0f} req/s")
 
 
 def profile(agent: subprocess.Popen, url: str, client, body: str, seconds: float,
