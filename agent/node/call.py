@@ -98,8 +98,8 @@ class Call:
     #: the sooner of that and its ``timeout`` parameter once read.
     timeout: float | None = None
     #: The request as received, undecoded (None where the front end has no body to keep),
-    #: and the headers that frame it (``Content-Type``, ``Inference-Header-Content-Length``,
-    #: ``X-Request-Id``).
+    #: and the headers it came with (a forwarder passes on those that frame the body:
+    #: ``Content-Type``, ``Inference-Header-Content-Length``, ``X-Request-Id``).
     body: bytes | bytearray | memoryview | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     mark: Mark | None = None  # set: another node says it forwarded this call

@@ -101,6 +101,7 @@ class GrpcInputs(Decoded):
         raw = getattr(param, kind)
         return raw / 1e6 if is_timeout(raw) else None
 
+
 def _version(raw: str, name: str) -> int | None:
     """The version a request names ("" for the default)."""
     if raw == "":
