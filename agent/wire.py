@@ -328,7 +328,7 @@ def parse_report(node: str, body: bytes | str | Any) -> NodeReport:
         raise ReportError(exc.key, exc.message) from None
 
 
-class Lease(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+class NodeLease(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
     """A node's lease (``POST /v1/nodes/{name}/lease``): the id of its last full report
     that was answered (None: none yet), the answer version it holds and its routing
     table's."""
@@ -338,13 +338,13 @@ class Lease(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=T
     routing: RoutingVersion | None = None
 
 
-def parse_lease(node: str, body: bytes | str | Any) -> Lease:
+def parse_lease(node: str, body: bytes | str | Any) -> NodeLease:
     """``node``'s lease from ``body``; ``ReportError`` names the first bad field, a body
     that is not JSON is a plain ``ValueError`` (as ``parse_report``)."""
     if not isinstance(node, str) or not NAME.match(node):
         raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
     try:
-        return decode(Lease, body)
+        return decode(NodeLease, body)
     except SchemaError as exc:
         raise ReportError(exc.key, exc.message) from None
 

@@ -36,7 +36,8 @@ EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 #: The packages the default install leaves out (pyproject's extras and the tests' own):
 #: ``edgeagent serve`` and the agent's commands import none of them.
 HEAVY = ("numba", "llvmlite", "pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "onnx",
-         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving")
+         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving",
+         "opentelemetry")
 _BLOCKER = """
 import sys, importlib.abc
 class _Blocked(importlib.abc.MetaPathFinder):
@@ -550,8 +551,8 @@ class ServingListener:
         self.serving.model_unloaded(entry, reason)
 
 
-async def start_serving(repo, backend_factory=None, **config):
-    """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
+async def start_serving(repo, backend_factory=None, clock=None, **config):
+    """(cache, serving) over ``repo`` with a 1 GB CPU budget (``clock``: serving's)."""
     from agent.config import AgentConfig
     from agent.node.cache import ModelCache
     from agent.node.repository import scan_repository
@@ -560,7 +561,8 @@ async def start_serving(repo, backend_factory=None, **config):
     kwargs = {"backend_factory": backend_factory} if backend_factory else {}
     listener = ServingListener()
     cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, listener=listener, **kwargs)
-    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None,
+                               **({"clock": clock} if clock else {}))
     return cache, listener.serving
 
 

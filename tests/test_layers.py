@@ -125,7 +125,7 @@ def test_node_and_coordinator_never_import_each_other():
 
 
 LEAVES = ("units.py", "validation.py", "schema.py", "memory.py", "wire.py", "modelzoo.py",
-          "onnxfile.py", "errors.py", "backoff.py")
+          "onnxfile.py", "errors.py", "backoff.py", "tracing.py")
 #: The folders of shared leaves: who may call, HTTP plumbing, the configuration.
 LEAF_FOLDERS = ("agent/security", "agent/http", "agent/config")
 UPPER = ("agent.backends", "agent.node", "agent.coordinator", "agent.commands", "agent.cli",

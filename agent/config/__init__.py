@@ -6,8 +6,8 @@ the file and the dotted key, e.g. ``models/resnet/config.yaml: slo.latency_ms: m
 number > 0, got 'fast'``."""
 
 from agent.config.agentconfig import (NODE_NAME_VARIABLE, AgentConfig, CoordinatorLink,
-                                      RoutingSettings, TfServingSettings, load_agent_config,
-                                      parse_agent_config)
+                                      RoutingSettings, TfServingSettings, TracingSettings,
+                                      load_agent_config, parse_agent_config)
 from agent.config.modelconfig import (BACKENDS, ClassifierOptions, DeclaredTensor,
                                       ModelConfig, SloOptions, SyntheticOptions,
                                       load_model_config, parse_model_config,
@@ -16,5 +16,6 @@ from agent.validation import ConfigError
 
 __all__ = ["AgentConfig", "BACKENDS", "ClassifierOptions", "ConfigError", "CoordinatorLink",
            "DeclaredTensor", "ModelConfig", "NODE_NAME_VARIABLE", "RoutingSettings",
-           "SloOptions", "SyntheticOptions", "TfServingSettings", "load_agent_config", "load_model_config",
+           "SloOptions", "SyntheticOptions", "TfServingSettings", "TracingSettings",
+           "load_agent_config", "load_model_config",
            "parse_agent_config", "parse_model_config", "version_digest"]

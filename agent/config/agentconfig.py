@@ -154,6 +154,31 @@ class RoutingSettings(Section):
         example="/etc/edgeagent/tls/node.key")] = None
 
 
+#: The OTLP protocols a trace exporter speaks (``tracing.protocol``), as OpenTelemetry
+#: names them (``OTEL_EXPORTER_OTLP_PROTOCOL``).
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class TracingSettings(Section):
+    """OpenTelemetry traces of inference requests (``tracing:``), sent to an OTLP
+    collector; needs the tracing extra (docs/operations.md#traces)."""
+
+    endpoint: Annotated[str | None, setting(
+        "the OTLP collector's URL; left out: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "$OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317 (grpc) or "
+        "http://localhost:4318/v1/traces (http/protobuf)", check=http_url,
+        example="http://127.0.0.1:4317")] = None
+    protocol: Annotated[str, setting(
+        "how spans are sent: grpc or http/protobuf (the collector's path /v1/traces in "
+        "the endpoint)", check=choice(*OTLP_PROTOCOLS))] = "grpc"
+    sample_ratio: Annotated[float, setting(
+        "share of requests traced, by trace id; a request whose traceparent says "
+        "sampled (or not) follows its caller", ge=0, le=1)] = 1.0
+    service_name: Annotated[Text, setting(
+        "service.name of the spans (service.instance.id is the node's name)")] = \
+        "edgeagent"
+
+
 class TfServingSettings(Section):
     """How the agent reaches TensorFlow Serving (``tfserving:``)."""
 
@@ -326,6 +351,9 @@ class AgentConfig(Section):
     routing: Annotated[RoutingSettings, setting(
         "forward requests to the nodes the coordinator's plan runs their model on")] = \
         field(default_factory=RoutingSettings)
+    tracing: Annotated[TracingSettings | None, setting(
+        "OpenTelemetry traces of inference requests (admission, queue, download, load, "
+        "first run, batch) to an OTLP collector; left out: none, at no cost")] = None
 
     @property
     def resident_state_path(self) -> Path:

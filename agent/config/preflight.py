@@ -40,9 +40,16 @@ def check_server(config: Any, file: str | Path | None) -> None:
 
 
 def check_agent(config: Any, file: str | Path | None, *, demo: bool = False) -> None:
-    """``check_server``, then the repository (a directory; ``demo``: the demo's, made at
-    start) and the files of the coordinator link (its token file, its TLS files)."""
+    """``check_server``, then tracing's SDK where ``tracing:`` is set, the repository (a
+    directory; ``demo``: the demo's, made at start) and the files of the coordinator
+    link (its token file, its TLS files)."""
     check_server(config, file)
+    if config.tracing is not None:
+        from agent.tracing import missing_sdk
+
+        missing = missing_sdk(config.tracing.protocol)
+        if missing:
+            raise ConfigError(file, "tracing", missing)
     repository = config.repository
     if repository is not None and not demo and not Path(repository).is_dir():
         raise ConfigError(repository, "repository", "no such directory"

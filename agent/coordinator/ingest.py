@@ -29,7 +29,7 @@ from agent.coordinator.routing import RoutingBook
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.errors import AgentError
-from agent.wire import (Directives, Lease, NodeReport, ReportError, latency_at,
+from agent.wire import (Directives, NodeLease, NodeReport, ReportError, latency_at,
                         latency_points, parse_lease, parse_report)
 
 log = logging.getLogger("edgeagent.coordinator.ingest")
@@ -176,7 +176,7 @@ class Fleet:
         return directives, self.routing.splice(body, routing is not None,
                                                routing.version if routing else None)
 
-    def answer_lease(self, node: str, lease: Lease) -> tuple[bytes, bool]:
+    def answer_lease(self, node: str, lease: NodeLease) -> tuple[bytes, bool]:
         """(The answer to ``node``'s ``lease``, whether it carries new directives):
         ``{"answer": V}`` while the answer it holds stands, the new one where it
         changed, ``SEND_REPORT`` where this process does not hold the report the lease
@@ -303,7 +303,7 @@ def _stored_models(row: NodeRow, raw: bytes) -> tuple[ReportedModels, Routed | N
     return reported_models(report), reported_routing(report)
 
 
-def parse_lease_body(name: str, raw: bytes) -> Lease:
+def parse_lease_body(name: str, raw: bytes) -> NodeLease:
     """``raw`` validated as ``name``'s lease; errors as ``parse_report_body``'s."""
     try:
         return parse_lease(name, raw)

@@ -33,6 +33,7 @@ from agent.node.routing import Router
 from agent.node.selection.apps import SelectionApps, split_apps
 from agent.node.serving import Serving
 from agent.node.whatif import WhatIf
+from agent.tracing import Tracing
 
 log = logging.getLogger("edgeagent.node")
 
@@ -45,6 +46,17 @@ def default_budgets(config: AgentConfig, reader: GpuMemoryReader | None = None
     budgets.update(gpu_budgets(config.gpu_budget, (reader or GpuMemoryReader()).devices(),
                                config.memory_margin))
     return budgets
+
+
+def _tracing(config: AgentConfig, exporter: Any) -> Tracing | None:
+    """Spans of inference requests (``tracing:``; None: off), sent by OTLP, or to
+    ``exporter`` (tests: the SDK's in-memory exporter)."""
+    settings = config.tracing
+    if settings is None:
+        return None
+    return Tracing(service_name=settings.service_name, node=config.node_name,
+                   endpoint=settings.endpoint, protocol=settings.protocol,
+                   sample_ratio=settings.sample_ratio, exporter=exporter)
 
 
 def _tokens(config: AgentConfig) -> Any:
@@ -60,10 +72,12 @@ class Node:
                  backend_factory: Callable[..., Backend] = make_backend,
                  open_file: Callable[..., Any] = open,
                  open_source: Callable[[str, dict], Any] | None = None,
-                 disk_free: Callable[[Any], int] | None = None) -> None:
+                 disk_free: Callable[[Any], int] | None = None,
+                 span_exporter: Any = None) -> None:
         if config.repository is None:
             raise ValueError("the agent needs a model repository")
         self.config = config
+        self.tracing = _tracing(config, span_exporter)  # None: off (agent.tracing)
         self.open_file = open_file  # writes the state file (tests inject a failing one)
         self.started = time.time()
         self.infer_executor = ThreadPoolExecutor(config.infer_threads, "edgeagent-infer")
@@ -94,6 +108,16 @@ class Node:
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
         self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)
+        self._make_front_desk(config)
+        #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
+        #: applied over the repository's config at every rescan until a plain load.
+        self.overrides: dict[str, dict] = {}
+        self.ready = False
+        self._persist_task: asyncio.Task | None = None
+        self._startup_task = self._idle_task = self._poll_task = self._persist_task
+
+    def _make_front_desk(self, config: AgentConfig) -> None:
+        """Who may call, where each request is served and where it comes in."""
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
         self.guard = Guard(Credentials(_tokens(config)), throttle=config.auth.throttle())
         #: Where each request is served: here, or the node the plan runs its model on.
@@ -103,12 +127,6 @@ class Node:
         self.desk = FrontDesk(self.serving, self.selection, self.metrics, self.router)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
-        #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
-        #: applied over the repository's config at every rescan until a plain load.
-        self.overrides: dict[str, dict] = {}
-        self.ready = False
-        self._persist_task: asyncio.Task | None = None
-        self._startup_task = self._idle_task = self._poll_task = self._persist_task
 
     def _restore_pins(self, saved: dict[str, Any] | None) -> None:
         """Pin and unpin as the state file left them."""
@@ -388,3 +406,5 @@ class Node:
         await asyncio.get_running_loop().run_in_executor(None, self.tfserving.close)
         self.infer_executor.shutdown(wait=False, cancel_futures=True)
         self.decoder.close()
+        if self.tracing is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from agent import tracing
 from agent.backends.base import InvalidInput
 from agent.config import AgentConfig, ModelConfig
 from agent.errors import http_status
@@ -402,18 +403,22 @@ class Serving:
         rows = rows_of(inputs)
         idle = batcher.can_run_now()
         margin = ADMISSION_MARGIN * rt.settings.slo
-        if deadline.hard or (not idle and not cold):  # an idle model admits all but
-            admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
-                  rt.settings.max_queue if not cold else math.inf, batcher.predict,
-                  margin=margin)
+        with tracing.span("edgeagent.admission", rt.key):  # tracing
+            if deadline.hard or (not idle and not cold):  # an idle model admits all but
+                admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
+                      rt.settings.max_queue if not cold else math.inf, batcher.predict,
+                      margin=margin)
         future = asyncio.get_running_loop().create_future()
+        if idle:  # run at once, alone: no batch to key it for, no dispatch to bound
+            pending = Pending(inputs, params, rows, None, now, deadline, future,
+                              expires=expires, trace=tracing.queued())  # tracing
+            rt.tuner.observe_arrival(now, pending.weight)
+            return await batcher.run_now(pending)
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
         pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,
                           future, dispatch_by=deadline.at - margin - full_batch,
-                          expires=expires)
+                          expires=expires, trace=tracing.queued())  # tracing
         rt.tuner.observe_arrival(now, pending.weight)
-        if idle:
-            return await batcher.run_now(pending)
         batcher.submit(pending)
         return await future
 

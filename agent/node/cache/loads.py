@@ -26,12 +26,13 @@ from typing import Callable, Protocol
 
 from cachepolicies.roomqueue import RoomTimeout, Waiter
 
+from agent import tracing
 from agent.backends import load_measured
 from agent.backends.base import Backend, BackendError, LoadResult
 from agent.memory import FootprintModel, MemoryMeter
-from agent.node.cache.disktier import DiskBusy, PullError
 from agent.node.cache.entry import Entry
-from agent.node.cache.errors import CacheBusy, CacheError, LoadFailed, ModelTooLarge
+from agent.node.cache.errors import (CacheBusy, CacheError, DiskBusy, LoadFailed,
+                                     ModelTooLarge, PullError)
 from agent.node.cache.lifecycle import Phase, State
 from agent.node.cache.pools import DevicePool
 from agent.node.cache.settings import CacheSettings
@@ -91,15 +92,22 @@ class Loads:
     async def _load(self, entry: Entry) -> None:
         life = entry.life
         life.begin_load(self.clock())
+        trace = tracing.load_began(entry.key)  # tracing: for the request that started it
         try:
-            await self._fetch(entry)
+            await self._fetch(entry, trace)
             plan = await self._price(entry)
             result = await self._reserve_and_load(entry, plan)
             first_run = self._measure(entry, plan, result)
         except BaseException as exc:
+            if trace is not None:  # tracing
+                trace.failed(exc)
             self._failed(entry, exc)
             raise
         else:
+            if trace is not None:  # tracing
+                trace.loaded(result.first_run_seconds, {
+                    "edgeagent.device": plan.pool.name,
+                    "edgeagent.load.bytes": entry.account.size_bytes})
             self._commit(entry, plan, first_run)
         finally:
             life.task = None
@@ -139,17 +147,21 @@ class Loads:
                 text = text.replace(where + "/", "").replace(where, name)
         return f"model {entry.key} failed to load: {text}"
 
-    async def _fetch(self, entry: Entry) -> None:
+    async def _fetch(self, entry: Entry, trace: tracing.LoadTrace | None) -> None:
         """Step 0: a sourced model's files onto disk (the disk tier's one pull per
         version)."""
         disk = self.tiers.disk
         if not entry.spec.sourced or disk is None or disk.has(entry.id):
             return
         entry.life.phase = Phase.DOWNLOADING
+        if trace is not None:  # tracing
+            trace.download_began()
         try:
             await disk.ensure(entry.name, entry.version, loading=True)
         finally:
             entry.life.phase = None
+        if trace is not None:  # tracing
+            trace.download_ended(disk.pulled_profile(entry.id)[1])
 
     async def _make_backend(self, entry: Entry, pool: DevicePool) -> Backend:
         """A backend for ``entry``, with its explicit warm-up sample read and its device
