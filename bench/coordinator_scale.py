@@ -12,7 +12,7 @@ bytes on its kept connection, its TLS session resumed, backing off as the agent 
 bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while ingestion
 goes on.
 
-Figures per fleet size: nodes | tree | TLS | offered/s | ingested/s (200 answers per
+Figures per fleet size: nodes | tree | mode (plain, tls, full) | offered/s | ingested/s (200 answers per
 second) | refused (503 or 429 with Retry-After) | bad (other errors, failed
 connections) | late (sends the client could not make on time) | report p50 | p99
 (send to last byte of the answer) | max | p99 of the reports sent while the plan was
@@ -28,6 +28,13 @@ before -> after (the box may be shared: a load above its cores starves the coord
 fly; every node's connection verifies it, one handshake per node as the reporter's
 kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes);
 ``--modes plain,tls`` runs each fleet size both ways and prints TLS's p99 over plain's;
+the nodes renew leases as the agent does (``agent.node.lease``: a full report every
+``--full-report-s`` at a random phase, or when a node changes: ``--changing`` of them a
+minute, each then sending the arrivals of the intervals since its last one), and mode
+``full`` (``--modes full,plain``) has them send a full report every interval, as before
+leases, and prints the coordinator's cores per 10,000 nodes both ways (``--no-leases``:
+every mode so); each row says how many of its 200s were leases and how many were full
+reports, and, on SQLite, how many answered ones the store does not hold after the stop;
 ``--baseline-tree DIR`` also runs the coordinator of another checkout, alternating,
 under the same clients, and prints the ratios; ``--restart-at S`` restarts the
 coordinator S s into the window (same port and store) and says when every node had a
@@ -43,6 +50,7 @@ collection). Each row also gives the coordinator's own count of its CPU per repo
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes plain,tls --baseline-tree DIR
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --duration 80 --restart-at 10
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes full,plain
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
@@ -612,7 +620,8 @@ def make_certificates(directory: Path) -> tuple[dict, str]:
         str(ca.cert_file)
 
 
-def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
+def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
+        leases: bool = True) -> dict:
     """One fleet size against the coordinator of ``tree``, over TLS or not."""
     restart = args.restart_at is not None
     with tempfile.TemporaryDirectory() as tmp:
@@ -634,7 +643,7 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
                 target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
                                      args.catalog, args.interval, t0, warmup,
                                      args.duration, out, ca_file, restart, {
-                                         "leases": args.leases,
+                                         "leases": args.leases and leases,
                                          "full_report_s": args.full_report_s,
                                          "changing": args.changing,
                                          "lease_interval": args.lease_interval,
@@ -703,7 +712,7 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
             statuses[status] = statuses.get(status, 0) + count
     if args.timeline:
         print_timeline(results, wall0, (lo, hi), args.timeline)
-    return {"nodes": nodes, "tls": tls_on, "tree": tree,
+    return {"nodes": nodes, "tls": tls_on, "tree": tree, "leasing": args.leases and leases,
             "offered_s": total["offered"] / args.duration,
             "ingested_s": total["ok"] / args.duration, **total, "statuses": statuses,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "lease_p99_ms": pct(0.99, leases),
@@ -865,8 +874,9 @@ def main() -> None:
                              "one; -10 gives the bench the priority their nice meant")
     args = parser.parse_args()
     modes = (args.modes or ("tls" if args.tls else "plain")).split(",")
-    if not set(modes) <= {"plain", "tls"}:
-        parser.error(f"--modes: plain, tls or both, not {args.modes!r}")
+    if not set(modes) <= {"plain", "tls", "full"}:
+        parser.error(f"--modes: plain, tls, full (plain, full reports every interval: "
+                     f"as before leases), not {args.modes!r}")
     trees = [ROOT] + ([args.baseline_tree.resolve()] if args.baseline_tree else [])
     autogroup = Path("/proc/self/autogroup")
     if args.autogroup_nice is not None:
@@ -885,7 +895,7 @@ def main() -> None:
           f"({autogroup.read_text().strip() if autogroup.exists() else '-'})")
     if args.baseline_tree:
         print(f"trees: this = {ROOT}, baseline = {trees[1]}")
-    print(f"{'nodes':>6} | {'tree':>8} | {'tls':>3} | {'offered/s':>9} | {'ingested/s':>10} | "
+    print(f"{'nodes':>6} | {'tree':>8} | {'mode':>5} | {'offered/s':>9} | {'ingested/s':>10} | "
           f"{'refused':>7} | {'bad':>5} | {'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | "
           f"{'max ms':>7} | {'p99 planning':>12} | {'plan s':>6} | "
           f"{'coord CPU':>9} | {'ms/report':>9} | {'own ms/rep':>10} | {'planner CPU':>11} | "
@@ -895,11 +905,11 @@ def main() -> None:
         for mode in modes:
             for tree in trees:
                 load0 = os.getloadavg()[0]
-                r = run(n, args, mode == "tls", tree)
+                r = run(n, args, mode == "tls", tree, leases=mode != "full")
                 rows.append(r)
                 own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")  # a minute
                 print(f"{r['nodes']:>6} | {'this' if tree == ROOT else 'baseline':>8} | "
-                      f"{'yes' if r['tls'] else 'no':>3} | {r['offered_s']:>9.0f} | "
+                      f"{mode:>5} | {r['offered_s']:>9.0f} | "
                       f"{r['ingested_s']:>10.0f} | {r['refused']:>7} | "
                       f"{r['bare_5xx'] + r['other'] + r['broken']:>5} | {r['late']:>5} | "
                       f"{r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
@@ -960,13 +970,20 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
 def print_ratios(rows: list[dict], trees: list[Path]) -> None:
     """TLS p99 over plain p99 per fleet size and tree; this tree's CPU per report over
     the baseline's."""
-    def find(n: int, tls: bool, tree: Path) -> dict | None:
-        return next((r for r in rows if (r["nodes"], r["tls"], r["tree"]) == (n, tls, tree)),
-                    None)
+    def find(n: int, tls: bool, tree: Path, leasing: bool | None = None) -> dict | None:
+        return next((r for r in rows if (r["nodes"], r["tls"], r["tree"]) == (n, tls, tree)
+                     and (leasing is None or r["leasing"] == leasing)), None)
 
     for n in sorted({r["nodes"] for r in rows}):
         for tree in trees:
-            plain, tls = find(n, False, tree), find(n, True, tree)
+            plain, tls = find(n, False, tree, True), find(n, True, tree)
+            full = find(n, False, tree, False)
+            if plain and full and plain is not full:
+                print(f"{n} nodes, {'this' if tree == ROOT else 'baseline'}: coordinator "
+                      f"cores per 10,000 nodes: leases {plain['coordinator_cpu'] * 1e4 / n:.3f}, "
+                      f"full reports {full['coordinator_cpu'] * 1e4 / n:.3f} (leases / full "
+                      f"reports = {plain['coordinator_cpu'] / full['coordinator_cpu']:.2f}); "
+                      f"p99 {plain['p99_ms']:.1f} ms vs {full['p99_ms']:.1f} ms")
             if plain and tls:
                 print(f"{n} nodes, {'this' if tree == ROOT else 'baseline'}: TLS p99 / plain "
                       f"p99 = {tls['p99_ms'] / plain['p99_ms']:.2f}")
