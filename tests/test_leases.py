@@ -55,6 +55,21 @@ def infer(agent: Agent, model: str) -> None:
         assert resp.status == 200
 
 
+def leasing_agent(tmp_path, repo, co: CoordinatorProcess, name: str) -> Agent:
+    """An agent reporting to ``co`` as ``name`` every 0.2 s, a full report at least
+    every 600 s."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({"coordinator": {
+        "url": co.url, "node_name": name, "report_interval_s": 0.2, "full_report_s": 600}}))
+    return Agent(repo, tmp_path / "data", "--config", str(config))
+
+
+def leases_renewed(agent: Agent, count: int) -> dict:
+    """The agent's coordinator status once it renewed ``count`` leases."""
+    return wait_for(lambda: (lambda s: s["leases_renewed"] >= count and s)(
+        agent.get("/v1/coordinator")), 30, f"{count} leases renewed")
+
+
 def test_an_agent_leases_while_quiet_reports_a_change_and_leaves_the_plan_when_silent(
         tmp_path, repo):
     """A quiet agent renews leases (the coordinator counts them, not full reports); a
@@ -64,16 +79,11 @@ def test_an_agent_leases_while_quiet_reports_a_change_and_leaves_the_plan_when_s
     co = CoordinatorProcess(None, tmp_path / "co", node_timeout_s=4, directive_ttl_s=30)
     add_synthetic(repo, "m")
     add_synthetic(repo, "n")
-    config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump({"coordinator": {
-        "url": co.url, "node_name": "edge-a", "report_interval_s": 0.2,
-        "full_report_s": 600}}))
-    agent = Agent(repo, tmp_path / "data", "--config", str(config))
+    agent = leasing_agent(tmp_path, repo, co, "edge-a")
     try:
         # quiet: a full report (after the lease that asked whether it takes them; a
         # second where the first went before the agent knew its address), then leases
-        status = wait_for(lambda: (lambda s: s["leases_renewed"] >= 10 and s)(
-            agent.get("/v1/coordinator")), 30, "10 leases renewed")
+        status = leases_renewed(agent, 10)
         assert status["leases"] is True and status["full_reports"] <= 2, json.dumps(status)
         assert status["directives"] is not None and status["directives"]["answer"]
         full, leases = status["full_reports"], status["leases_renewed"]
@@ -153,14 +163,9 @@ def test_leases_through_report_workers_are_counted_and_written(tmp_path, repo):
     written: after a restart the node's ``last_seen`` is its last lease's."""
     co = CoordinatorProcess(None, tmp_path / "co", report_workers=2)
     add_synthetic(repo, "m")
-    config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump({"coordinator": {
-        "url": co.url, "node_name": "edge-w", "report_interval_s": 0.2,
-        "full_report_s": 600}}))
-    agent = Agent(repo, tmp_path / "data", "--config", str(config))
+    agent = leasing_agent(tmp_path, repo, co, "edge-w")
     try:
-        status = wait_for(lambda: (lambda s: s["leases_renewed"] >= 15 and s)(
-            agent.get("/v1/coordinator")), 30, "15 leases renewed")
+        status = leases_renewed(agent, 15)
         # a connection that lands on the other worker costs one full report more
         assert status["full_reports"] <= 3 and status["failures"] == 0, status
         wait_for(lambda: metric(co, LEASES) >= 15, 10, "the workers' leases counted")
