@@ -621,7 +621,7 @@ def make_certificates(directory: Path) -> tuple[dict, str]:
 
 
 def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
-        leases: bool = True) -> dict:
+        leasing: bool = True) -> dict:
     """One fleet size against the coordinator of ``tree``, over TLS or not."""
     restart = args.restart_at is not None
     with tempfile.TemporaryDirectory() as tmp:
@@ -643,7 +643,7 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
                 target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
                                      args.catalog, args.interval, t0, warmup,
                                      args.duration, out, ca_file, restart, {
-                                         "leases": args.leases and leases,
+                                         "leases": args.leases and leasing,
                                          "full_report_s": args.full_report_s,
                                          "changing": args.changing,
                                          "lease_interval": args.lease_interval,
@@ -712,7 +712,7 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
             statuses[status] = statuses.get(status, 0) + count
     if args.timeline:
         print_timeline(results, wall0, (lo, hi), args.timeline)
-    return {"nodes": nodes, "tls": tls_on, "tree": tree, "leasing": args.leases and leases,
+    return {"nodes": nodes, "tls": tls_on, "tree": tree, "leasing": args.leases and leasing,
             "offered_s": total["offered"] / args.duration,
             "ingested_s": total["ok"] / args.duration, **total, "statuses": statuses,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "lease_p99_ms": pct(0.99, leases),
@@ -905,7 +905,7 @@ def main() -> None:
         for mode in modes:
             for tree in trees:
                 load0 = os.getloadavg()[0]
-                r = run(n, args, mode == "tls", tree, leases=mode != "full")
+                r = run(n, args, mode == "tls", tree, leasing=mode != "full")
                 rows.append(r)
                 own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")  # a minute
                 print(f"{r['nodes']:>6} | {'this' if tree == ROOT else 'baseline':>8} | "
