@@ -145,7 +145,7 @@ def _first_candidate(s, now):
     """Utilities of the periodic residents as of ``now`` (those on time from their
     forecast, at once), then the lowest of both kinds."""
     n = s.pcount
-    s.shared = rates.log_shared(s.rates, now)
+    s.shared = rates.log_shared(s.rates, now) + rates.log_warmup(s.rates, now)
     if n > 0:
         ids = s.pids[:n]
         period = s.period[ids]
@@ -237,7 +237,8 @@ def _utility(s, i, now):
         ahead = s.last[i] + period - now
         if ahead >= -s.tolerance * period:
             return s.worth[i] / max(ahead, 1e-3 * period)
-    log_rate = rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+    log_rate = (rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+                + rates.log_warmup(s.rates, now))
     return math.exp(s.log_worth[i] + log_rate)
 
 
