@@ -6,15 +6,18 @@ load balancer would). Prints, in one run:
 * routing on against ``routing.enabled: false`` on the same workload (fresh fleets,
   alternating): the fleet's loads after the plan, failures, mean response; with
   routing, how each model's requests split over its nodes against the plan's weights,
-  and the simulated fleet's loads (``cachepolicies.fleet``: the same trace spread
-  round robin and routed by the plan, each node's cache replayed through the agent's twin) against the live;
+  and the simulated fleet's loads against the live, per node and phase (warm-up, the
+  plan's prefetches, measured): ``cachepolicies.fleet`` replays each node's cache
+  through the agent's twin, the warm-up as it reached the node, then the plan's pins
+  and prefetches as the node applied them, then the measured trace spread round robin
+  and routed by the plan;
 * ``kill -9`` of one agent mid-run: requests failed among those sent to the others,
   and how long until a plan moves its models;
 * a hop's cost: a tiny model's p50 through another node against on its own node
   (kept-alive, plain HTTP, then mTLS between nodes).
 
     .venv/bin/python bench/fleet_routing.py [--requests 900] [--rounds 1] [--skip-kill]
-        [--skip-hop] [--hop-requests 2000]
+        [--skip-hop] [--hop-requests 2000] [--save-runs DIR]
 
 Targets (issue 34): loads with routing <= 0.4x without, mean response lower, 0 failed;
 each model's split within 10 % of the plan's weights; 0 failed across the kill and its
@@ -208,15 +211,16 @@ def live_phases(marks: list[dict[str, list[dict]]]) -> dict[str, dict[str, int]]
 def simulated_loads(fleet: Fleet, warmup, measured, plan: dict, budget: int,
                     routing: bool, bounds: tuple[float, float], applied: dict[str, dict],
                     wall_start: float, save: Path | None = None, marks: list | None = None
-                    ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-    """Each node's loads per phase as ``cachepolicies.fleet`` replays the run, twice:
-    the warm-up as each node's record says its requests reached it (``wall_start``:
-    the wall clock at the warm-up's start), then as the trace sent it (spread round
-    robin); no plan yet either way. At ``bounds[0]`` (seconds from the warm-up's
-    start, when the plan was asked for) the directives as each node applied them
-    (``applied``: its pins, its prefetches), renewed as often as it reported
-    (``renewal_s``); from ``bounds[1]`` the measured trace spread round robin and routed
-    by the plan (when routing). Each node's cache is the twin (its budget, the agent's
+                    ) -> tuple[dict[str, dict[str, int]], ...]:
+    """Each node's loads per phase as ``cachepolicies.fleet`` replays the run, three
+    times: the warm-up as each node's record says its requests reached it
+    (``wall_start``: the wall clock at the warm-up's start), then as the trace sent it
+    (spread round robin), no plan yet either way; then all of the run as the records
+    say each node served it. At ``bounds[0]`` (seconds from the warm-up's start, when
+    the plan was asked for) the directives as each node applied them (``applied``: its
+    pins, its prefetches), renewed as often as it reported (``renewal_s``); from
+    ``bounds[1]`` the measured trace spread round robin and routed by the plan (when
+    routing), in the first two. Each node's cache is the twin (its budget, the agent's
     policy, the settings it recorded) on the profiles it measured (a model it never
     loaded: another node's). ``save``: a file to keep what it read of the run in
     (JSON), with ``marks`` (the nodes' caches at the phases' bounds)."""
@@ -240,14 +244,17 @@ def simulated_loads(fleet: Fleet, warmup, measured, plan: dict, budget: int,
                                                for n, a in fleet.agents.items()},
                                     "records": records, "wall_start": wall_start}))
     run = (warmup, measured, plan, budget, routing, bounds, applied, rows)
-    return replay_run(*run, records, wall_start), replay_run(*run)
+    return (replay_run(*run, records, wall_start), replay_run(*run),
+            replay_run(*run, records, wall_start, served=True))
 
 
 def replay_run(warmup, measured, plan, budget, routing, bounds, applied, rows,
-               records=None, wall_start=None):
+               records=None, wall_start=None, served=False):
     """``simulated_loads`` from what it read of the run (``--save-runs`` keeps it);
     with the nodes' request ``records`` (``GET /v1/trace``) and the wall clock at the
-    warm-up's start, each node's warm-up is the requests as they reached it."""
+    warm-up's start, each node's warm-up is the requests as they reached it, and
+    ``served``: its measured requests too (those it served: the routing as it went,
+    fallbacks included, instead of the plan's)."""
     from agent.config import AgentConfig
     from agent.config.twinsettings import recorded_settings, twin_settings
     from cachepolicies.fleet import replay_nodes, routing_weights, spread
@@ -261,11 +268,13 @@ def replay_run(warmup, measured, plan, budget, routing, bounds, applied, rows,
         trace_w = make_trace([t for t, _, _ in warmup], [m for _, m, _ in warmup], first)
         early = spread(trace_w, first, list(NODES), {})
     else:
-        early = {n: arrived(records[n], wall_start, bounds[0], first) for n in NODES}
-    trace_m = make_trace([bounds[1] + t for t, _, _ in measured],
-                         [m for _, m, _ in measured], first)
-    weights = routing_weights(plan) if routing else {}
-    late = spread(trace_m, first, list(NODES), weights)
+        early = {n: arrived(records[n], wall_start, 0.0, bounds[0], first) for n in NODES}
+    if served:
+        late = {n: arrived(records[n], wall_start, bounds[1], np.inf, first) for n in NODES}
+    else:
+        trace_m = make_trace([bounds[1] + t for t, _, _ in measured],
+                             [m for _, m, _ in measured], first)
+        late = spread(trace_m, first, list(NODES), routing_weights(plan) if routing else {})
     traces = {n: Trace(np.concatenate([early[n].timestamps, late[n].timestamps]),
                        np.concatenate([early[n].model_ids, late[n].model_ids]), n)
               for n in NODES}
@@ -290,16 +299,17 @@ def replay_run(warmup, measured, plan, budget, routing, bounds, applied, rows,
     return out
 
 
-def arrived(record: str, wall_start: float, until: float, profiles):
-    """A node's requests that reached it before ``until`` (seconds from
-    ``wall_start``), from its record (the simulator's trace CSV), on the trace's clock."""
+def arrived(record: str, wall_start: float, since: float, until: float, profiles):
+    """A node's requests that reached it from ``since`` until before ``until`` (seconds
+    from ``wall_start``), from its record (the simulator's trace CSV), on the trace's
+    clock."""
     import csv
     import io
 
     from cachepolicies.traces import make_trace
 
     rows = [r for r in csv.DictReader(io.StringIO(record))
-            if float(r["unix_time"]) - wall_start < until]
+            if since <= float(r["unix_time"]) - wall_start < until]
     return make_trace([max(0.0, float(r["unix_time"]) - wall_start) for r in rows],
                       [r["model"].split(":")[0] for r in rows], profiles)
 
@@ -373,13 +383,15 @@ def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict
                     row["assignment"] = plan["assignment"]
                 save = None if args.save_runs is None else \
                     args.save_runs / f"{label.split(':')[0]}-{r}.json"
-                sim, from_trace = simulated_loads(fleet, warmup, measured, plan, budget,
-                                                  routing, (asked, begun), applied,
-                                                  wall_start, save, marks)
+                sim, from_trace, as_served = simulated_loads(
+                    fleet, warmup, measured, plan, budget, routing, (asked, begun),
+                    applied, wall_start, save, marks)
                 row["live_loads_total"] = sum(sum(x.values()) for x in live.values())
                 row["simulated_loads_total"] = sum(sum(x.values()) for x in sim.values())
                 row["simulated_from_trace_total"] = sum(sum(x.values())
                                                         for x in from_trace.values())
+                row["simulated_as_served_total"] = sum(sum(x.values())
+                                                       for x in as_served.values())
                 row["loads_by_node_phase"] = {n: {"live": live[n], "simulated": sim[n]}
                                               for n in NODES}
                 row["pinned"] = {n: applied[n]["pinned"] for n in NODES}
@@ -408,7 +420,9 @@ def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict
                   + ", ".join(f"{p} {s}/{v}" for p, (s, v) in phases.items())
                   + f"; with the warm-up as sent (not as it arrived) "
                   f"{x['simulated_from_trace_total']} "
-                  f"({x['simulated_from_trace_total'] / live:.3f})", flush=True)
+                  f"({x['simulated_from_trace_total'] / live:.3f}); every request where "
+                  f"it was served (the nodes' records) {x['simulated_as_served_total']} "
+                  f"({x['simulated_as_served_total'] / live:.3f})", flush=True)
     return out
 
 

@@ -15,9 +15,9 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
   then arrival, head-of-line: a later load never overtakes the head)
   until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size, at most
   what could ever be freed for it: the capacity less the other pinned resident models)
-  among idle unpinned models; it runs for the model's penalty (load + cold first run; or the slot time a
-  node measured, the profiles' ``load_slot_seconds``), then commits its steady size,
-  frees its slot and wakes the next loads;
+  among idle unpinned models; it runs for the model's penalty (load + cold first run;
+  or the slot time a node measured, the profiles' ``load_slot_seconds``), then commits
+  its steady size, frees its slot and wakes the next loads;
 - a coordinator's directives (``Directive``), at their time: the models they pin are
   never victims from then on (until the next directives), and those they prefetch
   that are neither resident nor loading start a load with no request waiting, as the
