@@ -306,10 +306,13 @@ def arrived(record: str, wall_start: float, since: float, until: float, profiles
     import csv
     import io
 
-    from cachepolicies.traces import make_trace
+    from cachepolicies.traces import Trace, make_trace
 
-    rows = [r for r in csv.DictReader(io.StringIO(record))
-            if since <= float(r["unix_time"]) - wall_start < until]
+    rows = [r for r in csv.DictReader(io.StringIO(record))  # (a model never loaded
+            if since <= float(r["unix_time"]) - wall_start < until  # anywhere: no profile)
+            and r["model"].split(":")[0] in profiles.names]
+    if not rows:
+        return Trace(np.empty(0), np.empty(0, dtype=np.int64), "no requests")
     return make_trace([max(0.0, float(r["unix_time"]) - wall_start) for r in rows],
                       [r["model"].split(":")[0] for r in rows], profiles)
 
