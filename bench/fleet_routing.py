@@ -279,7 +279,7 @@ def replay_run(warmup, measured, plan, budget, routing, bounds, applied, rows,
                        np.concatenate([early[n].model_ids, late[n].model_ids]), n)
               for n in NODES}
     # the plan's directives as each node applied them, again with every report's answer
-    # (a planned model not resident is loaded again each time)
+    # (a pinned model not resident is loaded again each time; one not pinned, once)
     end = bounds[1] + measured[-1][0]
     directives = {n: [Directive(float(at), frozenset(names.index(m)
                                                      for m in applied[n]["pinned"]),
@@ -485,7 +485,6 @@ def hop(args, work: Path) -> None:
     certs.mkdir()
     ca = make_ca(certs)
     for tls in (False, True):
-        extra = {}
         client = None
         if tls:
             for name in NODES[:2]:

@@ -104,7 +104,8 @@ class Directive:
     """What a coordinator's directives made a node do at ``at`` (the trace's seconds):
     keep ``pinned`` resident from then on (never victims; the pins before are lifted),
     and load those of ``prefetch`` (model ids, in order) that are not resident or
-    loading."""
+    loading, each not pinned only until it has been loaded once under these directives
+    (renewed directives do not load again a model its use evicted), as the agent does."""
 
     at: float
     pinned: frozenset[int] = frozenset()
@@ -162,6 +163,10 @@ class _Twin:
         self.s = settings
         self.directives = list(directives)
         self.pinned: frozenset[int] = frozenset()
+        #: the last directives' (pins, prefetches), and the models loaded since they
+        #: came: a model not pinned is loaded for a plan once, then kept by use
+        self.plan: tuple[frozenset[int], tuple[int, ...]] | None = None
+        self.prefetched: set[int] = set()
         self.disk = disk
         self.sizes = profiles.size_bytes.tolist()
         self.penalties = profiles.penalty_seconds.tolist()
@@ -267,8 +272,12 @@ class _Twin:
         """The coordinator's directives: its pins replace the last, its prefetches of
         models neither resident nor loading start a load that no request waits on."""
         self.pinned = directive.pinned
+        plan = (directive.pinned, directive.prefetch)
+        if plan != self.plan:  # a new plan: each of its models is loaded once again
+            self.plan, self.prefetched = plan, set()
         for m in directive.prefetch:
-            if m in self.pool or m in self.waiters:
+            if m in self.pool or m in self.waiters \
+                    or (m in self.prefetched and m not in self.pinned):
                 continue
             self.note(now, "prefetch", m)
             self.waiters[m] = []
@@ -426,6 +435,7 @@ class _Twin:
         self.note(now, "loaded", m)
         self.stage[m] = ""
         self.loaded_once[m] = True
+        self.prefetched.add(m)  # (whoever asked: the plan's model is in memory once)
         self.slots += 1
         self.queue[m].extend(self.waiters.pop(m))
         self.dispatch(m, now)

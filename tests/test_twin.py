@@ -165,6 +165,18 @@ def test_a_pinned_model_is_never_a_victim_and_a_prefetch_loads_it_unasked():
     assert loads == [1, 1, 1] and response[4] == pytest.approx(0.11)  # a missed
 
 
+def test_renewed_directives_load_a_model_not_pinned_once_and_new_ones_again():
+    # 20 B, three models of 10 B, a pinned: b planned (prefetched at 0) and evicted by c
+    # at 2; the same directives renewed at 3 and 4 do not load b again, new ones (b
+    # pinned too) at 6 do
+    names, sizes = ["a", "b", "c"], [10, 10, 10]
+    same = (frozenset({"a"}), ["a", "b"])
+    plan = [(0.0, *same), (3.0, *same), (4.0, *same), (6.0, {"a", "b"}, ["a", "b"])]
+    loads, _, events = directed(names, sizes, [2.0], ["c"], 20, plan)
+    assert [t for t, what, m in events if what == "prefetch" and m == 1] == [0.0, 6.0]
+    assert loads == [1, 2, 1]
+
+
 def test_the_pins_cap_what_a_load_reserves():
     # a (8 B) pinned in 20 B; b's load peaks at 1.5 x 10 = 15 B, more than the 12 B the
     # pins leave: it reserves those 12 (as the agent prices it) and loads
