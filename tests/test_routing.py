@@ -405,17 +405,17 @@ def test_pins_leave_room_for_any_model(tmp_path, fleet):
     assert status == 200 and headers["edgeagent-served-by"] == "edge-a", doc
     assert node.cache("c")["state"] == "unloaded"  # the unpinned one made room
 
-    async def renew(prefetch=()):
+    async def renew(pin=("a", "b", "c"), prefetch=()):
         node.agent.app[REPORTER].apply(Directives(
-            ttl_s=60, pin=("a", "b", "c"), prefetch=prefetch,
-            workers={"a": 1, "b": 1, "c": 1}))
-    # the same directives renewed: c, loaded once for this plan, is kept by use (d
-    # stays); the two pinned ones stay in memory whatever happens
-    for _ in range(3):
-        node.agent.call(renew())
+            ttl_s=60, pin=pin, prefetch=prefetch, workers=dict.fromkeys(pin, 1)))
+    # the same plan renewed, its prefetch list too (the coordinator lists there what the
+    # node's last report did not hold): c, loaded once for this plan, is kept by use
+    # (d stays); the two pinned ones stay in memory whatever happens
+    for prefetch in ((), ("c",), ("c",)):
+        node.agent.call(renew(prefetch=prefetch))
     assert node.cache("c")["state"] == "unloaded" and node.cache("d")["state"] == "ready"
     assert node.cache("c")["loads"] == 1
-    node.agent.call(renew(prefetch=("c",)))  # new directives: c is loaded once again
+    node.agent.call(renew(pin=("a", "c")))  # a new plan: c is loaded once again
     node.agent.call(_ready(node, "c"))
     assert node.cache("c")["loads"] == 2
 

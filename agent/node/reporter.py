@@ -24,8 +24,9 @@ What applying means:
 * ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
   a time; a load that does not fit is logged and retried on the next directives. A
   planned model that is not pinned is loaded once per plan (until the directives'
-  ``pin`` or ``prefetch`` change): renewed directives do not load again what its use
-  evicted, so a node whose planned models do not all fit lets its cache choose.
+  ``pin`` changes): directives renewed, or with another ``prefetch`` (the coordinator
+  lists there what the node's last report did not hold), do not load again what its
+  use evicted, so a node whose planned models do not all fit lets its cache choose.
 * ``workers``: set through the batching layer (``Serving.set_workers``, as
   ``POST /v1/cache/{name}/workers`` does); the count a model had before is restored
   when the directives drop it or lapse.
@@ -163,8 +164,8 @@ class Reporter:
         self.directives: Directives | None = None
         self.directives_at: float | None = None  # clock() when they came
         self.loading: dict[str, asyncio.Task] = {}
-        #: the directives' (pin, prefetch) and their models in memory since they came
-        self._plan: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        #: the directives' plan (their ``pin``) and its models in memory since it came
+        self._plan: tuple[str, ...] | None = None
         self.prefetched: set[str] = set()
         #: The models the coordinator moves here (pull) and away (drop).
         self.assignments = Assignments(node)
@@ -456,7 +457,7 @@ class Reporter:
         self.directives = directives
         # a model whose source is still being listed is pinned by the next directives
         planned = [m for m in directives.pin if m in cache.specs and not cache.specs[m].pending]
-        plan = (tuple(directives.pin), tuple(directives.prefetch))
+        plan = tuple(directives.pin)  # (its prefetch list follows what was resident)
         if plan != self._plan:  # a new plan: each of its models is loaded once again
             self._plan, self.prefetched = plan, set()
         self.pins.hold(planned, directives.workers)
