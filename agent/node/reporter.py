@@ -419,7 +419,7 @@ class Reporter:
                                 reason or "asked by the coordinator")
             for queue in self._pending.values():
                 queue.clear()  # delivered
-            self.reports += 1
+        self.reports += 1  # answered: a full report or a lease
         self.directives_at = self.clock()
         self.book.issue(directives, self.directives_at)
         self.node.router.take(directives)
