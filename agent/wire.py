@@ -35,6 +35,23 @@ provisioning); nodes without one are not counted there.
     "disk": [{"model": "resnet", "version": 2, "bytes": 102760448}],
     "pulling": [{"model": "bert", "version": 1, "bytes": 1048576, "total": 438000000}]
 
+``version_stats`` (optional; the rollouts' part, for the models the last answer's
+``model_versions`` names with a ``rollout``) gives each version the node has served or
+tried to load, with counters **cumulative since the agent started** (a gate takes the
+difference over its window; a restart, counters going down, starts them again)::
+
+    "version_stats": {"resnet": [
+        {"version": 2, "serving": true, "state": "ready", "size_bytes": 102760448,
+         "requests": 1200, "errors": 3, "load_failures": 0, "ok": 1190,
+         "latency_buckets": [[0.5, 10], [1.0, 400], [2.5, 1100]],
+         "latency_ms": {"p50": 1.2, "p99": 2.4}, "error": null}]}
+
+``requests`` and ``errors`` (5xx answers) count the version's answers, ``ok`` its
+successes, ``latency_buckets`` their cumulative latency histogram (``[upper bound ms,
+count]``; the rest, up to ``ok``, above the last bound), ``latency_ms`` the last
+interval's percentiles (shown, not gated on); ``load_failures`` the loads of it that
+failed; ``error`` why the node cannot serve it (its last failed load or pull).
+
 **Directives**, the answer to every report, valid for ``ttl_s`` seconds::
 
     {"node": "edge-1", "plan_id": 7, "ttl_s": 60,
@@ -56,10 +73,23 @@ config to serve them with, and whether to load them now; never credentials (the 
 has its own). ``drop``: models the node holds from an earlier pull that the plan moved
 away (the node removes them once idle). A lapsed pull is not undone, just not renewed.
 Both sides keep directives in a ``DirectiveBook``.
+
+``model_versions`` (the rollouts' part, optional) pins, per model, the version the node
+serves: ``serve`` (exactly this one, rolled to as a new version is: loaded beside the
+one serving, switched to once ready), ``keep`` (versions kept on disk and, where memory
+allows, loaded: the one a rollout may switch back to), ``bad`` (versions never served
+by default, whatever the source lists: rolled back and marked bad in the catalog) and
+``rollout`` (the id of the rollout under way: report its ``version_stats``)::
+
+    "model_versions": {"resnet": {"serve": 2, "keep": [1], "bad": [3], "rollout": 7}}
+
+Unlike the rest, a version pin does not lapse with ``ttl_s``: a node keeps serving the
+version it was last told (a restart included) until an answer says otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Mapping
 from urllib.parse import urlsplit
@@ -197,6 +227,27 @@ class Pulling(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     total: Bytes | None = None
 
 
+MAX_VERSIONS = 64  # versions of one model in ``version_stats``
+MAX_BUCKETS = 64  # bounds of one version's latency histogram
+
+
+class VersionStat(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """One model version on one node (``version_stats``): cumulative counters since the
+    agent started, its state and size, why it cannot be served (``error``)."""
+
+    version: Version
+    serving: bool = False
+    state: Annotated[str, Meta(max_length=MAX_STATE)] = ""
+    size_bytes: Bytes = 0.0
+    requests: Count = 0.0
+    errors: Count = 0.0
+    ok: Count = 0.0
+    load_failures: Count = 0.0
+    latency_buckets: Annotated[tuple[tuple[Ms, Count], ...], Meta(max_length=MAX_BUCKETS)] = ()
+    latency_ms: dict[str, Ms | None] = {}
+    error: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
     """A node's report (``POST /v1/nodes/{name}/report``); only ``capacity`` is required."""
 
@@ -206,6 +257,8 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     node_type: NodeTypeName | None = None
     disk: Annotated[tuple[DiskHolding, ...], Meta(max_length=MAX_HELD)] = ()
     pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
+    version_stats: dict[ModelName, Annotated[tuple[VersionStat, ...],
+                                             Meta(max_length=MAX_VERSIONS)]] = {}
 
     def held(self) -> set[str]:
         """Models whose files the node holds or is pulling, or that it serves."""
@@ -243,6 +296,24 @@ def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> fl
         if p >= percentile - 1e-9:
             return ms
     return points[-1][1] if points else None
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets, linear
+    within a bucket; the highest finite bound for the +Inf bucket; None when empty."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, cumulative in buckets:
+        if cumulative >= rank:
+            if math.isinf(upper):
+                return lower
+            inside = cumulative - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = upper, cumulative
+    return lower
 
 
 # -- sources ------------------------------------------------------------------------------
@@ -319,6 +390,22 @@ class Pull(Struct, frozen=True, gc=False, kw_only=True):
 
 
 
+class ModelVersions(Struct, frozen=True, gc=False, kw_only=True):
+    """The version a node serves of one model (``model_versions``): exactly ``serve``
+    (None: the newest its source lists that is not ``bad``), ``keep`` those at hand,
+    never ``bad`` by default; ``rollout``: the rollout under way, whose figures the
+    node reports (``version_stats``)."""
+
+    serve: Version | None = None
+    keep: tuple[Version, ...] = ()
+    bad: tuple[Version, ...] = ()
+    rollout: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"serve": self.serve, "keep": list(self.keep), "bad": list(self.bad),
+                "rollout": self.rollout}
+
+
 class Directives(Struct, frozen=True, gc=False, kw_only=True):
     """A coordinator's answer to ``node``'s report (fields it does not know are left out:
     a newer coordinator's answer still parses)."""
@@ -332,12 +419,16 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     drop_rate: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
     pull: tuple[Pull, ...] = ()
     drop: tuple[str, ...] = ()
+    model_versions: dict[str, ModelVersions] = {}
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
-                "workers": dict(self.workers), "pin": list(self.pin),
-                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
-                "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
+        out = {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
+               "workers": dict(self.workers), "pin": list(self.pin),
+               "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
+               "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
+        if self.model_versions:  # only when there is something to say (older nodes)
+            out["model_versions"] = {m: v.to_json() for m, v in self.model_versions.items()}
+        return out
 
     @classmethod
     def from_json(cls, body: bytes | str | Any) -> Directives:

@@ -11,8 +11,11 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     DELETE /v1/nodes/{name}               forget a node (and revoke its credential)
     GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
                                           and the latency they measured
-    PUT    /v1/models/{name}              set a model's SLO (catalog.py)
+    PUT    /v1/models/{name}              set a model's SLO (catalog.py); a new version
+                                          rolls out in waves (rollouts.py)
     DELETE /v1/models/{name}              remove it from the catalog
+    POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/pause|resume|abort,
+    DELETE /v1/models/{name}/bad-versions/{version}   rollouts (api_rollouts)
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
@@ -44,7 +47,7 @@ from urllib.parse import urlencode
 import orjson
 from aiohttp import web
 
-from agent.coordinator import api_fleet, api_join
+from agent.coordinator import api_fleet, api_join, api_rollouts
 from agent.coordinator.catalog import CatalogError, check_name, parse_slo
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
@@ -53,6 +56,7 @@ from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
+from agent.coordinator.rollouts import Rollouts, check_not_bad
 from agent.coordinator.store import StoredPlan, open_store
 from agent.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
@@ -96,6 +100,7 @@ class Coordinator:
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.adopt, leading=lambda: self.leader)
         self.workers = ReportWorkers(config, apply=self.take_answered)
+        self.rollouts = Rollouts(self)
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
 
@@ -179,6 +184,7 @@ class Coordinator:
             try:
                 leading, plan = await loop.run_in_executor(None, self._follow_step)
                 await self.refresh_node_credentials()
+                await self.rollouts.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the store is down: try again
@@ -376,15 +382,19 @@ async def node_delete(request: web.Request) -> web.Response:
 def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
     """Each of ``slos`` with its replicas and predicted latency under the current plan
     (its JSON form: a typed ``Plan`` of 10,000 nodes would take the loop seconds to
-    build), the live nodes it is on, and the worst latency they measured for it at its
-    SLO's percentile (``measured_latency_ms``)."""
+    build), the live nodes it is on, the worst latency they measured for it at its
+    SLO's percentile (``measured_latency_ms``) and its versions marked bad."""
     on, measured = co.fleet.by_model(co.clock() - co.config.node_timeout_s,
                                      {slo.name: slo.percentile for slo in slos})
     planned_models = (co.fleet.plan.plan.get("models") or {}) if co.fleet.plan else {}
+    bad: dict[str, list[dict[str, Any]]] = {}
+    for row in co.store.bad_versions(slos[0].name if len(slos) == 1 else None):
+        bad.setdefault(row["model"], []).append(row)
     out = []
     for slo in slos:
         planned = planned_models.get(slo.name) or {}
-        out.append({**slo.to_json(), "nodes": on.get(slo.name, []),
+        out.append({**slo.to_json(), "bad_versions": bad.get(slo.name, []),
+                    "nodes": on.get(slo.name, []),
                     "replicas": planned.get("replicas"),
                     "predicted_latency_ms": planned.get("predicted_latency_ms"),
                     "measured_latency_ms": measured.get(slo.name)})
@@ -406,10 +416,19 @@ async def model_get(request: web.Request) -> web.Response:
 
 
 async def model_put(request: web.Request) -> web.Response:
+    """Add or update an entry; a new version of a model that serves one rolls out in
+    waves (``rollout_id`` in the answer), a version marked bad is refused (409)."""
     co = request.app[COORDINATOR]
     slo = parse_slo(request.match_info["name"], await _json_body(request))
+    check_not_bad(co.store, slo.name, slo.version)
+    before = co.store.model(slo.name)
+    if co.rollouts.catalog_change(before, slo):
+        rollout = await co.rollouts.start(slo.name, (slo.version, slo.digest), entry=slo)
+        log.info("catalog: updated %s: rollout %d", slo, rollout.id)
+        return web.json_response({**slo.to_json(), "rollout_id": rollout.id})
     created = co.store.put_model(slo, co.clock())
     log.info("catalog: %s %s", "added" if created else "updated", slo)
+    await co.rollouts.refresh()
     return web.json_response(slo.to_json(), status=201 if created else 200)
 
 
@@ -420,6 +439,9 @@ async def model_delete(request: web.Request) -> web.Response:
     if slo is None or not co.store.delete_model(name):
         return json_error(404, f"model {name!r} is not in the catalog")
     log.info("catalog: deleted %s", name)
+    for rollout in co.store.rollouts(active=True, model=name):
+        await co.rollouts.move(rollout.id, "abort")
+    await co.rollouts.refresh()
     if slo.source is not None and co.leader and co.start_loops:
         # plan now: the plan's directives stop its pulls and drop the nodes' copies
         co.spawn(co.replan_quietly(f"catalog delete of {name}"))
@@ -474,6 +496,7 @@ async def start_report_workers(app: web.Application, runner: web.AppRunner,
     internal = site._server.sockets[0].getsockname()[1]
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
+    await co.workers.push_versions(co.rollouts.table)
     await co.workers.push_credentials(co.guard.credentials.creds)
     if await co.workers.start(port, f"http://127.0.0.1:{internal}"):
         for listener in public:
@@ -513,11 +536,13 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r.add_post("/v1/plan", plan_post)
     api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
     api_join.add_routes(app, COORDINATOR)  # POST /v1/join-tokens, /v1/join
+    api_rollouts.add_routes(app, COORDINATOR)  # /v1/rollouts, bad versions
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()
         app[COORDINATOR].spawn(app[COORDINATOR].follow())
+        app[COORDINATOR].spawn(app[COORDINATOR].rollouts.run())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()

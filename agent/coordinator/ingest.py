@@ -2,7 +2,8 @@
 
 * ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
   bytes, and its models with their reported latencies), the current plan (its per-node
-  directive rows) and each node's last directives. A report is validated and answered
+  directive rows), the version table (``versions.VersionTable``: which version each
+  node serves) and each node's last directives. A report is validated and answered
   from here, without the database.
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
@@ -24,6 +25,7 @@ from agent.coordinator.catalog import CatalogError
 from agent.coordinator.plan import directives_from_row, row_away
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
+from agent.coordinator.versions import VersionTable
 from agent.errors import AgentError
 from agent.wire import (Directives, NodeReport, ReportError, latency_at, latency_points,
                         parse_report)
@@ -80,6 +82,8 @@ class Fleet:
         # node -> the models with a source its last answer's plan runs elsewhere (a
         # change in what it holds of them changes its drop list)
         self._away: dict[str, tuple[str, ...]] = {}
+        self.versions = VersionTable()
+        self._versions_of: dict[str, int] = {}  # node -> the table id of its last answer
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
@@ -99,15 +103,20 @@ class Fleet:
             return
         self.plan = plan
 
+    def set_versions(self, table: VersionTable) -> None:
+        """Answer with ``table``'s versions from now on (unless a newer one is used)."""
+        if table.id >= self.versions.id:
+            self.versions = table
+
     def directives(self, node: str, resident: set[str],
                    held: set[str] = frozenset()) -> Directives:  # type: ignore[assignment]
-        """``node``'s directives under the current plan (empty without one); ``held``:
-        the models it reported holding (``NodeReport.held``)."""
+        """``node``'s directives under the current plan (empty without one) and the
+        version table; ``held``: the models it reported holding (``NodeReport.held``)."""
         plan = self.plan
         if plan is None:
             return Directives(node=node, ttl_s=self.ttl_s)
-        return directives_from_row(plan.rows.get(node), node, resident, self.ttl_s, plan.id,
-                                   held)
+        return self.versions.overlay(directives_from_row(
+            plan.rows.get(node), node, resident, self.ttl_s, plan.id, held))
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued
@@ -129,6 +138,7 @@ class Fleet:
         away = self._away.get(node, ())
         held = report.held() if away else frozenset()
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
+                and self._versions_of.get(node) == self.versions.id \
                 and last[0].prefetch == tuple(m for m in last[0].pin
                                               if m not in models or not models[m].resident) \
                 and last[0].drop == tuple(m for m in away if m in held):
@@ -136,6 +146,7 @@ class Fleet:
         directives = self.directives(node, {m for m, r in models.items() if r.resident},
                                      report.held())
         self._away[node] = row_away(self.plan.rows.get(node) if self.plan else None)
+        self._versions_of[node] = self.versions.id
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
@@ -157,6 +168,7 @@ class Fleet:
     def forget(self, node: str) -> bool:
         self._answers.pop(node, None)
         self._away.pop(node, None)
+        self._versions_of.pop(node, None)
         return self.nodes.pop(node, None) is not None
 
     def by_model(self, since: float, percentiles: dict[str, float] | None = None

@@ -11,7 +11,8 @@ stays with one). A worker
   own, or admin: the coordinator's rule, ``agent.httpauth``; the tokens the coordinator
   accepts come over the pipe, again on SIGHUP), throttles failures per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
-  plan, which the coordinator pushes to every worker when it adopts one, and answers
+  plan and version table, which the coordinator pushes to every worker when it adopts
+  one (``push_plan``, ``push_versions``), and answers
   503 while the coordinator says its store is failing;
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
@@ -105,6 +106,7 @@ class ReportWorkers:
         self._plan: tuple | None = None  # the message of the current plan
         self._health: tuple = ("store", True, False)
         self._credentials: tuple = ("credentials", ())
+        self._versions: tuple | None = None  # the message of the current version table
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
@@ -136,7 +138,8 @@ class ReportWorkers:
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
-                  (self._plan, self._health, self._credentials), self.forward_key,
+                  (self._plan, self._health, self._credentials, self._versions),
+                  self.forward_key,
                   os.getpid()))
         worker.proc.start()
         up_child.close()
@@ -182,6 +185,12 @@ class ReportWorkers:
         if self._plan is None or plan.id > self._plan[1]:  # what a new worker starts with
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
+
+    async def push_versions(self, table: Any) -> None:
+        """Tell every worker the version table (``versions.VersionTable``) answers use
+        now."""
+        self._versions = ("versions", table)
+        await self._broadcast(self._versions)
 
     async def push_health(self, healthy: bool, full: bool = False) -> None:
         """Tell every worker whether the store takes writes (503s while it does not;
@@ -253,6 +262,8 @@ class _WorkerState:
             _, self.healthy, self.full = message
         elif message[0] == "credentials":
             self.guard.credentials.replace(message[1])
+        elif message[0] == "versions":
+            self.fleet.set_versions(message[1])
         elif message[0] == "reload" and self.tls is not None:
             try:
                 self.tls.reload()
@@ -334,7 +345,8 @@ def _serve(config: CoordinatorConfig, port: int, internal_url: str, up: Any, dow
 
 async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, up: Any,
                        down: Any, told: tuple, forward_key: str) -> None:
-    """``told``: the plan, store health and credentials messages to start with."""
+    """``told``: the plan, store health, credentials and version table messages to
+    start with."""
     loop = asyncio.get_running_loop()
     state = _WorkerState(config, internal_url, forward_key)
     for message in told:

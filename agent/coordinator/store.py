@@ -32,15 +32,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import orjson
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan, directive_rows
+from agent.coordinator.rollout import ACTIVE, Rollout
 from agent.errors import AgentError
 
 log = logging.getLogger("edgeagent.coordinator.store")
+
+
+class RolloutConflict(AgentError):
+    """A rollout of a model that has one under way already: 409."""
+
+    status = 409
 
 
 class StoreUnavailable(AgentError):
@@ -123,6 +130,30 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE models ADD COLUMN version INTEGER;
     ALTER TABLE models ADD COLUMN digest TEXT;
     ALTER TABLE models ADD COLUMN config TEXT;          -- JSON object: config.yaml keys
+    """,
+    # 6: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
+    """
+    CREATE TABLE rollouts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        model TEXT NOT NULL,
+        state TEXT NOT NULL,            -- running, paused, completed, rolled_back, aborted
+        doc TEXT NOT NULL,              -- JSON, rollout.Rollout.to_json
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE INDEX rollouts_by_model ON rollouts (model, id);
+    CREATE UNIQUE INDEX rollouts_one_active ON rollouts (model)
+        WHERE state IN ('running', 'paused');
+    CREATE TABLE bad_versions (
+        model TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        digest TEXT,
+        reason TEXT NOT NULL,
+        rollout INTEGER,                -- the rollout that rolled it back
+        marked REAL NOT NULL,
+        PRIMARY KEY (model, version)
+    );
+    ALTER TABLE models ADD COLUMN rollout TEXT;         -- JSON: the entry's rollout settings
     """,
 )
 
@@ -421,32 +452,38 @@ class Store:
     def put_model(self, slo: ModelSLO, now: float) -> bool:
         """Insert or replace; True when the model is new."""
         with self._tx() as db:
-            new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
-            db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
-                       "cpu_per_replica, memory_per_replica_bytes, proc_ms, source, "
-                       "source_options, version, digest, config, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                       "ON CONFLICT(name) DO UPDATE SET "
-                       "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
-                       "priority = excluded.priority, "
-                       "cpu_per_replica = excluded.cpu_per_replica, "
-                       "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
-                       "proc_ms = excluded.proc_ms, source = excluded.source, "
-                       "source_options = excluded.source_options, "
-                       "version = excluded.version, digest = excluded.digest, "
-                       "config = excluded.config, updated = excluded.updated",
-                       (slo.name, slo.slo_ms, slo.percentile, slo.priority,
-                        slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms,
-                        slo.source, _json_or_none(slo.source_options), slo.version,
-                        slo.digest, _json_or_none(slo.config), now))
-            return new
+            return self._put_model(db, slo, now)
+
+    @staticmethod
+    def _put_model(db: Any, slo: ModelSLO, now: float) -> bool:
+        new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
+        db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
+                   "cpu_per_replica, memory_per_replica_bytes, proc_ms, source, "
+                   "source_options, version, digest, config, rollout, updated) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                   "ON CONFLICT(name) DO UPDATE SET "
+                   "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
+                   "priority = excluded.priority, "
+                   "cpu_per_replica = excluded.cpu_per_replica, "
+                   "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
+                   "proc_ms = excluded.proc_ms, source = excluded.source, "
+                   "source_options = excluded.source_options, "
+                   "version = excluded.version, digest = excluded.digest, "
+                   "config = excluded.config, rollout = excluded.rollout, "
+                   "updated = excluded.updated",
+                   (slo.name, slo.slo_ms, slo.percentile, slo.priority,
+                    slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms,
+                    slo.source, _json_or_none(slo.source_options), slo.version,
+                    slo.digest, _json_or_none(slo.config), _json_or_none(slo.rollout), now))
+        return new
 
     def models(self) -> list[ModelSLO]:
-        return [ModelSLO(*row[:8], _object(row[8]), row[9], row[10], _object(row[11]))
+        return [ModelSLO(*row[:8], _object(row[8]), row[9], row[10], _object(row[11]),
+                         _object(row[12]))
                 for row in self._query(
                     "SELECT name, slo_ms, percentile, priority, cpu_per_replica, "
                     "memory_per_replica_bytes, proc_ms, source, source_options, version, "
-                    "digest, config FROM models ORDER BY name")]
+                    "digest, config, rollout FROM models ORDER BY name")]
 
     def model(self, name: str) -> ModelSLO | None:
         found = [m for m in self.models() if m.name == name]
@@ -455,6 +492,115 @@ class Store:
     def delete_model(self, name: str) -> bool:
         with self._tx() as db:
             return db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount > 0
+
+    # -- rollouts ----------------------------------------------------------------------
+    def start_rollout(self, make: Callable[[int], Rollout], slo: ModelSLO, now: float
+                      ) -> Rollout:
+        """In one transaction: the rollout ``make(id)`` builds stored, and the catalog
+        entry ``slo`` (naming the version rolled out) put; ``RolloutConflict`` when the
+        model has one under way (nothing changes)."""
+        conflict = RolloutConflict(f"model {slo.name!r} has a rollout under way: pause, "
+                                   "abort or wait for it (GET /v1/rollouts)")
+        try:
+            with self._tx() as db:
+                if db.execute("SELECT 1 FROM rollouts WHERE model = ? AND state IN "
+                              "(?, ?)", (slo.name, *ACTIVE)).fetchone() is not None:
+                    raise conflict
+                rollout_id = int(db.execute(
+                    "INSERT INTO rollouts (model, state, doc, created, updated) "
+                    "VALUES (?, ?, '{}', ?, ?) RETURNING id",
+                    (slo.name, ACTIVE[0], now, now)).fetchone()[0])
+                rollout = make(rollout_id)
+                db.execute("UPDATE rollouts SET state = ?, doc = ?, updated = ? "
+                           "WHERE id = ?", (rollout.state, orjson.dumps(
+                               rollout.to_json()).decode(), now, rollout_id))
+                self._put_model(db, slo, now)
+                return rollout
+        except RolloutConflict:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one-active index: another won
+            if "rollouts_one_active" in str(exc) or "UNIQUE" in str(exc):
+                raise conflict from None
+            raise
+
+    def save_rollout(self, rollout: Rollout, *, was: float | None = None,
+                     slo: ModelSLO | None = None,
+                     bad: tuple[str, int, str | None, str] | None = None) -> bool:
+        """Store ``rollout`` as it is now, where the stored one was last updated at
+        ``was`` (None: whatever it was); with ``slo``, the catalog entry put (a
+        rollback's old version) and with ``bad`` (model, version, digest, reason) that
+        version marked bad, in the same transaction. False (nothing written) when the
+        stored rollout changed since ``was``."""
+        with self._tx() as db:
+            sql = "UPDATE rollouts SET state = ?, doc = ?, updated = ? WHERE id = ?"
+            args: tuple = (rollout.state, orjson.dumps(rollout.to_json()).decode(),
+                           rollout.updated, rollout.id)
+            if was is not None:
+                sql, args = sql + " AND updated = ?", (*args, was)
+            if db.execute(sql, args).rowcount == 0:
+                return False
+            if slo is not None:
+                self._put_model(db, slo, rollout.updated)
+            if bad is not None:
+                db.execute("INSERT INTO bad_versions (model, version, digest, reason, "
+                           "rollout, marked) VALUES (?, ?, ?, ?, ?, ?) "
+                           "ON CONFLICT(model, version) DO UPDATE SET "
+                           "digest = excluded.digest, reason = excluded.reason, "
+                           "rollout = excluded.rollout, marked = excluded.marked",
+                           (*bad, rollout.id, rollout.updated))
+            return True
+
+    def rollouts(self, *, active: bool = False, model: str | None = None,
+                 limit: int = 100) -> list[Rollout]:
+        """Rollouts, newest first: only those under way (``active``), of ``model``."""
+        where, args = [], []
+        if active:
+            where.append("state IN (?, ?)")
+            args += list(ACTIVE)
+        if model is not None:
+            where.append("model = ?")
+            args.append(model)
+        sql = "SELECT doc FROM rollouts" + (f" WHERE {' AND '.join(where)}" if where
+                                             else "") + " ORDER BY id DESC LIMIT ?"
+        return [Rollout.from_json(orjson.loads(doc))
+                for (doc,) in self._query(sql, (*args, limit))]
+
+    def rollout(self, rollout_id: int) -> Rollout | None:
+        rows = self._query("SELECT doc FROM rollouts WHERE id = ?", (rollout_id,))
+        return Rollout.from_json(orjson.loads(rows[0][0])) if rows else None
+
+    def version_state(self) -> tuple:
+        """Changes whenever the catalog, a rollout or a bad version changes (cheap: to
+        notice what another coordinator did)."""
+        return tuple(self._query(
+            "SELECT (SELECT COUNT(*) FROM models), (SELECT MAX(updated) FROM models), "
+            "(SELECT COUNT(*) FROM rollouts), (SELECT MAX(updated) FROM rollouts), "
+            "(SELECT COUNT(*) FROM bad_versions), (SELECT MAX(marked) FROM bad_versions)")[0])
+
+    def bad_versions(self, model: str | None = None) -> list[dict[str, Any]]:
+        """The versions marked bad (of ``model``): model, version, digest, reason,
+        rollout, marked."""
+        sql = "SELECT model, version, digest, reason, rollout, marked FROM bad_versions"
+        rows = self._query(sql + " WHERE model = ? ORDER BY version", (model,)) \
+            if model is not None else self._query(sql + " ORDER BY model, version")
+        return [dict(zip(("model", "version", "digest", "reason", "rollout", "marked"), r))
+                for r in rows]
+
+    def clear_bad_version(self, model: str, version: int) -> bool:
+        """An operator clears ``model:version``: offered again."""
+        with self._tx() as db:
+            return db.execute("DELETE FROM bad_versions WHERE model = ? AND version = ?",
+                              (model, version)).rowcount > 0
+
+    def node_reports(self, names: Iterable[str]) -> list[tuple[str, float, str]]:
+        """``(name, last_seen, report JSON)`` of the named nodes the store holds."""
+        names = sorted(set(names))
+        out: list[tuple[str, float, str]] = []
+        for at in range(0, len(names), 500):
+            chunk = names[at:at + 500]
+            out += self._query("SELECT name, last_seen, report FROM nodes WHERE name IN "
+                               f"({', '.join('?' * len(chunk))})", tuple(chunk))
+        return out
 
     # -- plans -----------------------------------------------------------------------
     def save_plan(self, plan: dict[str, Any], kind: str, now: float) -> int:

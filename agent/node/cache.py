@@ -77,6 +77,7 @@ from agent.node.lifecycle import (AT_REST, DOWNLOADING, IllegalTransition, Lifec
                                   transition)
 from agent.node.repository import ModelSpec, read_warmup_sample
 from agent.node.roomqueue import RoomRequest
+from agent.node.versionpins import VersionPins
 from agent.units import format_size
 
 log = logging.getLogger("edgeagent.cache")
@@ -231,6 +232,8 @@ class ModelCache:
         self.on_load: list[Callable[[Entry], None]] = []
         self.on_unload: list[Callable[[Entry, str], None]] = []
         self.serving_version: dict[str, int] = {}  # rollouts (``_hold_serving``)
+        #: The coordinator's version pins: which version serves by default
+        self.version_pins = VersionPins()
         self.on_new_version: list[Callable[[str, int, int], None]] = []
         #: The disk tier sourced models' files are pulled into (None: none).
         self.disk = disk
@@ -251,8 +254,7 @@ class ModelCache:
         resident ones keep serving their loaded version until evicted; a new default
         version rolls out (``_hold_serving``); a failed load whose config changed is
         forgotten."""
-        serving = {n: self.serving_version.get(n, s.default_version)
-                   for n, s in self.specs.items()}
+        serving = self._serving_now()
         self.specs = dict(specs)
         self._hold_serving(serving)
         for (name, version), entry in list(self.entries.items()):
@@ -268,15 +270,37 @@ class ModelCache:
             elif entry.state is State.READY and entry.account.in_flight == 0:
                 self._start_unload(entry, "removed from the repository")
         for spec in specs.values():
-            if spec.default_version is not None:
-                self._entry_for(spec, spec.default_version)
+            version = self.default_version(spec)
+            if version is not None:
+                self._entry_for(spec, version)
+
+    def default_version(self, spec: ModelSpec) -> int | None:
+        """The version of ``spec`` served when a request names none, once any rollout
+        to it is done: the newest, or the one the coordinator pins (``versionpins``)."""
+        return self.version_pins.served(spec.name, spec.versions)
+
+    def _serving_now(self) -> dict[str, int | None]:
+        return {n: self.serving_version.get(n, self.default_version(s))
+                for n, s in self.specs.items()}
+
+    def set_version_pins(self, pins: dict[str, Any]) -> None:
+        """Adopt the coordinator's version pins (model -> ``VersionPin``; the models
+        left out are unpinned): a model whose default version changes rolls to it as
+        to a new version found by a rescan (``_hold_serving``)."""
+        serving = self._serving_now()
+        self.version_pins.pins = dict(pins)
+        self._hold_serving(serving)
+        for spec in self.specs.values():
+            version = self.default_version(spec)
+            if version is not None:
+                self._entry_for(spec, version)
 
     def _hold_serving(self, serving: dict[str, int | None]) -> None:
         """A new default version of a model whose ``serving`` one is READY is not served
         until it is READY too: the old one keeps serving (``serving_version``) and
         ``on_new_version`` is called (the node rolls it out)."""
         for name, spec in self.specs.items():
-            old, new = serving.get(name), spec.default_version
+            old, new = serving.get(name), self.default_version(spec)
             entry = self.entries.get((name, old)) if old is not None else None
             if old == new or new is None or old not in spec.versions or entry is None \
                     or entry.state is not State.READY or not self.on_new_version:
@@ -302,7 +326,7 @@ class ModelCache:
         if spec is None:
             raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
-            version = self.serving_version.get(name, spec.default_version)
+            version = self.serving_version.get(name, self.default_version(spec))
             if version is None and spec.pending and not spec.error:
                 raise NotListed(spec.pending)
             if version is None:
@@ -320,7 +344,7 @@ class ModelCache:
             if spec is None:
                 if entry.state is not State.UNLOADED:
                     out.append(entry)
-            elif (version == spec.default_version or entry.stats.loads
+            elif (version == self.default_version(spec) or entry.stats.loads
                   or entry.state is not State.UNLOADED):
                 out.append(entry)
         return out
@@ -710,7 +734,10 @@ class ModelCache:
     def _disk_usage(self, key: tuple[str, int]) -> str:
         """What memory does with ``key``'s files, for the disk tier's eviction: pinned,
         reading (loading, or a TF Serving model, whose server reads its directory),
-        resident (in memory, files not needed), or idle."""
+        resident (in memory, files not needed), or idle. A version a rollout keeps at
+        hand (``version_pins``) counts as pinned."""
+        if self.version_pins.kept(*key):
+            return "pinned"
         entry = self.entries.get(key)
         if entry is None:
             return "idle"

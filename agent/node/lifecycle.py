@@ -73,6 +73,7 @@ class Lifecycle:
     failed_at: float | None = None  # cache clock of the last failed load (None: none)
     crashed: str | None = None      # why its runtime failed while running: reload it
     load_attempts: int = 0          # loads started, failed ones included
+    failed_loads: int = 0           # loads (and pulls) that failed, since the agent started
     load_started: float | None = None  # cache clock at the start of the last load
     phase: str | None = None        # within LOADING: DOWNLOADING, or None
     failed_status: int = 503        # the HTTP status of the last failed load
@@ -98,4 +99,6 @@ def transition(life: Lifecycle, to: State, *,
         raise IllegalTransition(life.model, current, to, "not in the transition table")
     life._state = to
     life.phase = None
+    if to is State.FAILED:
+        life.failed_loads += 1
     return current

@@ -30,6 +30,12 @@ What applying means:
 * ``drop``: an assigned model the plan moved away is unloaded once idle (no request in
   flight, not pinned: the cache's own evict), its directory removed and its files left
   to the disk tier (``DiskTier.drop``); while it is busy, the next directives try again.
+* ``model_versions`` (the coordinator's rollouts): the version each model serves, the
+  ones kept at hand and the bad ones, set on the cache (``ModelCache.set_version_pins``:
+  a changed version rolls out as a new one does, ``agent.node.rollout``) and kept in
+  ``<data_dir>/coordinator-versions.json``: unlike the rest, pins do not lapse, and a
+  restart starts from them. For the models under a rollout, the report carries
+  ``version_stats`` (``wire.VersionStat``: cumulative counters per version).
 
 Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
 samples: arrivals (requests of any outcome), drops (503 answers), latency percentiles
@@ -51,7 +57,7 @@ import os
 import shutil
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 import aiohttp
 from aiohttp import web
@@ -61,10 +67,12 @@ from agent.node.cache import CacheError
 from agent.node.join import report_token
 from agent.node.lifecycle import State
 from agent.node.state import read_state, write_state
+from agent.node.versionpins import VersionPin
 from agent.sources import redact_url
 from agent.tls import client_context, verify_failure
 from agent.validation import load_json
-from agent.wire import DirectiveBook, Directives, Pull, refuse_credentials
+from agent.wire import (DirectiveBook, Directives, Pull, histogram_quantile,
+                        refuse_credentials)
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -74,24 +82,7 @@ log = logging.getLogger("edgeagent.reporter")
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 MAX_PENDING_POINTS = 500  # arrival intervals kept per model while the coordinator is away
 PINS_FORMAT = 1
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets, linear
-    within a bucket; the highest finite bound for the +Inf bucket; None when empty."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for upper, cumulative in buckets:
-        if cumulative >= rank:
-            if math.isinf(upper):
-                return lower
-            inside = cumulative - below
-            return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = upper, cumulative
-    return lower
+VERSIONS_FILE = "coordinator-versions.json"
 
 
 class MetricsSampler:
@@ -128,6 +119,37 @@ class MetricsSampler:
                         r["ok_seconds"] += s.value
         return out
 
+    def sample_versions(self, models: Collection[str]) -> dict[tuple[str, str], dict[str, Any]]:
+        """(model, version label) -> {requests, errors (5xx), ok, buckets: {le seconds:
+        cumulative}} for ``models`` (the rollouts' figures, ``version_stats``)."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def row(labels: dict[str, str]) -> dict[str, Any] | None:
+            if labels["model"] not in models or not labels.get("version"):
+                return None
+            return out.setdefault((labels["model"], labels["version"]), {
+                "requests": 0.0, "errors": 0.0, "ok": 0.0, "buckets": {}})
+
+        for family in self.registry.collect():
+            if family.name == "edgeagent_requests":
+                for s in family.samples:
+                    r = row(s.labels) if s.name.endswith("_total") else None
+                    if r is not None:
+                        r["requests"] += s.value
+                        if s.labels.get("code", "").startswith("5"):
+                            r["errors"] += s.value
+            elif family.name == "edgeagent_request_duration_seconds":
+                for s in family.samples:
+                    r = row(s.labels)
+                    if r is None:
+                        continue
+                    if s.name.endswith("_bucket"):
+                        le = float(s.labels["le"])
+                        r["buckets"][le] = r["buckets"].get(le, 0.0) + s.value
+                    elif s.name.endswith("_count"):
+                        r["ok"] += s.value
+        return out
+
 
 #: The node's name where the config gives none (Kubernetes: the downward API's
 #: spec.nodeName; a pod's host name is the pod's, new at every restart).
@@ -148,6 +170,9 @@ class Reporter:
         self.sampler = MetricsSampler(node.metrics.registry)
         self.book = DirectiveBook()
         self.pins_path = node.config.data_dir / "coordinator-pins.json"
+        self.versions_path = node.config.data_dir / VERSIONS_FILE
+        #: (model, version label) -> the cumulative buckets at the last report
+        self._version_buckets: dict[tuple[str, str], dict[float, float]] = {}
         self.pinned_by_us: set[str] = set()
         self.workers: dict[str, int] = {}
         self._workers_before: dict[str, tuple[int, bool]] = {}  # name -> (count, was set)
@@ -175,6 +200,7 @@ class Reporter:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         self._revert_saved_pins()
+        self._restore_versions()
         self._previous, self._previous_at = self.sampler.sample(), self.clock()
         link = self.link
         ssl_context = client_context(link.ca_file, link.cert_file, link.key_file,
@@ -319,6 +345,9 @@ class Reporter:
                                  for p in pulling]
         if self.link.node_type:
             report["node_type"] = self.link.node_type
+        version_stats = self._version_stats()
+        if version_stats:
+            report["version_stats"] = version_stats
         return report
 
     def _runtime(self, entry: Any) -> Any:
@@ -385,6 +414,7 @@ class Reporter:
         self._apply_workers()
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
         self._save_pins()
+        self._apply_versions(directives.model_versions)
         for pull in directives.pull:
             self._assign(pull)
         for name in directives.drop:
@@ -510,10 +540,14 @@ class Reporter:
         spec = node.cache.specs[name]
         if spec.error or spec.pending:
             raise ValueError(spec.error or spec.pending)
-        version = spec.default_version if pull.version is None \
-            else max(pull.version, spec.default_version or 0)
+        pin = node.cache.version_pins.get(name)
+        version = node.cache.default_version(spec)
+        if pin is None and pull.version is not None:
+            version = max(pull.version, version or 0)
+        elif pin is not None and pin.serve is not None:
+            version = pin.serve  # exactly the version pinned (the one below serves meanwhile)
         if version not in spec.versions:
-            raise ValueError(f"model {name!r}: its source lists no version {pull.version} "
+            raise ValueError(f"model {name!r}: its source lists no version {version} "
                              f"(versions: {', '.join(map(str, spec.versions)) or 'none'})")
         self._pulled[name] = (pull.version, pull.digest)
         await node.disk.ensure(name, version)
@@ -548,6 +582,93 @@ class Reporter:
             await self.node.cache.evict(entry.name, entry.version)
         except CacheError as exc:
             log.info("drop %s: not yet: %s", entry.key, exc)
+
+    # -- versions the coordinator pins: rollouts ------------------------------------------
+    def _apply_versions(self, model_versions: dict[str, Any]) -> None:
+        """Pin each model to the version the coordinator names (``model_versions``);
+        versions no longer kept are unloaded once idle; saved for a restart."""
+        cache = self.node.cache
+        pins = {m: VersionPin.of(v) for m, v in model_versions.items()}
+        before = cache.version_pins.pins
+        if pins == before:
+            return
+        cache.set_version_pins(pins)
+        rollouts = getattr(self.node, "rollouts", None)
+        for name, pin in before.items():
+            released = set(pin.keep) - set(pins[name].keep if name in pins else ())
+            if released and rollouts is not None:
+                rollouts.release(name, released)
+        changed = sorted(m for m in set(pins) | set(before) if pins.get(m) != before.get(m))
+        log.info("coordinator pins versions of %s: %s", ", ".join(changed),
+                 {m: pins[m].to_json() if m in pins else None for m in changed})
+        try:
+            write_state(self.versions_path, {"format": PINS_FORMAT, "versions": {
+                m: p.to_json() for m, p in sorted(pins.items())}})
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.versions_path, exc)
+
+    def _restore_versions(self) -> None:
+        """Start from the version pins saved before a restart (they do not lapse)."""
+        saved = read_state(self.versions_path) if self.versions_path.exists() else None
+        pins = {}
+        for name, doc in ((saved or {}).get("versions") or {}).items():
+            try:
+                pins[name] = VersionPin.from_json(doc)
+            except (AttributeError, TypeError):
+                log.warning("%s: ignored a malformed pin of %r", self.versions_path, name)
+        if pins:
+            self.node.cache.set_version_pins(pins)
+
+    def _version_stats(self) -> dict[str, list[dict[str, Any]]]:
+        """``version_stats`` for the models under a rollout (``wire.VersionStat``)."""
+        cache = self.node.cache
+        watched = {m for m, p in cache.version_pins.pins.items()
+                   if p.rollout is not None and m in cache.specs}
+        if not watched:
+            self._version_buckets = {}
+            return {}
+        sampled = self.sampler.sample_versions(watched)
+        out: dict[str, list[dict[str, Any]]] = {}
+        buckets_now: dict[tuple[str, str], dict[float, float]] = {}
+        for name in sorted(watched):
+            spec, pin = cache.specs[name], cache.version_pins.pins[name]
+            serving = cache.serving_version.get(name, cache.default_version(spec))
+            versions = {v for (n, v), e in cache.entries.items() if n == name
+                        and (e.state is not State.UNLOADED or e.life.load_attempts)}
+            versions |= {int(v) for (n, v) in sampled if n == name and v.isdigit()}
+            versions |= set(pin.keep) | ({pin.serve} if pin.serve is not None else set())
+            rows = []
+            for version in sorted(versions):
+                entry = cache.entries.get((name, version))
+                figures = sampled.get((name, str(version)), {})
+                buckets = figures.get("buckets", {})
+                buckets_now[(name, str(version))] = buckets
+                row: dict[str, Any] = {
+                    "version": version, "serving": version == serving,
+                    "state": entry.state.value if entry is not None else "unknown",
+                    "size_bytes": entry.account.size_bytes
+                    if entry is not None and entry.state is State.READY else 0,
+                    "requests": figures.get("requests", 0.0),
+                    "errors": figures.get("errors", 0.0), "ok": figures.get("ok", 0.0),
+                    "load_failures": entry.life.failed_loads if entry is not None else 0,
+                    "latency_buckets": [[round(le * 1000.0, 6), c] for le, c
+                                        in sorted(buckets.items()) if le != math.inf],
+                }
+                before = self._version_buckets.get((name, str(version)), {})
+                delta = sorted((le, c - before.get(le, 0.0)) for le, c in buckets.items())
+                row["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
+                                     for v in [histogram_quantile(p / 100.0, delta)]
+                                     if v is not None}
+                error = entry.life.error if entry is not None \
+                    and entry.state is State.FAILED else None
+                if error is None and version == pin.serve and version != serving:
+                    error = self.assign_errors.get(name)
+                if error:
+                    row["error"] = error[:1024]
+                rows.append(row)
+            out[name] = rows
+        self._version_buckets = buckets_now
+        return out
 
     def _save_pins(self) -> None:
         try:

@@ -9,6 +9,11 @@ calls ``on_new_version`` when a rescan brings a newer default (a local version d
 a source's new listing, a coordinator's pull of a new version); ``Rollouts`` runs one
 rollout per model at a time. A new version that fails to load leaves the old one serving
 (the next rescan tries again).
+
+The coordinator's version pins (``agent.node.versionpins``) move the default version
+either way (a rollout's wave, or its rollback) through the same hook; a version they
+keep is not unloaded after the switch away from it (``release`` unloads it once no
+longer kept).
 """
 
 from __future__ import annotations
@@ -64,22 +69,47 @@ class Rollouts:
             log.warning("rollout %s: version %d did not load, %d keeps serving: %s",
                         name, new, old, exc)
             return
-        if cache.serving_version.get(name) != old:
+        if cache.serving_version.get(name) != old \
+                or cache.default_version(new_entry.spec) != new:
             old_entry.account.pinned = was_pinned
-            return  # superseded (a rescan changed the versions meanwhile)
+            # superseded (a rescan or a pin changed the versions meanwhile): look again
+            # once this task is done, and let go of what no longer serves
+            loop = asyncio.get_running_loop()
+            loop.call_soon(cache.set_version_pins, cache.version_pins.pins)
+            if cache.default_version(new_entry.spec) != new:
+                loop.create_task(self.drain_and_unload(new_entry))
+            return
         new_entry.account.pinned = new_entry.account.pinned or was_pinned
         del cache.serving_version[name]  # requests without a version now get ``new``
         old_entry.account.pinned = False
+        self.done += 1
+        if cache.version_pins.kept(name, old):
+            log.info("rollout %s: version %d serves; %d kept at hand", name, new, old)
+            return
         log.info("rollout %s: version %d serves; unloading %d once idle", name, new, old)
         await self.drain_and_unload(old_entry)
-        self.done += 1
+
+    def release(self, name: str, versions: set[int]) -> None:
+        """Unload ``name``'s ``versions`` (no longer kept by a pin) once idle, unless one
+        serves or is on its way to."""
+        cache = self.cache
+        spec = cache.specs.get(name)
+        if spec is None:
+            return
+        serving = {cache.serving_version.get(name), cache.default_version(spec)}
+        for version in sorted(versions - serving):
+            entry = cache.entries.get((name, version))
+            if entry is not None and entry.state is State.READY:
+                asyncio.get_running_loop().create_task(self.drain_and_unload(entry))
 
     async def drain_and_unload(self, entry) -> None:
         """Unload ``entry`` once its requests in flight are done (unless something took
         it back meanwhile: pinned again, or serving again)."""
         cache = self.cache
         while entry.state is State.READY and not entry.account.pinned \
-                and cache.serving_version.get(entry.name) != entry.version:
+                and cache.serving_version.get(entry.name) != entry.version \
+                and cache.default_version(entry.spec) != entry.version \
+                and not cache.version_pins.kept(entry.name, entry.version):
             if entry.account.in_flight == 0:
                 with contextlib.suppress(CacheError):
                     await cache.evict(entry.name, entry.version)
