@@ -327,7 +327,7 @@ class Rollout:
                 "gates": structs.asdict(self.settings.gates)},
             "percentile": self.percentile,
             "waves": [list(w) for w in self.waves], "wave": self.wave + 1,
-            "phase": self.phase if self.active else None,
+            "phase": self.phase,
             "wave_started": self.wave_started, "bake_started": self.bake_started,
             "baseline": {n: {str(v): c.to_json() for v, c in row.items()}
                          for n, row in self.baseline.items()},
