@@ -115,9 +115,12 @@ def test_a_slow_version_breaches_the_latency_gate_while_it_bakes():
     figures["n1"][2] = counters(0)
     r = step(r, views(served, figures), 1.0)
     assert r.phase == BAKING
-    figures["n1"][2] = counters(40, latency_ms=9.0)  # three to four times slower
+    figures["n1"][2] = counters(499, latency_ms=9.0)  # three to four times slower
     for n in NODES[1:]:
-        figures[n][1] = counters(50, latency_ms=2.0)
+        figures[n][1] = counters(110, latency_ms=2.0)
+    r2 = step(r, views(served, figures), 4.0)  # p99 needs 500 answers a side
+    assert r2.state == RUNNING and r2.figures["new"]["latency_ms"] > 3 * 2.0
+    figures["n1"][2] = counters(500, latency_ms=9.0)
     r = step(r, views(served, figures), 4.0)
     assert r.state == ROLLED_BACK and r.reason.startswith("latency: p99"), r.reason
     assert r.figures["new"]["latency_ms"] > 3 * r.figures["old"]["latency_ms"]
@@ -129,14 +132,20 @@ def test_gates_judge_errors_memory_and_wait_for_enough_answers():
     assert judge(gates, counters(10, errors=10), old, 99) is None  # too few to judge
     assert judge(gates, counters(100, errors=2), old, 99) is None
     assert "errors: 5.0%" in judge(gates, counters(100, errors=5), old, 99)
-    assert "memory" in judge(gates, counters(100, size=3e6), old, 99)
-    assert judge(structs.replace(gates, max_memory_ratio=None), counters(100, size=3e6), old, 99) \
-        is None
+    old = counters(200, errors=2, size=20 * 2**20)
+    assert "memory" in judge(gates, counters(100, size=60 * 2**20), old, 99)
+    assert judge(structs.replace(gates, max_memory_ratio=None),
+                 counters(100, size=60 * 2**20), old, 99) is None
+    assert judge(gates, counters(100, size=3e6), counters(100, size=1e6), 99) is None  # noise
     # a sub-millisecond difference is bucket noise, not a breach
     assert judge(gates, counters(100, latency_ms=0.9), counters(100, latency_ms=0.3), 99) \
         is None
-    assert "latency" in judge(gates, counters(100, latency_ms=24.0),
-                              counters(100, latency_ms=4.0), 99)
+    assert "latency" in judge(gates, counters(500, latency_ms=24.0),
+                              counters(500, latency_ms=4.0), 99)
+    assert judge(gates, counters(499, latency_ms=24.0), counters(500, latency_ms=4.0), 99) \
+        is None  # one answer in a hundred is one outlier short of judging p99
+    assert "latency" in judge(gates, counters(50, latency_ms=24.0),
+                              counters(50, latency_ms=4.0), 90)
 
 
 def test_the_last_wave_is_judged_against_the_old_versions_last_figures():
@@ -148,16 +157,16 @@ def test_the_last_wave_is_judged_against_the_old_versions_last_figures():
         figures[n][2] = counters(0)
     r = step(r, views(served, figures), 1.0)
     for n in NODES[3:]:
-        figures[n][1] = counters(60, latency_ms=3.0)
+        figures[n][1] = counters(230, latency_ms=3.0)
     r = step(r, views(served, figures), 7.0)  # wave 1 passes, the reference kept
-    assert r.wave == 1 and r.reference is not None and r.reference.requests == 90
+    assert r.wave == 1 and r.reference is not None and r.reference.requests == 600
     served.update({n: 2 for n in NODES})
     for n in NODES:
         figures[n][2] = counters(0)
     r = step(r, views(served, figures), 8.0)
     assert r.phase == BAKING
     for n in NODES:
-        figures[n][2] = counters(40, latency_ms=20.0)
+        figures[n][2] = counters(90, latency_ms=20.0)
     r = step(r, views(served, figures), 9.0)
     assert r.state == ROLLED_BACK and "latency" in r.reason  # no old side left: the reference
 
@@ -204,3 +213,12 @@ def test_the_nodes_version_decision():
     assert served_version([3], VersionPin(serve=2)) == 3  # nothing below: what there is
     assert served_version([], VersionPin(serve=2)) is None
     assert served_version([1, 2], VersionPin(serve=1, bad=frozenset({2}))) == 1
+
+
+def test_a_node_that_begins_to_serve_the_model_joins_the_last_wave():
+    r = new_rollout(1, "m", (1, None), (2, None), RolloutSettings(waves=(1,), bake_s=5),
+                    NODES[:3], {}, 99.0, 0.0)
+    assert r.waves == (("n1",), ("n2", "n3"))
+    view = views({"n1": 2, "n2": 1, "n3": 1, "n4": 1}, {})
+    r = step(r, view, 1.0)
+    assert r.waves == (("n1",), ("n2", "n3", "n4")) and r.version_for("n4")[0] == 1

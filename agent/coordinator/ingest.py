@@ -83,7 +83,8 @@ class Fleet:
         # change in what it holds of them changes its drop list)
         self._away: dict[str, tuple[str, ...]] = {}
         self.versions = VersionTable()
-        self._versions_of: dict[str, int] = {}  # node -> the table id of its last answer
+        #: node -> (the table's id, the models it pinned) of its last answer
+        self._versions_of: dict[str, tuple[int, frozenset[str]]] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
@@ -114,9 +115,9 @@ class Fleet:
         version table; ``held``: the models it reported holding (``NodeReport.held``)."""
         plan = self.plan
         if plan is None:
-            return Directives(node=node, ttl_s=self.ttl_s)
+            return self.versions.overlay(Directives(node=node, ttl_s=self.ttl_s), held)
         return self.versions.overlay(directives_from_row(
-            plan.rows.get(node), node, resident, self.ttl_s, plan.id, held))
+            plan.rows.get(node), node, resident, self.ttl_s, plan.id, held), held)
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued
@@ -136,9 +137,10 @@ class Fleet:
         models = report.models
         last = self._answers.get(node)
         away = self._away.get(node, ())
-        held = report.held() if away else frozenset()
+        held = report.held() if away or self.versions.models else frozenset()
+        versions = (self.versions.id, self.versions.pinned(held))
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
-                and self._versions_of.get(node) == self.versions.id \
+                and self._versions_of.get(node) == versions \
                 and last[0].prefetch == tuple(m for m in last[0].pin
                                               if m not in models or not models[m].resident) \
                 and last[0].drop == tuple(m for m in away if m in held):
@@ -146,7 +148,7 @@ class Fleet:
         directives = self.directives(node, {m for m, r in models.items() if r.resident},
                                      report.held())
         self._away[node] = row_away(self.plan.rows.get(node) if self.plan else None)
-        self._versions_of[node] = self.versions.id
+        self._versions_of[node] = versions
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 

@@ -12,7 +12,8 @@ before it, serve the new version; the others the old one. A wave is *switching* 
 every live node of it reports serving the new version (a silent node is not waited
 for: it catches up to its wave's version when it reports again), then *baking* for
 ``bake_s`` while the gates hold; then the next wave starts. After the last wave's bake
-the rollout is completed and every node serves the new version.
+the rollout is completed and every node serves the new version. A node that begins to
+serve the model during the rollout joins its last wave.
 
 **Gates** (``Gates``), judged while a wave bakes over the counters each node reports
 (``wire.VersionStat``, cumulative: the window is the difference since the bake began),
@@ -27,9 +28,13 @@ enough of them):
 * ``max_latency_ratio``: the new version's latency at the model's SLO percentile over
   the old one's (and at least ``min_latency_increase_ms`` more, so that bucket noise at
   sub-millisecond latencies is no breach);
-* ``max_memory_ratio``: the new version's measured size over the old one's;
+* ``max_memory_ratio``: the new version's measured size over the old one's (and at
+  least ``min_memory_increase_mib`` more: small models measure noisily);
 * ``min_requests``: the answers each side needs in the window before its error rate and
-  latency are judged (a model without traffic is judged on loads and memory only).
+  latency are judged; latency also needs ``TAIL_ANSWERS`` beyond the percentile (p99:
+  500 answers, p90: 50), or the percentile is one outlier. A wave whose bake ends
+  before that is not judged on latency (a model without traffic is judged on loads and
+  memory only).
 
 A breach ends the rollout ``rolled_back`` with the reason; ``wave_timeout_s`` bounds how
 long a live node of a wave may take to serve the new version (a breach too).
@@ -101,6 +106,9 @@ class Gates(Section):
     max_memory_ratio: Annotated[Positive | None, setting(
         "the new version's measured size over the old one's, at most (null: not "
         "judged)")] = 2.0
+    min_memory_increase_mib: Annotated[NonNegative, setting(
+        "... and a breach only when it is at least this many MiB more (measurement "
+        "noise of small models)")] = 16.0
     min_requests: Annotated[int, setting(
         "answers each side needs in the window before its errors and latency are "
         "judged", ge=1)] = 20
@@ -232,13 +240,24 @@ class NodeView:
     errors: dict[int, str] = field(default_factory=dict)
 
 
+#: Answers beyond the SLO percentile a side needs before its latency there is judged
+#: (p99: 500 answers; p90: 50): with fewer, the percentile is one outlier.
+TAIL_ANSWERS = 5
+
+
+def latency_answers(gates: Gates, percentile: float) -> int:
+    """The successes each side needs before latency at ``percentile`` is judged."""
+    return max(gates.min_requests, math.ceil(TAIL_ANSWERS / (1.0 - percentile / 100.0) - 1e-9))
+
+
 def judge(gates: Gates, new: Counters, old: Counters | None, percentile: float
           ) -> str | None:
     """Why ``new`` breaches ``gates`` against ``old`` (None: it holds). Loads are judged
     by the caller, per node."""
     if old is not None and gates.max_memory_ratio is not None \
             and new.size_bytes > 0 and old.size_bytes > 0 \
-            and new.size_bytes > gates.max_memory_ratio * old.size_bytes:
+            and new.size_bytes > gates.max_memory_ratio * old.size_bytes \
+            and new.size_bytes - old.size_bytes >= gates.min_memory_increase_mib * 2**20:
         return (f"memory: the new version measures {new.size_bytes / 2**20:.1f} MiB, "
                 f"over {gates.max_memory_ratio:g}x the old one's "
                 f"{old.size_bytes / 2**20:.1f} MiB")
@@ -250,7 +269,8 @@ def judge(gates: Gates, new: Counters, old: Counters | None, percentile: float
             return (f"errors: {new_rate:.1%} of the new version's {new.requests:g} "
                     f"answers failed, the old one's {old_rate or 0.0:.1%} (at most "
                     f"{gates.max_error_rate:.1%} more)")
-    if old is not None and new.ok >= gates.min_requests and old.ok >= gates.min_requests:
+    needed = latency_answers(gates, percentile)
+    if old is not None and new.ok >= needed and old.ok >= needed:
         mine, theirs = new.latency_ms(percentile), old.latency_ms(percentile)
         if mine is not None and theirs is not None \
                 and mine > gates.max_latency_ratio * theirs \
@@ -382,6 +402,7 @@ def step(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     ``NodeView`` of this model). A paused or finished rollout is returned as it is."""
     if r.state != RUNNING:
         return r
+    r = _joined(r, view)
     gates = r.settings.gates
     switched = r.switched()
     for node in sorted(switched):
@@ -404,6 +425,22 @@ def step(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     if r.phase == SWITCHING:
         return _switching(r, view, now)
     return _baking(r, view, now)
+
+
+def _joined(r: Rollout, view: dict[str, NodeView]) -> Rollout:
+    """``r`` with the nodes that began to serve the model since it started (they
+    report it, in no wave) in its last wave: judged with it, or switched at once where
+    it has started."""
+    known = {n for wave in r.waves for n in wave}
+    newcomers = sorted(n for n, seen in view.items()
+                       if n not in known and seen.serving is not None)
+    if not newcomers or not r.waves:
+        return r
+    waves = (*r.waves[:-1], (*r.waves[-1], *newcomers))
+    history = list(r.history)
+    if r.wave == len(r.waves) - 1:
+        history[-1] = {**history[-1], "nodes": list(waves[-1])}
+    return replace(r, waves=waves, history=tuple(history))
 
 
 def _ended(r: Rollout, state: str, why: str | None, now: float) -> Rollout:

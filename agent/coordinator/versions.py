@@ -1,7 +1,8 @@
 """Which version of each catalogued model every node serves: the catalog's version,
 except where a rollout under way says otherwise for a node, never a version marked bad.
 Every answer to a report carries the node's part (``wire.ModelVersions`` for each model
-it is told to pull, and that pull's version and digest); report workers get the table
+it is told to pull or reported holding, whether the plan assigned it or the node's own
+repository has it; and each pull's version and digest); report workers get the table
 as they get the plan.
 
 The table is also what a routing table needs to weigh a model's traffic between its
@@ -42,24 +43,32 @@ class VersionTable:
     id: int = 0
     models: dict[str, ModelEntry] = field(default_factory=dict)
 
-    def overlay(self, directives: Directives) -> Directives:
+    def pinned(self, held: Iterable[str]) -> frozenset[str]:
+        """The models of ``held`` that the table pins."""
+        return frozenset(m for m in held if m in self.models)
+
+    def overlay(self, directives: Directives, held: Iterable[str] = ()) -> Directives:
         """``directives`` with each pull's version and digest the node's, and its
-        ``model_versions``."""
-        if not self.models or not directives.pull:
+        ``model_versions``: for the models it is told to pull and those it reported
+        holding (``held``: served from its own repository, on disk or being pulled)."""
+        if not self.models:
             return directives
         node, pulls, versions = directives.node, [], {}
         for pull in directives.pull:
             entry = self.models.get(pull.model)
-            if entry is None:
-                pulls.append(pull)
-                continue
-            version, digest = entry.version_for(node)
-            if version is not None:
-                pull = structs.replace(pull, version=version, digest=digest)
+            if entry is not None:
+                version, digest = entry.version_for(node)
+                if version is not None:
+                    pull = structs.replace(pull, version=version, digest=digest)
             pulls.append(pull)
-            versions[pull.model] = ModelVersions(
-                serve=version, keep=entry.keep.get(node, ()), bad=entry.bad,
-                rollout=entry.rollout)
+        for model in sorted({p.model for p in pulls} | set(held)):
+            entry = self.models.get(model)
+            if entry is not None:
+                versions[model] = ModelVersions(
+                    serve=entry.version_for(node)[0], keep=entry.keep.get(node, ()),
+                    bad=entry.bad, rollout=entry.rollout)
+        if not versions:
+            return directives
         return structs.replace(directives, pull=tuple(pulls), model_versions=versions)
 
     def shares(self, model: str, nodes: Iterable[str]) -> dict[int | None, float]:

@@ -173,6 +173,9 @@ class Reporter:
         self.versions_path = node.config.data_dir / VERSIONS_FILE
         #: (model, version label) -> the cumulative buckets at the last report
         self._version_buckets: dict[tuple[str, str], dict[float, float]] = {}
+        self._relisting: asyncio.Task | None = None
+        #: model -> why the version pinned cannot be served (its listing lacks it)
+        self.version_errors: dict[str, str] = {}
         self.pinned_by_us: set[str] = set()
         self.workers: dict[str, int] = {}
         self._workers_before: dict[str, tuple[int, bool]] = {}  # name -> (count, was set)
@@ -217,8 +220,8 @@ class Reporter:
                  self.name)
 
     async def stop(self) -> None:
-        for task in [self._task, *self.loading.values(), *self.assigning.values(),
-                     *self.dropping.values()]:
+        for task in [self._task, self._relisting, *self.loading.values(),
+                     *self.assigning.values(), *self.dropping.values()]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -593,12 +596,19 @@ class Reporter:
         if pins == before:
             return
         cache.set_version_pins(pins)
+        unlisted = sorted(m for m, p in pins.items() if p.serve is not None
+                          and m in cache.specs and cache.specs[m].sourced
+                          and p.serve not in cache.specs[m].versions)
+        if unlisted and (self._relisting is None or self._relisting.done()):
+            self._relisting = asyncio.get_running_loop().create_task(self._relist(unlisted))
         rollouts = getattr(self.node, "rollouts", None)
         for name, pin in before.items():
             released = set(pin.keep) - set(pins[name].keep if name in pins else ())
             if released and rollouts is not None:
                 rollouts.release(name, released)
         changed = sorted(m for m in set(pins) | set(before) if pins.get(m) != before.get(m))
+        for name in changed:
+            self.version_errors.pop(name, None)
         log.info("coordinator pins versions of %s: %s", ", ".join(changed),
                  {m: pins[m].to_json() if m in pins else None for m in changed})
         try:
@@ -606,6 +616,23 @@ class Reporter:
                 m: p.to_json() for m, p in sorted(pins.items())}})
         except OSError as exc:
             log.warning("cannot write %s: %s", self.versions_path, exc)
+
+    async def _relist(self, names: list[str]) -> None:
+        """List the sources of ``names``, pinned to a version their listing lacks; a
+        version still missing after it is the pin's error (``version_stats``)."""
+        node = self.node
+        try:
+            if await node.disk.refresh(names):
+                node.rescan(relist=False)
+        except Exception as exc:  # noqa: BLE001 - the listing's own error is kept
+            log.warning("listing %s again for the pinned versions: %s", names, exc)
+        for name in names:
+            spec, pin = node.cache.specs.get(name), node.cache.version_pins.get(name)
+            if spec is not None and pin is not None and pin.serve is not None \
+                    and pin.serve not in spec.versions:
+                self.version_errors[name] = (
+                    f"model {name!r}: its source lists no version {pin.serve} (versions: "
+                    f"{', '.join(map(str, spec.versions)) or 'none'})")
 
     def _restore_versions(self) -> None:
         """Start from the version pins saved before a restart (they do not lapse)."""
@@ -662,7 +689,7 @@ class Reporter:
                 error = entry.life.error if entry is not None \
                     and entry.state is State.FAILED else None
                 if error is None and version == pin.serve and version != serving:
-                    error = self.assign_errors.get(name)
+                    error = self.version_errors.get(name) or self.assign_errors.get(name)
                 if error:
                     row["error"] = error[:1024]
                 rows.append(row)
