@@ -92,6 +92,14 @@ def test_a_compact_fleet_rolls_a_good_version_out_and_a_broken_one_back(start_co
 # -- slow: six agent processes, a coordinator process, moto's S3 server -----------------
 
 
+#: The catalog entry's rollout settings: a canary, two more waves; p90 (the model's SLO
+#: percentile) needs 50 answers a side: a canary at 3 a second gets them within the bake
+#: once its window begins, 10 s after the switch (on this box a version's first seconds
+#: run slower than the rest)
+ROLLOUT = dict(waves=[1, 2], bake_s=32, settle_s=10, wave_timeout_s=120,
+               gates={"min_latency_increase_ms": 5})
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     from tests.rollout_fleet import RolloutFleet
@@ -99,7 +107,7 @@ def fleet(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("rollout-fleet")
     with s3_server(tmp / "aws") as s3, RolloutFleet(tmp, s3) as fleet:
-        fleet.start_fleet(1, waves=[1, 2], bake_s=8, wave_timeout_s=120)
+        fleet.start_fleet(1, **ROLLOUT)
         fleet.version = 1  # the catalog's, as the scenarios leave it
         fleet.published = 1
         yield fleet
@@ -122,9 +130,9 @@ def _no_failed_requests(fleet, since: float) -> None:
 def test_a_good_version_rolls_out_in_three_waves(fleet):
     since = time.monotonic()
     version = _next(fleet, "good")
-    r = fleet.wait_rollout(fleet.set_version(version)["rollout_id"], ("completed",
-                                                                      "rolled_back"))
-    assert r["state"] == "completed", r
+    r = fleet.wait_rollout(fleet.set_version(version, **ROLLOUT)["rollout_id"],
+                           ("completed", "rolled_back"))
+    assert r["state"] == "completed", (r["reason"], r["figures"])
     assert [len(w) for w in r["waves"]] == [1, 2, 3]
     for before, after in zip(r["history"], r["history"][1:]):
         assert before["completed"] <= after["started"]
@@ -138,7 +146,7 @@ def test_a_good_version_rolls_out_in_three_waves(fleet):
 def test_a_version_that_fails_to_load_stops_at_the_canary(fleet):
     since = time.monotonic()
     version = _next(fleet, "broken")
-    rollout_id = fleet.set_version(version)["rollout_id"]
+    rollout_id = fleet.set_version(version, **ROLLOUT)["rollout_id"]
     r = fleet.wait_rollout(rollout_id, ("completed", "rolled_back"))
     assert r["state"] == "rolled_back" and r["wave"] == 1 and "failed to load" in r["reason"]
     model = fleet.get("/v1/models/m")
@@ -152,11 +160,9 @@ def test_a_version_that_fails_to_load_stops_at_the_canary(fleet):
 
 @pytest.mark.slow
 def test_a_slow_version_is_caught_by_the_latency_gate(fleet):
-    from tests.rollout_fleet import late
-
     since = time.monotonic()
     version = _next(fleet, "slow")
-    rollout_id = fleet.set_version(version)["rollout_id"]
+    rollout_id = fleet.set_version(version, **ROLLOUT)["rollout_id"]
     r = fleet.wait_rollout(rollout_id, ("completed", "rolled_back"))
     assert r["state"] == "rolled_back" and r["reason"].startswith("latency"), r
     assert r["wave"] == 1  # within the canary's bake
@@ -168,15 +174,13 @@ def test_a_slow_version_is_caught_by_the_latency_gate(fleet):
     answered = [a for xs in fleet.answers().values() for a in xs
                 if a.sent >= since and a.version == str(version)]
     assert answered  # the canary served it until the gate caught it
-    assert late(fleet.answers(), str(version), 0.2) <= len(answered)
 
 
 @pytest.mark.slow
 def test_a_restarted_coordinator_goes_on_at_the_same_wave(fleet):
     since = time.monotonic()
     version = _next(fleet, "good")
-    rollout_id = fleet.set_version(version, waves=[1, 2], bake_s=8,
-                                   wave_timeout_s=120)["rollout_id"]
+    rollout_id = fleet.set_version(version, **ROLLOUT)["rollout_id"]
     wait_for(lambda: fleet.rollout(rollout_id)["wave"] == 2, 90, "wave 2", step=0.25)
     before = fleet.rollout(rollout_id)
     fleet.kill_coordinator()
@@ -198,8 +202,7 @@ def test_a_node_offline_in_wave_1_catches_up_to_wave_2s_version(fleet):
     since = time.monotonic()
     version = _next(fleet, "good")
     newest = _next(fleet, "good")  # the source's newest: never served by default
-    rollout_id = fleet.set_version(version, waves=[2, 2], bake_s=8,
-                                   wave_timeout_s=120)["rollout_id"]
+    rollout_id = fleet.set_version(version, **{**ROLLOUT, "waves": [2, 2]})["rollout_id"]
     r = fleet.rollout(rollout_id)
     offline = r["waves"][0][1]  # in wave 1, beside the canary
     fleet.stop_agent(offline)

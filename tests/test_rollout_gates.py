@@ -35,7 +35,8 @@ def views(serving: dict[str, int], figures: dict[str, dict[int, Counters]],
 
 
 def start(settings: RolloutSettings | None = None, view=None) -> Rollout:
-    settings = settings or RolloutSettings(waves=(1, 2), bake_s=10, wave_timeout_s=30)
+    settings = settings or RolloutSettings(waves=(1, 2), bake_s=10, wave_timeout_s=30,
+                                          settle_s=0)
     view = view or views({n: 1 for n in NODES}, {})
     return new_rollout(7, "m", (1, None), (2, None), settings, NODES, view, 99.0, now=0.0)
 
@@ -148,8 +149,8 @@ def test_gates_judge_errors_memory_and_wait_for_enough_answers():
                               counters(50, latency_ms=4.0), 90)
 
 
-def test_the_last_wave_is_judged_against_the_old_versions_last_figures():
-    settings = RolloutSettings(waves=(3,), bake_s=5)
+def test_the_last_wave_is_judged_on_errors_against_the_old_versions_last_figures():
+    settings = RolloutSettings(waves=(3,), bake_s=5, settle_s=0)
     r = start(settings)
     served = {n: (2 if n in r.waves[0] else 1) for n in NODES}
     figures = {n: {1: counters(30)} for n in NODES}
@@ -167,12 +168,17 @@ def test_the_last_wave_is_judged_against_the_old_versions_last_figures():
     assert r.phase == BAKING
     for n in NODES:
         figures[n][2] = counters(90, latency_ms=20.0)
-    r = step(r, views(served, figures), 9.0)
-    assert r.state == ROLLED_BACK and "latency" in r.reason  # no old side left: the reference
+    r2 = step(r, views(served, figures), 9.0)
+    # no old side left: latency is not judged against an earlier window's ...
+    assert r2.state == RUNNING and r2.figures["old"]["requests"] == 600
+    for n in NODES:
+        figures[n][2] = counters(90, errors=20)
+    r3 = step(r, views(served, figures), 9.0)
+    assert r3.state == ROLLED_BACK and "errors" in r3.reason  # ... errors are
 
 
 def test_a_silent_node_is_not_waited_for_and_a_live_one_has_a_deadline():
-    r = start(RolloutSettings(waves=(2,), bake_s=5, wave_timeout_s=30))
+    r = start(RolloutSettings(waves=(2,), bake_s=5, wave_timeout_s=30, settle_s=0))
     assert r.waves[0] == ("n1", "n2")
     served = {"n1": 2, **{n: 1 for n in NODES[1:]}}
     r2 = step(r, views(served, {}, dead={"n2"}), 1.0)
@@ -222,3 +228,21 @@ def test_a_node_that_begins_to_serve_the_model_joins_the_last_wave():
     view = views({"n1": 2, "n2": 1, "n3": 1, "n4": 1}, {})
     r = step(r, view, 1.0)
     assert r.waves == (("n1",), ("n2", "n3", "n4")) and r.version_for("n4")[0] == 1
+
+
+def test_the_window_begins_once_the_switch_has_settled():
+    r = start(RolloutSettings(waves=(1, 2), bake_s=10, settle_s=3))
+    served = {"n1": 2, **{n: 1 for n in NODES[1:]}}
+    figures = {n: {1: counters(100)} for n in NODES}
+    figures["n1"][2] = counters(0)
+    r = step(r, views(served, figures), 1.0)
+    figures["n1"][2] = counters(600, latency_ms=40.0)  # a slow start: warm-up, unloads
+    r = step(r, views(served, figures), 2.0)
+    assert r.state == RUNNING and not r.settled and r.figures == {}
+    r = step(r, views(served, figures), 4.0)  # the window begins: what came before is out
+    assert r.settled and r.figures["new"]["requests"] == 0
+    figures["n1"][2] = counters(1200, latency_ms=2.0)
+    for n in NODES[1:]:
+        figures[n][1] = counters(700, latency_ms=2.0)
+    r = step(r, views(served, figures), 6.0)
+    assert r.state == RUNNING and r.figures["new"]["requests"] == 600

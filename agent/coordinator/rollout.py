@@ -11,15 +11,18 @@ canary; the nodes left over form one last wave. The nodes of a wave, and every w
 before it, serve the new version; the others the old one. A wave is *switching* until
 every live node of it reports serving the new version (a silent node is not waited
 for: it catches up to its wave's version when it reports again), then *baking* for
-``bake_s`` while the gates hold; then the next wave starts. After the last wave's bake
+``bake_s`` while the gates hold (judged over a window that begins ``settle_s`` into the
+bake: a version's first answers after a switch are not its own); then the next wave
+starts. After the last wave's bake
 the rollout is completed and every node serves the new version. A node that begins to
 serve the model during the rollout joins its last wave.
 
 **Gates** (``Gates``), judged while a wave bakes over the counters each node reports
 (``wire.VersionStat``, cumulative: the window is the difference since the bake began),
 the new version on the nodes that switched against the old version on those that did
-not (the last wave: against the old version's figures of the last window that had
-enough of them):
+not (the last wave, where none did not, on errors and memory against the old version's
+figures of the last window that had enough of them; its latency was judged against the
+old version in the same minutes by the waves before):
 
 * ``max_load_failures``: loads (or pulls) of the new version that failed on a node of
   a started wave, judged at once, in any phase;
@@ -126,6 +129,9 @@ class RolloutSettings(Section):
     bake_s: Annotated[NonNegative, setting(
         "seconds each wave serves the new version, its gates holding, before the "
         "next wave starts")] = 60.0
+    settle_s: Annotated[NonNegative, setting(
+        "seconds of the bake before its window begins: the first answers after a "
+        "switch (a version's first runs, the old one's unload) are not judged")] = 2.0
     wave_timeout_s: Annotated[Positive, setting(
         "seconds a live node of a wave may take to serve the new version (pull and "
         "load) before the rollout is rolled back")] = 300.0
@@ -250,10 +256,12 @@ def latency_answers(gates: Gates, percentile: float) -> int:
     return max(gates.min_requests, math.ceil(TAIL_ANSWERS / (1.0 - percentile / 100.0) - 1e-9))
 
 
-def judge(gates: Gates, new: Counters, old: Counters | None, percentile: float
-          ) -> str | None:
-    """Why ``new`` breaches ``gates`` against ``old`` (None: it holds). Loads are judged
-    by the caller, per node."""
+def judge(gates: Gates, new: Counters, old: Counters | None, percentile: float,
+          same_time: bool = True) -> str | None:
+    """Why ``new`` breaches ``gates`` against ``old`` (None: it holds). Latency only
+    where ``old`` was measured in the same minutes (``same_time``): an earlier
+    window's latency on a box whose load changed says nothing. Loads are judged by the
+    caller, per node."""
     if old is not None and gates.max_memory_ratio is not None \
             and new.size_bytes > 0 and old.size_bytes > 0 \
             and new.size_bytes > gates.max_memory_ratio * old.size_bytes \
@@ -270,7 +278,7 @@ def judge(gates: Gates, new: Counters, old: Counters | None, percentile: float
                     f"answers failed, the old one's {old_rate or 0.0:.1%} (at most "
                     f"{gates.max_error_rate:.1%} more)")
     needed = latency_answers(gates, percentile)
-    if old is not None and new.ok >= needed and old.ok >= needed:
+    if old is not None and same_time and new.ok >= needed and old.ok >= needed:
         mine, theirs = new.latency_ms(percentile), old.latency_ms(percentile)
         if mine is not None and theirs is not None \
                 and mine > gates.max_latency_ratio * theirs \
@@ -303,8 +311,9 @@ class Rollout:
     phase: str = SWITCHING
     wave_started: float = 0.0
     bake_started: float | None = None
-    #: node -> version -> its counters when the bake began (the window's start)
+    #: node -> version -> its counters when the window began (``settle_s`` into the bake)
     baseline: dict[str, dict[int, Counters]] = field(default_factory=dict)
+    settled: bool = False  # the bake's window has begun
     #: node -> the new version's failed loads before its wave began
     load_base: dict[str, float] = field(default_factory=dict)
     #: the old version's figures of the last window that had enough answers
@@ -349,6 +358,7 @@ class Rollout:
             "waves": [list(w) for w in self.waves], "wave": self.wave + 1,
             "phase": self.phase,
             "wave_started": self.wave_started, "bake_started": self.bake_started,
+            "settled": self.settled,
             "baseline": {n: {str(v): c.to_json() for v, c in row.items()}
                          for n, row in self.baseline.items()},
             "load_base": dict(self.load_base),
@@ -368,7 +378,7 @@ class Rollout:
             settings=settings, percentile=doc.get("percentile", 99.0),
             waves=tuple(tuple(w) for w in doc["waves"]), wave=doc["wave"] - 1,
             phase=doc.get("phase") or SWITCHING, wave_started=doc["wave_started"],
-            bake_started=doc.get("bake_started"),
+            bake_started=doc.get("bake_started"), settled=doc.get("settled", False),
             baseline={n: {int(v): Counters.from_json(c) for v, c in row.items()}
                       for n, row in (doc.get("baseline") or {}).items()},
             load_base=dict(doc.get("load_base") or {}),
@@ -383,7 +393,7 @@ class Rollout:
     def resumed(self, now: float) -> "Rollout":
         """Running again; the current wave switches (and bakes) again from now."""
         return replace(self, state=RUNNING, phase=SWITCHING, wave_started=now,
-                       bake_started=None, updated=now)
+                       bake_started=None, settled=False, updated=now)
 
     def aborted(self, now: float, why: str) -> "Rollout":
         return replace(self, state=ABORTED, reason=why, updated=now)
@@ -458,7 +468,9 @@ def _switching(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     if not waiting:
         history = list(r.history)
         history[r.wave] = {**history[r.wave], "serving": now}
-        return replace(r, phase=BAKING, bake_started=now, baseline=_snapshot(view),
+        settled = r.settings.settle_s <= 0  # else the window begins settle_s later
+        return replace(r, phase=BAKING, bake_started=now, settled=settled,
+                       baseline=_snapshot(view) if settled else {},
                        history=tuple(history), updated=now)
     if now - r.wave_started > r.settings.wave_timeout_s:
         return _ended(r, ROLLED_BACK, f"{', '.join(waiting)} did not serve version "
@@ -488,6 +500,11 @@ def _window(r: Rollout, view: dict[str, NodeView]) -> tuple[Counters, Counters]:
 
 def _baking(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     gates = r.settings.gates
+    settled_at = (r.bake_started or now) + r.settings.settle_s
+    if now < settled_at:
+        return r
+    if not r.settled:  # the window begins now
+        r = replace(r, baseline=_snapshot(view), settled=True)
     new, old = _window(r, view)
     # the old version's size: where it serves, or is kept beside the new one
     old_size = max([seen.versions[r.from_version].size_bytes for seen in view.values()
@@ -497,8 +514,8 @@ def _baking(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     against = replace(against, size_bytes=old_size or against.size_bytes)
     reference = against if enough or r.reference is None else r.reference
     figures = {"new": new.summary(r.percentile), "old": against.summary(r.percentile),
-               "window_s": round(now - (r.bake_started or now), 3)}
-    breach = judge(gates, new, against, r.percentile)
+               "window_s": round(now - settled_at, 3)}
+    breach = judge(gates, new, against, r.percentile, same_time=enough)
     r = replace(r, reference=reference, figures=figures)
     if breach is not None:
         return _ended(r, ROLLED_BACK, breach, now)
@@ -515,7 +532,7 @@ def _baking(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
         counters = view[node].versions.get(r.to_version) if node in view else None
         load_base[node] = counters.load_failures if counters is not None else 0.0
     return replace(r, wave=nxt, phase=SWITCHING, wave_started=now, bake_started=None,
-                   history=tuple(history), load_base=load_base, updated=now)
+                   settled=False, history=tuple(history), load_base=load_base, updated=now)
 
 
 def new_rollout(id: int, model: str, from_: tuple[int, str | None],
