@@ -339,3 +339,12 @@ def test_a_standby_coordinator_goes_on_with_the_rollout(postgres, tmp_path):
     finally:
         standby.stop()
         leader.stop()
+
+
+def test_a_put_rolls_out_with_the_settings_it_puts(start_coordinator, tmp_path):
+    co = start_coordinator(**FAST)
+    fleet_with_m(co, co.url, tmp_path, waves=[1, 2])
+    status, doc, _ = request(f"{co.url}/v1/models/m", "PUT",
+                             entry(tmp_path, 2, rollout={"waves": [3], "bake_s": 5}))
+    r = get(co.url, f"/v1/rollouts/{doc['rollout_id']}")
+    assert [len(w) for w in r["waves"]] == [3, 3] and r["settings"]["bake_s"] == 5

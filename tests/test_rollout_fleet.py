@@ -92,11 +92,11 @@ def test_a_compact_fleet_rolls_a_good_version_out_and_a_broken_one_back(start_co
 # -- slow: six agent processes, a coordinator process, moto's S3 server -----------------
 
 
-#: The catalog entry's rollout settings: a canary, two more waves; p90 (the model's SLO
-#: percentile) needs 50 answers a side: a canary at 3 a second gets them within the bake
-#: once its window begins, 10 s after the switch (on this box a version's first seconds
-#: run slower than the rest)
-ROLLOUT = dict(waves=[1, 2], bake_s=32, settle_s=10, wave_timeout_s=120,
+#: The catalog entry's rollout settings: a canary of two nodes, then two waves of two;
+#: p90 (the model's SLO percentile) needs 50 answers a side, and the canary's two nodes
+#: at 3 a second give it twice that within the bake's window (from 10 s after the switch:
+#: on a loaded box one node's p90 over 50 answers is noise)
+ROLLOUT = dict(waves=[2, 2], bake_s=30, settle_s=10, wave_timeout_s=120,
                gates={"min_latency_increase_ms": 5})
 
 
@@ -133,7 +133,7 @@ def test_a_good_version_rolls_out_in_three_waves(fleet):
     r = fleet.wait_rollout(fleet.set_version(version, **ROLLOUT)["rollout_id"],
                            ("completed", "rolled_back"))
     assert r["state"] == "completed", (r["reason"], r["figures"])
-    assert [len(w) for w in r["waves"]] == [1, 2, 3]
+    assert [len(w) for w in r["waves"]] == [2, 2, 2]
     for before, after in zip(r["history"], r["history"][1:]):
         assert before["completed"] <= after["started"]
     fleet.wait_serving(version)
@@ -202,13 +202,15 @@ def test_a_node_offline_in_wave_1_catches_up_to_wave_2s_version(fleet):
     since = time.monotonic()
     version = _next(fleet, "good")
     newest = _next(fleet, "good")  # the source's newest: never served by default
-    rollout_id = fleet.set_version(version, **{**ROLLOUT, "waves": [2, 2]})["rollout_id"]
+    rollout_id = fleet.set_version(version, **ROLLOUT)["rollout_id"]
     r = fleet.rollout(rollout_id)
     offline = r["waves"][0][1]  # in wave 1, beside the canary
     fleet.stop_agent(offline)
-    wait_for(lambda: fleet.rollout(rollout_id)["wave"] == 2
-             and fleet.rollout(rollout_id)["history"][1].get("completed"), 120,
-             "wave 2 completes", step=0.25)
+    def wave_2_done():
+        r = fleet.rollout(rollout_id)
+        assert r["state"] in ("running", "completed"), (r["reason"], r["figures"])
+        return r["state"] == "completed" or r["wave"] == 3
+    wait_for(wave_2_done, 180, "wave 2 completes", step=0.25)
     fleet.start_agent(offline)
     fleet.start_client(offline)
     fleet.wait_serving(version, [offline], timeout=60)

@@ -117,9 +117,9 @@ class Rollouts:
         check_not_bad(store, model, to[0])
         if (current.version, current.digest) == to:
             raise CatalogError(f"model {model!r} serves version {to[0]} already")
-        base = co.config.rollout
-        if current.rollout:
-            base = rollout_settings(current.rollout, "rollout", base)
+        base, own = co.config.rollout, (entry or current).rollout
+        if own:  # the entry's own settings (a PUT's, as it puts them)
+            base = rollout_settings(own, "rollout", base)
         settings = rollout_settings(given or {}, "rollout", base)
         nodes = self._nodes_of(model)
         view = self.view(model, nodes)
