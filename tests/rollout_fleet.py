@@ -32,12 +32,15 @@ from tests.helpers import Agent, CoordinatorProcess, request, reserved_port, wai
 
 MODEL = "m"
 SHAPE = dict(inputs=4, hidden=512, layers=8, outputs=2)
-#: How many times over a version runs its hidden layers: a good one 8 times (its compute,
+#: How many times over a version runs its hidden layers: a good one 32 times (its compute,
 #: not the HTTP and the box's contention around it, is most of a request's time), a slow
 #: one three times that
-REPEAT = {"good": 8, "slow": 24}
-#: The SLO nodes and the catalog give m: loose, so that a loaded box sheds nothing
+REPEAT = {"good": 32, "slow": 96}
+#: The SLO nodes and the catalog give m: loose, so that a loaded box sheds nothing, at
+#: the median: on a small box shared with others a p90 measures the box's stalls (tens of
+#: ms for a model of a few), not the version
 SLO_MS = 2000
+SLO_PERCENTILE = 50
 BUCKET = "models"
 PREFIX = "zoo/m"
 BODY = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
@@ -183,7 +186,7 @@ class RolloutFleet:
                                   Body=path.read_bytes())
 
     def entry(self, version: int, **rollout: Any) -> dict[str, Any]:
-        return {"slo_ms": SLO_MS, "percentile": 90, "proc_ms": 3,
+        return {"slo_ms": SLO_MS, "percentile": SLO_PERCENTILE, "proc_ms": 3,
                 "source": f"s3://{BUCKET}/{PREFIX}",
                 "source_options": {"endpoint_url": self.s3.endpoint_url},
                 "version": version, **({"rollout": rollout} if rollout else {})}

@@ -246,3 +246,10 @@ def test_the_window_begins_once_the_switch_has_settled():
         figures[n][1] = counters(700, latency_ms=2.0)
     r = step(r, views(served, figures), 6.0)
     assert r.state == RUNNING and r.figures["new"]["requests"] == 600
+
+
+def test_a_wave_with_no_live_node_waits_for_one_then_for_its_timeout():
+    r = start(RolloutSettings(waves=(2,), bake_s=5, wave_timeout_s=30, settle_s=0))
+    everyone_silent = views({n: 1 for n in NODES}, {}, dead=set(NODES))
+    assert step(r, everyone_silent, 10.0) is r  # a coordinator just back: heard none yet
+    assert step(r, everyone_silent, 31.0).phase == BAKING  # not forever

@@ -465,14 +465,16 @@ def _switching(r: Rollout, view: dict[str, NodeView], now: float) -> Rollout:
     wave = r.waves[r.wave]
     live = [n for n in wave if n in view and view[n].alive]
     waiting = [n for n in live if view[n].serving != r.to_version]
-    if not waiting:
+    timed_out = now - r.wave_started > r.settings.wave_timeout_s
+    if not waiting and (live or timed_out):  # (none live: a coordinator that just came
+        # back has heard from no node yet; a wave all silent is not waited for forever)
         history = list(r.history)
         history[r.wave] = {**history[r.wave], "serving": now}
         settled = r.settings.settle_s <= 0  # else the window begins settle_s later
         return replace(r, phase=BAKING, bake_started=now, settled=settled,
                        baseline=_snapshot(view) if settled else {},
                        history=tuple(history), updated=now)
-    if now - r.wave_started > r.settings.wave_timeout_s:
+    if timed_out and waiting:
         return _ended(r, ROLLED_BACK, f"{', '.join(waiting)} did not serve version "
                       f"{r.to_version} within {r.settings.wave_timeout_s:g} s", now)
     return r
