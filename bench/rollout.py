@@ -204,7 +204,8 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     settings = {"waves": [2, 2], "bake_s": args.bake_s, "settle_s": args.settle_s,
-                "wave_timeout_s": 120, "gates": {"min_latency_increase_ms": 2}}
+                "wave_timeout_s": 120,
+                "gates": {"min_latency_increase_ms": 2, "min_requests": 50}}
     print(f"load average before: {loadavg()}")
     print(f"6 agents, a coordinator, moto's S3 server; {args.rate:g} requests/s per node; "
           f"waves {settings['waves']} + the rest, bake {args.bake_s:g} s "
