@@ -25,8 +25,18 @@ from tests.helpers import CoordinatorProcess, request, wait_for
 
 NODES = [f"edge-{i}" for i in range(1, 7)]
 BOUNDS = (1.0, 2.5, 5.0, 10.0, 25.0)
+#: The coordinator's rollouts here: a canary, two nodes, the rest, each wave baking 0.6 s
+#: (its window at once), judged on 5 answers
+WAVES = {"waves": [1, 2], "bake_s": 0.6, "settle_s": 0, "gates": {"min_requests": 5}}
 FAST = dict(rollout_check_s=0.1, node_timeout_s=30, plan_interval_s=3600,
             reactive_interval_s=3600, rate_step_s=0.5, plan_window_s=2, history_s=30)
+
+
+def coordinator(start_coordinator, **config):
+    """An in-process coordinator with ``FAST`` and ``WAVES``."""
+    from agent.schema import load
+
+    return start_coordinator(**FAST, rollout=load(RolloutSettings, WAVES), **config)
 
 
 @dataclass
@@ -92,9 +102,9 @@ def entry(src: Path, version: int, **extra) -> dict:
             "version": version, **extra}
 
 
-def fleet_with_m(co, url: str, src: Path, **rollout) -> list[StandIn]:
+def fleet_with_m(co, url: str, src: Path) -> list[StandIn]:
     """m at version 1 planned on six nodes that report it."""
-    body = entry(src, 1, **({"rollout": rollout} if rollout else {}))
+    body = entry(src, 1)
     assert request(f"{url}/v1/models/m", "PUT", body)[0] == 201
     nodes = [StandIn(n) for n in NODES]
 
@@ -102,7 +112,7 @@ def fleet_with_m(co, url: str, src: Path, **rollout) -> list[StandIn]:
         round_of(nodes, url)
         status, plan, _ = request(f"{url}/v1/plan", "POST" if co is not None else "GET")
         return status == 200 and len(plan["assignment"]) == 6
-    wait_for(planned, 30, "m planned on the six nodes", step=0.5)
+    wait_for(planned, 60, "m planned on the six nodes", step=0.5)
     round_of(nodes, url)
     return nodes
 
@@ -114,9 +124,8 @@ def get(url: str, path: str):
 
 
 def test_a_catalog_version_change_rolls_out_in_waves(start_coordinator, tmp_path):
-    co = start_coordinator(**FAST)
-    nodes = fleet_with_m(co, co.url, tmp_path, waves=[1, 2], bake_s=0.6,
-                         gates={"min_requests": 5})
+    co = coordinator(start_coordinator)
+    nodes = fleet_with_m(co, co.url, tmp_path)
     for node in nodes:  # the catalog's version, exactly
         assert node.answer["model_versions"]["m"] == {"serve": 1, "keep": [], "bad": [],
                                                       "rollout": None}
@@ -153,9 +162,8 @@ def test_a_catalog_version_change_rolls_out_in_waves(start_coordinator, tmp_path
 
 
 def test_pause_resume_and_abort(start_coordinator, tmp_path):
-    co = start_coordinator(**FAST)
-    nodes = fleet_with_m(co, co.url, tmp_path, waves=[1, 2], bake_s=0.5,
-                         gates={"min_requests": 5})
+    co = coordinator(start_coordinator)
+    nodes = fleet_with_m(co, co.url, tmp_path)
     rollout_id = request(f"{co.url}/v1/models/m", "PUT", entry(tmp_path, 2))[1]["rollout_id"]
     wait_for(lambda: round_of(nodes, co.url) or get(
         co.url, f"/v1/rollouts/{rollout_id}")["wave"] == 2, 30, "wave 2", step=0.1)
@@ -181,8 +189,8 @@ def test_pause_resume_and_abort(start_coordinator, tmp_path):
 
 def test_a_breach_rolls_back_and_marks_the_version_bad_until_cleared(start_coordinator,
                                                                     tmp_path):
-    co = start_coordinator(**FAST)
-    nodes = fleet_with_m(co, co.url, tmp_path, waves=[1, 2], bake_s=0.5)
+    co = coordinator(start_coordinator)
+    nodes = fleet_with_m(co, co.url, tmp_path)
     for node in nodes:
         node.broken.add(2)
     rollout_id = request(f"{co.url}/v1/models/m", "PUT", entry(tmp_path, 2))[1]["rollout_id"]
@@ -210,15 +218,14 @@ def test_a_breach_rolls_back_and_marks_the_version_bad_until_cleared(start_coord
 
 def test_a_restarted_coordinator_resumes_at_the_same_wave(start_coordinator, tmp_path):
     state = tmp_path / "co-state"
-    co = start_coordinator(state_dir=state, **FAST)
-    nodes = fleet_with_m(co, co.url, tmp_path, waves=[1, 2], bake_s=2.0,
-                         gates={"min_requests": 5})
+    co = coordinator(start_coordinator, state_dir=state)
+    nodes = fleet_with_m(co, co.url, tmp_path)
     rollout_id = request(f"{co.url}/v1/models/m", "PUT", entry(tmp_path, 2))[1]["rollout_id"]
     wait_for(lambda: round_of(nodes, co.url) or get(
         co.url, f"/v1/rollouts/{rollout_id}")["wave"] == 2, 30, "wave 2", step=0.1)
     before = get(co.url, f"/v1/rollouts/{rollout_id}")
     co.close()
-    co = start_coordinator(state_dir=state, **FAST)
+    co = coordinator(start_coordinator, state_dir=state)
     after = get(co.url, f"/v1/rollouts/{rollout_id}")
     assert (after["state"], after["wave"], after["wave_started"]) == (
         "running", 2, before["wave_started"])
@@ -231,7 +238,7 @@ def test_a_restarted_coordinator_resumes_at_the_same_wave(start_coordinator, tmp
 
 
 def test_bad_requests_get_4xx_and_change_nothing(start_coordinator, tmp_path):
-    co = start_coordinator(**FAST)
+    co = coordinator(start_coordinator)
     post = lambda body: request(f"{co.url}/v1/rollouts", "POST", body)  # noqa: E731
     assert post({"model": "m", "version": 2})[0] == 404  # not in the catalog
     assert request(f"{co.url}/v1/models/plain", "PUT", {"slo_ms": 10})[0] == 201
@@ -301,7 +308,8 @@ def test_the_store_keeps_rollouts_and_bad_versions(store):
     assert store.save_rollout(ended, was=paused.updated, slo=slo,
                               bad=("m", 2, None, "rollout 1: slow"))
     assert store.model("m").version == 1
-    assert [(b["version"], b["reason"]) for b in store.bad_versions("m")] == [(2, "rollout 1: slow")]
+    assert [(b["version"], b["reason"]) for b in store.bad_versions("m")] == [
+        (2, "rollout 1: slow")]
     assert store.rollouts(active=True) == [] and store.rollouts(model="m") == [ended]
     assert store.clear_bad_version("m", 2) and not store.clear_bad_version("m", 2)
     again = store.start_rollout(make, ModelSLO("m", slo_ms=100, source="file:///m",
@@ -315,13 +323,13 @@ def test_a_standby_coordinator_goes_on_with_the_rollout(postgres, tmp_path):
     rollout; the standby takes the planning lock and steps the same rollout from the
     same wave to the end, the nodes reporting to it."""
     db = postgres.new_database()
-    cfg = {**FAST, "reactive_interval_s": 1, "rollout_check_s": 0.2}
+    cfg = {**FAST, "reactive_interval_s": 1, "rollout_check_s": 0.2,
+           "rollout": {**WAVES, "bake_s": 1.5}}
     leader = CoordinatorProcess(db, tmp_path / "a", **cfg)
     standby = CoordinatorProcess(db, tmp_path / "b", **cfg)
     try:
         assert (leader.plans(), standby.plans()) == (True, False)
-        nodes = fleet_with_m(None, standby.url, tmp_path, waves=[1, 2], bake_s=1.5,
-                             gates={"min_requests": 5})
+        nodes = fleet_with_m(None, standby.url, tmp_path)
         status, doc, _ = request(f"{standby.url}/v1/models/m", "PUT", entry(tmp_path, 2))
         rollout_id = doc["rollout_id"]
         wait_for(lambda: round_of(nodes, standby.url) or get(
@@ -342,8 +350,8 @@ def test_a_standby_coordinator_goes_on_with_the_rollout(postgres, tmp_path):
 
 
 def test_a_put_rolls_out_with_the_settings_it_puts(start_coordinator, tmp_path):
-    co = start_coordinator(**FAST)
-    fleet_with_m(co, co.url, tmp_path, waves=[1, 2])
+    co = coordinator(start_coordinator)
+    fleet_with_m(co, co.url, tmp_path)
     status, doc, _ = request(f"{co.url}/v1/models/m", "PUT",
                              entry(tmp_path, 2, rollout={"waves": [3], "bake_s": 5}))
     r = get(co.url, f"/v1/rollouts/{doc['rollout_id']}")

@@ -417,7 +417,8 @@ def _rollout_lines(r: dict[str, Any]) -> list[str]:
         if f:
             lines.append(f"  {side}: {_fmt(f['requests'])} answers, error rate "
                          f"{_fmt(f['error_rate'])}, p{r['percentile']:g} "
-                         f"{_fmt(f['latency_ms'], '.1f')} ms, size {_fmt(f['size_bytes'], '.3g')} B")
+                         f"{_fmt(f['latency_ms'], '.1f')} ms, size "
+                         f"{_fmt(f['size_bytes'], '.3g')} B")
     return lines
 
 

@@ -7,7 +7,8 @@ JSON (every field but ``slo_ms`` optional)::
     {"slo_ms": 200, "percentile": 99, "priority": 1, "cpu_per_replica": 1,
      "memory_per_replica_bytes": 0, "proc_ms": null,
      "source": "s3://models/resnet", "source_options": {"endpoint_url": "http://10.0.0.9:9000"},
-     "version": 2, "digest": "sha256:<64 hex>", "config": {"backend": "onnx", "max_batch_size": 8},
+     "version": 2, "digest": "sha256:<64 hex>",
+     "config": {"backend": "onnx", "max_batch_size": 8},
      "rollout": {"waves": [1, "25%"], "bake_s": 120, "gates": {"max_latency_ratio": 1.3}}}
 
 ``proc_ms`` is the processing time used until nodes have measured one. ``source`` makes

@@ -213,7 +213,8 @@ class Rollouts:
         for r in self.co.store.rollouts(active=True):
             if r.state != RUNNING:
                 continue
-            nodes = sorted({n for wave in r.waves for n in wave} | set(self._nodes_of(r.model)))
+            nodes = sorted({n for wave in r.waves for n in wave}
+                           | set(self._nodes_of(r.model)))
             nxt = step(r, self.view(r.model, nodes), self.co.clock())
             if nxt is r:
                 continue

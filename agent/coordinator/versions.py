@@ -112,7 +112,7 @@ def build_table(table_id: int, catalog: Iterable[Any], rollouts: Iterable[Any],
             nodes = {n for wave in r.waves for n in wave}
             entry = ModelEntry(default=(r.from_version, r.from_digest),
                                nodes={n: r.version_for(n) for n in sorted(nodes)
-                                      if r.version_for(n)[0] != r.from_version},
+                                      if r.version_for(n) != (r.from_version, r.from_digest)},
                                keep={n: r.keep_for(n) for n in sorted(nodes)
                                      if r.keep_for(n)},
                                bad=entry.bad, rollout=r.id)

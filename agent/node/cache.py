@@ -232,8 +232,7 @@ class ModelCache:
         self.on_load: list[Callable[[Entry], None]] = []
         self.on_unload: list[Callable[[Entry, str], None]] = []
         self.serving_version: dict[str, int] = {}  # rollouts (``_hold_serving``)
-        #: The coordinator's version pins: which version serves by default
-        self.version_pins = VersionPins()
+        self.version_pins = VersionPins()  # the coordinator's: the default version
         self.on_new_version: list[Callable[[str, int, int], None]] = []
         #: The disk tier sourced models' files are pulled into (None: none).
         self.disk = disk

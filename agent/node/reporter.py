@@ -119,7 +119,8 @@ class MetricsSampler:
                         r["ok_seconds"] += s.value
         return out
 
-    def sample_versions(self, models: Collection[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    def sample_versions(self, models: Collection[str]
+                        ) -> dict[tuple[str, str], dict[str, Any]]:
         """(model, version label) -> {requests, errors (5xx), ok, buckets: {le seconds:
         cumulative}} for ``models`` (the rollouts' figures, ``version_stats``)."""
         out: dict[tuple[str, str], dict[str, Any]] = {}

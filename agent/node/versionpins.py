@@ -2,9 +2,10 @@
 coordinator's rollouts pin it (``agent.wire.ModelVersions``): the version decision as
 a pure function, and the pins the cache holds.
 
-Without a pin a model serves its newest version that is not marked bad; with one, the
-pinned version (or, while the listing lacks it, the newest below it that is not bad: a
-node does not jump past the version it was told while one below is at hand). Versions kept (``keep``) are not
+Without a pin a model serves its newest version; a pin names the versions marked bad
+(never served by default) and may name the one to serve: then exactly that one (while
+the listing lacks it, the newest below it that is not bad: a node does not jump past
+the version it was told while one below is at hand). Versions kept (``keep``) are not
 unloaded after a switch away from them and their files are not evicted from the disk
 tier: what a rollback switches back to.
 """
