@@ -253,3 +253,37 @@ def test_a_wave_with_no_live_node_waits_for_one_then_for_its_timeout():
     everyone_silent = views({n: 1 for n in NODES}, {}, dead=set(NODES))
     assert step(r, everyone_silent, 10.0) is r  # a coordinator just back: heard none yet
     assert step(r, everyone_silent, 31.0).phase == BAKING  # not forever
+
+
+def test_the_version_table_each_answer_is_made_from():
+    """The catalog's version for every node, a rollout's per wave (the old one kept
+    where the new one serves), bad versions everywhere; pulls carry the node's version;
+    the shares a routing table would weigh a wave's traffic by."""
+    from agent.coordinator.catalog import ModelSLO
+    from agent.coordinator.versions import build_table
+    from agent.wire import Directives, Pull
+
+    catalog = [ModelSLO("m", slo_ms=1, source="file:///m", version=2),
+               ModelSLO("plain", slo_ms=1, source="file:///p"),  # newest: not pinned
+               ModelSLO("local", slo_ms=1)]  # no source: never pinned
+    r = start()  # m: 1 -> 2, the canary n1 switched
+    table = build_table(3, catalog, [r], [{"model": "m", "version": 4}])
+    assert set(table.models) == {"m"}
+    pulls = (Pull(model="m", source="file:///m", version=2), Pull(model="plain",
+                                                                  source="file:///p"))
+    canary = table.overlay(Directives(node="n1", ttl_s=5, pull=pulls))
+    other = table.overlay(Directives(node="n2", ttl_s=5, pull=pulls))
+    assert [p.version for p in canary.pull] == [2, None]
+    assert [p.version for p in other.pull] == [1, None]
+    assert canary.model_versions["m"].to_json() == {"serve": 2, "keep": [1], "bad": [4],
+                                                    "rollout": 7}
+    assert other.model_versions["m"].to_json() == {"serve": 1, "keep": [], "bad": [4],
+                                                   "rollout": 7}
+    # a node that serves m from its own repository is pinned too; one without m is not
+    assert table.overlay(Directives(node="n3", ttl_s=5), held={"m"}).model_versions[
+        "m"].serve == 1
+    assert table.overlay(Directives(node="n3", ttl_s=5), held={"x"}).model_versions == {}
+    assert table.shares("m", NODES) == {2: 1 / 6, 1: 5 / 6}
+    done = build_table(4, catalog, [], [])
+    assert done.overlay(Directives(node="n2", ttl_s=5, pull=pulls)).model_versions[
+        "m"].to_json() == {"serve": 2, "keep": [], "bad": [], "rollout": None}

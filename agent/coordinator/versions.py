@@ -76,11 +76,11 @@ class VersionTable:
         routing table would weigh the model's traffic by during a wave."""
         entry = self.models.get(model, ModelEntry())
         nodes = list(nodes)
-        out: dict[int | None, float] = {}
+        counts: dict[int | None, int] = {}
         for node in nodes:
             version = entry.version_for(node)[0]
-            out[version] = out.get(version, 0.0) + 1.0 / len(nodes)
-        return out
+            counts[version] = counts.get(version, 0) + 1
+        return {version: n / len(nodes) for version, n in counts.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "models": {m: {
