@@ -1,6 +1,7 @@
 # The two commands: `make run` and `make test`. Each creates .venv on first use.
 # `make run` installs the default dependencies only: the node agent (no simulator,
-# coordinator or TensorFlow); `make test` adds the test extra (which brings the sim,
+# coordinator or TensorFlow); `make tour` adds the sim and coordinator extras that the
+# README's tour steps 3 and 4 use; `make test` adds the test extra (which brings the sim,
 # coordinator and postgres extras) and bench, and the manifest scanner in .venv-scan.
 # `make dist` builds the sdist and wheel.
 # `make run PORT=8010 GRPC_PORT=8011 HOST=127.0.0.1` picks the address (GRPC_PORT=0: no
@@ -10,6 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
+TOUR_STAMP := $(VENV)/.installed-tour
 TEST_STAMP := $(VENV)/.installed-test
 # checkov, the manifest scanner tests/test_kubernetes.py runs on deploy/kubernetes, in a
 # venv of its own: it pins versions (boto3, packaging, networkx) older than the test
@@ -23,7 +25,7 @@ GRPC_PORT ?= 8001
 ARGS ?=
 URL := http://$(HOST):$(PORT)
 
-.PHONY: run test test-slow bench clean protos dist
+.PHONY: run tour test test-slow bench clean protos dist
 
 # The venv's own pip (ensurepip's) installs all this project needs: no upgrade to wait for.
 $(BIN)/python:
@@ -33,10 +35,19 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $(RUN_STAMP)
 
-# The extras are a superset of the default install: the run stamp is good after this too.
+# The extras are a superset of the default install: the run stamp is good after these
+# too (and the tour's after the test's, whose extra holds sim and coordinator).
+$(TOUR_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[sim,coordinator]'
+	touch $(TOUR_STAMP) $(RUN_STAMP)
+
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
-	touch $(TEST_STAMP) $(RUN_STAMP)
+	touch $(TEST_STAMP) $(TOUR_STAMP) $(RUN_STAMP)
+
+# The simulator's and the planner's extras (tour steps 3 and 4), into the same .venv.
+tour: $(TOUR_STAMP)
+	@echo "the sim and coordinator extras are in $(VENV): simulate, workload and plan work"
 
 $(SCAN_STAMP):
 	$(PYTHON) -m venv $(SCAN_VENV)
@@ -77,10 +88,17 @@ protos:
 # dist/edgeagent-VERSION.tar.gz and its wheel (built from the sdist, so the sdist is
 # complete): `pip install dist/edgeagent-*.whl` on a box gets the agent
 # (docs/operations.md, "Install"; tests/test_wheel.py installs it in a fresh venv).
+# The build's own log (a line per file) goes to build/dist.log, shown when it fails.
+# (DIST and DIST_LOG place them elsewhere: tests/test_wheel.py builds in a scratch folder.)
+DIST ?= dist
+DIST_LOG ?= build/dist.log
 dist: | $(BIN)/python
-	$(BIN)/python -m pip install -q build
-	rm -rf dist
-	$(BIN)/python -m build --outdir dist .
+	@$(BIN)/python -m pip install -q --disable-pip-version-check build
+	@rm -rf $(DIST) && mkdir -p $(dir $(DIST_LOG))
+	@echo "building the sdist and the wheel into $(DIST)/ (log: $(DIST_LOG))"
+	@$(BIN)/python -m build --outdir $(DIST) . > $(DIST_LOG) 2>&1 \
+	  || { tail -n 30 $(DIST_LOG); echo "make dist failed: $(DIST_LOG)"; exit 1; }
+	@ls -1 $(DIST)
 
 clean:
 	rm -rf $(VENV) $(SCAN_VENV) build dist *.egg-info

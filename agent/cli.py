@@ -9,8 +9,11 @@ runs. ``bench/cli_startup.py`` measures it; ``tests/test_cli_lazy.py`` keeps it 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import click
+import click.formatting
 
 from agent import __version__
 
@@ -53,6 +56,15 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy_commands})
 
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra) -> click.Context:
+        """The context, with the help's width measured here: click measures it with
+        ``shutil``, whose import (bz2, lzma) is a good part of ``--help``'s own time."""
+        if parent is None and "terminal_width" not in extra \
+                and click.formatting.FORCED_WIDTH is None:
+            extra["terminal_width"] = help_width()
+        return super().make_context(info_name, args, parent, **extra)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in self.lazy_commands:
             module, _, attribute = self.lazy_commands[cmd_name][0].partition(":")
@@ -75,6 +87,21 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def help_width(max_width: int = 80) -> int:
+    """click's help width (``HelpFormatter``): the terminal's columns ($COLUMNS, else
+    stdout's terminal, else 80) up to ``max_width``, less 2, at least 50."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+    return max(min(columns or 80, max_width) - 2, 50)
 
 
 @click.group(cls=LazyGroup, lazy_commands=COMMANDS,

@@ -108,10 +108,13 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def error_response(exc: AgentError) -> web.Response:
-    """``exc``'s answer: its status, its message (its ``public`` one where it has one),
+def error_response(exc: AgentError, public: Callable[[str], str] | None = None
+                   ) -> web.Response:
+    """``exc``'s answer: its status, its message (its ``public`` one where it has one;
+    passed through ``public``, which takes out what a client must not read),
     ``Retry-After`` when it carries one."""
-    return json_error(http_status(exc), exc.public or str(exc),
+    message = exc.public or str(exc)
+    return json_error(http_status(exc), public(message) if public else message,
                       retry_after_header(exc.retry_after) or None)
 
 

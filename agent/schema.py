@@ -62,6 +62,15 @@ AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 AtLeastZero = Annotated[int, msgspec.Meta(ge=0)]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LogLevel = Annotated[str, setting("the log's level", check=choice(*LOG_LEVELS))]
+# The servers' connection bounds (agent.http.connections), an agent's and a coordinator's.
+MaxConnections = Annotated[AtLeastOne | None, setting(
+    "open connections in all (an agent's gRPC listener holds as many of its own; each "
+    "report worker as many); one more closes the oldest idle connection, or is closed "
+    "when all are busy; left out: a quarter of the open-file limit (RLIMIT_NOFILE; the "
+    "units set LimitNOFILE)", example=4096)]
+MaxConnectionsPerPeer = Annotated[AtLeastOne | None, setting(
+    "open connections from one address (likewise); left out: a quarter of "
+    "max_connections", example=1024)]
 
 #: A field of a configuration class that no file sets (filled in by code).
 INTERNAL = msgspec.Meta(extra={"internal": True})
@@ -226,7 +235,8 @@ class _Walk:
             raise SchemaError(key, f"must be {self.mapping}, got {type(v).__name__}")
         fields = [f for f in t.fields if not _unwrap(f.type)[1].get("internal")]
         if self.config or t.forbid_unknown_fields:  # else a wire type leaves them out
-            only(v, [f.encode_name for f in fields], prefix, noun=self.noun)
+            only(v, [f.encode_name for f in fields], prefix, noun=self.noun,
+                 listed_in="`edgeagent config example`" if self.config else None)
         values = {}
         for f in fields:
             if f.encode_name in v:

@@ -1,7 +1,9 @@
-"""Byte sizes as people write them: ``1048576``, ``512MB``, ``2GiB``, ``1.5 GB``."""
+"""Byte sizes as people write them (``1048576``, ``512MB``, ``2GiB``, ``1.5 GB``), and
+moments as JSON gives them (ISO 8601, UTC)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 _UNITS = {
@@ -45,3 +47,13 @@ def format_size(n: float) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def iso_time(seconds: float | None) -> str | None:
+    """Unix ``seconds`` as an ISO 8601 UTC time to the millisecond
+    (``2026-11-29T03:42:42.364Z``), the form every JSON answer gives a moment in; None
+    stays None."""
+    if seconds is None:
+        return None
+    stamp = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -120,13 +120,45 @@ def check(checker: Checker, value: Any, key: str | None) -> Any:
         raise SchemaError(key, str(exc)) from None
 
 
-def only(data: dict, allowed: Iterable[str], prefix: str = "", noun: str = "key") -> None:
-    """Refuse a key of ``data`` that is not ``allowed`` (the message lists them)."""
+#: Up to this many allowed keys an unknown one's message lists them all.
+LIST_AT_MOST = 8
+
+
+def only(data: dict, allowed: Iterable[str], prefix: str = "", noun: str = "key",
+         listed_in: str | None = None) -> None:
+    """Refuse a key of ``data`` that is not ``allowed``: the message suggests the nearest
+    allowed ones (a typo), else lists them when they are few, else says where they are
+    (``listed_in``)."""
     allowed = tuple(allowed)
     for key in data:
         if key not in allowed:
             raise SchemaError(f"{prefix}{key}",
-                              f"unknown {noun} (expected one of: {', '.join(allowed)})")
+                              f"unknown {noun} ({_nearest(key, allowed, noun, listed_in)})")
+
+
+def _nearest(key: Any, allowed: tuple[str, ...], noun: str, listed_in: str | None) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), allowed, n=2, cutoff=0.6)
+    if close:
+        return "did you mean " + " or ".join(close) + "?"
+    if len(allowed) <= LIST_AT_MOST or listed_in is None:
+        return f"expected one of: {', '.join(allowed)}"
+    return f"none of the {len(allowed)} {noun}s here is close; {listed_in} lists them"
+
+
+def unreadable(path: str | Path, key: str, exc: OSError) -> ConfigError:
+    """A file that the configuration key ``key`` names and that cannot be read, in
+    words: ``/etc/edgeagent/admin-token: admin_token_file: no such file``."""
+    if isinstance(exc, FileNotFoundError):
+        why = "no such file"
+    elif isinstance(exc, IsADirectoryError):
+        why = "a directory, not a file"
+    elif isinstance(exc, PermissionError):
+        why = "cannot read it (permission denied)"
+    else:
+        why = f"cannot read it ({exc.strerror or exc})"
+    return ConfigError(path, key, why)
 
 
 def load_yaml(path: Path) -> Any:

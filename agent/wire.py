@@ -52,6 +52,21 @@ count]``; the rest, up to ``ok``, above the last bound), ``latency_ms`` the last
 interval's percentiles (shown, not gated on); ``load_failures`` the loads of it that
 failed; ``error`` why the node cannot serve it (its last failed load or pull).
 
+``peer`` (optional) is where the other nodes reach this one (``coordinator.advertise_url``
+and its gRPC address); ``routing`` (optional, from nodes that route) names the routing
+table the node holds and its routed traffic over the last interval, per model::
+
+    "peer": {"url": "http://10.0.0.7:8000", "grpc": "10.0.0.7:8001"},
+    "routing": {"version": 4711, "models": {"resnet": {
+        "served": 140, "forwarded": 15, "received": 40, "fallbacks": 1, "errors": 1}}}
+
+``served``: requests answered here (``received`` of them forwarded here by a peer);
+``forwarded``: answered by a peer; ``fallbacks``: planned elsewhere but served here (no
+peer could), ``errors`` of them after a forward failed. A model's ``arrivals`` count
+the requests that reached the fleet here, never those a peer forwarded here, so the
+fleet's arrivals are the sum over nodes; a model the node's repository lacks but
+forwards has its ``arrivals`` (and its requests' ``latency_ms``) under ``routing``.
+
 **Directives**, the answer to every report, valid for ``ttl_s`` seconds::
 
     {"node": "edge-1", "plan_id": 7, "ttl_s": 60,
@@ -85,6 +100,18 @@ by default, whatever the source lists: rolled back and marked bad in the catalog
 
 Unlike the rest, a version pin does not lapse with ``ttl_s``: a node keeps serving the
 version it was last told (a restart included) until an answer says otherwise.
+
+``routing_version`` (to nodes that route) names the coordinator's routing table;
+``routing`` carries the table itself when the node's report named another version::
+
+    "routing_version": 4712,
+    "routing": {"version": 4712, "max_age_s": 60,
+                "nodes": {"edge-1": {"url": "http://10.0.0.7:8000", "grpc": "10.0.0.7:8001"}},
+                "models": {"resnet": {"edge-1": 2, "edge-3": 1}, "bert": {}}}
+
+``models``: per catalogued or planned model, the live nodes that run it under the plan
+and their replicas (the weights requests are spread by); none: served where it lands.
+``max_age_s``: past this without a confirmation the node stops trusting the table.
 """
 
 from __future__ import annotations
@@ -248,6 +275,48 @@ class VersionStat(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_
     error: Annotated[str, Meta(max_length=1024)] | None = None
 
 
+MAX_ADDRESS = 512  # characters of a node's advertised URL or gRPC address
+RoutingVersion = Annotated[int, expected("versions >= 0", ge=0, le=2 ** 53)]
+
+
+class PeerAddress(Struct, frozen=True, gc=False):
+    """Where the other nodes reach a node: its HTTP URL and its gRPC ``host:port``."""
+
+    url: Annotated[str, expected("an http:// or https:// URL", max_length=MAX_ADDRESS,
+                                 pattern=r"^https?://[^\s/?#@]+\Z")]
+    grpc: Annotated[str, expected("host:port", max_length=MAX_ADDRESS,
+                                  pattern=r"^[^\s/?#@]+:[0-9]{1,5}\Z")] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "grpc": self.grpc}
+
+
+class RoutedModel(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """One model's routed traffic on one node over the last report interval."""
+
+    served: Count = 0.0
+    forwarded: Count = 0.0
+    received: Count = 0.0
+    fallbacks: Count = 0.0
+    errors: Count = 0.0
+    arrivals: Annotated[tuple[Arrival, ...], Meta(max_length=MAX_ARRIVALS)] = ()
+    latency_ms: dict[str, Ms | None] = {}
+
+    def __post_init__(self) -> None:
+        if not _PERCENTILES.keys() >= self.latency_ms.keys():
+            for key in self.latency_ms:
+                if not _PERCENTILE.match(key):
+                    raise SchemaError("latency_ms", "keys must be percentiles such as p50 "
+                                      f"or p99.9, got {key!r}")
+
+
+class RoutingReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """What a routing node says of its routing: the table it holds, its traffic."""
+
+    version: RoutingVersion | None = None
+    models: dict[ModelName, RoutedModel] = {}
+
+
 class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
     """A node's report (``POST /v1/nodes/{name}/report``); only ``capacity`` is required."""
 
@@ -259,6 +328,8 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
     version_stats: dict[ModelName, Annotated[tuple[VersionStat, ...],
                                              Meta(max_length=MAX_VERSIONS)]] = {}
+    peer: PeerAddress | None = None
+    routing: RoutingReport | None = None
 
     def held(self) -> set[str]:
         """Models whose files the node holds or is pulling, or that it serves."""
@@ -314,6 +385,17 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
             return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
         lower, below = upper, cumulative
     return lower
+
+
+#: The latency percentiles a node reports (``latency_ms``).
+REPORTED_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+
+def percentiles_ms(buckets: list[tuple[float, float]]) -> dict[str, float]:
+    """A report's ``latency_ms`` (``{"p50": ms, ...}``) from cumulative ``(upper bound
+    seconds, count)`` buckets; empty when they count nothing."""
+    return {f"p{p:g}": round(v * 1000.0, 3) for p in REPORTED_PERCENTILES
+            for v in [histogram_quantile(p / 100.0, buckets)] if v is not None}
 
 
 # -- sources ------------------------------------------------------------------------------
@@ -406,6 +488,22 @@ class ModelVersions(Struct, frozen=True, gc=False, kw_only=True):
                 "rollout": self.rollout}
 
 
+class RoutingTable(Struct, frozen=True, gc=False, kw_only=True):
+    """The coordinator's routing table (see the module docstring): per model the live
+    nodes the plan runs it on and their replicas, where those nodes are reached, a
+    version and how long a node may go on trusting it unconfirmed."""
+
+    version: RoutingVersion
+    max_age_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+    nodes: dict[str, PeerAddress] = {}
+    models: dict[str, dict[str, Annotated[int, Meta(ge=1, le=int(MAX_CORES))]]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "max_age_s": self.max_age_s,
+                "nodes": {n: a.to_json() for n, a in self.nodes.items()},
+                "models": {m: dict(w) for m, w in self.models.items()}}
+
+
 class Directives(Struct, frozen=True, gc=False, kw_only=True):
     """A coordinator's answer to ``node``'s report (fields it does not know are left out:
     a newer coordinator's answer still parses)."""
@@ -420,6 +518,8 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     pull: tuple[Pull, ...] = ()
     drop: tuple[str, ...] = ()
     model_versions: dict[str, ModelVersions] = {}
+    routing_version: int | None = None
+    routing: RoutingTable | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
@@ -428,6 +528,10 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
                "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
         if self.model_versions:  # only when there is something to say (older nodes)
             out["model_versions"] = {m: v.to_json() for m, v in self.model_versions.items()}
+        if self.routing_version is not None:
+            out["routing_version"] = self.routing_version
+        if self.routing is not None:
+            out["routing"] = self.routing.to_json()
         return out
 
     @classmethod

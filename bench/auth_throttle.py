@@ -26,9 +26,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.authconfig import AuthSettings  # noqa: E402
+from agent.security.authconfig import AuthSettings  # noqa: E402
 from agent.coordinator.config import CoordinatorConfig  # noqa: E402
-from agent.credentials import new_token, token_hash  # noqa: E402
+from agent.security.credentials import new_token, token_hash  # noqa: E402
 from tests.helpers import CoordinatorServer  # noqa: E402
 
 

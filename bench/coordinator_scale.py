@@ -6,15 +6,19 @@ one), each posting a report of ``--models`` models every ``--interval`` seconds 
 random phase. The report body is the agent's (``agent.wire``: capacity, and per model
 device, residency, size, arrivals, batches, batch profile, latency percentiles) and
 is checked with ``agent.wire.parse_report`` before the run. Clients are ``--procs``
-processes on raw asyncio streams; their CPU is printed beside the coordinator's so a
-client bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while
-ingestion goes on.
+processes on uvloop, a ``SimulatedNode`` protocol per node (its request made once, raw
+bytes on its kept connection, its TLS session resumed, backing off as the agent does:
+``agent.backoff``); their CPU is printed beside the coordinator's so a client
+bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while ingestion
+goes on.
 
-Figures per fleet size: nodes | offered/s | ingested/s (200 answers per second) |
-report p50 | p99 (send to last byte of the answer) | max | p99 of the reports sent
-while the plan was being made | late (sends the client could not
-make on time) | POST /v1/plan | coordinator CPU (its main process and report workers,
-not the planning child) and that CPU per ingested report | the planning child's CPU |
+Figures per fleet size: nodes | tree | TLS | offered/s | ingested/s (200 answers per
+second) | refused (503 or 429 with Retry-After) | bad (other errors, failed
+connections) | late (sends the client could not make on time) | report p50 | p99
+(send to last byte of the answer) | max | p99 of the reports sent while the plan was
+being made | POST /v1/plan | coordinator CPU (its main process and report workers,
+not the planning child) and that CPU per ingested report | the coordinator's own
+figure for it (``/metrics``, over its last minute) | the planning child's CPU |
 the clients' CPU and that per ingested report (all over the measured window: the box's
 cores are shared by all three, so each side's share shows) | the 1-minute load average
 before -> after (the box may be shared: a load above its cores starves the coordinator).
@@ -22,16 +26,23 @@ before -> after (the box may be shared: a load above its cores starves the coord
 ``--report-workers N`` runs the coordinator with that many report workers (its
 ``report_workers``); ``--tls`` serves it over TLS (a CA and a certificate made on the
 fly; every node's connection verifies it, one handshake per node as the reporter's
-kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes); ``--dashboard S`` keeps the dashboard open (its requests every S
-s, or ten times as long as the last refresh took where that is longer, as the page
-waits; each refresh timed); ``--timeline MS`` also prints each second whose slowest report
-took over MS ms (stalls show their period: a plan, a collection). The client
-processes run without their garbage collector, whose pauses (5,000 connections each)
-would show as report latency.
+kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes);
+``--modes plain,tls`` runs each fleet size both ways and prints TLS's p99 over plain's;
+``--baseline-tree DIR`` also runs the coordinator of another checkout, alternating,
+under the same clients, and prints the ratios; ``--restart-at S`` restarts the
+coordinator S s into the window (same port and store) and says when every node had a
+200 again and how long a node went without one; ``--dashboard S`` keeps the dashboard
+open (its requests every S s, or ten times as long as the last refresh took where that
+is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints each
+second whose slowest report took over MS ms (stalls show their period: a plan, a
+collection). Each row also gives the coordinator's own count of its CPU per report
+(``/metrics``). The client processes run without their garbage collector, whose pauses
+(5,000 connections each) would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
-    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --tls
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes plain,tls --baseline-tree DIR
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --duration 80 --restart-at 10
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
@@ -57,6 +68,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agent.backoff import backoff_cap, parse_retry_after, retry_delay  # noqa: E402
+from agent.security.tls import ResumingContext  # noqa: E402
 from agent.wire import parse_report  # noqa: E402
 
 
@@ -87,78 +100,197 @@ def node_body(i: int, models: int, catalog: int, interval: float) -> bytes:
 # -- client processes ---------------------------------------------------------------------
 
 
-async def _node(i: int, port: int, body: bytes, interval: float, start: float,
-                measure: tuple[float, float], stats: dict, tls: Any = None) -> None:
-    head = (f"POST /v1/nodes/node-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-    request = head + body
-    reader = writer = None
-    due = start + random.Random(i).uniform(0, interval)
-    loop = asyncio.get_running_loop()
-    while due < measure[1]:
-        await asyncio.sleep(max(0.0, due - loop.time()))
-        sent, clock = loop.time(), time.perf_counter()  # uvloop's time() has ms steps
-        wall = time.time()
-        in_window = measure[0] <= due < measure[1]
-        if in_window:
-            stats["offered"] += 1
-            if sent - due > 0.05:
-                stats["late"] += 1
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """Header ``name`` (lower case, with its colon) in ``head`` (an answer's status line
+    and headers, lower-cased): its value, or None."""
+    at = head.find(b"\r\n" + name)
+    if at < 0:
+        return None
+    end = head.find(b"\r\n", at + 2)
+    return head[at + 2 + len(name):end if end > 0 else None].strip()
+
+
+class SimulatedNode(asyncio.Protocol):
+    """One node on a connection of its own, kept alive as the agent's reporter keeps
+    one: its report's request made once (head and body, raw bytes), sent at its due
+    time, its answer parsed from the raw bytes (status, ``Content-Length``,
+    ``Retry-After``); no stream objects, no task per node. After a failure it backs off
+    as the agent does (``agent.backoff``: full jitter, ``Retry-After`` obeyed); after a
+    200 its next report is due one interval after the last, keeping its phase."""
+
+    def __init__(self, sim: "Simulation", i: int, request: bytes, due: float) -> None:
+        self.sim, self.i, self.request, self.due = sim, i, request, due
+        self.transport: Any = None
+        self.connecting = self.waiting = False
+        self.failures = 0
+        self.buf = bytearray()
+        self.sent_clock = self.sent_wall = 0.0
+        self.in_window = False
+        self.timer: Any = None
+        self.oks: list[float] = []  # wall times of its 200s (--restart-at only)
+
+    def fire(self) -> None:
+        sim = self.sim
+        now = sim.loop.time()
+        self.in_window = sim.measure[0] <= self.due < sim.measure[1]
+        if self.in_window:
+            sim.stats["offered"] += 1
+            if now - self.due > 0.05:
+                sim.stats["late"] += 1
+        self.waiting = True
+        self.sent_clock, self.sent_wall = time.perf_counter(), time.time()
+        self.timer = sim.loop.call_later(sim.answer_timeout_s, self.give_up)
+        if self.transport is not None:
+            self.transport.write(self.request)
+        elif not self.connecting:
+            self.connecting = True
+            sim.loop.create_task(self.connect())
+
+    async def connect(self) -> None:
         try:
-            if writer is None:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
-            writer.write(request)
-            status_line = await reader.readline()
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
-                    break
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
-            ok = status_line.split(b" ", 2)[1] == b"200"
-        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
-            ok = False
-            if writer is not None:
-                writer.close()
-            reader = writer = None
-        if in_window:
-            if ok:
+            await self.sim.loop.create_connection(lambda: self, "127.0.0.1", self.sim.port,
+                                                  ssl=self.sim.tls)
+        except (OSError, asyncio.TimeoutError):
+            self.connecting = False
+            self.finish(None)
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport, self.connecting = transport, False
+        sslobj = transport.get_extra_info("ssl_object")
+        if sslobj is not None:
+            self.sim.stats["handshakes"] += 1
+            self.sim.stats["resumed"] += bool(sslobj.session_reused)
+        if self.waiting:
+            transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(buf[:end]).lower()
+        length = int(_header(head, b"content-length:") or 0)
+        if len(buf) < end + 4 + length:
+            return
+        del buf[:end + 4 + length]
+        retry_after = _header(head, b"retry-after:")
+        self.finish(int(head[9:12]), None if retry_after is None
+                    else parse_retry_after(retry_after.decode("latin-1"), time.time()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.buf.clear()
+        if self.waiting:
+            self.finish(None)
+
+    def give_up(self) -> None:
+        """No answer within ``answer_timeout_s``: the connection is dropped."""
+        self.timer = None
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost finishes it
+        else:
+            self.finish(None)
+
+    def finish(self, status: int | None, retry_after: float | None = None) -> None:
+        """The answer (``status``; None: no answer, the connection failed) counted, and
+        the next report scheduled."""
+        if not self.waiting:
+            return
+        self.waiting = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        sim, now = self.sim, self.sim.loop.time()
+        stats = sim.stats
+        if status == 200:
+            self.failures = 0
+            if self.in_window:
                 stats["ok"] += 1
-                stats["latency"].append((wall, time.perf_counter() - clock))
-            else:
-                stats["errors"] += 1
-        due += interval
-    if writer is not None:
-        writer.close()
+                stats["latency"].append((self.sent_wall, time.perf_counter() - self.sent_clock))
+            if sim.track_oks:
+                self.oks.append(time.time())
+            self.due = max(self.due + sim.interval, now)
+        else:
+            self.failures += 1
+            kind = "broken" if status is None else \
+                "refused" if status in (429, 503) and retry_after is not None else \
+                "bare_5xx" if status >= 500 else "other"
+            if self.in_window or sim.track_oks:
+                stats[kind] += 1
+                if kind in ("bare_5xx", "other"):
+                    stats["statuses"][status] = stats["statuses"].get(status, 0) + 1
+            if sim.track_oks:
+                stats["failed_at"].append((time.time(), kind))
+            if status is None and self.transport is not None:
+                self.transport.abort()
+                self.transport = None
+            self.due = now + retry_delay(self.failures, sim.interval, sim.max_backoff,
+                                         retry_after, rng=sim.rng.random)
+        if self.due < sim.measure[1]:
+            sim.loop.call_at(self.due, self.fire)
+
+
+class Simulation:
+    """One client process's nodes and what they saw (``stats``)."""
+
+    def __init__(self, loop: Any, port: int, tls: Any, interval: float,
+                 measure: tuple[float, float], track_oks: bool) -> None:
+        self.loop, self.port, self.tls, self.interval = loop, port, tls, interval
+        self.measure, self.track_oks = measure, track_oks
+        self.max_backoff = backoff_cap(interval)  # the reporter's
+        self.answer_timeout_s = 30.0
+        self.rng = random.Random(port)
+        self.stats: dict[str, Any] = {
+            "offered": 0, "ok": 0, "late": 0, "refused": 0, "bare_5xx": 0, "other": 0,
+            "broken": 0, "statuses": {}, "handshakes": 0, "resumed": 0, "latency": [],
+            "failed_at": []}
 
 
 def client(ids: list[int], port: int, models: int, catalog: int, interval: float,
            t0: float, warmup: float, duration: float, out: "mp.Queue",
-           ca_file: str | None = None) -> None:
-    """One client process: its nodes' loops; puts its counts, latencies and CPU."""
-    bodies = {i: node_body(i, models, catalog, interval) for i in ids}
+           ca_file: str | None = None, track_oks: bool = False) -> None:
+    """One client process: its nodes' reports; puts its counts, latencies and CPU (and,
+    with ``track_oks``, every node's 200s)."""
+    requests = {}
+    for i in ids:
+        body = node_body(i, models, catalog, interval)
+        requests[i] = (f"POST /v1/nodes/node-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(body)}"
+                       f"\r\n\r\n").encode() + body
     tls = tls_context(ca_file)
-    stats = {"offered": 0, "ok": 0, "errors": 0, "late": 0, "latency": []}
 
-    async def main() -> None:
+    async def main() -> dict:
         loop = asyncio.get_running_loop()
         start = loop.time() + (t0 - time.time())
         measure = (start + warmup, start + warmup + duration)
+        sim = Simulation(loop, port, tls, interval, measure, track_oks)
         for at, key in zip(measure, ("window_cpu0", "window_cpu1")):  # the steady state
-            loop.call_at(at, lambda key=key: stats.__setitem__(key, time.process_time()))
-        await asyncio.gather(*(_node(i, port, bodies[i], interval, start, measure, stats,
-                                     tls) for i in ids))
+            loop.call_at(at, lambda key=key: sim.stats.__setitem__(key, time.process_time()))
+        nodes = [SimulatedNode(sim, i, requests[i], start + random.Random(i).uniform(
+            0, interval)) for i in ids]
+        for node in nodes:
+            loop.call_at(node.due, node.fire)
+        await asyncio.sleep(max(0.0, measure[1] - loop.time()) + 1.0)
+        for _ in range(100):  # the last answers (up to 10 s)
+            if not any(n.waiting for n in nodes):
+                break
+            await asyncio.sleep(0.1)
+        for node in nodes:
+            if node.transport is not None:
+                node.transport.close()
+        if track_oks:
+            sim.stats["oks"] = [n.oks for n in nodes]
+        return sim.stats
 
     gc.freeze()  # this client's own collector pauses (5,000 connections' objects, over
     gc.disable()  # 100 ms each) would show as report latency: none for a short run
     cpu0 = time.process_time()
     try:
         import uvloop
-        uvloop.run(main())
+        stats = uvloop.run(main())
     except ImportError:
-        asyncio.run(main())
+        stats = asyncio.run(main())
     stats["cpu_s"] = time.process_time() - cpu0
     stats["window_cpu_s"] = stats.get("window_cpu1", time.process_time()) \
         - stats.get("window_cpu0", cpu0)
@@ -169,12 +301,12 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
 
 
 def tls_context(ca_file: str | None) -> Any:
-    """A client context trusting ``ca_file`` (None: plain HTTP)."""
+    """A client context trusting ``ca_file`` (None: plain HTTP) that resumes sessions
+    as the agent's reporter does (one per client process: a reconnecting node resumes
+    the newest ticket its process holds, which the worker that issued it accepts)."""
     if ca_file is None:
         return None
-    from agent.tls import client_context
-
-    return client_context(Path(ca_file))
+    return ResumingContext.for_client(Path(ca_file))
 
 
 def request(url: str, method: str = "GET", body: dict | None = None, timeout: float = 120,
@@ -229,10 +361,12 @@ def database_cpu_seconds() -> float:
 
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
                       report_workers: int = 0, tls: dict | None = None,
-                      ca_file: str | None = None) -> tuple[subprocess.Popen, str]:
-    """The coordinator on a port the OS picks: (process, the URL it announced), ready;
-    ``tls``: its ``tls:`` section, ``ca_file`` what verifies it."""
-    config = {"port": 0, "state_dir": str(state), "log_level": "warning",
+                      ca_file: str | None = None, port: int = 0,
+                      tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """The coordinator of ``tree`` (a checkout) on ``port`` (0: one the OS picks):
+    (process, the URL it announced), ready; ``tls``: its ``tls:`` section, ``ca_file``
+    what verifies it."""
+    config = {"port": port, "state_dir": str(state), "log_level": "warning",
               "reactive_interval_s": reactive_s}
     if tls:
         config["tls"] = tls
@@ -243,7 +377,7 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
     (state / "coordinator.yaml").write_text(json.dumps(config))
     proc = subprocess.Popen([sys.executable, "-c", "from agent.cli import main; main()",
                              "coordinator", "serve", "--config", str(state / "coordinator.yaml")],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                            cwd=tree, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # "edgeagent coordinator listening on URL ..."
     if "listening on " not in line:
         proc.kill()
@@ -260,6 +394,31 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("the coordinator did not start")
+
+
+def stop_coordinator(co: subprocess.Popen) -> None:
+    """SIGTERM, as systemd stops it; killed after a minute."""
+    co.send_signal(signal.SIGTERM)
+    try:
+        co.wait(60)
+    except subprocess.TimeoutExpired:
+        print("  (the coordinator did not stop within 60 s of SIGTERM; killed)")
+        co.kill()
+        co.wait()
+
+
+def own_metrics(url: str, ca_file: str | None) -> dict[str, float]:
+    """The coordinator's own cost figures from its ``/metrics`` (``agent.coordinator.
+    cost``; empty for a tree without them): sample (with its labels) -> value."""
+    try:
+        req = urllib.request.Request(f"{url}/metrics")
+        with urllib.request.urlopen(req, timeout=30, context=tls_context(ca_file)) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("edgeagent_coordinator_") and " " in line}
 
 
 def _time_plan(url: str, timed: dict, ca_file: str | None) -> None:
@@ -331,11 +490,13 @@ def make_certificates(directory: Path) -> tuple[dict, str]:
         str(ca.cert_file)
 
 
-def run(nodes: int, args: argparse.Namespace) -> dict:
+def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
+    """One fleet size against the coordinator of ``tree``, over TLS or not."""
+    restart = args.restart_at is not None
     with tempfile.TemporaryDirectory() as tmp:
-        tls, ca_file = make_certificates(Path(tmp)) if args.tls else (None, None)
+        tls, ca_file = make_certificates(Path(tmp)) if tls_on else (None, None)
         co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
-                                    args.report_workers, tls, ca_file)
+                                    args.report_workers, tls, ca_file, tree=tree)
         port = int(url.rsplit(":", 1)[1])
         try:
             for m in range(args.catalog):
@@ -343,46 +504,54 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             # everyone reported twice, connections open (with TLS, the whole fleet's
             # handshakes at once, as after a coordinator restart, settle first: the
             # window measures the steady state of kept connections)
-            # (a handshake costs the two sides ~3.5 ms of CPU together, Python's ssl and
-            # OpenSSL 3.0: 10,000 of them take ~35 s of this box's two cores)
-            warmup = args.interval * 2 + (nodes / 100 if args.tls else 0.0)
+            warmup = args.interval * 2 + (nodes / 100 if tls_on else 0.0)
             t0 = time.time() + 2.0
             out: mp.Queue = mp.get_context("fork").Queue()
             procs = [mp.get_context("fork").Process(
                 target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
                                      args.catalog, args.interval, t0, warmup,
-                                     args.duration, out, ca_file))
+                                     args.duration, out, ca_file, restart))
                 for p in range(args.procs)]
             for p in procs:
                 p.start()
             time.sleep(max(0.0, t0 + warmup - time.time()))
             co_cpu0, db_cpu0, wall0 = cpu_seconds(co.pid), database_cpu_seconds(), time.time()
+            gauges0 = own_metrics(url, ca_file)
             refreshes: list[tuple[float, int]] = []
             if args.dashboard:
                 threading.Thread(target=_dashboard, daemon=True, args=(
                     url, args.dashboard_paths.split(","), args.dashboard,
                     wall0 + args.duration, refreshes, ca_file)).start()
-            time.sleep(args.duration / 2)
-            timed: dict = {}
-            planning = threading.Thread(target=_time_plan, args=(url, timed, ca_file))
-            planning.start()
+            timed: dict = {"span": [float("inf"), float("inf")], "plan_s": float("nan"),
+                           "replicas": "not timed (--restart-at)"}
+            spent = (0.0, 0.0)  # CPU of the coordinator before a restart
+            if restart:
+                time.sleep(args.restart_at)
+                spent = tuple(b - a for a, b in zip(co_cpu0, cpu_seconds(co.pid)))
+                co_cpu0 = (0.0, 0.0)
+                stopped = time.time()
+                stop_coordinator(co)
+                started = time.time()
+                co, _ = start_coordinator(Path(tmp), args.store, args.reactive_interval,
+                                          args.report_workers, tls, ca_file, port, tree)
+                timed["restart"] = (stopped, started, time.time())
+            else:
+                time.sleep(args.duration / 2)
+                planning = threading.Thread(target=_time_plan, args=(url, timed, ca_file))
+                planning.start()
             time.sleep(max(0.0, wall0 + args.duration - time.time()))
-            co_cpu, planner_cpu = (b - a for a, b in zip(co_cpu0, cpu_seconds(co.pid)))
+            co_cpu, planner_cpu = (b - a + c for a, b, c in
+                                   zip(co_cpu0, cpu_seconds(co.pid), spent))
             db_cpu = database_cpu_seconds() - db_cpu0
             wall = time.time() - wall0
+            gauges = own_metrics(url, ca_file)
             results = [out.get() for _ in procs]
-            planning.join()
-            plan_s, replicas = timed["plan_s"], timed["replicas"]
+            if not restart:
+                planning.join()
             for p in procs:
                 p.join()
         finally:
-            co.send_signal(signal.SIGTERM)
-            try:
-                co.wait(60)
-            except subprocess.TimeoutExpired:
-                print(f"  (the coordinator did not stop within 60 s of SIGTERM; killed)")
-                co.kill()
-                co.wait()
+            stop_coordinator(co)
     latency = sorted(x for r in results for _, x in r["latency"])
     lo, hi = timed["span"]
     planning = sorted(x for r in results for t, x in r["latency"] if lo <= t <= hi)
@@ -390,13 +559,20 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
     def pct(q: float, values: list[float] = latency) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values \
             else float("nan")
-    total = {k: sum(r[k] for r in results) for k in ("offered", "ok", "errors", "late")}
+    total = {k: sum(r[k] for r in results) for k in (
+        "offered", "ok", "late", "refused", "bare_5xx", "other", "broken", "handshakes",
+        "resumed")}
+    statuses: dict[int, int] = {}
+    for r in results:
+        for status, count in r["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + count
     if args.timeline:
         print_timeline(results, wall0, (lo, hi), args.timeline)
-    return {"nodes": nodes, "offered_s": total["offered"] / args.duration,
-            "ingested_s": total["ok"] / args.duration, "errors": total["errors"],
-            "late": total["late"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "max_ms": pct(1.0), "plan_s": plan_s, "replicas": replicas,
+    return {"nodes": nodes, "tls": tls_on, "tree": tree,
+            "offered_s": total["offered"] / args.duration,
+            "ingested_s": total["ok"] / args.duration, **total, "statuses": statuses,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": pct(1.0), "plan_s": timed["plan_s"], "replicas": timed["replicas"],
             "planning_p99_ms": pct(0.99, planning),
             "coordinator_cpu": co_cpu / wall, "database_cpu": db_cpu / wall,
             "cpu_ms_per_report": co_cpu * 1000 / max(1, total["ok"]),
@@ -404,7 +580,67 @@ def run(nodes: int, args: argparse.Namespace) -> dict:
             "planner_cpu": planner_cpu / wall,
             "client_ms_per_report": sum(r["window_cpu_s"] for r in results) * 1000
             / max(1, total["ok"]),
-            "refreshes": refreshes}
+            "gauges": gauges, "parts": None if restart else own_split(gauges0, gauges),
+            "refreshes": refreshes,
+            "restart": restart_figures(results, timed["restart"], wall0 + args.duration)
+            if restart else None}
+
+
+def own_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """CPU ms per report answered over the window, by part, as the coordinator counts
+    them in ``/metrics`` (None for a tree without them)."""
+    answered = 'edgeagent_coordinator_reports_total{answer="answered"}'
+    if answered not in before or answered not in after:
+        return None
+    reports = max(1.0, after[answered] - before[answered])
+    return {part: (after[key] - before[key]) * 1000 / reports for part in
+            ("main", "report_workers", "planner")
+            for key in [f'edgeagent_coordinator_cpu_seconds_total{{part="{part}"}}']}
+
+
+def restart_figures(results: list[dict], restart: tuple[float, float, float],
+                    end: float) -> dict:
+    """After a restart (SIGTERM at ``restart[0]``, the old coordinator gone and the new
+    one started at ``restart[1]``, answering at ``restart[2]``): the seconds until the
+    last node had a 200 again, from each; the nodes never back before ``end``; the
+    longest a node went without a 200 (the age its directives reached; past
+    ``directive_ttl_s`` it reverts them); what the nodes saw each second from the
+    SIGTERM on (200s, refusals, failed connections)."""
+    stopped, started, up = restart
+    seconds: dict[int, dict[str, int]] = {}
+    for r in results:
+        for oks in r["oks"]:
+            for t in oks:
+                if t >= stopped:
+                    row = seconds.setdefault(int(t - stopped), {})
+                    row["ok"] = row.get("ok", 0) + 1
+        for t, kind in r["failed_at"]:
+            if t >= stopped:
+                row = seconds.setdefault(int(t - stopped), {})
+                row[kind] = row.get(kind, 0) + 1
+    back, never, longest, over_ttl = [], 0, 0.0, 0
+    for r in results:
+        for oks in r["oks"]:
+            after = [t for t in oks if t >= stopped]
+            if not after:
+                never += 1
+                longest = max(longest, end - (oks[-1] if oks else stopped))
+                continue
+            back.append(after[0])
+            before = [t for t in oks if t < stopped]
+            times = ([before[-1]] if before else []) + after + [end]
+            gap = max(b - a for a, b in zip(times, times[1:]))
+            longest = max(longest, gap)
+            over_ttl += gap > DIRECTIVE_TTL_S
+    return {"stop_s": started - stopped, "start_s": up - started, "seconds": seconds,
+            "down_s": up - stopped, "all_back_s": max(back) - up if back else float("nan"),
+            "all_back_from_stop_s": max(back) - stopped if back else float("nan"),
+            "never_back": never, "longest_without_200_s": longest, "over_ttl": over_ttl}
+
+
+#: The coordinator's default directive_ttl_s: a node without a 200 for longer reverts
+#: its directives (it does not act on a plan older than that).
+DIRECTIVE_TTL_S = 60.0
 
 
 def main() -> None:
@@ -425,7 +661,20 @@ def main() -> None:
     parser.add_argument("--report-workers", type=int, default=0,
                         help="the coordinator's report_workers (default 0)")
     parser.add_argument("--tls", action="store_true",
-                        help="serve over TLS (certificates made on the fly)")
+                        help="serve over TLS (certificates made on the fly): --modes tls")
+    parser.add_argument("--modes", default=None,
+                        help="plain, tls or plain,tls: each fleet size in each, one after "
+                             "the other (default plain; the TLS p99 over the plain one is "
+                             "printed at the end)")
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
+                        help="also run the coordinator of this checkout (git worktree add "
+                             "DIR COMMIT), alternating with this one's, under the same "
+                             "clients; the ratios are printed at the end")
+    parser.add_argument("--restart-at", type=float, default=None, metavar="S",
+                        help="restart the coordinator (SIGTERM, then start it again on the "
+                             "same port and store) S s into the window, and say how long "
+                             "until every node had a 200 again (give a --duration of S + "
+                             "70 or more); no plan is timed")
     parser.add_argument("--timeline", type=float, default=None, metavar="MS",
                         help="also print each second whose slowest report took over MS ms")
     parser.add_argument("--dashboard", type=float, default=None, metavar="S",
@@ -441,6 +690,10 @@ def main() -> None:
                              "session's nice 19 job still takes a core's share from this "
                              "one; -10 gives the bench the priority their nice meant")
     args = parser.parse_args()
+    modes = (args.modes or ("tls" if args.tls else "plain")).split(",")
+    if not set(modes) <= {"plain", "tls"}:
+        parser.error(f"--modes: plain, tls or both, not {args.modes!r}")
+    trees = [ROOT] + ([args.baseline_tree.resolve()] if args.baseline_tree else [])
     autogroup = Path("/proc/self/autogroup")
     if args.autogroup_nice is not None:
         if os.getsid(0) != os.getpid():  # a session (and autogroup) of its own first
@@ -449,34 +702,101 @@ def main() -> None:
     groups = Path("/proc/sys/kernel/sched_autogroup_enabled")
     print(f"store={args.store} interval={args.interval:g}s models/report={args.models} "
           f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()} "
-          f"reactive_interval_s={args.reactive_interval:g} tls={args.tls} autogroups="
+          f"reactive_interval_s={args.reactive_interval:g} report_workers="
+          f"{args.report_workers} modes={','.join(modes)} autogroups="
           f"{groups.read_text().strip() if groups.exists() else '-'} "
           f"({autogroup.read_text().strip() if autogroup.exists() else '-'})")
-    print(f"{'nodes':>6} | {'offered/s':>9} | {'ingested/s':>10} | {'errors':>6} | "
-          f"{'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | "
-          f"{'p99 planning':>12} | {'plan s':>6} | "
-          f"{'coord CPU':>9} | {'ms/report':>9} | {'planner CPU':>11} | {'client CPU':>10} | "
-          f"{'client ms/report':>16} | load avg")
+    if args.baseline_tree:
+        print(f"trees: this = {ROOT}, baseline = {trees[1]}")
+    print(f"{'nodes':>6} | {'tree':>8} | {'tls':>3} | {'offered/s':>9} | {'ingested/s':>10} | "
+          f"{'refused':>7} | {'bad':>5} | {'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | "
+          f"{'max ms':>7} | {'p99 planning':>12} | {'plan s':>6} | "
+          f"{'coord CPU':>9} | {'ms/report':>9} | {'own ms/rep':>10} | {'planner CPU':>11} | "
+          f"{'client CPU':>10} | {'client ms/report':>16} | load avg")
+    rows = []
     for n in [int(x) for x in args.nodes.split(",")]:
-        load0 = os.getloadavg()[0]
-        r = run(n, args)
-        print(f"{r['nodes']:>6} | {r['offered_s']:>9.0f} | {r['ingested_s']:>10.0f} | "
-              f"{r['errors']:>6} | {r['late']:>5} | {r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
-              f"{r['max_ms']:>7.1f} | {r['planning_p99_ms']:>12.1f} | {r['plan_s']:>6.2f} | "
-              f"{r['coordinator_cpu']:>8.0%} | "
-              f"{r['cpu_ms_per_report']:>9.3f} | {r['planner_cpu']:>10.0%} | "
-              f"{r['client_cpu']:>9.0%} | {r['client_ms_per_report']:>16.3f} | "
-              f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
-        if args.store != "sqlite":
-            print(f"         PostgreSQL's server processes on this box: "
-                  f"{r['database_cpu']:.0%} of a core", flush=True)
-        if r["refreshes"]:
-            took = sorted(t for t, _ in r["refreshes"])
-            print(f"         dashboard every {args.dashboard:g} s: {len(took)} refreshes of "
-                  f"{max(b for _, b in r['refreshes']) / 1e6:.1f} MB, each "
-                  f"{took[len(took) // 2]:.2f} s (median), {took[-1]:.2f} s (max)", flush=True)
-        if not isinstance(r["replicas"], int):
-            print(f"         plan: {r['replicas']}")
+        for mode in modes:
+            for tree in trees:
+                load0 = os.getloadavg()[0]
+                r = run(n, args, mode == "tls", tree)
+                rows.append(r)
+                own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")  # a minute
+                print(f"{r['nodes']:>6} | {'this' if tree == ROOT else 'baseline':>8} | "
+                      f"{'yes' if r['tls'] else 'no':>3} | {r['offered_s']:>9.0f} | "
+                      f"{r['ingested_s']:>10.0f} | {r['refused']:>7} | "
+                      f"{r['bare_5xx'] + r['other'] + r['broken']:>5} | {r['late']:>5} | "
+                      f"{r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
+                      f"{r['max_ms']:>7.1f} | {r['planning_p99_ms']:>12.1f} | "
+                      f"{r['plan_s']:>6.2f} | {r['coordinator_cpu']:>8.0%} | "
+                      f"{r['cpu_ms_per_report']:>9.3f} | "
+                      f"{'-' if own is None else format(own * 1000, '.3f'):>10} | "
+                      f"{r['planner_cpu']:>10.0%} | "
+                      f"{r['client_cpu']:>9.0%} | {r['client_ms_per_report']:>16.3f} | "
+                      f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+                print_details(r, args)
+    print_ratios(rows, trees)
+
+
+def print_details(r: dict, args: argparse.Namespace) -> None:
+    """What a row's columns leave out: failures by kind, TLS resumption, a restart."""
+    if r["bare_5xx"] or r["other"] or r["broken"]:
+        print(f"         bad: {r['bare_5xx']} 5xx without Retry-After, {r['other']} other "
+              f"errors (statuses {r['statuses']}), {r['broken']} connections failed or "
+              "lost", flush=True)
+    if r["tls"]:
+        print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
+              flush=True)
+    if r["parts"]:
+        print("         its own /metrics over the window, CPU ms per report: " + ", ".join(
+            f"{part} {ms:.3f}" for part, ms in r["parts"].items()), flush=True)
+    if args.store != "sqlite":
+        print(f"         PostgreSQL's server processes on this box: "
+              f"{r['database_cpu']:.0%} of a core", flush=True)
+    if r["refreshes"]:
+        took = sorted(t for t, _ in r["refreshes"])
+        print(f"         dashboard every {args.dashboard:g} s: {len(took)} refreshes of "
+              f"{max(b for _, b in r['refreshes']) / 1e6:.1f} MB, each "
+              f"{took[len(took) // 2]:.2f} s (median), {took[-1]:.2f} s (max)", flush=True)
+    if r["restart"]:
+        x = r["restart"]
+        print(f"         restart: stopped {x['stop_s']:.1f} s after SIGTERM, started again "
+              f"in {x['start_s']:.1f} s (answering /v1/health); from the SIGTERM, each 5 s: "
+              + ", ".join(f"{t}-{t + 5} s: " + "/".join(
+                  str(sum(x['seconds'].get(u, {}).get(k, 0) for u in range(t, t + 5)))
+                  for k in ("ok", "refused", "broken"))
+                  for t in range(0, 1 + max(x['seconds'], default=0), 5))
+              + " (200s/refused/connections failed)", flush=True)
+        print(f"         restart: answering again {x['down_s']:.1f} s after SIGTERM; every "
+              f"node had a 200 again {x['all_back_s']:.1f} s after that "
+              f"({x['all_back_from_stop_s']:.1f} s after SIGTERM), {x['never_back']} never; "
+              f"the longest a node went without one {x['longest_without_200_s']:.1f} s "
+              f"({x['over_ttl']} nodes past the {DIRECTIVE_TTL_S:g} s directive_ttl_s)",
+              flush=True)
+    elif not isinstance(r["replicas"], int):
+        print(f"         plan: {r['replicas']}")
+
+
+def print_ratios(rows: list[dict], trees: list[Path]) -> None:
+    """TLS p99 over plain p99 per fleet size and tree; this tree's CPU per report over
+    the baseline's."""
+    def find(n: int, tls: bool, tree: Path) -> dict | None:
+        return next((r for r in rows if (r["nodes"], r["tls"], r["tree"]) == (n, tls, tree)),
+                    None)
+
+    for n in sorted({r["nodes"] for r in rows}):
+        for tree in trees:
+            plain, tls = find(n, False, tree), find(n, True, tree)
+            if plain and tls:
+                print(f"{n} nodes, {'this' if tree == ROOT else 'baseline'}: TLS p99 / plain "
+                      f"p99 = {tls['p99_ms'] / plain['p99_ms']:.2f}")
+        if len(trees) > 1:
+            for tls_on in (False, True):
+                this, base = find(n, tls_on, trees[0]), find(n, tls_on, trees[1])
+                if this and base:
+                    print(f"{n} nodes, {'TLS' if tls_on else 'plain'}: this / baseline: "
+                          f"coordinator CPU per report {this['cpu_ms_per_report'] / base['cpu_ms_per_report']:.2f}, "
+                          f"p99 {this['p99_ms'] / base['p99_ms']:.2f}, client CPU per report "
+                          f"{this['client_ms_per_report'] / base['client_ms_per_report']:.2f}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from agent.coordinator.faro.exhaustive import brute_force
-from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem
+from agent.coordinator.faro.problem import Capacity, JobSpec, Problem
 from agent.coordinator.faro.solver import solve
 
 
@@ -28,7 +28,7 @@ def make(n: int, per_model: float, objective: str, seed: int = 0) -> Problem:
     models = []
     for i in range(n):
         p = float(rng.uniform(0.05, 0.3))
-        models.append(ModelSpec(f"m{i}", float(rng.gamma(1.0, 3.0 / p)), p, 4 * p, 99.0,
+        models.append(JobSpec(f"m{i}", float(rng.gamma(1.0, 3.0 / p)), p, 4 * p, 99.0,
                                 float(rng.choice([1, 2]))))
     return Problem(Capacity(round(per_model * n), 1e15), tuple(models), objective=objective)
 

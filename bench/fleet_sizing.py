@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from agent.coordinator.faro import ModelSpec
+from agent.coordinator.faro import JobSpec
 from agent.coordinator.ribbon.fleet import FleetEvaluator, PoolType
 from agent.coordinator.ribbon.search import search
 
@@ -32,7 +32,7 @@ def make_fleet(seed: int) -> FleetEvaluator:
     models = []
     for i in range(8):
         proc = float(rng.uniform(0.005, 0.05))
-        models.append(ModelSpec(f"m{i}", rate=float(rng.uniform(10, 150)), proc_s=proc,
+        models.append(JobSpec(f"m{i}", rate=float(rng.uniform(10, 150)), proc_s=proc,
                                 slo_s=proc * float(rng.uniform(4, 12))))
     types = []
     for k in range(3):

@@ -37,6 +37,7 @@ wrapper (``bench/pressure_peers.py``). Same request sequence, same clients.
     .venv/bin/python bench/pressure.py --scenario onnx --json
     .venv/bin/python bench/pressure.py --large               # adds onnx-large
     .venv/bin/python bench/pressure.py --agent-src /tmp/old  # agent/ + cachepolicies/ from there
+    .venv/bin/python bench/pressure.py --policy cremebrulee --policy cremebrulee-forecast
     .venv/bin/python bench/pressure.py --ray-python /tmp/peers-venv/bin/python \\
         --mlserver-python /tmp/mlserver-venv/bin/python --scenario onnx
 """
@@ -492,7 +493,7 @@ def warm_up(base: str, model: Model) -> None:
             resp.read()
 
 
-def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
+def run_agent_scenario(sc: Scenario, args, work: Path, policy: str | None = None) -> dict:
     import yaml
 
     seed = args.seed
@@ -514,6 +515,8 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
            "infer_threads": 2, "log_level": "info", "drain_seconds": 5}
     if sc.slo_ms is not None:
         cfg["slo"] = {"latency_ms": sc.slo_ms}
+    if policy is not None:
+        cfg["policy"] = policy
     (run_dir / "agent.yaml").write_text(yaml.safe_dump(cfg))
     log = run_dir / "agent.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -522,7 +525,8 @@ def run_agent_scenario(sc: Scenario, args, work: Path) -> dict:
             "serve", "--config", str(run_dir / "agent.yaml")],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=run_dir)
     base = announced_url(proc, log)
-    info = {"scenario": sc.name, "system": "edgeagent", "title": sc.title,
+    info = {"scenario": sc.name, "title": sc.title,
+            "system": "edgeagent" if policy is None else f"edgeagent/{policy}",
             "models": len(models), "model_bytes_total": sum(m.file_bytes for m in models),
             "budget_bytes": budget}
     try:
@@ -733,6 +737,10 @@ def main() -> None:
                     "--work-dir; by default kept only when the agent logged errors or died")
     ap.add_argument("--system", action="append", choices=["edgeagent", "ray", "mlserver"],
                     help="repeatable; default: edgeagent and every importable peer")
+    ap.add_argument("--policy", action="append",
+                    help="the agent's eviction policy (its config's policy:), repeatable: "
+                    "each scenario runs the agent once per policy, in turn [default: the "
+                    "agent's default]")
     args = ap.parse_args()
 
     names = list(dict.fromkeys(args.scenario or DEFAULT))
@@ -761,12 +769,14 @@ def main() -> None:
     for name in names:
         sc = SCENARIOS[name]
         rows = []
-        if args.system is None or "edgeagent" in args.system:
+        for policy in (args.policy or [None]) if (args.system is None
+                                                  or "edgeagent" in args.system) else []:
             try:
-                r = run_agent_scenario(sc, args, work)
+                r = run_agent_scenario(sc, args, work, policy)
             except Exception as exc:  # noqa: BLE001
                 say(f"== {name} [edgeagent]: FAILED TO RUN: {type(exc).__name__}: {exc}")
-                out.append({"scenario": name, "system": "edgeagent", "error": repr(exc)})
+                out.append({"scenario": name, "system": "edgeagent", "policy": policy,
+                            "error": repr(exc)})
             else:
                 rows.append(r)
                 out.append(r)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.backends.synthetic import classify  # noqa: E402
 from agent.config import parse_model_config  # noqa: E402
-from agent.node.selection.policies import Policy  # noqa: E402
+from agent.node.selection.policies import SelectionPolicy  # noqa: E402
 from tests.helpers import Agent, add_app, add_classifier  # noqa: E402
 
 
@@ -170,7 +170,7 @@ def policies_seed(seed: int, queries: int, label: str) -> dict:
                        "schedule": [[fail, heal, 0.9]] if i == 0 else []}}}
     ).synthetic.classifier, f"r{seed}m{i}", x).reshape(-1) for i, err in enumerate(ERRORS)])
     options = {k: v for k, v in POLICIES[label].items() if k != "policy"}
-    policy = Policy(POLICIES[label]["policy"], len(ERRORS), **options)
+    policy = SelectionPolicy(POLICIES[label]["policy"], len(ERRORS), **options)
     state, rng = policy.fresh(), random.Random(seed)
     wrong, lead, zeroed, snapshots = 0, np.zeros(queries, int), {}, {}
     for q in range(queries):

@@ -13,13 +13,20 @@ p50 overhead <= 0.3 ms, >= 3,000 req/s.
     .venv/bin/python bench/serving_overhead.py [--seconds 5] [--concurrency 1,4,16]
         [--client aiohttp|wrk] [--record-requests N]
     .venv/bin/python bench/serving_overhead.py --record-ab 8 [--seconds 2]
+    .venv/bin/python bench/serving_overhead.py --against DIR [--rounds 8] [--seconds 2]
+    .venv/bin/python bench/serving_overhead.py --tracing-ab 8 [--seconds 2]
 
 ``--record-requests 0`` runs the agent without its request record (the twin's ring,
 on by default). ``--record-ab R`` measures what the record costs: two agents, one with
 ``record_requests: 0`` and one with the default, measured at the first concurrency in
 R rounds, alternating which goes first; it prints each round's p50/p99 of both, and the
 difference (with - without) as its mean over the rounds with its spread, so "within
-the noise" is a measured statement.
+the noise" is a measured statement. ``--against DIR`` compares this checkout with
+another (``git archive COMMIT | tar -x -C DIR``) the same way: an agent from each,
+``--rounds`` rounds alternating, the difference this - DIR. ``--tracing-ab R``: what
+OpenTelemetry traces cost (the tracing extra): an agent without ``tracing:`` and one
+tracing requests (``--sample-ratio``, default every one) to a real OTLP/gRPC collector
+that this process runs (it counts the spans it receives, printed at the end).
 """
 
 from __future__ import annotations
@@ -149,18 +156,52 @@ def through_wrk(url: str, seconds: float, concurrency: int, method: str, body: s
 
 
 def start_agent(tmp: Path, repo: Path, record_requests: int | None,
-                name: str) -> tuple[subprocess.Popen, str]:
+                name: str, code: Path | None = None, settings: dict | None = None
+                ) -> tuple[subprocess.Popen, str]:
     """An ``edgeagent serve`` process on ``repo`` (``record_requests`` None: the agent's
-    default); (process, base URL)."""
+    default; ``settings``: more of its config), from the checkout ``code`` (None: as
+    this process imports it); (process, base URL)."""
     config = tmp / f"{name}.yaml"
-    config.write_text("{}\n" if record_requests is None
-                      else f"record_requests: {record_requests}\n")
+    doc = dict(settings or {})
+    if record_requests is not None:
+        doc["record_requests"] = record_requests
+    config.write_text(json.dumps(doc) + "\n")  # JSON is YAML
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     agent = subprocess.Popen(
         [str(Path(sys.executable).with_name("edgeagent")), "serve", "--repository",
          str(repo), "--port", "0", "--grpc-port", "0", "--data-dir", str(tmp / name),
          "--cpu-budget", "256MB", "--log-level", "warning", "--config", str(config)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        stdout=subprocess.PIPE, text=True, cwd=code or ROOT, env=env)
     return agent, agent.stdout.readline().split()[3]
+
+
+class SpanSink:
+    """A real OTLP/gRPC trace collector on loopback that counts the spans it receives
+    (opentelemetry-proto's service, from the tracing extra)."""
+
+    def __init__(self) -> None:
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as rpc
+
+        sink = self
+        self.spans = 0
+
+        class Service(rpc.TraceServiceServicer):
+            def Export(self, request, context):
+                sink.spans += sum(len(scope.spans) for r in request.resource_spans
+                                  for scope in r.scope_spans)
+                return pb.ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(1))
+        rpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        self.endpoint = f"http://127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
 
 
 def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurrency: int,
@@ -202,6 +243,15 @@ def main() -> None:
     ap.add_argument("--record-ab", type=int, metavar="ROUNDS",
                     help="the record's cost: agents without and with it, ROUNDS rounds "
                          "alternating, at the first --concurrency")
+    ap.add_argument("--against", type=Path, metavar="DIR",
+                    help="this checkout vs the one in DIR, --rounds rounds alternating, at "
+                         "the first --concurrency")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of --against")
+    ap.add_argument("--tracing-ab", type=int, metavar="ROUNDS",
+                    help="the cost of tracing every request (OTLP to a collector run "
+                         "here): agents without and with, ROUNDS rounds alternating")
+    ap.add_argument("--sample-ratio", type=float, default=1.0,
+                    help="tracing.sample_ratio of --tracing-ab's traced agent")
     args = ap.parse_args()
     if args.record_ab is not None and (args.record_ab < 2 or args.record_requests is not None):
         ap.error("--record-ab needs at least 2 rounds and no --record-requests")
@@ -215,22 +265,44 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
         body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 16],
                                        "data": x.ravel().tolist()}]})
-        if args.record_ab is not None:
-            agents = {label: start_agent(Path(tmp), repo, n, label)
-                      for label, n in (("without", 0), ("with", None))}
+        sink = None
+        if args.record_ab is not None or args.against is not None or args.tracing_ab:
+            if args.tracing_ab:
+                sink = SpanSink()
+                traced = {"tracing": {"endpoint": sink.endpoint,
+                                      "sample_ratio": args.sample_ratio}}
+                agents = {"without": start_agent(Path(tmp), repo, args.record_requests,
+                                                 "without"),
+                          "with": start_agent(Path(tmp), repo, args.record_requests,
+                                              "with", settings=traced)}
+                title = (f"tracing's cost: no tracing: (without) vs sample_ratio "
+                         f"{args.sample_ratio:g} (with)")
+            elif args.against is not None:
+                agents = {"there": start_agent(Path(tmp), repo, args.record_requests,
+                                               "there", args.against.resolve()),
+                          "here": start_agent(Path(tmp), repo, args.record_requests, "here",
+                                              ROOT)}
+                title = f"this checkout (here) vs {args.against} (there)"
+            else:
+                agents = {label: start_agent(Path(tmp), repo, n, label)
+                          for label, n in (("without", 0), ("with", None))}
+                title = "the record's cost: record_requests 0 (without) vs the default (with)"
             try:
                 for _, url in agents.values():
                     through_agent(url + "/v2/models/small/infer", 0.5, 1, "POST", body)
-                print(f"the record's cost: record_requests 0 (without) vs the default "
-                      f"(with), concurrency {levels[0]}, {args.seconds:g} s a point, "
+                print(f"{title}, concurrency {levels[0]}, {args.seconds:g} s a point, "
                       f"client {args.client}, load average {os.getloadavg()[0]:.1f}")
                 record_ab({k: url for k, (_, url) in agents.items()}, client, body,
-                          args.seconds, levels[0], args.record_ab)
+                          args.seconds, levels[0],
+                          args.record_ab or args.tracing_ab or args.rounds)
                 print(f"load average {os.getloadavg()[0]:.1f} at the end")
             finally:
                 for agent, _ in agents.values():
                     agent.terminate()
                     agent.wait(30)
+                if sink is not None:
+                    print(f"the collector received {sink.spans} spans")
+                    sink.stop()
             return
         agent, url = start_agent(Path(tmp), repo, args.record_requests, "agent")
         try:

@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.eventloop import settle_gc  # noqa: E402
+from agent.http.eventloop import settle_gc  # noqa: E402
 from tests.helpers import (AgentServer, add_synthetic, closed_loop,  # noqa: E402
                            http_open_loop, open_loop, start_serving, stop_serving,
                            without_stalls)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from agent.memory import tune_malloc  # noqa: E402
-from agent.tls import client_context  # noqa: E402
+from agent.security.tls import client_context  # noqa: E402
 from bench.pressure import free_port  # noqa: E402
 from tests.helpers import add_synthetic, issue_cert, make_ca  # noqa: E402
 

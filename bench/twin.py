@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.commands.cache import PROFILES_FILE, TRACE_FILE  # noqa: E402
 from agent.config import AgentConfig  # noqa: E402
-from agent.twinsettings import twin_settings  # noqa: E402
+from agent.config.twinsettings import twin_settings  # noqa: E402
 from cachepolicies.simulator import simulate  # noqa: E402
 from tests.helpers import (AgentServer, add_synthetic, cremebrulee_workload,  # noqa: E402
                            replay_live)

@@ -83,8 +83,9 @@ class Policy:
     """Base class: maps keys to ids and calls the kernels; subclasses build the state.
 
     A subclass's ``__init__`` calls ``super().__init__()`` and then sets ``self._state``
-    to its structref (which holds ``self._res``); its verbs are kernels registered with
-    ``kernels.implements``.
+    to its structref (which holds ``self._res``), made by its module's
+    ``new_state(self._res, *self.state_parameters)``; its verbs are kernels registered
+    with ``kernels.implements``.
     """
 
     name: ClassVar[str]
@@ -94,6 +95,10 @@ class Policy:
     #: freed, keep only the largest of them that suffice (fewer models go). Classic
     #: policies (LRU, GDSF, ...) evict strictly in priority order instead.
     trims_eviction_set: ClassVar[bool] = False
+    #: The arguments after ``res`` of the policy module's ``new_state`` kernel, which a
+    #: replay building a state of its own passes (``cachepolicies.native``); an oracle's
+    #: state takes its clock instead, built from the replayed trace.
+    state_parameters: tuple = ()
 
     def __init__(self, ids: Ids | None = None) -> None:
         """``ids``: keys known up front (an oracle's future), so arrays start big enough."""

@@ -55,13 +55,19 @@ def _on_access(s, i, now):
 
 @kernel
 def _on_admit(s, i, now):
-    penalty = s.res.penalty[i]
+    worth = log_worth(s.res, i)
+    s.log_worth[i] = worth
+    heap_set(s.heap, i, worth + rates.log_score(s.rates, i))
+
+
+@kernel(inline="always")
+def log_worth(res, i):
+    """log(penalty / size) of resident ``i`` (-inf: no penalty), the part of its log
+    utility that stays while it is resident."""
+    penalty = res.penalty[i]
     if penalty <= 0:
-        log_worth = -math.inf
-    else:
-        log_worth = math.log(penalty) - math.log(max(s.res.size[i], 1))
-    s.log_worth[i] = log_worth
-    heap_set(s.heap, i, log_worth + rates.log_score(s.rates, i))
+        return -math.inf
+    return math.log(penalty) - math.log(max(res.size[i], 1))
 
 
 @kernel
@@ -101,7 +107,8 @@ class CremeBrulee(Policy):
         cumulative, k = rates.rate_parameters(rate, half_life)
         super().__init__()
         self.rate, self.half_life = rate, float(half_life)
-        self._state = new_state(self._res, cumulative, k)
+        self.state_parameters = (cumulative, k)
+        self._state = new_state(self._res, *self.state_parameters)
 
     def priority(self, key: Key, now: float) -> float:
         """Utility in seconds of load time saved per byte per second."""

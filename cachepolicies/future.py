@@ -21,11 +21,12 @@ NEVER = math.inf
 def next_use_positions(keys: Sequence[Key] | np.ndarray) -> np.ndarray:
     """For each position i, the position of the next request for ``keys[i]`` (or inf)."""
     ids = Ids().intern_many(keys)
-    return _next_uses(ids, int(ids.max()) + 1 if len(ids) else 0)
+    return next_uses(ids, int(ids.max()) + 1 if len(ids) else 0)
 
 
 @kernel
-def _next_uses(ids, n_ids):
+def next_uses(ids, n_ids):
+    """Per position of ``ids`` (dense, below ``n_ids``), the next position of its id."""
     nxt = np.full(len(ids), NEVER)
     last = np.full(n_ids, -1, np.int64)  # per id, its latest position seen (scanning back)
     for p in range(len(ids) - 1, -1, -1):
@@ -78,7 +79,7 @@ class Oracle(Policy):
         ids = Ids()
         self._future = ids.intern_many(future)
         super().__init__(ids)
-        self._clock = new_clock(self._future, _next_uses(self._future, len(ids)))
+        self._clock = new_clock(self._future, next_uses(self._future, len(ids)))
 
     def _out_of_step(self, key: Key) -> Exception:
         i = clock_position(self._clock)

@@ -10,7 +10,9 @@ resident memory (``bench/idle_rss.py``, ``bench/live_policy.py``).
 
 The choice is made once per process, when the kernels are first imported, by the
 environment variable ``EDGEAGENT_JIT``: ``1`` compiles, ``0`` interprets; unset, compile
-(``edgeagent serve`` sets ``0`` unless it is set). ``COMPILED`` says which was taken.
+(``edgeagent serve`` sets ``0`` unless it is set; so does ``edgeagent simulate`` when
+it replays with modules compiled ahead of time, ``cachepolicies.native``, whose policy
+objects only give their parameters). ``COMPILED`` says which was taken.
 """
 
 from __future__ import annotations

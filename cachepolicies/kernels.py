@@ -26,24 +26,13 @@ verb out.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 
 from cachepolicies.jit import COMPILED, njit, overload, structref, types
-
+from cachepolicies.sourcestamp import package_stamp
 
 # -- the kernel decorator ---------------------------------------------------------------
-def _package_stamp(root: Path = Path(__file__).parent) -> tuple[str, str]:
-    """A hash of every Python source under ``root``."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return ("cachepolicies", digest.hexdigest())
-
-
-_STAMP = _package_stamp() if COMPILED else None
+_STAMP = ("cachepolicies", package_stamp()) if COMPILED else None
 
 
 def kernel(fn=None, **options):

@@ -28,7 +28,7 @@ import numpy as np
 Key = Hashable
 
 
-class Policy(Protocol):
+class EvictionPolicy(Protocol):
     """What the pool asks of an eviction policy (``cachepolicies.base.Policy`` is one;
     this module does not import it: the policies import numba, the pool and traces do
     not)."""
@@ -83,7 +83,7 @@ class MemoryPool:
     """One device's byte budget: resident models (accounted sizes), reservations of
     loads in progress, a fixed ``overhead`` (e.g. a CUDA context) and the policy."""
 
-    def __init__(self, budget: int, policy: Policy, *, overhead: int = 0) -> None:
+    def __init__(self, budget: int, policy: EvictionPolicy, *, overhead: int = 0) -> None:
         self.budget = int(budget)
         self.policy = policy
         self.overhead = int(overhead)

@@ -73,7 +73,8 @@ class Popularity(Policy):
         cumulative, k = rates.rate_parameters(rate, half_life)
         super().__init__()
         self.rate, self.half_life = rate, float(half_life)
-        self._state = new_state(self._res, cumulative, k)
+        self.state_parameters = (cumulative, k)
+        self._state = new_state(self._res, *self.state_parameters)
 
     def priority(self, key: Key, now: float) -> float:
         return self.request_rate(key, now)

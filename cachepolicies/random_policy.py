@@ -31,7 +31,8 @@ structref.define_proxy(RandomState, RandomStateType, ["res", "mt", "mti"])
 
 @kernel
 def new_state(res, mt, mti):
-    return RandomState(res, mt, mti)
+    """A state drawing from its own copy of the generator words ``mt`` at index ``mti``."""
+    return RandomState(res, mt.copy(), mti)
 
 
 @kernel
@@ -99,5 +100,5 @@ class RandomPolicy(Policy):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         words = random.Random(seed).getstate()[1]  # 624 state words, then the index
-        self._state = new_state(self._res, np.array(words[:624], dtype=np.uint32),
-                                np.int64(words[624]))
+        self.state_parameters = (np.array(words[:624], dtype=np.uint32), np.int64(words[624]))
+        self._state = new_state(self._res, *self.state_parameters)

@@ -98,6 +98,14 @@ def log_score(r, i):
 
 
 @kernel(inline="always")
+def log_shared(r, now):
+    """The term shared by all ids at ``now``: log(rate) = log_score + log_shared."""
+    if r.cumulative:
+        return -math.log(max(now - r.t0, 1.0)) if r.started else 0.0
+    return math.log(r.k) - now * r.k
+
+
+@kernel(inline="always")
 def rate(r, i, now):
     """Requests per second for id ``i`` at ``now``."""
     count = r.count[i]

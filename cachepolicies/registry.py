@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from cachepolicies.base import Key, Policy
 from cachepolicies.beladymin import BeladyMin
 from cachepolicies.cremebrulee import CremeBrulee
+from cachepolicies.cremebrulee_forecast import CremeBruleeForecast
 from cachepolicies.cremebrulee_oracle import CremeBruleeOracle
 from cachepolicies.gdsf import GDSF
 from cachepolicies.lru import LRU
@@ -20,7 +21,8 @@ from cachepolicies.random_policy import RandomPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (LRU, RandomPolicy, Popularity, GDSF, BeladyMin, CremeBrulee, CremeBruleeOracle)
+    for cls in (LRU, RandomPolicy, Popularity, GDSF, BeladyMin, CremeBrulee,
+                CremeBruleeForecast, CremeBruleeOracle)
 }
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

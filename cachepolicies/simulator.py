@@ -20,25 +20,27 @@ Both loops below drive ``cachepolicies.pool.MemoryPool``, the miss path the node
 cache drives too (reserve all or nothing → commit; one ``miss_penalty``). The policies'
 decisions are compiled kernels, and so is the plain replay (``replay.replay``): a
 compiled copy of ``_replay`` for speed, held equal to it decision by decision by a
-property test (``test_the_compiled_loop_decides_as_the_python_verbs``). The twin runs
-in Python only, on the pool itself.
+property test (``test_the_compiled_loop_decides_as_the_python_verbs``). A process may
+pass ``native`` instead (``cachepolicies.native``: the same loop and kernels compiled
+ahead of time, loaded without numba): the plain replay then builds its own state there
+from the policy's ``state_parameters``. The twin runs in Python only, on the pool itself.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from types import ModuleType
 
 import numpy as np
-from tqdm import tqdm
 
 from cachepolicies import replay, twin
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool, PolicyContractError
-from cachepolicies.registry import make_policy
-from cachepolicies.tiers import DiskTier, check_disk_capacity
+from cachepolicies.registry import make_policy, parse_policy_spec
+from cachepolicies.tiers import DiskBooks, check_disk_capacity
 from cachepolicies.traces import Profiles, Trace, check_capacity
 from cachepolicies.twin import Queueing
 
@@ -90,24 +92,30 @@ def simulate(
     queueing: Queueing | None = None,
     disk_capacity: int | None = None,
     disk_policy: str | None = None,
+    native: Mapping[str, ModuleType] | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` with the policy ``policy_spec`` names under ``capacity_bytes``.
 
     ``queueing`` is None (count load delay only) or the agent settings the twin replays
     (also measure response times). ``disk_capacity`` (bytes) adds the disk tier, starting
     empty, under ``disk_policy`` (default: ``policy_spec``); None: every model's files
-    are on disk throughout. Raises ``SimulationInputError`` before the run when a
-    requested model is larger than the whole capacity (or disk).
+    are on disk throughout. ``native`` maps policy names to their ahead-of-time replays
+    (``cachepolicies.native.ensure``), which a plain replay of those policies runs.
+    Raises ``SimulationInputError`` before the run when a requested model is larger
+    than the whole capacity (or disk).
     """
     capacity_bytes = int(capacity_bytes)
     check_capacity(trace, profiles, capacity_bytes)
-    policy = make_policy(policy_spec, future=trace.model_ids, seed=seed)
+    plain = queueing is None and disk_capacity is None
+    ahead = (native or {}).get(parse_policy_spec(policy_spec)[0]) if plain else None
+    # A native replay builds its own state: the policy object only gives its parameters.
+    policy = make_policy(policy_spec, future=() if ahead else trace.model_ids, seed=seed)
     disk = None
     if disk_capacity is not None:
         disk_capacity = int(disk_capacity)
         check_disk_capacity(trace, profiles, disk_capacity)
         disk_policy = disk_policy or policy_spec
-        disk = DiskTier(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
+        disk = DiskBooks(disk_capacity, make_policy(disk_policy, future=trace.model_ids,
                                                    seed=seed), profiles,
                         bandwidth=None if queueing is None else queueing.pull_bandwidth)
     # The cycle collector would only cost time here; cycles, if any, go after the run.
@@ -119,6 +127,8 @@ def simulate(
             outcome = twin.replay(trace, profiles, capacity_bytes, policy, queueing,
                                   disk=disk)
             counts = _totals(outcome.loads, profiles, resident_count=len(policy))
+        elif ahead is not None:
+            counts = _replay_native(ahead, trace, profiles, capacity_bytes, policy)
         elif disk is None and _runs_compiled(policy):
             counts = _replay_compiled(trace, profiles, capacity_bytes, policy)
         else:
@@ -166,6 +176,7 @@ def sweep(
     progress: bool = True,
     disk_capacity: int | None = None,
     disk_policy: str | None = None,
+    native: Mapping[str, ModuleType] | None = None,
 ) -> list[SimulationResult]:
     """``simulate`` for every (policy, capacity), policy-major, one after the other.
 
@@ -180,14 +191,22 @@ def sweep(
         check_disk_capacity(trace, profiles, int(disk_capacity))
     runs = [(spec, int(capacity)) for spec in policy_specs for capacity in capacities]
     results = []
-    bar = tqdm(runs, desc="simulate", unit="run", file=sys.stderr, disable=not progress)
-    for spec, capacity in bar:
-        bar.set_postfix_str(f"{spec} @ {capacity} B", refresh=False)
+    bar = _progress_bar(runs) if progress else None
+    for spec, capacity in bar if bar is not None else runs:
+        if bar is not None:
+            bar.set_postfix_str(f"{spec} @ {capacity} B", refresh=False)
         results.append(
             simulate(trace, profiles, capacity, spec, seed=seed, queueing=queueing,
-                     disk_capacity=disk_capacity, disk_policy=disk_policy)
+                     disk_capacity=disk_capacity, disk_policy=disk_policy, native=native)
         )
     return results
+
+
+def _progress_bar(runs: list[tuple[str, int]]):
+    """A tqdm bar over ``runs`` on stderr (tqdm is imported only for one)."""
+    from tqdm import tqdm
+
+    return tqdm(runs, desc="simulate", unit="run", file=sys.stderr)
 
 
 _VERBS = ("record_access", "admit", "choose_victims", "remove")
@@ -222,9 +241,26 @@ def _replay_compiled(
     return _totals(loads[table], profiles, resident_count=len(policy))
 
 
+def _replay_native(
+    module: ModuleType, trace: Trace, profiles: Profiles, capacity: int, policy: Policy
+) -> tuple[int, int, int, float]:
+    """``_replay_compiled`` by the policy's ahead-of-time replay, on model ids as ids."""
+    loads, status, resident = module.replay(
+        policy.state_parameters, np.ascontiguousarray(trace.model_ids, dtype=np.int64),
+        np.ascontiguousarray(trace.timestamps, dtype=np.float64),
+        np.ascontiguousarray(profiles.size_bytes, dtype=np.int64),
+        np.ascontiguousarray(profiles.penalty_seconds, dtype=np.float64), capacity,
+        policy.trims_eviction_set)
+    if status == replay.TOO_LITTLE:
+        raise PolicyContractError(f"{policy.name}'s victims freed too little")
+    if status != replay.DONE:
+        raise policy._out_of_step(int(trace.model_ids[status]))
+    return _totals(loads, profiles, resident_count=int(resident))
+
+
 def _replay(
     trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-    disk: DiskTier | None = None,
+    disk: DiskBooks | None = None,
 ) -> tuple[int, int, int, float]:
     """The replay loop: (misses, evictions, bytes loaded, load delay) for one replay
     (with ``disk``, the delay of the loads only: the downloads are the tier's)."""

@@ -25,14 +25,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cachepolicies.pool import MemoryPool, Policy, miss_penalty
+from cachepolicies.pool import EvictionPolicy, MemoryPool, miss_penalty
 from cachepolicies.traces import Profiles, SimulationInputError, Trace
 
 
-class DiskTier:
+class DiskBooks:
     """The disk tier's books during one replay: the files on disk, downloads per model."""
 
-    def __init__(self, capacity: int, policy: Policy, profiles: Profiles,
+    def __init__(self, capacity: int, policy: EvictionPolicy, profiles: Profiles,
                  bandwidth: float | None = None) -> None:
         """``bandwidth``: bytes per second a pull may take (the agent's
         ``pull_bandwidth``, per pull): a download takes at least its bytes over it."""

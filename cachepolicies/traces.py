@@ -29,6 +29,7 @@ not skipped, so line numbers stay exact.
 from __future__ import annotations
 
 import csv
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -99,6 +100,10 @@ class Trace:
     timestamps: np.ndarray  # float64, non-decreasing
     model_ids: np.ndarray  # int64, indexes into the profiles
     source: str
+    #: Requests left out for naming a model without a profile (``skip_unknown``), and
+    #: those models.
+    skipped: int = 0
+    skipped_models: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.model_ids)
@@ -120,11 +125,29 @@ def load_penalty(
 
 
 # -- profiles -----------------------------------------------------------------------------
-def read_profiles(path: str | Path) -> Profiles:
-    """Parse and validate a profiles CSV file."""
+def read_profiles(path: str | Path, *, name: str | None = None) -> Profiles:
+    """Parse and validate a profiles CSV file (``name``: what messages call it, default
+    its path)."""
+    with _named(name):
+        return _read_profiles(str(path), name)
+
+
+@contextmanager
+def _named(name: str | None) -> Iterator[None]:
+    """An input error of the block said of ``name`` (a file's display name) instead of
+    the file read (a temporary copy)."""
+    try:
+        yield
+    except SimulationInputError as exc:
+        if name is None:
+            raise
+        raise SimulationInputError(name, exc.problem, line=exc.line,
+                                   column=exc.column) from None
+
+
+def _read_profiles(source: str, name: str | None) -> Profiles:
     import pyarrow as pa
 
-    source = str(path)
     header = _read_header(source, PROFILE_COLUMNS)
     optional = [c for c in OPTIONAL_PROFILE_COLUMNS if c in header]
     types = {"model": pa.string(), "size_bytes": pa.float64(), "load_seconds": pa.float64(),
@@ -144,7 +167,7 @@ def read_profiles(path: str | Path) -> Profiles:
         load_slot_seconds=column("load_slot_seconds"),
         download_seconds=column("download_seconds"),
         disk_bytes=column("disk_bytes"),
-        source=source,
+        source=name or source,
         line_offset=2,
     )
 
@@ -270,11 +293,19 @@ def _check_non_negative(
 
 
 # -- trace ----------------------------------------------------------------------------------
-def read_trace(path: str | Path, profiles: Profiles) -> Trace:
-    """Parse and validate a trace CSV file; every model must be in ``profiles``."""
+def read_trace(path: str | Path, profiles: Profiles, *, name: str | None = None,
+               skip_unknown: bool = False) -> Trace:
+    """Parse and validate a trace CSV file; every model must be in ``profiles``, or with
+    ``skip_unknown`` the requests of the others are left out (counted in the trace's
+    ``skipped``). ``name``: what messages call the file (default its path)."""
+    with _named(name):
+        return _read_trace(str(path), profiles, skip_unknown, name)
+
+
+def _read_trace(source: str, profiles: Profiles, skip_unknown: bool,
+                name: str | None) -> Trace:
     import pyarrow as pa
 
-    source = str(path)
     header = _read_header(source, TRACE_COLUMNS)
     # The reader dictionary-encodes the names as it parses (no string column, and no
     # pyarrow.compute import in every simulate process); one dictionary for all.
@@ -287,7 +318,8 @@ def read_trace(path: str | Path, profiles: Profiles) -> Trace:
                            ).astype(np.int64)
     dictionary = models.chunks[0].dictionary.to_pylist()
     timestamps = _floats(table["timestamp"])
-    return _build_trace(timestamps, codes, dictionary, profiles, source, line_offset=2)
+    return _build_trace(timestamps, codes, dictionary, profiles, name or source,
+                        line_offset=2, skip_unknown=skip_unknown)
 
 
 def make_trace(
@@ -324,9 +356,22 @@ def _build_trace(
     source: str,
     *,
     line_offset: int,
+    skip_unknown: bool = False,
 ) -> Trace:
     lookup = np.array([profiles.index.get(name, -1) for name in dictionary], dtype=np.int64)
     unknown = np.flatnonzero(lookup < 0)
+    skipped, skipped_models = 0, ()
+    if unknown.size and skip_unknown:
+        keep = lookup[codes] >= 0
+        skipped = int(len(codes) - keep.sum())
+        skipped_models = tuple(sorted(dictionary[i] for i in unknown
+                                      if np.any(codes == i)))
+        timestamps, codes = timestamps[keep], codes[keep]
+        if not len(codes):
+            raise SimulationInputError(source, f"no request names a model in the profiles "
+                                       f"({profiles.source}): all {skipped} are of "
+                                       f"{', '.join(skipped_models)}")
+        unknown = unknown[:0]
     if unknown.size:
         first_row = int(np.flatnonzero(np.isin(codes, unknown))[0])
         name = dictionary[codes[first_row]]
@@ -354,7 +399,8 @@ def _build_trace(
             line=i + line_offset,
             column="timestamp",
         )
-    return Trace(timestamps=timestamps, model_ids=lookup[codes], source=source)
+    return Trace(timestamps=timestamps, model_ids=lookup[codes], source=source,
+                 skipped=skipped, skipped_models=skipped_models)
 
 
 def check_capacity(trace: Trace, profiles: Profiles, capacity_bytes: int) -> None:

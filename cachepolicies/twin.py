@@ -8,10 +8,11 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
 - a miss starts one load (single flight: later requests for the model wait on it); with
   a disk tier (``cachepolicies.tiers``) it first pulls the model's files when they are
   not on disk: the pull waits for one of ``max_concurrent_pulls`` pull slots (FIFO),
-  then makes room on disk and downloads (``DiskTier.fetch``: its download seconds, at
+  then makes room on disk and downloads (``DiskBooks.fetch``: its download seconds, at
   least its bytes over ``pull_bandwidth``, the agent's cap per pull); then the load
   takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
-  queue* (deadline then arrival, head-of-line: a later load never overtakes the head)
+  queue* (``cachepolicies.roomqueue``, the agent's own, with the same verbs: deadline
+  then arrival, head-of-line: a later load never overtakes the head)
   until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
   models; it runs for the model's penalty (load + cold first run; or the slot time a
   node measured, the profiles' ``load_slot_seconds``), then commits its steady size,
@@ -44,7 +45,8 @@ import numpy as np
 
 from cachepolicies.base import Policy
 from cachepolicies.pool import MemoryPool
-from cachepolicies.tiers import DiskTier
+from cachepolicies.roomqueue import RoomQueue, Waiter
+from cachepolicies.tiers import DiskBooks
 from cachepolicies.traces import Profiles, Trace
 
 #: Clipper's multiplicative decrease of the batch limit (the agent's ``BACKOFF``).
@@ -121,7 +123,7 @@ _ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = 0, 1, 2, 3, 4
 
 
 def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-           settings: Queueing, *, disk: DiskTier | None = None,
+           settings: Queueing, *, disk: DiskBooks | None = None,
            log_events: bool = False) -> Outcome:
     """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
     disk tier a miss pulls its files into first (None: every model's files on disk),
@@ -133,7 +135,7 @@ class _Twin:
     """The replay's state and its event handlers (one instance per replay)."""
 
     def __init__(self, trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-                 settings: Queueing, disk: DiskTier | None, log_events: bool) -> None:
+                 settings: Queueing, disk: DiskBooks | None, log_events: bool) -> None:
         self.s = settings
         self.disk = disk
         self.sizes = profiles.size_bytes.tolist()
@@ -170,7 +172,9 @@ class _Twin:
         self.slot_queue: deque[int] = deque()
         self.pull_slots = settings.max_concurrent_pulls or math.inf
         self.pull_queue: deque[int] = deque()
-        self.room_queue: list[tuple[float, int, int]] = []  # (give up at, seq, model)
+        #: Loads waiting for room: the agent's own room queue, this replay its ``Room``.
+        self.rooms = RoomQueue(self)
+        self.waiter: dict[int, Waiter] = {}        # model -> its load's place in it
         self.loads = [0] * n
         self.load_wait = 0.0
         self.response = np.full(len(trace), np.nan)
@@ -245,8 +249,8 @@ class _Twin:
             self.response[i] = now - self.arrivals[i]
         self.in_flight[m] -= len(batch)
         self.dispatch(m, now)
-        if self.in_flight[m] == 0 and self.room_queue:
-            self.grant(now)
+        if self.in_flight[m] == 0:
+            self.rooms.changed(now)
 
     def tune(self, m: int, rows: int, seconds: float) -> None:
         """The agent's AIMD batch limit (``agent.node.batch_tuner.AimdLimit``) after a
@@ -326,27 +330,34 @@ class _Twin:
             m = self.slot_queue.popleft()
             self.slots -= 1
             self.stage[m] = "room"
-            heapq.heappush(self.room_queue,
-                           (self.asked[m] + self.s.load_wait_max_s, self.seq, m))
-            self.seq += 1
+            self.waiter[m] = self.rooms.ask(m, self.need[m],
+                                            self.asked[m] + self.s.load_wait_max_s)
             self.note(now, "slot", m)
-        self.grant(now)
+        self.rooms.changed(now)
 
     def evictable(self, key: int) -> bool:
         return self.in_flight[key] == 0
 
-    def grant(self, now: float) -> None:
-        """Room for the waiting loads in queue order, as far as room allows now."""
-        while self.room_queue:
-            m = self.room_queue[0][2]
-            if self.pool.reserve(self.need[m], now, self.evictable) is None:
-                return  # until a request finishes or a load commits
-            heapq.heappop(self.room_queue)
-            self.stage[m] = "loading"
-            self.loads[m] += 1
-            self.load_wait += now - self.asked[m]
-            self.note(now, "load", m)
-            self.schedule(now + self.hold[m], _LOADED, m)
+    # -- the room queue's Room: the memory pool as the agent's memory tier keeps it ------
+    def take(self, waiter: Waiter, now: float) -> list | None:
+        """Room for a waiting load (victims among idle models), and its load starts."""
+        m = waiter.key
+        victims = self.pool.reserve(self.need[m], now, self.evictable)
+        if victims is None:
+            return None  # until a request finishes or a load commits
+        del self.waiter[m]
+        self.stage[m] = "loading"
+        self.loads[m] += 1
+        self.load_wait += now - self.asked[m]
+        self.note(now, "load", m)
+        self.schedule(now + self.hold[m], _LOADED, m)
+        return victims
+
+    def futile(self, waiter: Waiter) -> None:
+        return None  # a load under way or a request in flight always ends
+
+    def give_back(self, waiter: Waiter) -> None:
+        raise AssertionError("a granted load of the twin always runs")
 
     def loaded(self, m: int, now: float) -> None:
         self.pool.commit(m, self.need[m], self.sizes[m], self.penalty(m), now)
@@ -356,7 +367,7 @@ class _Twin:
         self.slots += 1
         self.queue[m].extend(self.waiters.pop(m))
         self.dispatch(m, now)
-        self.take_slots(now)
+        self.take_slots(now)  # the pool changed: ``rooms.changed`` there
 
     def give_up(self, what: tuple[int, int], now: float) -> None:
         m, load = what
@@ -365,8 +376,7 @@ class _Twin:
         if self.stage[m] == "slot":
             self.slot_queue.remove(m)
         else:
-            self.room_queue = [r for r in self.room_queue if r[2] != m]
-            heapq.heapify(self.room_queue)
+            self.rooms.withdraw(self.waiter.pop(m))
             self.slots += 1
         self.stage[m] = ""
         self.load_wait += now - self.asked[m]

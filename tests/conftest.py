@@ -49,12 +49,12 @@ def repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def settled_gc():
-    """The collector as a serving agent has it (``agent.eventloop.settle_gc``) for an
+    """The collector as a serving agent has it (``agent.http.eventloop.settle_gc``) for an
     in-process timing test, restored after: otherwise a full collection walking what
     earlier tests left behind (50-100 ms here) shows up as batch latency."""
     import gc
 
-    from agent.eventloop import settle_gc
+    from agent.http.eventloop import settle_gc
 
     thresholds = gc.get_threshold()
     settle_gc()

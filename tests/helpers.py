@@ -36,7 +36,8 @@ EDGEAGENT = str(Path(sys.executable).with_name("edgeagent"))
 #: The packages the default install leaves out (pyproject's extras and the tests' own):
 #: ``edgeagent serve`` and the agent's commands import none of them.
 HEAVY = ("numba", "llvmlite", "pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "onnx",
-         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving")
+         "skl2onnx", "tqdm", "threadpoolctl", "tensorflow", "tensorflow_serving",
+         "opentelemetry")
 _BLOCKER = """
 import sys, importlib.abc
 class _Blocked(importlib.abc.MetaPathFinder):
@@ -170,6 +171,36 @@ def request(url: str, method: str = "GET", body=None, timeout: float = 10, conte
             return resp.status, json.loads(resp.read()), dict(resp.headers)
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read()), dict(err.headers)
+
+
+def call(port: int, method: str, path: str, body=None, token: str | None = None, conn=None,
+         context=None, *, source: str | None = None,
+         headers: dict | None = None) -> tuple[int, object]:
+    """(status, parsed JSON or text) for one request to 127.0.0.1:``port``: on ``conn``
+    (a kept connection) or a new one (TLS with ``context``; from the loopback address
+    ``source``), with ``token`` as a bearer token and ``headers`` besides."""
+    import http.client
+
+    own = conn is None
+    if own:
+        conn = (http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
+                if context else http.client.HTTPConnection(
+                    "127.0.0.1", port, timeout=30,
+                    source_address=(source, 0) if source else None))
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None, sent)
+        answer = conn.getresponse()
+        raw = answer.read()
+        try:
+            return answer.status, json.loads(raw)
+        except ValueError:
+            return answer.status, raw.decode()
+    finally:
+        if own:
+            conn.close()
 
 
 # -- waiting and ports ----------------------------------------------------------------------
@@ -324,13 +355,14 @@ class AgentServer(ThreadedServer):
     def __init__(self, config, **node_kwargs):
         from agent.node.app import NODE, create_app, prepare_process
 
-        from agent.tls import ServerTls
+        from agent.security.tls import ServerTls
 
         prepare_process()  # as ``edgeagent serve`` does
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         super().__init__(create_app(config, **node_kwargs),
                          ssl_context=self.tls.context if self.tls else None)
         self.node = self.app[NODE]
+        self.node.router.listening(self.url, None)
         self.call(self.node.wait_ready())
 
     def request(self, method, path, body=None, headers=None):
@@ -506,6 +538,19 @@ class Recorder:
         return backend
 
 
+class ServingListener:
+    """The cache's listener where a test runs serving without a node: it tells
+    ``serving`` of loads and unloads, as ``agent.node.node.Node`` does."""
+
+    serving = None
+
+    def model_loaded(self, entry):
+        self.serving.model_loaded(entry)
+
+    def model_unloaded(self, entry, reason):
+        self.serving.model_unloaded(entry, reason)
+
+
 async def start_serving(repo, backend_factory=None, **config):
     """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
     from agent.config import AgentConfig
@@ -514,9 +559,10 @@ async def start_serving(repo, backend_factory=None, **config):
     from agent.node.serving import Serving
 
     kwargs = {"backend_factory": backend_factory} if backend_factory else {}
-    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, **kwargs)
-    serving = Serving(cache, AgentConfig(repository=repo, **config), None)
-    return cache, serving
+    listener = ServingListener()
+    cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, listener=listener, **kwargs)
+    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    return cache, listener.serving
 
 
 async def stop_serving(cache, serving):
@@ -526,8 +572,10 @@ async def stop_serving(cache, serving):
 
 async def call_model(serving, name, x, timeout=None, parameters=None):
     """Model ``name``'s output Y for input X = ``x`` through ``serving``."""
-    _, out = await serving.infer(name, None, lambda e: {"X": x}, parameters or {},
-                                 arrived=serving.clock(), timeout=timeout, rows=len(x))
+    from agent.node.call import Call, Decoded
+
+    _, out = await serving.infer(Call(name, None, "v2", serving.clock(), Decoded({"X": x}),
+                                      parameters or {}, timeout=timeout))
     return out["Y"]
 
 
@@ -918,8 +966,8 @@ def feed(store, clock, node, rates: dict[str, float], models: dict, *, steps=12,
 #: Compile (or load) the kernels most tests reach: Faro's solver (the coordinator's
 #: planning), and every policy with the simulator's compiled loop.
 _WARM_KERNELS = ("""
-from agent.coordinator.faro import Capacity, ModelSpec, Problem, solve
-solve(Problem(Capacity(8, 1e12), (ModelSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
+from agent.coordinator.faro import Capacity, JobSpec, Problem, solve
+solve(Problem(Capacity(8, 1e12), (JobSpec("a", 20.0, 0.05, 0.2, 99.0, 1.0, 1.0, 1e8),)))
 """, """
 from cachepolicies import POLICY_NAMES
 from cachepolicies.registry import prime_policy

@@ -66,7 +66,7 @@ class StandinSource:
                 for f in sorted(base.rglob("*")) if f.is_file()]
 
     def pull(self, version: int, dest: Path, progress=None, stop=None,
-             bandwidth_bps=None) -> PullResult:
+             bandwidth_bps=None, allowance=None) -> PullResult:  # no archives: no allowance
         started = time.monotonic()
         files = self.files(version)
         with self.owner.lock:

@@ -354,7 +354,7 @@ def test_workers_endpoint_and_cli(repo, start_agent, tmp_path):
         status, _, body = agent.request("POST", "/v1/cache/m/workers", bad, auth)
         assert status == 400 and "workers" in body["error"], bad
     assert agent.request("POST", "/v1/cache/nope/workers", {"workers": 2}, auth)[0] == 404
-    agent.request("POST", "/v2/models/m/infer", v2(np.ones((1, 2), np.float32)))
+    agent.request("POST", "/v2/models/m/infer", v2(np.ones((1, 2), np.float32)), auth)
     assert agent.request("GET", "/v1/cache/m", headers=auth)[2]["workers"] == 3
     run = CliRunner().invoke(main, ["cache", "--token-file", str(token), "workers", "m", "2",
                                     "--url", agent.url, "--json"])

@@ -12,9 +12,9 @@ import ssl
 import pytest
 import yaml
 
-from agent.authconfig import AgentAuthSettings, AuthSettings
-from agent.auththrottle import FailureThrottle
-from agent.credentials import (Credential, CredentialError, Credentials, load_credentials,
+from agent.security.authconfig import AgentAuthSettings, AuthSettings
+from agent.security.auththrottle import FailureThrottle
+from agent.security.credentials import (Credential, CredentialError, Credentials, load_credentials,
                                load_token_file, new_token, token_hash)
 from tests.helpers import REPORT, add_mlp, v2_body
 
@@ -162,7 +162,8 @@ def test_expired_join_token_is_refused(start_coordinator, tokens):
 def test_bad_tokens_from_one_address_are_throttled_not_the_good_client(start_coordinator,
                                                                         tokens):
     """50 bad tokens from 127.0.0.2 in a burst: 429 with Retry-After after the burst of
-    failures; a good client on 127.0.0.1 meanwhile gets 200 every time."""
+    failures; a good client on 127.0.0.1 meanwhile gets 200 every time; while throttled,
+    127.0.0.2's tokens are not judged: a correct one is refused too."""
     co = start_coordinator(auth=AuthSettings(token_file=tokens))
     co.co.guard.throttle.clock = lambda: 0.0  # no refill however slowly a loaded box runs
     bad, good = [], []
@@ -178,7 +179,9 @@ def test_bad_tokens_from_one_address_are_throttled_not_the_good_client(start_coo
     answer = conn.getresponse()
     assert answer.status == 429 and int(answer.getheader("Retry-After")) >= 1
     assert "too many failed" in json.loads(answer.read())["error"]
-    # a valid credential from the throttled address still works (one NAT, many nodes)
+    # a valid credential from the throttled address waits too: guesses are not judged
+    assert _get_text(co.url, READ, source="127.0.0.2")[0] == 429
+    co.co.guard.throttle.clock = lambda: 1.0  # its bucket refills: tried again, and right
     assert _get_text(co.url, READ, source="127.0.0.2")[0] == 200
 
 
@@ -205,7 +208,7 @@ def test_the_throttle_takes_its_settings_from_the_config(repo, start_agent,
 
 def test_agent_scopes_and_protect(repo, start_agent, tmp_path, tokens):
     add_mlp(repo, "m")
-    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens, protect=()))
 
     def req(method, path, token=None, body=None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -213,9 +216,10 @@ def test_agent_scopes_and_protect(repo, start_agent, tmp_path, tokens):
 
     infer = "/v2/models/m/infer"
     body = v2_body([[1, 2, 3, 4]])
-    # by default inference, /metrics and statistics stay open; the rest needs a scope
+    # protect: [] leaves inference, /metrics and statistics open; the rest needs a scope
     assert req("POST", infer, body=body) == 200 and req("GET", "/metrics") == 200
     assert req("GET", "/v2/models/stats") == 200
+    assert req("POST", infer, new_token(), body) == 401  # a token sent is judged anyway
     for path in ("/v1/cache", "/v1/memory", "/v2/models/m/config", "/v1/coordinator"):
         assert req("GET", path) == 401, path
         assert req("GET", path, INFER) == 403, path
@@ -225,7 +229,7 @@ def test_agent_scopes_and_protect(repo, start_agent, tmp_path, tokens):
     assert req("POST", "/v1/cache/m/evict", ADMIN) == 200
     assert req("POST", infer, INFER, body) == 200
     agent.close()
-    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens, protect=("read", "infer")))
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))  # protect: both
     assert req("POST", infer, body=body) == 401 and req("GET", "/metrics") == 401
     assert req("POST", infer, READ, body) == 403 and req("GET", "/metrics", INFER) == 403
     assert req("POST", infer, INFER, body) == 200 and req("GET", "/metrics", READ) == 200

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from agent.credentials import new_token, token_hash
-from tests.helpers import REPORT, Agent, CoordinatorProcess, add_mlp, v2_body, wait_for
+from agent.security.credentials import new_token, token_hash
+from tests.helpers import REPORT, Agent, CoordinatorProcess, add_mlp, call, v2_body, wait_for
 
 NODES = [f"edge-{i}" for i in range(1, 6)]
 
@@ -29,29 +29,6 @@ def entry(name, token, scopes, **more) -> dict:
 def write(path: Path, entries: list[dict]) -> Path:
     path.write_text(yaml.safe_dump(entries))
     return path
-
-
-def call(port, method, path, body=None, token=None, conn=None,
-         context=None) -> tuple[int, object]:
-    """One request (a new connection, TLS with ``context``, unless ``conn``: then on that
-    keep-alive one)."""
-    own = conn is None
-    conn = conn or (http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30)
-                    if context else http.client.HTTPConnection("127.0.0.1", port, timeout=30))
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        conn.request(method, path, json.dumps(body) if body is not None else None, headers)
-        answer = conn.getresponse()
-        raw = answer.read()
-        try:
-            return answer.status, json.loads(raw)
-        except ValueError:
-            return answer.status, raw.decode()
-    finally:
-        if own:
-            conn.close()
 
 
 def listeners(port: int) -> set[int]:
@@ -122,7 +99,7 @@ def test_rotation_under_load_by_sighup(repo, tmp_path, reporters):
     certificates (to a new CA the clients trust beside the old) are rotated by SIGHUP
     (new beside old; SIGHUP; old removed; SIGHUP): every answer 200, new handshakes
     get the new certificate, and the removed tokens fail on every listener within 1 s."""
-    from agent.tls import client_context
+    from agent.security.tls import client_context
     from tests.helpers import issue_cert, make_ca
 
     nodes = [f"edge-{i}" for i in range(1, reporters + 1)]
@@ -379,7 +356,7 @@ def test_nodes_over_mtls_each_post_only_their_own_report(tmp_path, count):
     own certificate (issued here), through two report workers: every node's own report
     200; edge-1 posting as edge-2 over 120 fresh connections and every node posting as its neighbour: 403 every time; a node
     certificate: 403 on the admin endpoints; the fleet lists exactly those nodes."""
-    from agent.tls import client_context
+    from agent.security.tls import client_context
     from tests.helpers import issue_cert, make_ca
 
     ca = make_ca(tmp_path, "fleet-ca")

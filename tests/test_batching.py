@@ -234,8 +234,9 @@ async def test_a_request_queued_past_its_expiry_is_dropped_not_run(repo):
     x = np.ones((1, 2), np.float32)
 
     async def cut_call():
-        return await serving.infer("m", None, lambda e: {"X": x}, {},
-                                   arrived=serving.clock(), rows=1,
+        from agent.node.call import Call, Decoded
+
+        return await serving.infer(Call("m", None, "v2", serving.clock(), Decoded({"X": x})),
                                    expires=serving.clock() + 0.05)
     first = asyncio.ensure_future(call_model(serving, "m", x))  # holds the worker 150 ms
     await asyncio.sleep(0.01)

@@ -135,9 +135,11 @@ def bounded_agent(repo, tmp_path, request):
 
 
 def test_chunked_bodies_are_counted_while_they_stream(bounded_agent):
-    """8 chunked 40 MiB bodies at once: each is counted as it arrives, so those past
-    the in-flight limit get 503 + Retry-After mid-stream; the agent's RSS stays within
-    the limit plus one body."""
+    """8 chunked 40 MiB bodies at once: each is counted as it arrives; past the
+    in-flight limit their pieces wait (their connections unread) in an order that
+    lets one finish at a time rather than all stop halfway, so each is read whole and
+    answered (413: not JSON numbers), none refused; the bodies in flight stay within
+    the limit and the agent's RSS within the limit plus one body."""
     import aiohttp
 
     agent, _ = bounded_agent
@@ -164,13 +166,12 @@ def test_chunked_bodies_are_counted_while_they_stream(bounded_agent):
     with PeakRss(process) as peak:
         answers = asyncio.run(all_at_once())
     statuses = sorted(status for status, _ in answers)
-    assert set(statuses) <= {400, 413, 503}, statuses  # 413: not JSON numbers
-    assert 503 in statuses, statuses  # 8 x 40 MiB do not fit in 64 MiB at once
-    assert all(retry for status, retry in answers if status == 503)
+    assert set(statuses) <= {400, 413}, statuses  # 413: not JSON numbers
     grown = peak.peak - idle
     assert grown <= IN_FLIGHT + BODY + 16 * MiB, f"{grown / MiB:.0f} MiB, answers {statuses}"
     bodies = agent.get("/v1/memory")["cpu"]["request_bodies"]
-    assert bodies["peak_bytes"] <= IN_FLIGHT + BODY and bodies["in_flight_bytes"] == 0, bodies
+    assert bodies["waits"] > 0 and bodies["refused"] == 0, bodies  # 8 x 40 MiB > 64 MiB
+    assert bodies["peak_bytes"] <= IN_FLIGHT and bodies["in_flight_bytes"] == 0, bodies
 
 
 #: What the calls hold beside the message handed over, not counted in flight: each
@@ -188,9 +189,10 @@ def test_grpc_messages_are_received_only_with_room(bounded_agent, request):
     ``grpc_max_concurrent_rpcs`` they get RESOURCE_EXHAUSTED at once; the others wait
     for room in the in-flight limit before their message is received (a stream not
     yet read holds 64 KiB). A message is counted at what grpcio holds while handing
-    it over (3 x 48 MiB, capped at the whole 64 MiB limit: received alone), so the
-    agent's RSS stays within the limit plus one message (3 x 32 MiB at the hand-over)
-    and ``GRPC_CALLS_ALLOWANCE``, and none hangs."""
+    it over (3 x 48 MiB, capped at the gRPC share of the 64 MiB limit: the limit less
+    max_request_size, at least half of it, so received alone), so the agent's RSS
+    stays within the limit plus one message (3 x 32 MiB at the hand-over) and
+    ``GRPC_CALLS_ALLOWANCE``, and none hangs."""
     import grpc
 
     from agent.node.protos import grpc_predict_v2_pb2 as pb
@@ -230,8 +232,8 @@ def test_grpc_messages_are_received_only_with_room(bounded_agent, request):
         assert counts["RESOURCE_EXHAUSTED"] > 0, counts  # past 2 calls at once
     bodies = agent.get("/v1/memory")["cpu"]["request_bodies"]
     assert bodies["waits"] > 0, bodies  # a message waited for room before it was read
-    # each message was received with the whole limit counted for it, and alone
-    assert bodies["peak_bytes"] == IN_FLIGHT and bodies["in_flight_bytes"] == 0, bodies
+    # each message was received with the whole share counted for it, and alone
+    assert bodies["peak_bytes"] == IN_FLIGHT // 2 and bodies["in_flight_bytes"] == 0, bodies
     grown = peak.peak - idle
     assert grown <= IN_FLIGHT + size + GRPC_CALLS_ALLOWANCE, (
         f"{grown / MiB:.1f} MiB, answers {counts}")

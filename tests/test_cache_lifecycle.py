@@ -6,23 +6,23 @@ short enough to read at once."""
 import ast
 import asyncio
 import collections
+import functools
 import itertools
 from pathlib import Path
 
 import pytest
 
-from agent.node import cache as cache_module
+from agent.node.cache import lifecycle as lifecycle_module
 from agent.node.cache import CacheBusy, LoadFailed, ModelCache
-from agent.node.entry import Entry
-from agent.node.lifecycle import (AT_REST, TRANSITIONS, IllegalTransition, Lifecycle, State,
+from agent.node.cache.entry import Entry
+from agent.node.cache.lifecycle import (AT_REST, TRANSITIONS, IllegalTransition, Lifecycle, State,
                                   transition)
 from agent.node.repository import scan_repository
 from tests.helpers import add_synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The cache and the modules split out of it.
-CACHE_MODULES = [ROOT / "agent" / "node" / name
-                 for name in ("cache.py", "entry.py", "lifecycle.py")]
+CACHE_MODULES = sorted((ROOT / "agent" / "node" / "cache").glob("*.py"))
 MB = 1_000_000
 LEGAL = [(a, b) for a, b in itertools.product(State, State) if b in TRANSITIONS[a]]
 ILLEGAL = [(a, b) for a, b in itertools.product(State, State) if b not in TRANSITIONS[a]]
@@ -130,7 +130,7 @@ async def test_the_cache_makes_every_move_in_the_table(repo, monkeypatch):
     def recording(life, to, *, expected_from):
         made.append((transition(life, to, expected_from=expected_from), to))
 
-    monkeypatch.setattr(cache_module, "transition", recording)
+    monkeypatch.setattr(lifecycle_module, "transition", recording)
     for name in "ab":
         add_synthetic(repo, name, size_bytes=60 * MB)
     (repo / "broken" / "1").mkdir(parents=True)
@@ -157,7 +157,7 @@ async def test_unloading_a_model_in_use_is_refused_even_without_asserts(repo):
     cache = ModelCache(scan_repository(repo), {"cpu": 100 * MB})
     entry = await cache.acquire("m")
     with pytest.raises(IllegalTransition, match="1 request.s. in flight"):
-        cache._start_unload(entry, "evicted")
+        cache.unloads.start(entry, "evicted")
     assert entry.state is State.READY and cache.pools["cpu"].used == entry.account.size_bytes
     cache.release(entry)
     await asyncio.wait_for(cache.evict("m"), 5)
@@ -171,8 +171,8 @@ async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
     the pull's status remembered and no phase left over."""
     import threading
 
-    from agent.node.disktier import DiskTier, PullError
-    from agent.node.lifecycle import DOWNLOADING
+    from agent.node.cache.disktier import DiskTier, PullError
+    from agent.node.cache.lifecycle import Phase
     from tests.helpers import TINY_MLP
     from tests.standin_source import StandinSources
     from agent.modelzoo import write_mlp
@@ -185,11 +185,13 @@ async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
         (repo / name / "config.yaml").write_text(yaml.safe_dump({"source": f"file://{src / name}"}))
     sources = StandinSources()
     sources.delay[str(src / "m")] = 0.3
-    disk = DiskTier(tmp_path / "data" / "models", 10 * MB, policy="lru",
-                    open_source=sources.open_source)
+    cache = ModelCache({}, {"cpu": 100 * MB}, disk=functools.partial(
+        DiskTier, tmp_path / "data" / "models", 10 * MB, policy="lru",
+        open_source=sources.open_source))
+    disk = cache.disk
     scan_repository(repo, disk.listing)
     await disk.refresh()
-    cache = ModelCache(scan_repository(repo, disk.listing), {"cpu": 100 * MB}, disk=disk)
+    cache.update_specs(scan_repository(repo, disk.listing))
     entry = cache.entry("m")
     seen = []
     task = asyncio.get_running_loop().create_task(cache.ensure_loaded("m"))
@@ -197,8 +199,8 @@ async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
         seen.append((entry.state, entry.life.phase))
         await asyncio.sleep(0.01)
     await task
-    assert (State.LOADING, DOWNLOADING) in seen
-    assert seen.index((State.LOADING, DOWNLOADING)) < len(seen) - 1
+    assert (State.LOADING, Phase.DOWNLOADING) in seen
+    assert seen.index((State.LOADING, Phase.DOWNLOADING)) < len(seen) - 1
     assert entry.state is State.READY and entry.life.phase is None
     sources.down.add(str(src / "down"))
     with pytest.raises(PullError) as err:

@@ -81,3 +81,33 @@ def test_spelled_out_choices_match_their_sources():
 def test_unknown_command_is_a_usage_error():
     result = CliRunner().invoke(main, ["nosuch"])
     assert result.exit_code == 2 and "No such command" in result.output
+
+
+@pytest.mark.parametrize("columns", ["64", "200", "abc", None])
+def test_top_level_help_takes_clicks_width_without_shutil(columns):
+    """``edgeagent --help`` measures the terminal itself (click would import shutil, and
+    with it bz2 and lzma): the same width as click's own formatter, shutil unloaded."""
+    import os
+
+    code = ("import sys, io, contextlib\n"
+            "from agent.cli import main\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n"
+            "    try:\n"
+            "        main(['--help'])\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "loaded = 'shutil' in sys.modules\n"
+            "import click.formatting\n"
+            "from agent.cli import help_width\n"
+            "width = click.formatting.HelpFormatter().width\n"
+            "print(loaded, width, help_width(), max(map(len, out.getvalue().splitlines())))\n")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    loaded, width, ours, longest = done.stdout.split()
+    assert loaded == "False" and ours == width
+    assert int(width) - 12 <= int(longest) <= int(width)

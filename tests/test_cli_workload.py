@@ -74,6 +74,26 @@ def test_generate_in_one_step(tmp_path):
     assert len(read_trace(trace, read_profiles(profiles))) > 100
 
 
+def test_generate_with_timers(tmp_path):
+    trace, profiles = tmp_path / "trace.csv", tmp_path / "profiles.csv"
+    result = _run("workload", "generate", "--functions", "2000", "--timer-share", "0.5",
+                  "--timer-periods", "20,40", "--timer-jitter", "0",
+                  "--out-trace", str(trace), "--out-profiles", str(profiles))
+    assert result.exit_code == 0, result.output
+    kept = int(result.output.split(" kept")[0].rsplit(" ", 1)[1])
+    assert f"; {round(kept / 2)} of them timers" in result.output
+    read = read_trace(trace, read_profiles(profiles))
+    counts = np.bincount(read.model_ids)
+    assert np.sum(counts >= 3600 / 40 - 1) >= round(kept / 2)  # every timer fires 90-180 times
+    for args, message in ((["--timer-share", "2"], "--timer-share"),
+                          (["--timer-periods", "30"], "--timer-periods"),
+                          (["--timer-periods", "60,30"], "--timer-periods"),
+                          (["--timer-jitter", "0.5"], "--timer-jitter")):
+        bad = _run("workload", "generate", "--functions", "100", *args, "--out-trace",
+                   str(trace), "--out-profiles", str(profiles))
+        assert bad.exit_code == 2 and message in bad.output, args
+
+
 def test_simulate_reads_the_files(tmp_path):
     trace, profiles = tmp_path / "trace.csv", tmp_path / "profiles.csv"
     assert _run("workload", "generate", "--functions", "1000", "--out-trace", str(trace),

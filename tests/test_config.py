@@ -57,7 +57,7 @@ def test_agent_config(tmp_path):
     assert cfg.port == 9001 and cfg.cpu_budget == 512_000_000 and cfg.policy == "lru"
     assert cfg.repository == (tmp_path / "models").resolve()
     assert cfg.with_overrides(port=1, policy=None).port == 1
-    assert AgentConfig().policy == "cremebrulee"
+    assert AgentConfig().policy == "cremebrulee-forecast"
 
 
 @pytest.mark.parametrize("text, key", [("prot: 1\n", "prot"), ("port: 70000\n", "port"),
@@ -83,3 +83,23 @@ def test_repository_scan(repo):
     assert models["s"].backend == "synthetic" and models["s"].versions == (1,)
     assert "colour" in models["bad"].error and "config.yaml" in models["bad"].error
     assert "no version directory" in models["empty"].error
+
+
+@pytest.mark.parametrize("text, said", [
+    ("prot: 1\n", "prot: unknown key (did you mean port?)"),
+    ("reposit: models\n", "reposit: unknown key (did you mean repository?)"),
+    ("batching: {windw_ms_max: 5}\n", "batching.windw_ms_max: unknown key (did you mean "
+                                      "window_ms_max?)"),
+    ("colour: red\n", "colour: unknown key (none of the {n} keys here is close; "
+                      "`edgeagent config example` lists them)"),
+    ("tls: {cert_file: a, key_file: b, colour: red}\n",  # a few: all listed
+     "tls.colour: unknown key (expected one of: cert_file, key_file, client_ca_file, "
+     "client_auth, min_version)"),
+])
+def test_a_mistyped_key_gets_the_nearest_one_not_every_key(tmp_path, text, said):
+    """A typo names the key meant; no match lists the keys only where they are few."""
+    f = tmp_path / "agent.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_agent_config(f)
+    assert str(err.value) == f"{f}: {said.format(n=len(AgentConfig.__struct_fields__))}"

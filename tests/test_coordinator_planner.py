@@ -9,7 +9,7 @@ import pytest
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.faro import Capacity, ModelSpec, Problem, forecast, solve
+from agent.coordinator.faro import Capacity, JobSpec, Problem, forecast, solve
 from agent.coordinator.plan import Plan, directive_rows, directives_from_row
 from agent.coordinator.planner import PlanError, PlannerLoops, rate_series
 from agent.wire import DirectiveBook, Directives
@@ -51,8 +51,8 @@ def test_plan_matches_solve_on_the_same_problem(planner_setup):
     expected = forecast(history, 6, n_samples=200, seed=0).window_quantile(0.9)
     assert specs["a"].rate == pytest.approx(expected) and 55 < specs["a"].rate < 65
     by_hand = Problem(capacity=Capacity(8, 2e9), objective="fairsum", estimator="mdc",
-                      models=(ModelSpec("a", specs["a"].rate, 0.036, 0.12, 99.0),
-                              ModelSpec("b", specs["b"].rate, 0.030, 0.4, 99.0, 2.0)))
+                      models=(JobSpec("a", specs["a"].rate, 0.036, 0.12, 99.0),
+                              JobSpec("b", specs["b"].rate, 0.030, 0.4, 99.0, 2.0)))
     stored = planner.plan_now("long-term")
     allocation = solve(by_hand)
     assert {m: v["replicas"] for m, v in stored.plan["models"].items()} == allocation.replicas

@@ -179,14 +179,15 @@ def test_store_config_and_lazy_import(tmp_path):
     assert parse_coordinator_config({}).store is None  # the SQLite file in state_dir
     with pytest.raises(ConfigError, match="store: must be a postgresql:// URL"):
         parse_coordinator_config({"store": "mysql://x"}, "co.yaml")
-    code = ("import sys; from agent.coordinator.store import open_store; "
+    code = ("import sys; from agent.coordinator.stores import open_store; "
             f"s = open_store({str(tmp_path / 'co.sqlite3')!r}); s.nodes(); "
             "assert 'psycopg' not in sys.modules, 'psycopg loaded'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_password_is_redacted_and_an_unreachable_database_is_unavailable():
-    from agent.coordinator.store import StoreUnavailable, open_store, redact
+    from agent.coordinator.store import StoreUnavailable
+    from agent.coordinator.stores import open_store, redact
 
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
     assert redact("postgresql://edge:s3cret@db:5432/fleet") == "postgresql://edge:***@db:5432/fleet"

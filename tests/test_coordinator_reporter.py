@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent.config import AgentConfig, CoordinatorLink
-from agent.node.reporter import histogram_quantile
+from agent.wire import histogram_quantile
 from tests.helpers import BODY, AgentServer, add_synthetic, wait_for
 
 UNREACHABLE = "http://127.0.0.1:9"
@@ -133,8 +133,8 @@ def test_join_once_then_report_with_the_node_credential(tmp_path, repo, start_co
     restart (the join token is gone by then)."""
     import yaml
 
-    from agent.authconfig import AuthSettings
-    from agent.credentials import new_token, token_hash
+    from agent.security.authconfig import AuthSettings
+    from agent.security.credentials import new_token, token_hash
 
     add_synthetic(repo, "m")
     admin = new_token()

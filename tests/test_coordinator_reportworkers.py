@@ -22,9 +22,11 @@ TOKEN = "s3cret-token-0123456789abcdef0123456789abcdef"
 
 
 def call(port: int, method: str, path: str, body=None, token: str | None = TOKEN,
-         raw: bytes | None = None) -> tuple[int, dict | list]:
-    """One request on a new connection (so it lands on any of the port's listeners)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+         raw: bytes | None = None, source: str = "127.0.0.1") -> tuple[int, dict | list]:
+    """One request on a new connection (so it lands on any of the port's listeners),
+    from the loopback address ``source``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30,
+                                      source_address=(source, 0))
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -132,10 +134,13 @@ def test_workers_answer_reports_and_the_coordinator_knows_every_node(coordinator
 def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordinator):
     port = coordinator.port
     with ThreadPoolExecutor(8) as pool:  # fresh connections: every listener answers some
+        # from another address: a throttled peer's valid token is refused too
         no_token = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
-                                                REPORT, token=None), range(30)))
+                                                REPORT, token=None, source="127.0.0.2"),
+                                 range(30)))
         wrong = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
-                                             REPORT, token="nope"), range(30)))
+                                             REPORT, token="nope", source="127.0.0.2"),
+                              range(30)))
         bad_json = list(pool.map(lambda i: call(port, "POST", f"/v1/nodes/n{i}/report",
                                                 raw=b"{not json"), range(30)))
         bad_field = list(pool.map(lambda i: call(
@@ -143,8 +148,8 @@ def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordi
             {**REPORT, "capacity": {"cores": -1, "cpu_memory_bytes": 1}}), range(30)))
         bad_name = list(pool.map(lambda i: call(port, "POST", "/v1/nodes/a%20b/report",
                                                 REPORT), range(30)))
-        admin = list(pool.map(lambda i: call(port, "GET", "/v1/nodes", token="nope"),
-                              range(30)))
+        admin = list(pool.map(lambda i: call(port, "GET", "/v1/nodes", token="nope",
+                                             source="127.0.0.2"), range(30)))
     # one peer failing 90 times: 401s, then 429s once its burst of failures is spent
     refused = [s for s, _ in no_token + wrong + admin]
     assert set(refused) == {401, 429} and refused.count(401) >= 20
@@ -158,7 +163,8 @@ def test_hostile_reports_get_the_coordinators_answers_from_every_listener(coordi
         b"x" * (9 * 2**20) + b'"}'
     too_big = [call(port, "POST", f"/v1/nodes/big{i}/report", raw=huge) for i in range(9)]
     assert {s for s, _ in too_big} == {413}
-    assert all("Request Entity Too Large" in d["error"] for _, d in too_big)
+    assert all("over the limit of 8388608 bytes (max_request_size)" in d["error"]
+               for _, d in too_big)
     assert call(port, "GET", "/v1/nodes") == (200, [])  # nothing bad was recorded
     assert call(port, "GET", "/v1/no-such-thing")[0] == 404  # forwarded, answered there
 
@@ -181,6 +187,75 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
     assert time.monotonic() - start < 15 and co.proc.returncode == 0
     assert not psutil.pid_exists(victim.pid) or psutil.Process(victim.pid).status() == \
         psutil.STATUS_ZOMBIE
+
+
+def metric(port: int, name: str, token: str | None = TOKEN) -> float:
+    """One sample of the coordinator's ``/metrics`` (``name`` with its labels)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics",
+                     headers={"Authorization": f"Bearer {token}"} if token else {})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+def flood(port: int, nodes: int, seconds: float) -> list[tuple[int, str | None]]:
+    """``nodes`` nodes, each on a kept connection of its own, reporting again as soon as
+    answered for ``seconds`` (a herd): every (status, Retry-After) they got."""
+    import asyncio
+
+    body = json.dumps(REPORT).encode()
+    seen: list[tuple[int, str | None]] = []
+
+    async def node(i: int, until: float) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = (f"POST /v1/nodes/herd-{i}/report HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                   f"\r\n").encode() + body
+        while time.monotonic() < until:
+            writer.write(request)
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            fields = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if line)
+            await reader.readexactly(int(fields["Content-Length"]))
+            seen.append((int(head[9:12]), fields.get("Retry-After")))
+        writer.close()
+
+    async def main() -> None:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(node(i, until) for i in range(nodes)))
+
+    asyncio.run(main())
+    return seen
+
+
+def test_a_flooded_worker_refuses_early_with_retry_after(tmp_path):
+    """400 nodes reporting as fast as one report worker answers: its loop always has
+    work and falls behind, and it refuses reports early (503 with Retry-After) rather
+    than answering them all late; every answer is a 200 or such a refusal, on
+    connections it keeps. The coordinator's ``/metrics`` counts the refusals, the
+    answered reports and the worker's CPU."""
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=1, report_shed_lag_ms=20,
+                            reactive_interval_s=3600)
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 1 and co.proc.pid not in listeners(
+            co.port), 60, "the worker listens, and the coordinator no longer does")
+        seen = flood(co.port, 400, 4.0)
+        statuses = {answer: seen.count(answer) for answer in set(seen)}
+        assert set(statuses) == {(200, None), (503, "5")}, statuses
+        prefix = "edgeagent_coordinator_"
+
+        def counted() -> bool:
+            return metric(co.port, prefix + 'reports_total{answer="refused"}', None) \
+                == statuses[(503, "5")]
+        wait_for(counted, 10, "the refusals counted")
+        assert metric(co.port, prefix + 'reports_total{answer="answered"}', None) == \
+            statuses[(200, None)]
+        assert metric(co.port, prefix + 'cpu_seconds_total{part="report_workers"}', None) > 0
+    finally:
+        co.stop()
 
 
 def test_serve_flag_starts_workers_and_a_bad_count_is_refused(tmp_path):

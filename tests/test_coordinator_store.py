@@ -11,7 +11,7 @@ import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.store import PostgresStore, open_store
+from agent.coordinator.stores import PostgresStore, open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -195,6 +195,24 @@ def test_node_credentials_and_join_tokens(path):
     assert other.node_credentials() == [("edge-1", "d" * 64)]
     assert s.revoke_node_credential("edge-1") and not s.revoke_node_credential("edge-1")
     assert other.node_credentials() == []
+    s.close()
+    other.close()
+
+
+def test_revoked_certificates_are_kept_and_seen_by_another_store(path):
+    """A node's certificates revoked up to a time, on SQLite and PostgreSQL: another
+    store on the same database (another coordinator) sees it in the version it polls;
+    a later revocation moves the time on, an earlier one never back."""
+    s, other = Store(path), Store(path)
+    seen = other.node_credentials_version()
+    s.revoke_certificates("edge-1", 100.0)
+    assert other.node_credentials_version() != seen
+    assert other.revoked_certificates() == {"edge-1": 100.0}
+    s.revoke_certificates("edge-1", 50.0)
+    s.revoke_certificates("edge-2", 70.0)
+    assert other.revoked_certificates() == {"edge-1": 100.0, "edge-2": 70.0}
+    s.revoke_certificates("edge-1", 200.0)
+    assert other.revoked_certificates()["edge-1"] == 200.0
     s.close()
     other.close()
 

@@ -197,8 +197,8 @@ def test_agent_page_shows_selection_apps_with_a_read_token(repo, start_agent, tm
     import numpy as np
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import token_hash
     from tests.helpers import add_app, add_classifier
 
     add_classifier(repo, "good", classes=10, seed=1, error=0.05)
@@ -207,7 +207,8 @@ def test_agent_page_shows_selection_apps_with_a_read_token(repo, start_agent, tm
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(yaml.safe_dump([{"name": "dash", "scopes": ["read"],
                                        "sha256": token_hash(READ_TOKEN)}]))
-    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens))
+    # inference and feedback left open (protect=()): this test is about the page
+    agent = start_agent(repo, auth=AgentAuthSettings(token_file=tokens, protect=()))
     read = {"Authorization": f"Bearer {READ_TOKEN}"}
     truth = np.random.default_rng(3).integers(0, 10, 60)
     for q, label in enumerate(truth):
@@ -264,8 +265,8 @@ def test_agent_page_asks_for_a_token_and_works_with_a_read_token(repo, start_age
                                                                  tmp_path):
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import token_hash
 
     add_mlp(repo, "classifier")
     tokens = tmp_path / "tokens.yaml"
@@ -311,8 +312,10 @@ def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_
             assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
             assert co.request("POST", "/v1/nodes/n2/report", {
                 "capacity": {"cores": 2, "cpu_memory_bytes": 500_000_000},
-                "models": {"b": {"resident": True, "latency_ms": {"p95": 80, "p99": 120}}}
-            })[0] == 200
+                "models": {"b": {"resident": True, "latency_ms": {"p95": 80, "p99": 120}}},
+                "peer": {"url": "http://127.0.0.1:18002"},  # a node that routes
+                "routing": {"models": {"b": {"served": 30, "forwarded": 12,
+                                             "fallbacks": 1}}}})[0] == 200
             status, plan = co.request("POST", "/v1/plan")
             assert status == 200
             await browser.wait_for(
@@ -331,6 +334,8 @@ def test_coordinator_page_lists_nodes_plan_and_latencies(start_coordinator, tmp_
             predicted = await browser.evaluate(row.format("a", "predicted"))
             assert predicted != "–" and predicted.endswith(("ms", " s")), predicted
             assert "n1×" in await browser.evaluate(row.format("a", "placement"))
+            assert await browser.evaluate(row.format("b", "routed")) == \
+                "n2 30 (→12) (1 fallback)"  # which node served how much of b
             assert await browser.evaluate(
                 "document.querySelector('#nodes-shown').textContent") == "2"
             # a fleet larger than a page: the first 100 nodes by name, and the count
@@ -398,7 +403,7 @@ def test_coordinator_page_shows_the_rollouts(start_coordinator, tmp_path):
     from agent.coordinator.catalog import ModelSLO
     from agent.coordinator.rollout import ROLLED_BACK, RolloutSettings, new_rollout
 
-    co = start_coordinator()
+    co = start_coordinator(rollout_check_s=3600)  # the test moves the rollout itself
     store = co.co.store
     store.put_model(ModelSLO("m", slo_ms=100, source=f"file://{tmp_path}", version=1), 0.0)
     rollout = store.start_rollout(
@@ -430,3 +435,45 @@ def test_coordinator_page_shows_the_rollouts(start_coordinator, tmp_path):
             assert page_errors(browser) == []
 
     run(scenario())
+
+
+def test_agent_page_shows_what_it_routed(repo, tmp_path):
+    """Two agents that route (a table given as a coordinator's answer gives it): the
+    page of the one a request landed on shows its model, the peer, the forward."""
+    from agent.config import AgentConfig, CoordinatorLink
+    from agent.wire import Directives, RoutingTable
+    from tests.helpers import AgentServer
+
+    add_mlp(repo, "classifier")
+    agents = {}
+    try:
+        for name in ("edge-a", "edge-b"):
+            link = CoordinatorLink(url="http://127.0.0.1:9", node_name=name,
+                                   report_interval_s=3600)  # tables given below
+            agents[name] = AgentServer(AgentConfig(
+                repository=repo, data_dir=tmp_path / name, cpu_budget=100_000_000,
+                infer_threads=2, coordinator=link), budgets={"cpu": 100_000_000})
+        table = RoutingTable(version=1, max_age_s=600, models={"classifier": {"edge-b": 1}},
+                             nodes={n: a.node.router.address for n, a in agents.items()})
+
+        async def take(router):
+            router.take(Directives(ttl_s=60, routing_version=1, routing=table))
+        agents["edge-a"].call(take(agents["edge-a"].node.router))
+        infer(agents["edge-a"], "classifier", 3)
+
+        async def scenario():
+            async with Browser(BINARY, tmp_path) as browser:
+                await browser.open(agents["edge-a"].url + "/?refresh=300")
+                row = "document.querySelector('#routing tr[data-peer=\"edge-b\"]')"
+                cells = await browser.wait_for(
+                    f"{row} && [...{row}.children].map(c => c.textContent).join('|')")
+                assert cells.split("|")[:5] == ["classifier", "edge-b×1", "edge-b", "3",
+                                                "0"], cells
+                note = await browser.evaluate(
+                    "document.getElementById('routing-note').textContent")
+                assert note.startswith("node edge-a; table 1") and "edge-b up" in note
+                assert page_errors(browser) == []
+        run(scenario())
+    finally:
+        for agent in agents.values():
+            agent.close()

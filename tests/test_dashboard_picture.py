@@ -38,13 +38,13 @@ def test_the_picture_shows_the_demo_as_it_is():
 
 def test_the_picture_shows_every_panel_of_the_page():
     record = json.loads(RECORD.read_text())
-    page = (ROOT / "agent" / "static" / "node.html").read_text()
+    page = (ROOT / "agent" / "http" / "static" / "node.html").read_text()
     headings = [re.sub(r"<[^>]+>.*", "", h).strip()
                 for h in re.findall(r"<h2>(.*?)</h2>", page)]
     assert record["panels"] == headings, RETAKE
     assert "Selection apps" not in record["hidden"]  # the demo's app is in the picture
     assert record["devices"] == ["cpu", "disk"]
-    node_js = (ROOT / "agent" / "static" / "node.js").read_text()
+    node_js = (ROOT / "agent" / "http" / "static" / "node.js").read_text()
     series = re.findall(r'key: "(\w+_seconds)"', node_js)
     assert record["whatif_series"] == series and len(series) == 3, RETAKE
 

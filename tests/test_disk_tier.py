@@ -109,7 +109,7 @@ def test_a_sourced_model_is_pulled_and_served_on_its_first_request(agent, repo, 
     assert sorted(p.name for p in (repo / "m").iterdir()) == ["config.yaml"]
     entry = cache_entry(server, "m")
     assert entry["state"] == "ready" and entry["on_disk"] is True
-    assert entry["source"] == f"file://{src / 'm'}"
+    assert entry["source"] == "file://.../m"  # a file:// source's folder: no host path
     assert entry["disk_bytes"] == (src / "m" / "2" / "model.onnx").stat().st_size
     assert entry["download_seconds"] > 0
     assert server.node.disk.holdings() == [
@@ -486,7 +486,7 @@ async def _drop(disk, name, version=None):
 
 
 def test_source_keys_are_checked_naming_the_file_and_the_key(repo, src, sources, tmp_path):
-    from agent.node.disktier import DiskTier
+    from agent.node.cache.disktier import DiskTier
     from agent.node.repository import scan_repository
 
     publish(src, "ok")
@@ -580,11 +580,11 @@ def test_cache_ls_v1_disk_and_metrics_show_both_tiers(agent, repo, src, sources)
     assert status == 200 and disk["budget_bytes"] == 1_000_000
     assert disk["used_bytes"] == size and disk["pulls"] == 1 and disk["pulling"] == []
     assert disk["holdings"][0]["model"] == "m"
-    result = CliRunner().invoke(main, ["cache", "ls", "--url", server.url])
+    result = CliRunner().invoke(main, ["cache", "ls", "--wide", "--url", server.url])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     head = lines[0].split()
-    assert head[-2:] == ["DISK", "DL_S"]
+    assert head[-4:] == ["DISK", "DL_S", "ROUTE", "FWD/ERR/FB/RCV"]  # routing: issue 34
     row = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert row["m"][head.index("DISK")] != "-" and row["local"][head.index("DISK")] == "-"
     assert lines[-1].startswith("disk tier: ") and "pulls 1" in lines[-1]
@@ -639,7 +639,7 @@ async def test_a_tier_found_over_its_budget_evicts_down_to_it_at_the_next_pull(
     """A restart with a smaller disk_budget: what is on disk is kept as found, and the
     next pull evicts (least valuable first) until it fits."""
     from agent.config import ModelConfig
-    from agent.node.disktier import DiskTier
+    from agent.node.cache.disktier import DiskTier
 
     for name in ("a", "b", "c"):
         publish(src, name)

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from agent.eventloop import run_event_loop
+from agent.http.eventloop import run_event_loop
 
 
 async def loop_module() -> str:

@@ -1,8 +1,8 @@
 """Placement of replica counts onto nodes: capacity, pins, stability."""
 
-from agent.coordinator.faro.placement import ModelDemand, Node, place
+from agent.coordinator.faro.placement import ModelDemand, Machine, place
 
-NODES = [Node("n1", 8, 16e9), Node("n2", 8, 16e9), Node("n3", 4, 8e9)]
+NODES = [Machine("n1", 8, 16e9), Machine("n2", 8, 16e9), Machine("n3", 4, 8e9)]
 
 
 def check_feasible(placement, nodes, demands):
@@ -51,7 +51,7 @@ def test_growth_only_starts_new_replicas():
 
 
 def test_overfull_and_impossible_are_reported():
-    small = [Node("n1", 2, 16e9)]
+    small = [Machine("n1", 2, 16e9)]
     current = {"n1": {"a": 5}}
     p = place(small, [ModelDemand("a", 5, 1, 1e9)], current)
     check_feasible(p, small, [ModelDemand("a", 5, 1, 1e9)])
@@ -61,7 +61,7 @@ def test_overfull_and_impossible_are_reported():
 
 
 def test_memory_limits_residency():
-    nodes = [Node("n1", 16, 10e9), Node("n2", 16, 10e9)]
+    nodes = [Machine("n1", 16, 10e9), Machine("n2", 16, 10e9)]
     big = [ModelDemand("x", 2, 1, 6e9), ModelDemand("y", 2, 1, 6e9)]
     p = place(nodes, big)
     check_feasible(p, nodes, big)
@@ -127,7 +127,7 @@ def test_incremental_usage_places_as_the_straightforward_version():
     import random
     rng = random.Random(7)
     for trial in range(300):
-        nodes = [Node(f"n{i}", rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8]) * 1e9)
+        nodes = [Machine(f"n{i}", rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4, 8]) * 1e9)
                  for i in range(rng.randint(1, 12))]
         names = [n.name for n in nodes]
         demands = [ModelDemand(

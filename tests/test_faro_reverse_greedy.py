@@ -6,7 +6,7 @@ from numba import njit
 
 from agent.coordinator.faro import allocator
 from agent.coordinator.faro.objectives import OBJECTIVES, objective_weights
-from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem
+from agent.coordinator.faro.problem import Capacity, JobSpec, Problem
 from agent.coordinator.faro.tables import build_tables
 
 
@@ -202,7 +202,7 @@ def random_fleet(rng, objective, n):
     models = []
     for i in range(n):
         p = float(rng.uniform(0.02, 0.3))
-        models.append(ModelSpec(
+        models.append(JobSpec(
             f"m{i}", float(rng.uniform(0, 40.0 / p)), p, p * float(rng.uniform(0.8, 6)),
             float(rng.choice([90, 99, 99.9])), float(rng.choice([1, 1, 2, 0.5])),
             float(rng.choice([1, 1, 2])), float(rng.choice([0, 1e9, 2e9]))))

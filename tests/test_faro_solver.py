@@ -7,7 +7,7 @@ import pytest
 
 from agent.coordinator.faro.exhaustive import brute_force
 from agent.coordinator.faro.objectives import OBJECTIVES, cluster_objective, objective_weights
-from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem, ProblemError
+from agent.coordinator.faro.problem import Capacity, JobSpec, Problem, ProblemError
 from agent.coordinator.faro.solver import solve
 from agent.coordinator.faro.tables import build_tables, model_value
 
@@ -18,7 +18,7 @@ def random_problem(rng, objective):
     models = []
     for i in range(n):
         p = float(rng.uniform(0.02, 0.3))
-        models.append(ModelSpec(
+        models.append(JobSpec(
             f"m{i}", float(rng.uniform(0, 6.0 / p)), p, p * float(rng.uniform(0.8, 6)),
             float(rng.choice([90, 99, 99.9])), float(rng.choice([1, 1, 2, 0.5])),
             float(rng.choice([1, 1, 2])), float(rng.choice([0, 1e9, 2e9]))))
@@ -39,8 +39,8 @@ def weights(problem):
 @pytest.mark.parametrize("estimator", ["mdc", "upper"])
 def test_tables_match_scalar_formulas(objective, estimator):
     problem = Problem(Capacity(40, 1e12), (
-        ModelSpec("a", 40.0, 0.15, 0.6, 99.99), ModelSpec("b", 100.0, 0.18, 0.72, 99.0),
-        ModelSpec("c", 3.0, 0.3, 0.2, 90.0)), objective=objective, estimator=estimator)
+        JobSpec("a", 40.0, 0.15, 0.6, 99.99), JobSpec("b", 100.0, 0.18, 0.72, 99.0),
+        JobSpec("c", 3.0, 0.3, 0.2, 90.0)), objective=objective, estimator=estimator)
     tables = build_tables(problem)
     for i, model in enumerate(problem.models):
         for x in range(1, int(tables.length[i]) + 3):
@@ -80,14 +80,14 @@ def test_fast_allocator_alone_reaches_brute_force_optimum(objective):
 @pytest.mark.parametrize("objective", OBJECTIVES)
 @pytest.mark.parametrize("estimator, expected", [("mdc", 8), ("upper", 10)])
 def test_paper_example_after_shrinking(objective, estimator, expected):
-    problem = Problem(Capacity(64, 1e12), (ModelSpec("a", 40.0, 0.15, 0.6, 99.99),),
+    problem = Problem(Capacity(64, 1e12), (JobSpec("a", 40.0, 0.15, 0.6, 99.99),),
                       objective=objective, estimator=estimator)
     for method in ("auto", "fast", "cobyla"):
         assert solve(problem, method).replicas == {"a": expected}
 
 
 def test_shrinking_keeps_utility_one_with_fewest_replicas():
-    models = tuple(ModelSpec(f"m{i}", 10.0 * (i + 1), 0.1, 0.5, 99.0) for i in range(6))
+    models = tuple(JobSpec(f"m{i}", 10.0 * (i + 1), 0.1, 0.5, 99.0) for i in range(6))
     problem = Problem(Capacity(200, 1e12), models, objective="sum")
     result = solve(problem, method="fast")
     assert all(u == 1.0 for u in result.utility.values())
@@ -97,7 +97,7 @@ def test_shrinking_keeps_utility_one_with_fewest_replicas():
 
 
 def test_oversubscribed_capacity_is_fully_used_and_respected():
-    models = tuple(ModelSpec(f"m{i}", 30.0, 0.18, 0.72, 99.0, cpu_per_replica=1 + i % 2,
+    models = tuple(JobSpec(f"m{i}", 30.0, 0.18, 0.72, 99.0, cpu_per_replica=1 + i % 2,
                              memory_per_replica_bytes=1e9) for i in range(8))
     problem = Problem(Capacity(30, 25e9), models, objective="fairsum")
     result = solve(problem)
@@ -112,7 +112,7 @@ def large_problem(n, seed=0):
     models = []
     for i in range(n):
         p = float(rng.uniform(0.05, 0.3))
-        models.append(ModelSpec(f"m{i}", float(rng.gamma(1.0, 3.0 / p)), p, 4 * p, 99.0,
+        models.append(JobSpec(f"m{i}", float(rng.gamma(1.0, 3.0 / p)), p, 4 * p, 99.0,
                                 float(rng.choice([1, 2])), 1.0, 1e8))
     return models
 
@@ -141,13 +141,13 @@ def test_cobyla_paths_are_feasible():
 
 
 def test_capacity_too_small_is_an_error():
-    problem = Problem(Capacity(1, 1e12), (ModelSpec("a", 1, 0.1, 0.5), ModelSpec("b", 1, 0.1, 0.5)))
+    problem = Problem(Capacity(1, 1e12), (JobSpec("a", 1, 0.1, 0.5), JobSpec("b", 1, 0.1, 0.5)))
     with pytest.raises(ProblemError, match="too small"):
         solve(problem)
 
 
 def test_penalty_objective_drops_only_when_it_pays():
-    problem = Problem(Capacity(4, 1e12), (ModelSpec("a", 40.0, 0.1, 0.4, 99.0),),
+    problem = Problem(Capacity(4, 1e12), (JobSpec("a", 40.0, 0.1, 0.4, 99.0),),
                       objective="penaltysum")
     result = solve(problem)
     assert 0.0 <= result.drop_rate["a"] <= 0.2

@@ -211,8 +211,8 @@ def test_a_node_token_reads_only_its_own_directives_and_pulls_carry_no_secret(
     refused and shows in no answer."""
     import yaml
 
-    from agent.authconfig import AuthSettings
-    from agent.credentials import new_token, token_hash
+    from agent.security.authconfig import AuthSettings
+    from agent.security.credentials import new_token, token_hash
 
     admin, tokens = new_token(), {n: new_token() for n in ("edge-1", "edge-2")}
     path = tmp_path / "tokens.yaml"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.config import AgentConfig, CoordinatorLink
-from agent.coordinator.faro import ModelSpec
+from agent.coordinator.faro import JobSpec
 from agent.coordinator.nodetypes import parse_node_types
 from agent.coordinator.ribbon.fleet import FleetEvaluator, PoolType
 from agent.coordinator.ribbon.search import search
@@ -238,7 +238,7 @@ def test_cli_size_and_provision(fleet, tmp_path):
 def test_fleet_evaluator_scores_pools_with_faro():
     types = [PoolType("small", 0.1, 8, 2, 4e9, {"a": 0.02}),
              PoolType("big", 0.3, 4, 8, 16e9, {"a": 0.008})]
-    ev = FleetEvaluator(types, [ModelSpec("a", rate=200, proc_s=0.02, slo_s=0.1)])
+    ev = FleetEvaluator(types, [JobSpec("a", rate=200, proc_s=0.02, slo_s=0.1)])
     assert ev.measure((0, 0)).qos_percent == 0          # nothing to serve with
     tiny, enough = ev.score((1, 0)), ev.score((0, 1))
     assert tiny.qos_percent < 50 < 99 < enough.qos_percent   # 4 cores of work on 2
@@ -248,7 +248,7 @@ def test_fleet_evaluator_scores_pools_with_faro():
     assert ev.price((2, 1)) == pytest.approx(0.5)
     assert search(ev, "exhaustive").best.counts == (0, 1)
     # 1000 req/s is 8 cores of work on big: one big node misses, small ones top it up
-    heavy = FleetEvaluator(types, [ModelSpec("a", rate=1000, proc_s=0.02, slo_s=0.1)])
+    heavy = FleetEvaluator(types, [JobSpec("a", rate=1000, proc_s=0.02, slo_s=0.1)])
     assert heavy.score((0, 1)).qos_percent < 99
     mixed = heavy.score((4, 1))
     assert mixed.replicas["a"]["big"] == 8 and mixed.replicas["a"]["small"] >= 1

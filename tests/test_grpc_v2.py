@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.modelzoo import mlp_forward
 from agent.node.grpc_v2 import start_grpc
-from tests.helpers import add_mlp, add_synthetic, reserved_port
+from tests.helpers import add_mlp, add_synthetic, reserved_port, wait_for
 from tests.triton_models import write_simple
 
 #: ~4 MB of weights: the measured footprints of two such models are close, so a budget
@@ -295,12 +295,13 @@ def test_a_message_must_parse_and_arrive_within_read_timeout(repo, serve):
     assert agent.node.body_memory.in_flight_bytes == 0
 
 
-@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 200_000)])
+@pytest.mark.parametrize("limit, counted", [(1_000_000, 300_000), (200_000, 100_000)])
 def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, counted):
     """While a ModelInfer message is received, the in-flight limit counts what grpcio
     holds as it hands the message over (``HANDOFF_COPIES`` x ``max_request_size``; at
-    most the whole limit, so a message of any allowed size is still served alone);
-    once received, its own size; after the answer, nothing."""
+    most the gRPC share, the limit less ``max_request_size``, so a message of any
+    allowed size is still served, alone, and an HTTP body beside it); once received,
+    its own size; after the answer, nothing."""
     from agent.node.grpc_v2 import HANDOFF_COPIES
 
     assert HANDOFF_COPIES * 100_000 == 300_000
@@ -323,6 +324,28 @@ def test_a_message_is_counted_at_what_its_hand_over_holds(repo, serve, limit, co
     assert memory.in_flight_bytes == 0
 
 
+def test_calls_waiting_for_their_messages_share_one_hand_over_and_leave_http_room(
+        repo, serve):
+    """4 ModelInfer calls that never send their message: the first promises 3 x
+    ``max_request_size`` (its own and the hand-off's two copies), the others only
+    their own; the promises stay within the gRPC share (the limit less
+    ``max_request_size``), so an HTTP request is served meanwhile; once the calls go
+    away, nothing is left counted."""
+    from bench.strangers import silent_grpc_calls
+    from tests.helpers import v2_body
+
+    agent = serve(_repo(repo), max_request_size=100_000, max_request_bytes_in_flight=1_000_000,
+                  read_timeout_s=30)
+    memory = agent.node.body_memory
+    with silent_grpc_calls(agent.grpc_url, 4):
+        wait_for(lambda: memory.in_flight_bytes == 300_000 + 3 * 100_000, 10,
+                 "4 calls waiting for their messages")
+        status, _, reply = agent.request("POST", "/v2/models/mlp0/infer",
+                                         v2_body([1.0] * 4, shape=(1, 4)))
+        assert status == 200, reply
+    wait_for(lambda: memory.in_flight_bytes == 0, 10, "nothing counted")
+
+
 def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
     """A message whose hand-over does not fit within ``read_timeout_s`` is never read:
     RESOURCE_EXHAUSTED with retry-after, naming what it needs and the limit."""
@@ -338,7 +361,7 @@ def test_no_room_for_the_hand_over_is_resource_exhausted(repo, serve):
             channel.unary_unary("/inference.GRPCInferenceService/ModelInfer"), b"",
             timeout=30)
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
-    for words in ("200000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
+    for words in ("100000 bytes", "3 x max_request_size", "max_request_bytes_in_flight"):
         assert words in details, details
     assert trailing.get("retry-after") == "1"
     assert agent.node.body_memory.in_flight_bytes == 150_000  # nothing of its own left
@@ -458,12 +481,12 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
     assert {m["name"] for m in index} == {"simple", "simple_string", "mlp0", "mlp1", "mlp2"}
     assert {m["state"] for m in index} == {"UNAVAILABLE"}
     client.load_model("simple", headers=auth)
-    assert client.is_model_ready("simple")
+    assert client.is_model_ready("simple", headers=auth)
     ready = client.get_model_repository_index(headers=auth, as_json=True)["models"]
     assert ready == [{"name": "simple", "version": "1", "state": "READY"}] or \
         {"name": "simple", "version": "1", "state": "READY"} in ready
     client.unload_model("simple", headers=auth)
-    assert not client.is_model_ready("simple")
+    assert not client.is_model_ready("simple", headers=auth)
     with pytest.raises(InferenceServerException) as err:
         client.load_model("no_such_model", headers=auth)
     assert err.value.status() == "StatusCode.NOT_FOUND"
@@ -479,9 +502,13 @@ def test_repository_extension_behind_the_admin_token(repo, serve, tmp_path):
         for word in ["failed to load", *words]:
             assert word in err.value.message(), err.value.message()
     assert client.get_model_config("simple", headers=auth).config.max_batch_size == 16  # kept
-    # The data plane needs no token.
+    # The data plane needs the token too (auth.protect's default with one).
     inputs, a, b = _simple_inputs()
-    np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("simple", inputs)
+    assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    np.testing.assert_array_equal(
+        client.infer("simple", inputs, headers=auth).as_numpy("OUTPUT0"), a + b)
 
 
 def test_model_config_and_statistics(repo, serve):
@@ -672,7 +699,12 @@ def test_grpc_port_in_use_fails_the_start_and_zero_disables(repo, tmp_path):
         proc = _serve_process(repo, tmp_path, "--grpc-port", str(port))
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in err and "grpc_port" in err
+    # what holds it, and how to choose another (or none)
+    said = err.strip().splitlines()[-1]
+    assert said == (f"Error: gRPC: port {port} on 127.0.0.1 is in use: another process "
+                    f"listens there (`ss -ltnp 'sport = :{port}'` names it); stop it, or "
+                    "choose another port with --grpc-port (make run: PORT=8010 "
+                    "GRPC_PORT=8011) (--grpc-port 0: no gRPC endpoint)"), err
 
     proc = _serve_process(repo, tmp_path, "--grpc-port", "0")
     try:
@@ -700,8 +732,8 @@ def test_scoped_tokens_over_grpc(repo, serve, tmp_path):
     PERMISSION_DENIED; with auth.protect the data plane needs an infer token."""
     import yaml
 
-    from agent.authconfig import AgentAuthSettings
-    from agent.credentials import new_token, token_hash
+    from agent.security.authconfig import AgentAuthSettings
+    from agent.security.credentials import new_token, token_hash
 
     read, infer = new_token(), new_token()
     tokens = tmp_path / "tokens.yaml"

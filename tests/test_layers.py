@@ -1,5 +1,7 @@
 """The layers of docs/architecture.md, drawn from the code's own imports (``ast``; no
-module is imported): a forbidden import fails here, naming the file and the line.
+module is imported): a forbidden import fails here, naming the file and the line; and
+the house rules that keep its rooms readable (no circle, one name per class, no file over
+600 lines, no function of the node over 50).
 
 Every import counts, in functions too; for the layer rules also those under
 ``if TYPE_CHECKING:`` (a type-only import still ties the layers), for the circles only
@@ -122,16 +124,46 @@ def test_node_and_coordinator_never_import_each_other():
     assert _violations(_files("agent/coordinator"), ("agent.node", "agent.backends")) == []
 
 
-LEAVES = ("units.py", "validation.py", "schema.py", "memory.py", "config.py", "wire.py",
-          "httpauth.py", "eventloop.py", "httpbody.py", "modelzoo.py", "onnxfile.py",
-          "errors.py", "dashboard.py")
+LEAVES = ("units.py", "validation.py", "schema.py", "memory.py", "wire.py", "modelzoo.py",
+          "onnxfile.py", "errors.py", "backoff.py", "tracing.py")
+#: The folders of shared leaves: who may call, HTTP plumbing, the configuration.
+LEAF_FOLDERS = ("agent/security", "agent/http", "agent/config")
+UPPER = ("agent.backends", "agent.node", "agent.coordinator", "agent.commands", "agent.cli",
+         "agent.profiling")
 
 
 def test_shared_leaves_import_no_upper_layer():
     leaves = [ROOT / "agent" / f for f in LEAVES]
     assert all(p.exists() for p in leaves), "a shared leaf moved: update LEAVES and docs/architecture.md"
-    assert _violations(leaves, ("agent.backends", "agent.node", "agent.coordinator",
-                                "agent.commands", "agent.cli", "agent.profiling")) == []
+    folders = _files(*LEAF_FOLDERS)
+    assert all(any(p.parent == ROOT / f for p in folders) for f in LEAF_FOLDERS), \
+        "a leaf folder moved: update LEAF_FOLDERS and docs/architecture.md"
+    assert _violations(leaves + folders, UPPER) == []
+
+
+def test_the_leaf_folders_stack_without_a_circle():
+    # configuration declares the security settings (TLS, auth); security imports no
+    # configuration, HTTP plumbing neither
+    assert _violations(_files("agent/security", "agent/http"), ("agent.config",)) == []
+    assert _violations(_files("agent/http"), ("agent.security",)) == []
+
+
+def test_the_cache_package_sits_below_serving():
+    # the cache knows the repository and nothing else of the node: serving, the front
+    # desk, selection, metrics and the routes build on it, never the other way
+    others = tuple(sorted({n for n in MODULES if n.startswith("agent.node.")
+                           and not n.startswith("agent.node.cache")
+                           and n != "agent.node.repository"}))
+    assert _violations(_files("agent/node/cache"), others) == []
+
+
+def test_the_request_object_sits_below_what_serves_it():
+    # the front desk hands a call to serving or an app; neither knows the desk
+    below = [ROOT / "agent/node/call.py", ROOT / "agent/node/serving.py",
+             *_files("agent/node/selection")]
+    assert _violations(below, ("agent.node.frontdesk",)) == []
+    assert _violations([ROOT / "agent/node/call.py"],
+                       ("agent.node.serving", "agent.node.selection")) == []
 
 
 def test_sources_are_a_shared_leaf():
@@ -156,6 +188,34 @@ def test_node_routes_do_not_import_the_app():
 
 def test_no_circle_among_backends():
     assert _cycles({n for n in MODULES if n.startswith("agent.backends.")}) == []
+
+
+def test_no_circle_anywhere():
+    assert _cycles(set(MODULES)) == []
+
+
+def test_each_class_name_is_defined_once():
+    where: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(name)
+    assert {c: m for c, m in where.items() if len(m) > 1} == {}
+
+
+def test_no_file_over_600_lines():
+    long = {str(p.relative_to(ROOT)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}
+
+
+def test_no_function_in_the_node_over_50_lines():
+    long = {f"{p.relative_to(ROOT)}:{node.name}": node.end_lineno - node.lineno + 1
+            for p in _files("agent/node") if "protos" not in p.parts
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > 50}
+    assert long == {}
 
 
 def test_no_circle_among_the_node_app_and_its_routes():

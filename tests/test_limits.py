@@ -319,40 +319,67 @@ def test_coordinator_read_timeouts(start_coordinator):
 # -- the bytes of request bodies in flight ------------------------------------------------
 
 
-def test_body_memory_lets_bodies_in_by_arrival_when_they_fit():
+def test_body_memory_counts_what_arrives_and_half_read_bodies_never_wait_for_each_other():
+    """Bytes are counted as they arrive, never as announced; a piece that would leave
+    two bodies half read waiting for each other waits instead (the banker's rule), and
+    goes on once the other is answered; a body larger than the limit is read alone;
+    promises made ahead (gRPC) wait in a queue of their own, never ahead of bodies."""
     import asyncio
 
-    from agent.httpbody import BodyMemory, NoRoomForBody
+    from agent.http.body import BodyMemory
 
     async def scenario():
-        memory = BodyMemory(100)
-        await memory.reserve(60, 1)
-        order = []
-
-        async def wait(size, timeout=5.0):
-            await memory.reserve(size, timeout)
-            order.append(size)
-
-        big = asyncio.create_task(wait(70))  # does not fit: waits
-        await asyncio.sleep(0)
-        small = asyncio.create_task(wait(10))  # would fit, but queues behind the 70
+        memory = BodyMemory(100, step_min=0, step_max=0)  # no step ahead: exact counts
+        silent = [memory.open(64) for _ in range(8)]  # announced, nothing sent
+        assert memory.in_flight_bytes == 0
+        a, b = memory.open(60), memory.open(60)
+        for arrived in (30, 40, 50):
+            assert memory.count(a, arrived)
+            if arrived < 50:
+                assert memory.count(b, arrived)
+        # b at 50 would leave both needing 10 with 0 free: it waits
+        assert not memory.count(b, 50)
+        late = asyncio.create_task(memory.room(b, 50))
         await asyncio.sleep(0.01)
-        assert order == [] and memory.describe()["waiting"] == 2
-        memory.release(60)
-        await asyncio.gather(big, small)
-        assert order == [70, 10] and memory.in_flight_bytes == 80
-        with pytest.raises(NoRoomForBody) as err:  # 80 + 30 > 100, and 80 stay
-            await memory.reserve(30, 0.05)
-        assert err.value.status == 503 and "max_request_bytes_in_flight" in str(err.value)
-        gone = asyncio.create_task(wait(30))  # a client that goes away while waiting
+        assert not late.done() and b.waiting and memory.in_flight_bytes == 90
+        small = memory.open(5)  # a small body still fits beside them
+        assert memory.count(small, 5)
+        memory.close(small)
+        assert memory.count(a, 60)
+        memory.finish(a, 60)  # read whole: answered next
         await asyncio.sleep(0.01)
-        gone.cancel()
+        assert not late.done()  # 60 + 40 in flight: no room until a's answer
+        memory.close(a)
+        await asyncio.wait_for(late, 1)
+        assert memory.count(b, 60)
+        memory.close(b)
+        for body in silent:
+            memory.close(body)
+        assert memory.in_flight_bytes == 0 and memory.describe()["reading"] == 0
+
+        huge = memory.open(500)  # over the whole limit: read when alone
+        assert memory.count(huge, 500)
+        memory.close(huge)
+
+        await memory.reserve_aside(60, share=80)  # a gRPC message's room
+        queued = asyncio.create_task(memory.reserve_aside(30, share=80))  # past the share
+        await asyncio.sleep(0.01)
+        body = memory.open(30)
+        assert memory.count(body, 30)  # not behind the promise
+        assert not queued.done() and memory.in_flight_bytes == 90
+        memory.close(body)
+        memory.release_aside(60, keep=20)  # its message arrived: 20 bytes
+        await asyncio.wait_for(queued, 1)
+        assert memory.in_flight_bytes == 50 and memory.aside_bytes == 30
+        gone = asyncio.create_task(memory.reserve_aside(60, share=100))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # a call that goes away while it waits takes nothing
         await asyncio.gather(gone, return_exceptions=True)
-        memory.release(80)
-        await memory.reserve(500, 0.05)  # over the whole limit: in, once alone
-        assert memory.describe() == {"in_flight_bytes": 500, "limit_bytes": 100,
-                                     "peak_bytes": 500, "waiting": 0, "waits": 4,
-                                     "refused": 1}
+        memory.release_aside(30)
+        memory.release(20)
+        assert memory.describe() == {"in_flight_bytes": 0, "limit_bytes": 100,
+                                     "peak_bytes": 500, "reading": 0, "waiting": 0,
+                                     "waits": 3, "refused": 0}
 
     asyncio.run(scenario())
 
@@ -360,11 +387,12 @@ def test_body_memory_lets_bodies_in_by_arrival_when_they_fit():
 def test_bodies_in_flight_are_bounded_and_counted_and_wait_rather_than_fail(
         repo, start_agent):
     """8 clients post 1.3 MB bodies to an agent that lets 3 MB of bodies in flight:
-    every request is served (they wait their turn), the bodies in flight never exceed
-    the bound, and the waits are counted. A body held by a client that never finishes
-    sending it makes the next ones wait; one still waiting after ``read_timeout_s`` gets
-    503 naming the limit; the agent serves on. (A 60 s SLO: the bouncer would otherwise
-    refuse some of these 60,000-row requests as late behind the others; not tested here.)"""
+    every request is served (their pieces wait their turn, none refused: bodies half
+    read never wait for each other), the bodies in flight never exceed the bound, and
+    the waits are counted. Clients that announce a large body and never send it hold
+    what they sent, not what they announced: the others are served meanwhile. (A 60 s
+    SLO: the bouncer would otherwise refuse some of these 60,000-row requests as late
+    behind the others; not tested here.)"""
     add_mlp(repo, "mlp", config={"slo": {"latency_ms": 60000}})
     agent = start_agent(repo, max_request_rows=10**6, max_request_bytes_in_flight=3_000_000)
     body = json.dumps(_rows(60_000)).encode()
@@ -403,19 +431,20 @@ def test_bodies_in_flight_are_bounded_and_counted_and_wait_rather_than_fail(
 
     agent = start_agent(repo, max_request_rows=10**6, max_request_bytes_in_flight=3_000_000,
                         read_timeout_s=1.0)
-    # two clients announce 2.5 MB and send 10 bytes: the first holds 2.5 MB until its
-    # read times out (408), the second waits for it, then holds as long; a 1.3 MB body
-    # queued behind them waits its read_timeout_s, then 503
+    # two clients announce 2.5 MB and send 1 byte: each holds what it sent (and a step
+    # ahead, 64 KiB), not what it announced, so a 1.3 MB body is served meanwhile; they
+    # get 408 after read_timeout_s
     start = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: localhost\r\n"
              b"Content-Length: 2500000\r\n\r\n{")
     with _connect(agent) as first, _connect(agent) as second:
         first.sendall(start)
-        time.sleep(0.1)
         second.sendall(start)
         time.sleep(0.2)
-        status, headers, reply = agent.request("POST", "/v2/models/mlp/infer", body)
-        assert status == 503 and headers["Retry-After"] == "1", reply
-        assert "max_request_bytes_in_flight" in reply["error"], reply
+        held = agent.request("GET", "/v1/memory")[2]["cpu"]["request_bodies"]
+        assert held["in_flight_bytes"] <= 2 * (2**16 + 1) and held["reading"] == 2, held
+        started = time.monotonic()
+        status, _, reply = agent.request("POST", "/v2/models/mlp/infer", body)
+        assert status == 200 and time.monotonic() - started < 0.9, reply
         assert _read_all(first).startswith(b"HTTP/1.1 408")
         assert _read_all(second).startswith(b"HTTP/1.1 408")
     assert agent.request("POST", "/v2/models/mlp/infer", body)[0] == 200

@@ -120,6 +120,6 @@ def test_admin_token_is_enforced(repo, start_agent, tmp_path):
         assert status == 401
         status, _, _ = agent.request(method, path, headers={"Authorization": "Bearer s3cret-0123456789abcdef0123456789abcdef"})
         assert status == 200, path
-    # inference and health stay open
+    # health stays open; inference needs the token too (auth.protect's default)
     assert agent.request("GET", "/v2/health/ready")[0] == 200
-    assert infer(agent, "s", np.ones((1, 1), np.float32))[0] == 200
+    assert infer(agent, "s", np.ones((1, 1), np.float32))[0] == 401

@@ -93,7 +93,7 @@ async def test_a_load_gives_up_after_load_wait_max_s_and_leaves_nothing_behind(r
     assert 0.3 <= time.monotonic() - started < 2
     assert err.value.status == 503 and err.value.retry_after
     pool = cache.pools["cpu"]
-    assert pool.reserved == 0 and not pool.waiting and cache.entry("b").account.in_flight == 0
+    assert pool.reserved == 0 and not len(pool.rooms) and cache.entry("b").account.in_flight == 0
     assert cache.entry("b").state is State.UNLOADED
     cache.release(a)
     b = await cache.acquire("b")             # room now: served at once
@@ -110,7 +110,7 @@ async def test_a_client_timeout_bounds_its_wait_and_withdraws_an_unwanted_load(r
     with pytest.raises(CacheBusy, match="timeout"):
         await cache.acquire("b", timeout=0.2)
     await asyncio.sleep(0)  # the cancelled load leaves the room queue
-    assert not cache.pools["cpu"].waiting and cache.entry("b").state is State.UNLOADED
+    assert not len(cache.pools["cpu"].rooms) and cache.entry("b").state is State.UNLOADED
     cache.release(a)
     await cache.close()
 

@@ -18,8 +18,9 @@ def test_cache_cli(repo, start_agent, tmp_path):
     base = ["cache", "--token-file", str(token)]
     assert run(main, base + ["pin", "alpha", "--url", agent.url]).exit_code == 0
     agent.request("POST", "/v2/models/alpha/infer", {"inputs": [
-        {"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1]}]})
-    result = run(main, base + ["ls", "--url", agent.url])
+        {"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1]}]},
+        {"Authorization": f"Bearer {token.read_text()}"})
+    result = run(main, base + ["ls", "--wide", "--url", agent.url])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].split()[:4] == ["NAME", "VER", "STATE", "SIZE"]

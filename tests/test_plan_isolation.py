@@ -10,7 +10,7 @@ import pytest
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.faro import solver as faro_solver
 from agent.coordinator.planner import PlanError, check_spec
-from agent.coordinator.faro import ModelSpec, ProblemError
+from agent.coordinator.faro import JobSpec, ProblemError
 from tests.helpers import feed, node_report
 
 
@@ -91,6 +91,6 @@ def test_every_model_left_out_is_a_plan_error_naming_them(planner_setup):
                                           ("slo_s", 0.0), ("cpu_per_replica", float("inf"))])
 def test_check_spec_names_the_field(field, value):
     good = dict(name="m", rate=1.0, proc_s=0.01, slo_s=0.1, percentile=99.0)
-    check_spec(ModelSpec(**good))
+    check_spec(JobSpec(**good))
     with pytest.raises(ValueError, match=field):
-        check_spec(ModelSpec(**{**good, field: value}))
+        check_spec(JobSpec(**{**good, field: value}))

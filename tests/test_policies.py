@@ -202,3 +202,76 @@ def test_cumulative_rate_counts_since_first_request():
         rates.record("a", t)
     assert rates.rate("a", 130.0) == pytest.approx(3 / 30)
     assert rates.rate("never", 130.0) == 0.0
+
+
+def _timer_and_steady(spec: str):
+    """``timer`` requested every 60 s (0 … 240), ``steady`` at irregular times, more
+    often; both cost the same to reload."""
+    policy = make_policy(spec)
+    for t in range(0, 241, 10):
+        if t % 60 == 0:
+            policy.record_access("timer", float(t))
+        if t in (20, 50, 100, 120, 170, 200, 230):
+            policy.record_access("steady", float(t))
+    for key in ("timer", "steady"):
+        policy.admit(key, 100, 2.0, 240.0)
+    return policy
+
+
+def test_forecast_keeps_a_timer_that_is_about_to_fire():
+    # Just before the timer's next firing (300 s) it is worth more than the steady model,
+    # which CremeBrulee, ranking by rate alone, keeps instead.
+    crm, forecast = _timer_and_steady("cremebrulee"), _timer_and_steady("cremebrulee-forecast")
+    assert crm.choose_victims(50, 290.0) == ["timer"]
+    assert forecast.choose_victims(50, 290.0) == ["steady"]
+    assert forecast.period("timer") == pytest.approx(60.0)
+    assert forecast.period("steady") == 0.0
+    assert forecast.priority("timer", 290.0) == pytest.approx(2.0 / 100 / 10.0)
+    # Right after a firing its next use is a period away: worth less, by as much.
+    forecast.record_access("timer", 300.0)
+    assert forecast.priority("timer", 301.0) == pytest.approx(2.0 / 100 / 59.0)
+
+
+def test_forecast_detects_jittered_periods_and_forgets_broken_ones():
+    policy = make_policy("cremebrulee-forecast")  # tolerance 5 % of the period, confirm 3
+    for t in (0.0, 100.0, 198.0, 301.0):  # gaps within 3 % of their mean
+        policy.record_access("t", t)
+    assert policy.period("t") == 0.0  # two gaps matched the first: not yet three
+    policy.record_access("t", 399.0)
+    assert policy.period("t") == pytest.approx((100 + 98 + 103 + 98) / 4)
+    policy.admit("t", 10, 1.0, 399.0)
+    due = 399.0 + policy.period("t")
+    assert policy.priority("t", due - 10) == pytest.approx(1.0 / 10 / 10)
+    # Overdue by more than the tolerance (a skipped firing): back to the rate.
+    late = due + 0.06 * policy.period("t")
+    assert policy.priority("t", late) == pytest.approx(policy.request_rate("t", late) / 10)
+    policy.record_access("t", due + 200.0)  # a gap far from the period: not periodic
+    assert policy.period("t") == 0.0
+    assert policy.choose_victims(5, due + 201.0) == ["t"]
+
+
+def test_forecast_merges_periodic_and_rate_ranked_models_by_utility():
+    policy = make_policy("cremebrulee-forecast:rate=cumulative")
+    for t in range(5):  # p0, p1: period 10 s; r0..r2: 4 requests each, no period
+        for key in ("p0", "p1"):
+            policy.record_access(key, 10.0 * t)
+        for i, key in enumerate(("r0", "r1", "r2")):
+            if t < 4:
+                policy.record_access(key, 10.0 * t + 1 + i + t * i)
+    for key, size in (("p0", 10), ("p1", 80), ("r0", 10), ("r1", 20), ("r2", 40)):
+        policy.admit(key, size, 1.0, 41.0)
+    assert policy.period("p0") == pytest.approx(10.0) and policy.period("r0") == 0.0
+    order = policy._candidates(45.0)  # p0, p1: 5 s to their next request
+    utilities = [policy.priority(key, 45.0) for key in order]
+    assert order == ["r2", "p1", "r1", "r0", "p0"]  # the two kinds interleave
+    assert utilities == sorted(utilities)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("cremebrulee-forecast:tolerance=1.5", "tolerance"),
+    ("cremebrulee-forecast:tolerance=0", "tolerance"),
+    ("cremebrulee-forecast:confirm=0", "confirm"),
+    ("cremebrulee-forecast:rate=sometimes", "rate estimator")])
+def test_forecast_parameters_are_checked(spec, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy(spec)

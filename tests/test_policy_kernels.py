@@ -20,6 +20,7 @@ from cachepolicies.base import INITIAL_CAPACITY, Ids
 from cachepolicies.jit import COMPILED
 from cachepolicies.rates import CumulativeRate, DecayedRate
 from cachepolicies.simulator import simulate
+from cachepolicies.sourcestamp import package_stamp
 from cachepolicies.traces import make_profiles, make_trace
 from cachepolicies.twin import Queueing
 from tests.helpers import run_pytest_compiled
@@ -194,9 +195,9 @@ def test_kernel_caches_are_stamped_with_the_whole_package(tmp_path):
     root.mkdir()
     (root / "a.py").write_text("x = 1\n")
     (root / "b.py").write_text("y = 2\n")
-    before = kernels._package_stamp(root)
+    before = package_stamp(root)
     (root / "b.py").write_text("y = 3\n")  # another module than the kernel's own
-    assert kernels._package_stamp(root) != before
+    assert package_stamp(root) != before
 
 
 # -- the compiled simulator loop against the Python verbs ----------------------------------

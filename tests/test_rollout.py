@@ -8,14 +8,39 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import yaml
 
 from agent.config import AgentConfig
+from agent.node.cache.lifecycle import State
+from agent.node.cache.rollout import Action, next_action
 from agent.modelzoo import write_mlp
 from tests.helpers import (BODY, TINY_MLP, AgentServer, SteadyClient, add_synthetic, v2_body,
                            wait_for)
 
 ROW = v2_body([1.0, 2.0, 3.0, 4.0])
+
+R, L, F, U, G = State.READY, State.LOADING, State.FAILED, State.UNLOADED, State.UNLOADING
+
+
+@pytest.mark.parametrize("old, new, listed, states, action", [
+    (1, 2, (1, 2), {1: R}, Action.LOAD_NEW),            # the new one never loaded
+    (1, 2, (1, 2), {1: R, 2: U}, Action.LOAD_NEW),
+    (1, 2, (1, 2), {1: R, 2: L}, Action.LOAD_NEW),      # loading: the old one serves
+    (1, 2, (1, 2), {1: R, 2: G}, Action.LOAD_NEW),
+    (1, 2, (1, 2), {1: R, 2: R}, Action.SWITCH),        # ready beside it: switch
+    (1, 2, (1, 2), {1: R, 2: F}, Action.KEEP_OLD),      # failed: the old one stays
+    (1, 2, (1, 2), {1: U, 2: U}, Action.SERVE_NEW),     # nothing served: no rollout
+    (1, 2, (1, 2), {1: L}, Action.SERVE_NEW),           # the old one is not READY
+    (1, 2, (1, 2), {}, Action.SERVE_NEW),
+    (1, 2, (2,), {1: R}, Action.SERVE_NEW),             # the old one left the repository
+    (2, 2, (1, 2), {2: R}, Action.SERVE_NEW),           # no new version
+    (None, 2, (2,), {}, Action.SERVE_NEW),              # a new model
+    (1, None, (), {1: R}, Action.SERVE_NEW),            # no version listed any more
+    (2, 1, (1, 2), {2: R}, Action.LOAD_NEW),            # a lower default rolls out too
+])
+def test_the_rollout_decides_from_the_versions_it_sees(old, new, listed, states, action):
+    assert next_action(old, new, listed, states) is action
 
 
 def start_agent(repo, tmp_path, **config):
@@ -52,7 +77,7 @@ def test_a_polled_source_rolls_a_new_version_out(repo, tmp_path):
         wait_for(lambda: len(client.answers) > 20, 30, "version 1 serves")
         write_mlp(src / "2" / "model.onnx", **{**TINY_MLP, "hidden": 8})
         rolled(agent, client, "m", 1, 2)
-        assert agent.node.rollouts.done == 1
+        assert agent.node.cache.rollouts.done == 1
         assert {h["version"] for h in agent.node.disk.holdings()} >= {2}
     finally:
         agent.close()
@@ -90,8 +115,8 @@ def test_a_new_version_that_does_not_load_leaves_the_old_one_serving(repo, tmp_p
         for _ in range(10):
             status, _, body = agent.request("POST", "/v2/models/m/infer", ROW)
             assert status == 200 and body["model_version"] == "1", body
-        assert agent.node.cache.serving_version == {"m": 1}
-        assert agent.node.rollouts.done == 0
+        assert agent.node.cache.catalog.held == {"m": 1}
+        assert agent.node.cache.rollouts.done == 0
     finally:
         agent.close()
 

@@ -20,7 +20,8 @@ import pytest
 
 from agent.coordinator.rollout import Rollout, RolloutSettings, new_rollout
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.store import RolloutConflict, open_store
+from agent.coordinator.rolloutstore import RolloutConflict
+from agent.coordinator.stores import open_store
 from tests.helpers import CoordinatorProcess, request, wait_for
 
 NODES = [f"edge-{i}" for i in range(1, 7)]

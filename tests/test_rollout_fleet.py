@@ -24,7 +24,7 @@ import yaml
 
 from agent.config import AgentConfig, CoordinatorLink
 from agent.modelzoo import write_mlp
-from tests.helpers import TINY_MLP, AgentServer, SteadyClient, request, wait_for
+from tests.helpers import TINY_MLP, AgentServer, SteadyClient, wait_for
 
 # -- quick: three agents in this process ------------------------------------------------
 

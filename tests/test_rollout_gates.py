@@ -14,7 +14,7 @@ from msgspec import structs
 from agent.coordinator.rollout import (BAKING, COMPLETED, ROLLED_BACK, RUNNING, SWITCHING,
                                        Counters, Gates, NodeView, Rollout, RolloutSettings,
                                        judge, new_rollout, split_waves, step, wave_sizes)
-from agent.node.versionpins import VersionPin, served_version
+from agent.node.cache.versionpins import VersionPin, served_version
 
 NODES = [f"n{i}" for i in range(1, 7)]
 BOUNDS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0)

@@ -1,7 +1,8 @@
-"""Safe defaults: without a token, the agent, the coordinator and its report workers
-answer only requests that name them (Host, and Origin when sent): a web page that
-rebinds its own name to their address gets 403 (DNS rebinding). With a token there is
-no such check. The systemd units take secrets as credentials and are confined."""
+"""Safe defaults: the agent, the coordinator and its report workers answer a request
+that carries no credential only where it names them (Host, and Origin when sent): a
+web page that rebinds its own name to their address gets 403 (DNS rebinding), with or
+without tokens configured. The systemd units take secrets as credentials and are
+confined."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from agent.httpauth import names_this_server, own_names
+from agent.security.httpauth import names_this_server, own_names
 from tests.helpers import REPORT, add_mlp
 
 
@@ -39,12 +40,20 @@ def test_the_agent_without_a_token_answers_only_its_own_names(repo, start_agent,
                          headers={"Origin": f"http://localhost:{port}"})[0] == 200
 
 
-def test_the_agent_with_a_token_does_not_check_the_host(repo, start_agent, tmp_path):
+def test_the_agent_with_a_token_checks_the_host_of_requests_without_one(repo, start_agent,
+                                                                       tmp_path):
+    """A rebinding page knows no token: without one its Host is refused as without
+    tokens; a made-up token is judged (401), a valid one may use any name (a proxy's)."""
     token_file = tmp_path / "token"
     token_file.write_text("t" * 40)
     agent = start_agent(repo, admin_token_file=token_file)
-    assert agent.request("GET", "/v2/health/live", headers={"Host": "evil.example"})[0] == 200
-    assert agent.request("GET", "/v1/cache", headers={"Host": "evil.example"})[0] == 401
+    evil = {"Host": "evil.example"}
+    assert agent.request("GET", "/v2/health/live", headers=evil)[0] == 403
+    assert agent.request("GET", "/v1/cache", headers=evil)[0] == 403
+    assert agent.request("GET", "/v2/health/live",
+                         headers={**evil, "Authorization": f"Bearer {'x' * 40}"})[0] == 401
+    assert agent.request("GET", "/v1/cache",
+                         headers={**evil, "Authorization": f"Bearer {'t' * 40}"})[0] == 200
 
 
 def _post(url: str, path: str, body: dict, host: str) -> tuple[int, dict]:

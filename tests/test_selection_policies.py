@@ -10,7 +10,7 @@ import pytest
 
 from agent.backends.synthetic import classify
 from agent.config import parse_model_config
-from agent.node.selection.policies import Policy, State, loss_of
+from agent.node.selection.policies import LearnedState, SelectionPolicy, loss_of
 
 #: Five members: the best fails on queries [FAIL, HEAL), the others are stationary.
 N, FAIL, HEAL = 6000, 1500, 3000
@@ -55,7 +55,7 @@ def _moved_off_and_back(lead):
 
 @pytest.mark.parametrize("name", ["exp4", "exp3", "thompson"])
 def test_policy_recovers_and_beats_every_static_member(name):
-    error, static, lead = _run(Policy(name, 5))
+    error, static, lead = _run(SelectionPolicy(name, 5))
     assert (error < static).all(), (error, static)
     off, back = _moved_off_and_back(lead)
     assert off is not None and off < 1000
@@ -66,7 +66,7 @@ def test_policy_recovers_and_beats_every_static_member(name):
 @pytest.mark.parametrize("name, options", [("exp4", {"share": 0}),
                                            ("thompson", {"discount": 1})])
 def test_controls_without_forgetting_do_not_come_back(name, options):
-    _, _, lead = _run(Policy(name, 5, **options))
+    _, _, lead = _run(SelectionPolicy(name, 5, **options))
     off, back = _moved_off_and_back(lead)
     assert off is not None  # they do move off ...
     assert back is None     # ... but never return within the rest of the stream
@@ -76,8 +76,8 @@ def test_clippers_literal_exp4_collapses_onto_one_member_and_sticks():
     """Clipper's removed Exp4 update (divide by p, no floor): the members trusted less
     are punished more until their weights underflow to exactly 0, which is never updated
     again; the app is left with the best member alone and keeps it through its failure."""
-    error, static, lead = _run(Policy("clipper_exp4", 5))
-    state = Policy("clipper_exp4", 5).fresh()
+    error, static, lead = _run(SelectionPolicy("clipper_exp4", 5))
+    state = SelectionPolicy("clipper_exp4", 5).fresh()
     assert state.weights == [1.0] * 5  # Clipper's raw weights
     off, _ = _moved_off_and_back(lead)
     assert off is None              # it never leaves the failed member ...
@@ -85,7 +85,7 @@ def test_clippers_literal_exp4_collapses_onto_one_member_and_sticks():
 
 
 def test_clippers_literal_exp4_update_step():
-    p = Policy("clipper_exp4", 2)
+    p = SelectionPolicy("clipper_exp4", 2)
     state = p.fresh()
     p.observe(state, {0: 1.0, 1: 0.0}, 1, {})
     assert state.weights == [pytest.approx(math.exp(-0.01 / 0.5)), 1.0]
@@ -95,14 +95,14 @@ def test_clippers_literal_exp4_update_step():
 
 
 def test_epsilon_greedy_with_a_discount_comes_back():
-    _, _, lead = _run(Policy("epsilon_greedy", 5, epsilon=0.2))
+    _, _, lead = _run(SelectionPolicy("epsilon_greedy", 5, epsilon=0.2))
     off, back = _moved_off_and_back(lead)
     assert off is not None and off < 1000 and back is not None
 
 
 def test_exp4_combines_by_weighted_vote_over_those_that_answered():
-    p = Policy("exp4", 3)
-    state = State.fresh(3, [0.5, 0.3, 0.2])
+    p = SelectionPolicy("exp4", 3)
+    state = LearnedState.fresh(3, [0.5, 0.3, 0.2])
     a = {0: np.array([[1], [1]]), 1: np.array([[2], [3]]), 2: np.array([[2], [3]])}
     answer, agree = p.combine(state, a, "label")
     assert answer.tolist() == [[1], [1]] and agree.tolist() == [1, 1]
@@ -110,13 +110,13 @@ def test_exp4_combines_by_weighted_vote_over_those_that_answered():
     answer, agree = p.combine(state, a, "label")
     assert answer.tolist() == [[2], [3]] and agree.tolist() == [2, 2]
     scores = {0: np.array([[0.9, 0.1]], np.float32), 1: np.array([[0.1, 0.9]], np.float32)}
-    mean, agree = p.combine(State.fresh(2, [0.75, 0.25]), scores, "scores")
+    mean, agree = p.combine(LearnedState.fresh(2, [0.75, 0.25]), scores, "scores")
     assert mean.dtype == np.float32 and np.allclose(mean, [[0.7, 0.3]])
     assert agree.tolist() == [1]
 
 
 def test_exp3_weights_the_update_by_the_probability_stored_with_the_prediction():
-    p = Policy("exp3", 2, share=0, gamma=0)
+    p = SelectionPolicy("exp3", 2, share=0, gamma=0)
     a, b = p.fresh(), p.fresh()
     p.observe(a, {0: 1.0}, 1, {0: 0.5})
     p.observe(b, {0: 1.0}, 1, {0: 0.05})  # picked rarely: the same loss weighs more
@@ -124,7 +124,7 @@ def test_exp3_weights_the_update_by_the_probability_stored_with_the_prediction()
 
 
 def test_static_never_learns_and_splits_by_its_weights():
-    p = Policy("static", 2, static_weights=(0.9, 0.1))
+    p = SelectionPolicy("static", 2, static_weights=(0.9, 0.1))
     state, rng = p.fresh(), random.Random(3)
     picks = [p.select(state, [True, True], rng)[0][0] for _ in range(2000)]
     assert 0.86 < picks.count(0) / 2000 < 0.94
@@ -133,19 +133,19 @@ def test_static_never_learns_and_splits_by_its_weights():
 
 
 def test_single_pick_policies_prefer_resident_members():
-    p = Policy("exp3", 3)
+    p = SelectionPolicy("exp3", 3)
     state, rng = p.fresh(), random.Random(1)
     picks = {p.select(state, [False, True, False], rng)[0][0] for _ in range(100)}
     assert picks == {1}
 
 
 def test_state_remap_starts_new_members_at_the_mean_weight():
-    s = State([0.6, 0.2, 0.2], [1, 2, 3], [0, 0, 0], [5, 6, 7])
+    s = LearnedState([0.6, 0.2, 0.2], [1, 2, 3], [0, 0, 0], [5, 6, 7])
     r = s.remap(["a", "b", "c"], ["c", "a", "new"])
     mean = (0.2 + 0.6) / 2
     total = 0.2 + 0.6 + mean
     assert r.weights == pytest.approx([0.2 / total, 0.6 / total, mean / total])
-    assert r.observed == [7, 5, 0] and State.from_json(r.as_json()) == r
+    assert r.observed == [7, 5, 0] and LearnedState.from_json(r.as_json()) == r
 
 
 def test_losses_per_kind():

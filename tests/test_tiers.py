@@ -18,7 +18,7 @@ from cachepolicies import make_policy
 from cachepolicies import simulator as simulator_module
 from cachepolicies.pool import miss_penalty
 from cachepolicies.simulator import simulate
-from cachepolicies.tiers import DiskTier
+from cachepolicies.tiers import DiskBooks
 from cachepolicies.traces import (SimulationInputError, make_profiles, make_trace,
                                   read_profiles)
 from cachepolicies.twin import Queueing
@@ -83,7 +83,7 @@ def test_the_disk_evicts_the_files_of_idle_models_before_those_in_memory():
     profiles = tiered([5.0, 3.0, 2.0, 1.0])
     trace = trace_of(profiles, "aaabcd")
     policy, disk_policy = make_policy("popularity"), make_policy("lru")
-    disk = DiskTier(300, disk_policy, profiles)
+    disk = DiskBooks(300, disk_policy, profiles)
     simulator_module._replay(trace, profiles, 200, policy, disk)
     assert sorted(policy.resident()) == [0, 3]         # a and d in memory
     assert disk_policy._candidates(60.0)[0] == 0       # a's files are LRU on disk ...
@@ -98,7 +98,7 @@ def test_a_resident_model_whose_files_are_evicted_costs_its_download_again():
     profiles = tiered([5.0, 3.0], first_exec=[1.5, 1.5])
     trace = trace_of(profiles, "abb")
     policy = make_policy("lru")
-    disk = DiskTier(100, make_policy("lru"), profiles)
+    disk = DiskBooks(100, make_policy("lru"), profiles)
     simulator_module._replay(trace, profiles, 200, policy, disk)
     surplus = 1.5 - EXEC
     assert policy.penalty_of(0) == pytest.approx(LOAD + surplus + 5.0)

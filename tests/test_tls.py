@@ -21,7 +21,7 @@ import pytest
 from agent.config import CoordinatorLink
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
-from agent.tls import ServerTls, TlsSettings, client_context
+from agent.security.tls import ServerTls, TlsSettings, client_context
 from tests.helpers import (BODY, EDGEAGENT, REPORT, Agent, CoordinatorProcess,
                            add_synthetic, issue_cert, make_ca, request, wait_for)
 
@@ -369,7 +369,7 @@ def test_the_cli_talks_https_with_ca_file_cert_and_key(pki, repo, start_agent):
 def test_exposure_needs_tls_and_a_token_beyond_loopback(pki, tmp_path):
     from agent.config import AgentConfig
     from agent.coordinator.config import CoordinatorConfig
-    from agent.exposure import exposure_error
+    from agent.security.exposure import exposure_error
 
     token = tmp_path / "token"
     token.write_text("x" * 40)

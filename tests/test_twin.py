@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from agent.cli import main
 from agent.config import AgentConfig
-from agent.twinsettings import twin_settings
+from agent.config.twinsettings import twin_settings
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
 from cachepolicies.twin import Queueing

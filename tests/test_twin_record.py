@@ -15,10 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from agent.authconfig import AgentAuthSettings
+from agent.security.authconfig import AgentAuthSettings
 from agent.config import AgentConfig
 from agent.cli import main
-from agent.credentials import new_token, token_hash
+from agent.security.credentials import new_token, token_hash
 from agent.node.record import ENTRY_BYTES, RequestRecord
 from cachepolicies.traces import read_profiles, read_trace
 from tests.helpers import BODY, TINY_MLP, AgentServer, add_mlp, add_synthetic, v2_body
@@ -40,7 +40,7 @@ def recorded(repo, start_agent, tmp_path):
         {"name": "ops", "sha256": token_hash(ADMIN), "scopes": ["admin"]},
         {"name": "dash", "sha256": token_hash(READ), "scopes": ["read"]}]))
     agent = start_agent(repo, budget=36_000_000, policy="lru",
-                        auth=AgentAuthSettings(token_file=tokens))
+                        auth=AgentAuthSettings(token_file=tokens, protect=()))  # open inference
 
     async def send():
         async with aiohttp.ClientSession() as session:
@@ -281,3 +281,44 @@ def test_a_node_with_sources_is_replayed_with_its_pulls(repo, tmp_path):
             and "disk capacity" in small.output
     finally:
         agent.close()
+
+
+def test_simulate_from_skips_requests_of_models_that_never_loaded(repo, start_agent):
+    """One request to a model that never loaded (bad ONNX: no profile) does not break the
+    window: its requests are left out and counted, as the dashboard's what-if does; no
+    message names a temporary file the user never made."""
+    add_mlp(repo, "good")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not a protobuf")
+    agent = start_agent(repo)
+    for name in ("good", "broken", "good", "broken", "good"):
+        agent.request("POST", f"/v2/models/{name}/infer", ROW)
+    result = CliRunner().invoke(main, ["simulate", "--from", agent.url, "--capacity", "64MB",
+                                       "--policy", "lru", "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["requests"] == 3
+    assert result.stderr == ("skipped 2 of 5 request(s): broken:1 never loaded on the node "
+                             "(no profile to replay them with)\n"), result.stderr
+    assert "/tmp" not in result.output
+
+
+def test_a_record_with_no_replayable_request_is_refused_by_name(repo, start_agent,
+                                                                  tmp_path):
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not a protobuf")
+    add_mlp(repo, "good")
+    agent = start_agent(repo)
+    agent.request("POST", "/v2/models/good/infer", ROW)
+    agent.request("POST", "/v2/models/broken/infer", ROW)
+    out = tmp_path / "record"
+    CliRunner().invoke(main, ["cache", "--url", agent.url, "trace", "--out", str(out)])
+    lines = (out / "trace.csv").read_text().splitlines()
+    (out / "trace.csv").write_text("\n".join([lines[0]] + [
+        line for line in lines[1:] if "broken" in line]) + "\n")
+    result = CliRunner().invoke(main, ["simulate", "--from", str(out), "--capacity", "64MB",
+                                       "--policy", "lru"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: {out / 'trace.csv'}: no request names a model in the profiles "
+        f"({out / 'profiles.csv'}): all 1 are of broken:1"), result.output

@@ -21,6 +21,7 @@ from cachepolicies.workloads import (
     read_azure_invocations,
     spread_over_minutes,
     synthetic_invocations,
+    timer_events,
     write_azure_invocations,
     write_profiles,
     write_trace,
@@ -226,6 +227,64 @@ def test_downsampling_keeps_the_fraction_and_is_seeded():
     # Nested: a fifth of the same seed holds all of the tenth's requests.
     fifth = build_workload(inv, profiles, TraceOptions(seed=3, downsample=0.2))
     assert set(tenth.trace.timestamps) <= set(fifth.trace.timestamps)
+
+
+# -- timers ---------------------------------------------------------------------------------
+def _schedule(times: np.ndarray) -> tuple[float, float]:
+    """(period, largest deviation from the fitted schedule) of one timer's firings."""
+    k = np.arange(len(times))
+    period, phase = np.polyfit(k, times, 1)
+    return period, float(np.abs(times - (phase + period * k)).max())
+
+
+def test_timers_fire_once_a_period_within_their_jitter():
+    rng = np.random.default_rng(2)
+    times, rows = timer_events(40, 3600.0, rng, periods=(30.0, 600.0), jitter=0.02)
+    assert np.all(np.diff(times) >= 0) and times.min() >= 0 and times.max() < 3600
+    assert set(rows.tolist()) == set(range(40))
+    periods = []
+    for timer in range(40):
+        fired = times[rows == timer]
+        period, off = _schedule(fired)
+        periods.append(period)
+        assert 30 * 0.99 <= period <= 600 * 1.01
+        # not accumulated: every firing near its schedule (a random walk of 2 % steps
+        # would stray ~10 % of a period over a hundred firings)
+        assert off <= 0.03 * period, timer
+        assert abs(len(fired) - 3600 / period) <= 1.5
+    assert min(periods) < 60 and max(periods) > 300  # log-uniform over the range
+    exact, _ = timer_events(3, 600.0, np.random.default_rng(1), jitter=0.0)
+    again, _ = timer_events(3, 600.0, np.random.default_rng(1), jitter=0.0)
+    assert np.array_equal(exact, again)
+
+
+def test_a_share_of_the_functions_become_timers():
+    inv = synthetic_invocations(3000, 60, seed=4).with_trigger("http")
+    profiles = _profiles([1.0, 2.0, 3.0])
+    plain = build_workload(inv, profiles, TraceOptions(seed=4))
+    timed = build_workload(inv, profiles, TraceOptions(seed=4, timer_share=0.5))
+    assert plain.timers == 0 and timed.timers == round(0.5 * timed.functions)
+    assert timed.functions == plain.functions and len(timed.profiles) == len(plain.profiles)
+    regular = []
+    for model in range(len(timed.profiles)):
+        fired = timed.trace.timestamps[timed.trace.model_ids == model]
+        if len(fired) >= 4 and _schedule(fired)[1] <= 0.03 * _schedule(fired)[0]:
+            regular.append(model)
+    assert abs(len(regular) - timed.timers) <= 0.05 * timed.timers  # a few Poisson lookalikes
+    assert len(timed.trace) > 2 * len(plain.trace)  # 30-600 s periods fire often
+    # timer_share=0 is the workload as before, request for request
+    again = build_workload(inv, profiles, TraceOptions(seed=4, timer_share=0.0))
+    assert np.array_equal(again.trace.timestamps, plain.trace.timestamps)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(timer_share=1.5), "timer share"), (dict(timer_share=-0.1), "timer share"),
+    (dict(timer_periods=(0.0, 10.0)), "timer periods"),
+    (dict(timer_periods=(60.0, 30.0)), "timer periods"),
+    (dict(timer_jitter=0.5), "timer jitter")])
+def test_bad_timer_options_are_named(options, message):
+    with pytest.raises(WorkloadError, match=message):
+        TraceOptions(**options)
 
 
 # -- association ----------------------------------------------------------------------------

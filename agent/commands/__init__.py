@@ -13,18 +13,26 @@ import click
 #: Each extra of pyproject.toml -> the modules it brings that its commands import
 #: (tests/test_extras.py holds them to pyproject's lists).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "sim": ("numba", "pyarrow", "tqdm", "matplotlib"),
+    "sim": ("numba", "pyarrow", "tqdm", "setuptools", "matplotlib"),
     "coordinator": ("numba", "scipy", "sklearn", "threadpoolctl"),
 }
 
 
+#: Module -> its pip name, where they differ.
+_PIP_NAMES = {"sklearn": "scikit-learn"}
+
+
 def require_extra(extra: str) -> None:
-    """Exit 1 with one line naming ``pip install 'edgeagent[extra]'`` when a module of
-    ``extra`` is not installed (the default install is the node agent alone)."""
+    """Exit 1 with one line naming the command that adds ``extra`` to this interpreter
+    (``agent.extras.install_hint``) when a module of it is not installed (the default
+    install is the node agent alone)."""
     missing = [name for name in EXTRA_MODULES[extra] if not _installed(name)]
     if missing:
+        from agent.extras import install_hint
+
+        hint = install_hint(extra, tuple(_PIP_NAMES.get(m, m) for m in EXTRA_MODULES[extra]))
         click.echo(f"Error: this command needs the {extra} extra ({', '.join(missing)} "
-                   f"not installed): pip install 'edgeagent[{extra}]'", err=True)
+                   f"not installed): {hint}", err=True)
         sys.exit(1)
 
 

@@ -3,26 +3,16 @@ from a shell."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agent import credentials
-from agent.commands import tls_options
+from agent.commands.agentapi import (agent_context, agent_options, apply_common, call,
+                                     common_options)
+from agent.commands.output import key_values, number, show_json
+from agent.commands.output import table as output_table
 from agent.units import format_size
-
-
-def _call(ctx: click.Context, method: str, path: str, body: Any = None) -> Any:
-    from agent.commands.http import call_json  # urllib: only when a command calls
-
-    return call_json(ctx.obj["url"], method, path, body, token=ctx.obj["token"], server="agent")
-
-
-def _num(x: Any, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 def _wait(m: dict[str, Any]) -> str:
@@ -47,51 +37,74 @@ def _disk(m: dict[str, Any]) -> str:
     return format_size(m["disk_bytes"]) if m["on_disk"] else "no"
 
 
-def table(models: list[dict[str, Any]]) -> str:
-    """The readable ``cache ls`` table."""
-    head = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
-            "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK",
-            "DL_S"]
-    rows = [[m["name"], str(m["version"]), _state(m),
-             format_size(m["size_bytes"]) + ("~" if m["size_estimated"] and m["size_bytes"]
-                                             else ""),
-             _num(m["load_seconds"], ".3f"), str(m["hits"]), str(m["misses"]),
-             str(m["evictions"]), _num(m["request_rate"], ".3g"), _num(m["utility"], ".3g"),
-             "yes" if m["pinned"] else "no", str(m["in_flight"]),
-             _num(m.get("batch_limit"), "d"), _num(m.get("queue_length"), "d"),
-             _wait(m), _num((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
-             _num(m.get("download_seconds"), ".3f")] for m in models]
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [head] + rows)
+def _size(m: dict[str, Any]) -> str:
+    """Its measured size (``~``: still the estimate); ``-`` until it was measured."""
+    if not m.get("size_bytes") or m["state"] != "ready" and m.get("size_estimated"):
+        return "-"
+    return format_size(m["size_bytes"]) + ("~" if m.get("size_estimated") else "")
+
+
+#: The ``cache ls`` columns, and those left out first where the terminal is narrow.
+HEAD = ["NAME", "VER", "STATE", "SIZE", "LOAD_S", "HITS", "MISSES", "EVICT", "RATE/S",
+        "UTILITY", "PINNED", "INFLIGHT", "BATCH", "QUEUE", "WAIT", "P99_MS", "DISK", "DL_S",
+        "ROUTE", "FWD/ERR/FB/RCV"]
+DROP_ORDER = ["FWD/ERR/FB/RCV", "UTILITY", "DL_S", "WAIT", "BATCH", "INFLIGHT", "QUEUE", "PINNED", "RATE/S",
+              "P99_MS", "DISK", "EVICT", "LOAD_S"]
+
+
+def table(models: list[dict[str, Any]], *, wide: bool = False,
+          width: int | None = None) -> str:
+    """The readable ``cache ls`` table (``agent.commands.output.table``: it fits the
+    terminal unless ``wide``), then why each model that cannot serve cannot."""
+    rows = [[m["name"], number(m.get("version"), "d"), _state(m), _size(m),
+             number(m.get("load_seconds") if m.get("loads") else None, ".3f"),
+             str(m.get("hits", 0)), str(m.get("misses", 0)), str(m.get("evictions", 0)),
+             number(m.get("request_rate")), number(m.get("utility")),
+             "yes" if m.get("pinned") else "no", str(m.get("in_flight", 0)),
+             number(m.get("batch_limit"), "d"), number(m.get("queue_length"), "d"),
+             _wait(m), number((m.get("latency_ms") or {}).get("p99"), ".1f"), _disk(m),
+             number(m.get("download_seconds") or None, ".3f"), *_routing(m)]
+            for m in models]
+    text = output_table(HEAD, rows, drop_order=DROP_ORDER, wide=wide, width=width)
+    why = [f"  {m['name']}: {m['error']}" for m in models
+           if m.get("error") and m["state"] in ("invalid", "failed", "pending")]
+    return text + ("\n\nnot serving:\n" + "\n".join(why) + "\n" if why else "")
+
+
+def _routing(m: dict[str, Any]) -> list[str]:
+    """ROUTE (the nodes the routing table runs the model on, by replicas; ``-``: none,
+    served where it lands) and its routed counts."""
+    r = m.get("routing") or {}
+    planned = r.get("planned") or {}
+    route = ",".join(f"{n}:{k}" for n, k in sorted(planned.items())) or "-"
+    counts = [r.get(k, 0) for k in ("forwarded", "errors", "fallbacks", "received")]
+    return [route, "/".join(map(str, counts)) if any(counts) else "-"]
+
+
+def routing_lines(models: list[dict[str, Any]]) -> list[str]:
+    """Per model and peer, under the ``cache ls`` table: requests forwarded, errors,
+    the hop's p50, and why requests planned elsewhere were served here."""
+    lines = []
+    for m in models:
+        r = m.get("routing") or {}
+        for peer, p in (r.get("peers") or {}).items():
+            hop = (p.get("hop_ms") or {}).get("p50")
+            lines.append(f"routing: {m['name']} -> {peer}: {p['forwarded']} forwarded, "
+                         f"{p['errors']} errors, hop p50 "
+                         f"{'-' if hop is None else f'{hop:.3f}'} ms")
+        if r.get("fallback_reasons"):
+            why = ", ".join(f"{k} {v}" for k, v in r["fallback_reasons"].items())
+            lines.append(f"routing: {m['name']} served here though planned elsewhere: {why}")
+    return lines
 
 
 def _show(ctx: click.Context, doc: Any) -> None:
     if ctx.obj["json"]:
-        click.echo(json.dumps(doc, indent=2))
+        show_json(doc)
     elif isinstance(doc, list):
-        click.echo(table(doc))
+        click.echo(table(doc, wide=ctx.obj.get("wide", False)))
     else:
-        width = max(map(len, doc))
-        for k, v in doc.items():
-            click.echo(f"{k.ljust(width)}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
-
-
-def agent_options(f):
-    """``--url``, ``--json``, ``--token-file`` and the TLS options of a command group that
-    calls a running agent's admin API (``agent_context`` keeps them)."""
-    f = tls_options(f)
-    f = click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
-    f = click.option("--json", "as_json", is_flag=True,
-                     help="Print JSON instead of a table.")(f)
-    return click.option(
-        "--url", default=lambda: os.environ.get("EDGEAGENT_URL", "http://127.0.0.1:8000"),
-        show_default="$EDGEAGENT_URL or http://127.0.0.1:8000", help="The agent's URL.")(f)
-
-
-def agent_context(url: str, as_json: bool, token_file: str | None) -> dict[str, Any]:
-    return {"url": url, "json": as_json, "token": read_token(token_file)}
+        click.echo(key_values(doc))
 
 
 @click.group()
@@ -102,51 +115,31 @@ def cache(ctx: click.Context, url: str, as_json: bool, token_file: str | None) -
     ctx.obj = agent_context(url, as_json, token_file)
 
 
-def read_token(token_file: str | None) -> str | None:
-    """The token a command sends: its ``--token-file`` (``agent.credentials.read_token``:
-    an empty file is a usage error), else $EDGEAGENT_TOKEN."""
-    if not token_file:
-        return os.environ.get("EDGEAGENT_TOKEN")
-    try:
-        return credentials.read_token(token_file)
-    except credentials.CredentialError as err:
-        raise click.BadParameter(str(err), param_hint="--token-file") from None
-
-
-def _common(f):
-    """Let --url/--json/--token-file also follow the subcommand (``cache ls --json``)."""
-    f = click.option("--url", "sub_url", default=None, help="The agent's URL.")(f)
-    f = click.option("--token-file", "sub_token_file",
-                     type=click.Path(exists=True, dir_okay=False), default=None,
-                     expose_value=False, callback=_sub_token,
-                     help="Admin bearer token file (or $EDGEAGENT_TOKEN).")(f)
-    return click.option("--json", "sub_json", is_flag=True, help="Print JSON.")(f)
-
-
-def _sub_token(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
-        ctx.ensure_object(dict)["token"] = read_token(value)
-
-
-def _apply(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
-    if sub_url:
-        ctx.obj["url"] = sub_url
-    ctx.obj["json"] = ctx.obj["json"] or sub_json
-
-
 @cache.command("ls")
-@_common
+@click.option("--wide", is_flag=True, help="Every column, however wide the terminal.")
+@common_options
 @click.pass_context
-def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
+def ls(ctx: click.Context, wide: bool, sub_url: str | None, sub_json: bool) -> None:
     """All models: state, size, load time, hits/misses, rate, utility, pinned, files on
-    disk and download seconds; then the disk tier's budget, pulls and evictions, and the
-    selection apps served over the models."""
-    _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "GET", "/v1/cache"))
+    disk and download seconds, the nodes the routing table runs it on and its routed
+    counts (the columns that fit the terminal; --wide: all), and why a model cannot
+    serve; then per model and peer what was forwarded, the disk tier's budget, pulls and
+    evictions, the coordinator's (when the agent reports to one: its last report, how
+    old the directives the agent follows are), and the selection apps served over the
+    models."""
+    apply_common(ctx, sub_url, sub_json)
+    ctx.obj["wide"] = wide
+    models = call(ctx, "GET", "/v1/cache")
+    _show(ctx, models)
     if not ctx.obj["json"]:
-        click.echo(disk_line(_call(ctx, "GET", "/v1/disk")))
+        for line in routing_lines(models):
+            click.echo(line)
+        click.echo(disk_line(call(ctx, "GET", "/v1/disk")))
+        link = call(ctx, "GET", "/v1/coordinator")
+        if link.get("configured"):
+            click.echo(coordinator_line(link))
         try:
-            apps = _call(ctx, "GET", "/v1/selection")
+            apps = call(ctx, "GET", "/v1/selection")
         except click.ClickException:  # an agent without apps' routes, or no admin token
             return
         if apps:
@@ -166,23 +159,42 @@ def disk_line(disk: dict[str, Any]) -> str:
             + (f"; pulling {pulling}" if pulling else ""))
 
 
+def coordinator_line(link: dict[str, Any]) -> str:
+    """The agent's coordinator in one line, under the ``cache ls`` table: its last
+    report, failures and next try, and the age of the directives followed."""
+    def ago(seconds: float | None) -> str:
+        return "never" if seconds is None else f"{seconds:.1f} s ago"
+
+    text = f"coordinator {link['url']}: last report {ago(link['last_report_s_ago'])}"
+    if link["failures"]:
+        text += (f"; {link['failures']} failed in a row ({link['last_error']}), next try "
+                 f"in {link['next_report_in_s']:.1f} s")
+    directives = link["directives"]
+    if directives is None:
+        return text + "; no directives in force"
+    plan = directives.get("plan_id")
+    return text + (f"; directives {link['directives_age_s']:.1f} s old "
+                   f"({'no plan' if plan is None else f'plan {plan}'}), lapse in "
+                   f"{link['directives_expire_in_s']:.1f} s")
+
+
 @cache.command()
 @click.argument("name")
-@_common
+@common_options
 @click.pass_context
 def inspect(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
     """One model in detail."""
-    _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "GET", f"/v1/cache/{name}"))
+    apply_common(ctx, sub_url, sub_json)
+    _show(ctx, call(ctx, "GET", f"/v1/cache/{name}"))
 
 
 def _action(action: str, doc: str):
     @click.argument("name")
-    @_common
+    @common_options
     @click.pass_context
     def command(ctx: click.Context, name: str, sub_url: str | None, sub_json: bool) -> None:
-        _apply(ctx, sub_url, sub_json)
-        _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/{action}"))
+        apply_common(ctx, sub_url, sub_json)
+        _show(ctx, call(ctx, "POST", f"/v1/cache/{name}/{action}"))
     command.__doc__ = doc
     return cache.command(action)(command)
 
@@ -190,13 +202,13 @@ def _action(action: str, doc: str):
 @cache.command()
 @click.argument("name")
 @click.argument("count", type=click.IntRange(1, 256))
-@_common
+@common_options
 @click.pass_context
 def workers(ctx: click.Context, name: str, count: int, sub_url: str | None,
             sub_json: bool) -> None:
     """Run a model's batches on COUNT workers (replicas), now and after reloads."""
-    _apply(ctx, sub_url, sub_json)
-    _show(ctx, _call(ctx, "POST", f"/v1/cache/{name}/workers", {"workers": count}))
+    apply_common(ctx, sub_url, sub_json)
+    _show(ctx, call(ctx, "POST", f"/v1/cache/{name}/workers", {"workers": count}))
 
 
 _action("evict", "Unload a model now (409 while it is in use or pinned).")
@@ -225,12 +237,12 @@ def fetch_record(url: str, token: str | None, since: float | None = None
               help=f"Directory to write {TRACE_FILE} and {PROFILES_FILE} into.")
 @click.option("--since", type=float,
               help="Unix seconds: only the requests since then [default: all it keeps].")
-@_common
+@common_options
 @click.pass_context
 def trace(ctx: click.Context, out_dir: Path, since: float | None, sub_url: str | None,
           sub_json: bool) -> None:
     """Save the agent's recorded requests and model profiles (for simulate --from DIR)."""
-    _apply(ctx, sub_url, sub_json)
+    apply_common(ctx, sub_url, sub_json)
     trace_text, profiles_text = fetch_record(ctx.obj["url"], ctx.obj["token"], since)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / TRACE_FILE).write_text(trace_text)

@@ -12,16 +12,18 @@ from pathlib import Path
 
 import click
 
-# kind -> (the declaration, the function that reads a file of it, the example's title)
+# kind -> (the declaration, the function that reads a file of it, the example's title,
+# what its server checks before it starts: agent.config.preflight, or None)
 KINDS = {
     "agent": ("agent.config:AgentConfig", "agent.config:load_agent_config",
-              "configs/agent.yaml: the node agent's configuration, every key shown."),
+              "configs/agent.yaml: the node agent's configuration, every key shown.",
+              "agent.config.preflight:check_agent"),
     "model": ("agent.config:ModelConfig", "agent.config:load_model_config",
-              "configs/model.yaml: a model's config.yaml, every key shown."),
+              "configs/model.yaml: a model's config.yaml, every key shown.", None),
     "coordinator": ("agent.coordinator.config:CoordinatorConfig",
                     "agent.coordinator.config:load_coordinator_config",
                     "configs/coordinator.yaml: the coordinator's configuration, every key "
-                    "shown."),
+                    "shown.", "agent.config.preflight:check_server"),
 }
 
 
@@ -34,7 +36,7 @@ def example_text(kind: str) -> str:
     """The example file of ``kind`` (a key of KINDS)."""
     from agent.schema import example_yaml
 
-    declaration, _, title = KINDS[kind]
+    declaration, _, title, _ = KINDS[kind]
     return example_yaml(_named(declaration), title)
 
 
@@ -60,11 +62,16 @@ def example(kind: str, output: Path | None) -> None:
 @click.argument("kind", type=click.Choice(list(KINDS)))
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def check(kind: str, file: Path) -> None:
-    """Check FILE as KIND's configuration: its first error, naming the key, or ok."""
+    """Check FILE as KIND's configuration: its first error, naming the key, or ok. What
+    the server would refuse at start is refused here too (token, TLS and repository
+    files, an exposed address without TLS and a token)."""
     from agent.validation import ConfigError
 
+    _, load, _, preflight = KINDS[kind]
     try:
-        _named(KINDS[kind][1])(file)
+        config = _named(load)(file)
+        if preflight is not None:
+            _named(preflight)(config, file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{file}: ok")

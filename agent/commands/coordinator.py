@@ -14,6 +14,9 @@ from typing import Any
 import click
 
 from agent.commands import ExtraCommand, declared_option, self_command, tls_options
+from agent.commands.output import age, show_json
+from agent.commands.progress import after
+from agent.commands.output import size as size_text
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import (ConfigError, CoordinatorConfig,
                                       load_coordinator_config)
@@ -40,7 +43,8 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     import signal
 
     from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
-    from agent.eventloop import listen, settle_gc
+    from agent.http.connections import server_connections
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.sdnotify import notify
 
     app = create_app(config)
@@ -48,7 +52,8 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     warning = store_verification_warning(config.store)
     if warning:
         log.warning("%s", warning)
-    runner, url = await listen(app, config.host, config.port, backlog=4096,  # a fleet
+    runner, url = await listen(app, config.host, config.port, server_connections(config),
+                               backlog=4096,  # a fleet
                                reuse_port=config.report_workers > 0,
                                ssl_context=co.tls.context if co.tls else None)
     await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
@@ -95,7 +100,7 @@ def store_verification_warning(store: str | None) -> str | None:
         return None
     from psycopg.conninfo import conninfo_to_dict
 
-    from agent.exposure import is_loopback
+    from agent.security.exposure import is_loopback
 
     try:
         params = conninfo_to_dict(store)
@@ -126,18 +131,16 @@ def serve(config_file: str | None, host: str | None, port: int | None,
           state_dir: Path | None, log_level: str | None, report_workers: int | None,
           insecure: bool | None) -> None:
     """Run the coordinator: node reports in, Faro plans and directives out."""
-    from agent.eventloop import run_event_loop
-    from agent.exposure import exposure_error
+    from agent.http.eventloop import run_event_loop
+    from agent.config.preflight import check_server
 
-    try:
+    try:  # what config check refuses
         config = load_coordinator_config(config_file).with_overrides(
             host=host, port=port, state_dir=state_dir.resolve() if state_dir else None,
             log_level=log_level, report_workers=report_workers, insecure=insecure)
+        check_server(config, config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    refused = exposure_error(config)
-    if refused:
-        raise click.ClickException(refused)
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -169,10 +172,10 @@ def _call(url: str, token_file: str | None, method: str, path: str,
     return call_json(url, method, path, body, token=token, server="coordinator", timeout=120)
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [head] + rows)
+def _table(head: list[str], rows: list[list[str]], drop_order: tuple[str, ...] = ()) -> str:
+    from agent.commands.output import table
+
+    return table(head, rows, drop_order=drop_order)
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
@@ -190,7 +193,7 @@ def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
     """List catalogued models with their planned replicas."""
     doc = _call(url, token_file, "GET", "/v1/models")
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        show_json(doc)
         return
     click.echo(_table(
         ["NAME", "SLO_MS", "PCTL", "PRIORITY", "CPU/REPL", "PROC_MS", "REPLICAS",
@@ -271,17 +274,17 @@ def nodes(url: str, as_json: bool, token_file: str | None) -> None:
     """List the nodes that report to the coordinator."""
     doc = _call(url, token_file, "GET", "/v1/nodes")
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        show_json(doc)
         return
     click.echo(_table(
-        ["NAME", "ALIVE", "AGE_S", "CORES", "CPU_MEM", "MODELS", "RESIDENT", "PINNED"],
-        [[n["name"], "yes" if n["alive"] else "no", _fmt(n["age_s"], ".1f"),
+        ["NAME", "ALIVE", "LAST_REPORT", "CORES", "CPU_MEM", "MODELS", "RESIDENT", "PINNED"],
+        [[n["name"], "yes" if n["alive"] else "no", f"{age(n['age_s'])} ago",
           _fmt((n["capacity"] or {}).get("cores")),
-          _fmt((n["capacity"] or {}).get("cpu_memory_bytes"), ".3g"),
+          size_text((n["capacity"] or {}).get("cpu_memory_bytes")),
           str(len(n["models"])),
           ",".join(sorted(k for k, m in n["models"].items() if m.get("resident"))) or "-",
           ",".join(sorted((n["directives"] or {}).get("pin", []))) or "-"]
-         for n in doc]))
+         for n in doc], drop_order=("PINNED", "RESIDENT")))
 
 
 @coordinator.command("plan")
@@ -292,7 +295,7 @@ def plan(replan: bool, url: str, as_json: bool, token_file: str | None) -> None:
     """Show the current allocation and placement (or re-plan with --now)."""
     doc = _call(url, token_file, "POST" if replan else "GET", "/v1/plan")
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        show_json(doc)
         return
     click.echo(f"plan {doc['id']} ({doc['kind']}, solver {doc['solver'] or '-'}, "
                f"objective {doc['objective']})")
@@ -334,9 +337,10 @@ def size(node_types_file, seed: int, max_samples: int | None, method: str,
         body["max_samples"] = max_samples
     if qos_target is not None:
         body["qos_target_percent"] = qos_target
-    doc = _call(url, token_file, "POST", "/v1/sizing", body)
+    with after(f"sizing on the coordinator ({method}) ..."):
+        doc = _call(url, token_file, "POST", "/v1/sizing", body)
     if as_json:
-        click.echo(json.dumps(doc))
+        show_json(doc)
         return
     click.echo(f"{doc['method']}: {doc['samples']} pools evaluated; QoS target "
                f"{doc['qos_target_percent']:g}% of requests within SLO")
@@ -360,7 +364,7 @@ def provision(url: str, as_json: bool, token_file: str | None) -> None:
     """What to launch and stop now for the forecast, and the cost per hour (MArk)."""
     doc = _call(url, token_file, "GET", "/v1/provisioning")
     if as_json:
-        click.echo(json.dumps(doc))
+        show_json(doc)
         return
     click.echo(_table(
         ["KIND", "CAPACITY_RPS", "PRICE/H", "RUNNING", "PLAN", "LAUNCH", "STOP"],

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import click
 
-from agent.tls import client_context, verify_failure
+from agent.security.tls import client_context, verify_failure
 
 
 def call_json(url: str, method: str, path: str, body: Any = None, *, token: str | None = None,

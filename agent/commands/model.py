@@ -52,29 +52,36 @@ def model() -> None:
 def push(directory: Path, url: str, version: int | None, options: tuple[str, ...]) -> None:
     """Upload the files of one version DIRECTORY (e.g. repo/resnet/2) to URL:
     oci://registry/repository[:tag] or s3://bucket/prefix."""
+    from agent.commands.progress import after
     from agent.sources import SourceError
 
     source = _open(url, options)
     try:
-        if url.startswith("oci://"):
-            if version is not None and getattr(source, "tag", None) not in (None, str(version)):
-                raise click.ClickException(f"{source.display_url} names tag {source.tag}, "
-                                           f"not --version {version}")
-            digest = source.push(directory, None if version is None else str(version))
-            click.echo(f"pushed {directory} to {source.display_url}"
-                       f"{'' if source.tag or version is None else f':{version}'} ({digest})")
-        elif url.startswith("s3://"):
-            if version is None:
-                raise click.ClickException("s3:// needs --version (the prefix's subdirectory)")
-            from agent.sources.transfer import tree_digest
-
-            keys = source.push(directory, version)
-            click.echo(f"pushed {len(keys)} file(s) from {directory} to "
-                       f"{source.display_url}/{version}/ ({tree_digest(directory)})")
-        else:
-            raise click.ClickException("push writes to oci:// or s3:// only")
+        with after(f"pushing {directory} to {source.display_url} ..."):
+            _push(source, directory, url, version)
     except SourceError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _push(source: Any, directory: Path, url: str, version: int | None) -> None:
+    """Push ``directory`` as ``url``'s version (oci:// or s3://), saying where."""
+    if url.startswith("oci://"):
+        if version is not None and getattr(source, "tag", None) not in (None, str(version)):
+            raise click.ClickException(f"{source.display_url} names tag {source.tag}, "
+                                       f"not --version {version}")
+        digest = source.push(directory, None if version is None else str(version))
+        click.echo(f"pushed {directory} to {source.display_url}"
+                   f"{'' if source.tag or version is None else f':{version}'} ({digest})")
+    elif url.startswith("s3://"):
+        if version is None:
+            raise click.ClickException("s3:// needs --version (the prefix's subdirectory)")
+        from agent.sources.transfer import tree_digest
+
+        keys = source.push(directory, version)
+        click.echo(f"pushed {len(keys)} file(s) from {directory} to "
+                   f"{source.display_url}/{version}/ ({tree_digest(directory)})")
+    else:
+        raise click.ClickException("push writes to oci:// or s3:// only")
 
 
 @model.command("ls")

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from agent.commands.cache import _apply, _call, _common, agent_context, agent_options
+from agent.commands.agentapi import (agent_context, agent_options, apply_common, call,
+                                     columns, common_options)
 
 
 def apps_table(apps: list[dict[str, Any]]) -> str:
@@ -20,7 +21,7 @@ def apps_table(apps: list[dict[str, Any]]) -> str:
                      str(a["feedback"]["accepted"]), str(a["feedback"]["unmatched"]),
                      str(a["default_answers"]),
                      f"{lead['member']} ({lead['weight']:.3f})" if lead else "-"])
-    return _columns(head, rows)
+    return columns(head, rows)
 
 
 def members_table(app: dict[str, Any]) -> str:
@@ -29,13 +30,7 @@ def members_table(app: dict[str, Any]) -> str:
              str(m["answered"]),
              ",".join(f"{k}:{v}" for k, v in m["missing"].items()) or "-",
              str(m["background_loads"])] for m in app["members"]]
-    return _columns(head, rows)
-
-
-def _columns(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [head] + rows)
+    return columns(head, rows)
 
 
 @click.group()
@@ -51,39 +46,39 @@ def _print(ctx: click.Context, doc: Any, table: Any) -> None:
 
 
 @selection.command("ls")
-@_common
+@common_options
 @click.pass_context
 def ls(ctx: click.Context, sub_url: str | None, sub_json: bool) -> None:
     """Every app: policy, requests, feedback, default answers, leading member."""
-    _apply(ctx, sub_url, sub_json)
-    _print(ctx, _call(ctx, "GET", "/v1/selection"), apps_table)
+    apply_common(ctx, sub_url, sub_json)
+    _print(ctx, call(ctx, "GET", "/v1/selection"), apps_table)
 
 
 @selection.command()
 @click.argument("app")
 @click.option("--context", help="A user's or session's state instead of the global one.")
-@_common
+@common_options
 @click.pass_context
 def show(ctx: click.Context, app: str, context: str | None, sub_url: str | None,
          sub_json: bool) -> None:
     """One app's members: weight, observations, selections, misses by reason."""
     from urllib.parse import quote
 
-    _apply(ctx, sub_url, sub_json)
+    apply_common(ctx, sub_url, sub_json)
     path = f"/v1/selection/{quote(app, safe='')}"
     if context is not None:
         path += f"/contexts/{quote(context, safe='')}"
-    _print(ctx, _call(ctx, "GET", path), members_table)
+    _print(ctx, call(ctx, "GET", path), members_table)
 
 
 @selection.command()
 @click.argument("app")
-@_common
+@common_options
 @click.pass_context
 def reset(ctx: click.Context, app: str, sub_url: str | None, sub_json: bool) -> None:
     """Forget what APP learned (its global state and every context)."""
     from urllib.parse import quote
 
-    _apply(ctx, sub_url, sub_json)
-    _print(ctx, _call(ctx, "POST", f"/v1/selection/{quote(app, safe='')}/reset"),
+    apply_common(ctx, sub_url, sub_json)
+    _print(ctx, call(ctx, "POST", f"/v1/selection/{quote(app, safe='')}/reset"),
            members_table)

@@ -18,7 +18,6 @@ import click
 
 from agent.commands import declared_option, self_command
 from agent.config import AgentConfig, ConfigError, load_agent_config
-from agent.exposure import exposure_error
 from agent.units import format_size, parse_size
 
 # asyncio, YAML and the node (aiohttp, onnxruntime) are imported by the code that
@@ -62,15 +61,16 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
     import asyncio
     import signal
 
-    from agent.eventloop import listen, settle_gc
+    from agent.http.connections import server_connections
+    from agent.http.eventloop import listen, settle_gc
     from agent.node.app import NODE, create_app
     from agent.node.sdnotify import notify, watchdog_interval
-    from agent.tls import ServerTls
+    from agent.security.tls import ServerTls
 
     tls = ServerTls(config.tls) if config.tls is not None else None
     app = create_app(config)
     node = app[NODE]
-    runner, url = await listen(app, config.host, config.port,
+    runner, url = await listen(app, config.host, config.port, server_connections(config),
                                shutdown_timeout=config.drain_seconds,
                                ssl_context=tls.context if tls else None)
     grpc_server = None
@@ -82,6 +82,7 @@ async def run_agent(config: AgentConfig, *, config_file: str | None = None,
         except OSError:
             await runner.cleanup()
             raise
+    node.router.listening(url, grpc_server.address if grpc_server else None)
     settle_gc()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -172,7 +173,7 @@ def serve(config_file: str | None, **flags: Any) -> None:
     # One policy decision per request needs no compiler: the kernels run interpreted,
     # and numba/llvmlite stay out of the agent's memory (cachepolicies.jit).
     os.environ.setdefault("EDGEAGENT_JIT", "0")
-    from agent.eventloop import run_event_loop
+    from agent.http.eventloop import run_event_loop
 
     overrides = {k: (v.resolve() if isinstance(v, Path) else v) for k, v in flags.items()}
     if overrides.get("policy"):
@@ -182,18 +183,12 @@ def serve(config_file: str | None, **flags: Any) -> None:
             parse_policy_spec(overrides["policy"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
-    try:
-        config, demo = build_config(config_file, overrides)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    refused = exposure_error(config)
-    if refused:
-        raise click.ClickException(refused)
-    from agent.credentials import load_credentials
+    from agent.config.preflight import check_agent
 
-    try:  # an unusable token file stops the start before the demo is generated
-        load_credentials(config.admin_token_file, config.auth.token_file)
-    except (OSError, ValueError) as exc:
+    try:  # what config check refuses stops the start before the demo is generated
+        config, demo = build_config(config_file, overrides)
+        check_agent(config, config_file, demo=demo)
+    except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,18 +9,22 @@ what-if: a node's own record (``edgeagent cache trace``) through the twin.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import click
 
 from agent.commands import ExtraCommand
+from agent.commands.progress import Compilation, after
 from agent.units import parse_size
 
 if TYPE_CHECKING:
@@ -30,10 +34,10 @@ if TYPE_CHECKING:
 # cachepolicies.registry's names, spelled out so that ``--help`` compiles no kernel
 # (numba) and reads no CSV module (pandas, pyarrow); tests/test_cli_lazy.py checks them.
 POLICY_NAMES = ("lru", "random", "popularity", "gdsf", "beladymin", "cremebrulee",
-                "cremebrulee-oracle")
+                "cremebrulee-forecast", "cremebrulee-oracle")
 
-DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee", "beladymin",
-                 "cremebrulee-oracle")
+DEMO_POLICIES = ("lru", "random", "popularity", "gdsf", "cremebrulee",
+                 "cremebrulee-forecast", "beladymin", "cremebrulee-oracle")
 DEMO_CAPACITIES = ("4GB", "8GB", "12GB", "16GB")
 
 _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -49,10 +53,19 @@ _PATH_IN = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--policy", "policies", multiple=True,
               help=f"Policy spec, e.g. cremebrulee:rate=cumulative; repeatable. "
                    f"Names: {', '.join(POLICY_NAMES)}.")
-@click.option("--from", "source",
+@click.option("--from", "sources", multiple=True,
               help="What-if from a node's record: its URL (GET /v1/trace and /v1/profiles, "
                    "admin) or a directory written by 'edgeagent cache trace'; implies "
-                   "--queueing.")
+                   "--queueing. Repeat for a fleet: each node's record through its own "
+                   "cache, then the fleet's sum.")
+@click.option("--nodes", type=click.IntRange(min=1),
+              help="Replay a fleet of this many nodes, --capacity each: the trace spread "
+                   "round robin over them and routed by --routing (results per node and "
+                   "the fleet's sum).")
+@click.option("--routing", "routing_path", type=_PATH_IN,
+              help="With --nodes: a routing table (JSON: the node's GET /v1/routing, the "
+                   "coordinator's table, or GET /v1/plan with its assignment); a model it "
+                   "names goes to its nodes by their replicas, others stay where they land.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Admin bearer token file for --from URL (or $EDGEAGENT_TOKEN).")
 @click.option("--disk-capacity",
@@ -87,7 +100,9 @@ def simulate_command(
     profiles_path: Path | None,
     capacities: Sequence[str],
     policies: Sequence[str],
-    source: str | None,
+    sources: Sequence[str],
+    nodes: int | None,
+    routing_path: Path | None,
     token_file: str | None,
     disk_capacity: str | None,
     disk_policy: str | None,
@@ -106,6 +121,19 @@ def simulate_command(
     if progress is None:
         progress = sys.stderr.isatty()
     settings: dict[str, object] = {}
+    if routing_path is not None and nodes is None:
+        raise click.UsageError("--routing needs --nodes")
+    if len(sources) > 1 or nodes is not None:
+        if len(sources) == 1 or (nodes is not None and (sources or demo)):
+            raise click.UsageError("--nodes spreads one --trace; a fleet of records is "
+                                   "--from given once per node")
+        _simulate_fleet(sources, token_file, trace_path, profiles_path, nodes, routing_path,
+                        capacities, policies, seed=seed, as_json=as_json,
+                        progress=progress, workers=workers, queueing=queueing or bool(sources),
+                        load_concurrency=load_concurrency)
+        return
+    source = sources[0] if sources else None
+    native = None
     try:
         if source is not None:
             if trace_path or profiles_path or demo:
@@ -113,17 +141,18 @@ def simulate_command(
             queueing = True
             with tempfile.TemporaryDirectory() as tmp:
                 trace_path, profiles_path = _record_files(source, token_file, Path(tmp))
-                settings = record_settings(profiles_path)
-                trace, profiles = _read_inputs(trace_path, profiles_path)
+                settings = record_settings(profiles_path, source)
+                trace, profiles = _read_record(source, trace_path, profiles_path)
             from cachepolicies.simulator import sweep
             if not capacities or not policies:
                 raise click.UsageError("--from needs --capacity and --policy")
         elif demo:
+            policies = policies or DEMO_POLICIES
+            native = _native_replays(policies, queueing or disk_capacity is not None, progress)
             from cachepolicies.simulator import sweep
 
             trace, profiles = _demo_workload(seed)
             capacities = capacities or DEMO_CAPACITIES
-            policies = policies or DEMO_POLICIES
         else:
             missing = [flag for flag, value in (("--trace", trace_path),
                                                 ("--profiles", profiles_path),
@@ -132,9 +161,12 @@ def simulate_command(
             if missing:
                 raise click.UsageError(f"missing {', '.join(missing)} (or use --demo)")
             # The CSVs parse in pyarrow's threads, mostly without the GIL, while this
-            # thread imports the simulator (numba); read errors are raised by result().
+            # thread loads the replays (or imports numba); read errors are raised by
+            # result().
             with ThreadPoolExecutor(1) as reader:
                 inputs = reader.submit(_read_inputs, trace_path, profiles_path)
+                native = _native_replays(policies, queueing or disk_capacity is not None,
+                                         progress)
                 from cachepolicies.simulator import sweep
 
                 trace, profiles = inputs.result()
@@ -145,16 +177,24 @@ def simulate_command(
         twin = None
         if queueing:
             from agent.config import AgentConfig
-            from agent.twinsettings import twin_settings
+            from agent.config.twinsettings import twin_settings
 
             twin = twin_settings(
                 AgentConfig(), settings, workers=workers, load_concurrency=load_concurrency,
                 max_concurrent_pulls=max_concurrent_pulls,
                 pull_bandwidth=None if pull_bandwidth is None else
                 _parse_size(pull_bandwidth, "--pull-bandwidth"))
-        results = sweep(trace, profiles, sizes, list(policies), seed=seed,
-                        queueing=twin, progress=progress, disk_capacity=disk,
-                        disk_policy=disk_policy)
+        runs = len(sizes) * len(policies)
+        # the replays compiled ahead of time need no numba (watching its compile events
+        # would import it)
+        compilation = contextlib.nullcontext() if native is not None else Compilation(
+            "compiling the policy kernels (numba; once: later runs load them from its "
+            "cache) ...").watching()
+        with compilation, (contextlib.nullcontext() if progress else after(
+                f"simulating {len(trace)} requests, {runs} run(s) ...")):
+            results = sweep(trace, profiles, sizes, list(policies), seed=seed,
+                            queueing=twin, progress=progress, disk_capacity=disk,
+                            disk_policy=disk_policy, native=native)
         if plot_path is not None:
             _plot(results, plot_path)
     except (ValueError, OSError) as error:
@@ -168,10 +208,89 @@ def simulate_command(
         click.echo(format_table(results))
 
 
+def _simulate_fleet(sources: Sequence[str], token_file: str | None,
+                    trace_path: Path | None, profiles_path: Path | None, nodes: int | None,
+                    routing_path: Path | None, capacities: Sequence[str],
+                    policies: Sequence[str], *, seed: int, as_json: bool, progress: bool,
+                    workers: int | None, queueing: bool,
+                    load_concurrency: int | None) -> None:
+    """A fleet replayed (``cachepolicies.fleet``): one trace over ``nodes``, or each
+    node's record (``sources``); one row per node and per (policy, capacity) its sum."""
+    if not capacities or not policies:
+        raise click.UsageError("a fleet needs --capacity (each node's) and --policy")
+    try:
+        from agent.config import AgentConfig
+        from agent.config.twinsettings import twin_settings
+        from cachepolicies.fleet import fleet_nodes, fleet_total, routing_weights, spread
+        from cachepolicies.simulator import sweep
+
+        runs = []  # (node, trace, profiles, settings)
+        if sources:
+            for i, source in enumerate(sources):
+                with tempfile.TemporaryDirectory() as tmp:
+                    paths = _record_files(source, token_file, Path(tmp))
+                    runs.append((f"node-{i}", *_read_inputs(*paths), record_settings(paths[1])))
+        else:
+            if trace_path is None or profiles_path is None:
+                raise click.UsageError("--nodes needs --trace and --profiles")
+            trace, profiles = _read_inputs(trace_path, profiles_path)
+            weights = routing_weights(json.loads(routing_path.read_text())) \
+                if routing_path is not None else {}
+            names = fleet_nodes(nodes or 1, weights)
+            runs = [(node, part, profiles, {}) for node, part in
+                    spread(trace, profiles, names, weights).items()]
+        sizes = _parse_capacities(capacities)
+        rows: list[tuple[str, SimulationResult]] = []
+        per_node = []
+        for node, trace, profiles, settings in runs:
+            twin = twin_settings(AgentConfig(), settings, workers=workers,
+                                 load_concurrency=load_concurrency) if queueing else None
+            results = sweep(trace, profiles, sizes, list(policies), seed=seed,
+                            queueing=twin, progress=progress) if len(trace) else []
+            per_node.append(results)
+            rows += [(node, r) for r in results]
+        for k in range(len(sizes) * len(policies)):
+            done = [results[k] for results in per_node if results]
+            if done:
+                rows.append(("fleet", fleet_total(done)))
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        click.echo(json.dumps([{"node": node, **r.to_dict()} for node, r in rows], indent=2))
+    else:
+        from dataclasses import replace
+
+        click.echo(format_table([replace(r, policy=f"{r.policy}@{node}") for node, r in rows]))
+
+
+def _native_replays(specs: Sequence[str], queued_or_tiered: bool,
+                    announce: bool) -> Mapping[str, ModuleType] | None:
+    """The policies' replays compiled ahead of time (``cachepolicies.native``, built on
+    first use), where every run is a plain replay and ``EDGEAGENT_JIT`` is unset; then
+    this process interprets its policy objects, and numba never loads. None: numba's
+    JIT replays them, as with ``EDGEAGENT_JIT=1``."""
+    names = [spec.partition(":")[0].strip() for spec in specs]
+    if (queued_or_tiered or os.environ.get("EDGEAGENT_JIT") is not None
+            or not set(names) <= set(POLICY_NAMES)):
+        return None
+    from cachepolicies import native
+
+    def building(missing: list[str]) -> None:
+        if announce:
+            click.echo(f"compiling the replay of {', '.join(missing)} ahead of time (once "
+                       "after an install or an edit of cachepolicies)", err=True)
+
+    modules = native.ensure(names, on_build=building)
+    if modules is not None:
+        os.environ["EDGEAGENT_JIT"] = "0"  # read when cachepolicies.jit is imported, next
+    return modules
+
+
 def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path, Path]:
     """The trace and profiles files of ``--from``: fetched from a node's URL into
     ``tmp``, or those of a directory written by ``edgeagent cache trace``."""
-    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record, read_token
+    from agent.commands.agentapi import read_token
+    from agent.commands.cache import PROFILES_FILE, TRACE_FILE, fetch_record
 
     if source.startswith(("http://", "https://")):
         texts = fetch_record(source, read_token(token_file))
@@ -191,15 +310,40 @@ def _record_files(source: str, token_file: str | None, tmp: Path) -> tuple[Path,
     return paths
 
 
-def record_settings(profiles_path: Path) -> dict[str, object]:
-    """The twin's settings a node's profiles file gives (``agent.twinsettings``)."""
-    from agent.twinsettings import recorded_settings
+def _read_record(source: str, trace_path: Path, profiles_path: Path
+                 ) -> tuple[Trace, Profiles]:
+    """A node's record (``--from``): requests of models with no profile (never loaded
+    there: a bad config, a failed load) are left out and counted on stderr, as the
+    dashboard's what-if leaves them out; messages name where the files came from."""
+    from cachepolicies.traces import read_profiles, read_trace
 
+    remote = source.startswith(("http://", "https://"))
+    names = ((f"{source.rstrip('/')}/v1/trace", f"{source.rstrip('/')}/v1/profiles")
+             if remote else (None, None))
+    profiles = read_profiles(profiles_path, name=names[1])
+    trace = read_trace(trace_path, profiles, name=names[0], skip_unknown=True)
+    if trace.skipped:
+        shown = ", ".join(trace.skipped_models[:5]) + (
+            f" and {len(trace.skipped_models) - 5} more"
+            if len(trace.skipped_models) > 5 else "")
+        click.echo(f"skipped {trace.skipped} of {trace.skipped + len(trace)} request(s): "
+                   f"{shown} never loaded on the node (no profile to replay them with)",
+                   err=True)
+    return trace, profiles
+
+
+def record_settings(profiles_path: Path, source: str | None = None) -> dict[str, object]:
+    """The twin's settings a node's profiles file gives (``agent.config.twinsettings``);
+    ``source``: the node's URL it was fetched from (errors name it, not the copy)."""
+    from agent.config.twinsettings import recorded_settings
+
+    shown = f"{source.rstrip('/')}/v1/profiles" if source and source.startswith(
+        ("http://", "https://")) else profiles_path
     with open(profiles_path, newline="") as f:
         try:
             return recorded_settings(list(csv.DictReader(f)))
         except ValueError as error:
-            raise click.ClickException(f"{profiles_path}: {error}") from None
+            raise click.ClickException(f"{shown}: {error}") from None
 
 
 def _read_inputs(trace_path: Path, profiles_path: Path) -> tuple[Trace, Profiles]:

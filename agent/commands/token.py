@@ -4,6 +4,7 @@ join`` (a one-time join token for a new node, made by the coordinator)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import click
 
@@ -27,20 +28,28 @@ def token() -> None:
 
 @token.command("new")
 @click.option("--scope", "scopes", multiple=True, required=True,
-              type=click.Choice(["admin", "read", "infer", "report"]),
+              type=click.Choice(["admin", "read", "infer", "report", "peer"]),
               help="What the token may do (repeat for several).")
 @click.option("--name", help="The entry's name (default: the scopes, or the node).")
 @click.option("--node", help="The node a report token belongs to (it may write only "
                              "that node's report).")
 @click.option("--not-after", help="Expiry, ISO 8601 (2027-01-31T00:00:00Z).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the token to this file (mode 0600, its folder made) instead of "
+                   "printing it: a server's admin_token_file, a systemd credential. A file "
+                   "already there is kept.")
 def new(scopes: tuple[str, ...], name: str | None, node: str | None,
-        not_after: str | None) -> None:
-    """Print a fresh random token (once: it is kept nowhere) and the entry to add to a
-    server's auth.token_file, which holds only its SHA-256."""
+        not_after: str | None, out: Path | None) -> None:
+    """Print a fresh random token (once: it is kept nowhere; --out: into a file) and the
+    entry to add to a server's auth.token_file, which holds only its SHA-256."""
     import yaml
 
-    from agent.credentials import CredentialError, new_token, parse_entry, token_hash
+    from agent.security.credentials import (CredentialError, new_token, parse_entry, token_hash,
+                                   write_secret)
 
+    if out is not None and out.exists():
+        click.echo(f"{out} exists: kept (remove it for a new token)")
+        return
     secret = new_token()
     entry = {"name": name or node or "-".join(scopes), "sha256": token_hash(secret),
              "scopes": list(scopes), **({"node": node} if node else {}),
@@ -49,9 +58,15 @@ def new(scopes: tuple[str, ...], name: str | None, node: str | None,
         entry = parse_entry(entry, "the new token").entry()
     except CredentialError as exc:
         raise click.ClickException(str(exc)) from None
+    entry_text = yaml.safe_dump([entry], sort_keys=False).rstrip()
+    if out is not None:
+        write_secret(out, secret)
+        click.echo(f"token written to {out} (mode 0600)\n\nits entry for auth.token_file, "
+                   f"should a server take it from there:\n{entry_text}")
+        return
     click.echo(f"token (give it to the client, in a file of mode 0600; shown once):\n"
                f"{secret}\n\nentry for auth.token_file (SIGHUP the server after adding "
-               f"it):\n{yaml.safe_dump([entry], sort_keys=False).rstrip()}")
+               f"it):\n{entry_text}")
 
 
 @token.command("join")

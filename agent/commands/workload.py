@@ -3,6 +3,8 @@
 - ``synthetic``: an Azure-Functions-2019-format invocation CSV, made up (seeded).
 - ``trace``: an invocation CSV (real or synthetic) → trace CSV (+ profiles CSV).
 - ``generate``: both in one step, without writing the invocation CSV.
+
+Both of the last two can turn a share of the functions into timers (``--timer-share``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def synthetic_command(functions: int, minutes: int, seed: int, out: str) -> None
                err=True)
 
 
+def _timer_periods(ctx: click.Context, param: click.Parameter,
+                   value: str) -> tuple[float, float]:
+    """``--timer-periods``: two positive numbers, the shortest first."""
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not two numbers: shortest,longest "
+                                 "(seconds)") from None
+    if not 0 < low <= high:
+        raise click.BadParameter(f"{value!r}: need 0 < shortest <= longest")
+    return low, high
+
+
 def _trace_options(command: Callable) -> Callable:
     """The options ``trace`` and ``generate`` share: how to build and where to write."""
     options = [
@@ -74,6 +89,16 @@ def _trace_options(command: Callable) -> Callable:
         click.option("--names", type=click.Choice(NAMINGS), default="distinct",
                      show_default=True,
                      help="distinct: one model per function; real: the profiles' names."),
+        click.option("--timer-share", type=click.FloatRange(0, 1), default=0.0,
+                     show_default=True,
+                     help="Share of the kept functions that fire as timers instead "
+                          "(periodic-heavy workloads)."),
+        click.option("--timer-periods", default="30,600", show_default=True,
+                     callback=_timer_periods,
+                     help="Shortest,longest timer period in seconds (log-uniform)."),
+        click.option("--timer-jitter", type=click.FloatRange(0, 0.5, max_open=True),
+                     default=0.02, show_default=True,
+                     help="Each firing moves by up to this share of its period."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--out-trace", type=click.Path(dir_okay=False, path_type=Path),
                      required=True, help="Trace CSV to write (timestamp,model)."),
@@ -118,7 +143,9 @@ def generate_command(functions: int, minutes: int, **options) -> None:
 
 def _build_and_write(counts: InvocationCounts, *, profiles: Path | None, association: str,
                      quantile: float, keep_one_hit: bool, downsample: float, names: str,
-                     seed: int, out_trace: Path, out_profiles: Path | None) -> None:
+                     timer_share: float, timer_periods: tuple[float, float],
+                     timer_jitter: float, seed: int, out_trace: Path,
+                     out_profiles: Path | None) -> None:
     from cachepolicies.traces import cremebrulee_profiles_path, read_profiles
     from cachepolicies.workloads import (TraceOptions, WorkloadError, build_workload,
                                          write_profiles, write_trace)
@@ -129,7 +156,8 @@ def _build_and_write(counts: InvocationCounts, *, profiles: Path | None, associa
     source = read_profiles(profiles or cremebrulee_profiles_path())
     options = TraceOptions(association=association, quantile=quantile,
                            drop_one_hit=not keep_one_hit, downsample=downsample, names=names,
-                           seed=seed)
+                           seed=seed, timer_share=timer_share, timer_periods=timer_periods,
+                           timer_jitter=timer_jitter)
     start = time.perf_counter()
     built = build_workload(counts, source, options)
     if len(built.trace) == 0:
@@ -154,7 +182,8 @@ def _summary(counts: InvocationCounts, built: Workload, out_trace: Path,
     lines = [
         f"functions: {counts.n_functions} HTTP, {pop.invoked} invoked, {built.functions} kept "
         f"(dropped {pop.too_popular} above {pop.threshold:g} invocations, "
-        f"{pop.one_hit} one-hit wonders)",
+        f"{pop.one_hit} one-hit wonders)"
+        + (f"; {built.timers} of them timers" if built.timers else ""),
         f"requests:  {len(times)} from {times[0]:.1f} s to {times[-1]:.1f} s "
         f"(window {counts.n_minutes} min from minute {counts.start_minute})",
         f"models:    {len(used)}, {format_size(memory)} if all loaded at once",

@@ -19,6 +19,7 @@ from aiohttp import web
 from agent.coordinator.catalog import CatalogError
 from agent.coordinator.planner import Planner
 from agent.coordinator.sizing import parse_sizing_request, provision_fleet, size_fleet
+from agent.http.body import request_body
 from agent.validation import load_json
 
 SIZING_LOCK: web.AppKey[asyncio.Lock] = web.AppKey("sizing_lock", asyncio.Lock)
@@ -39,7 +40,7 @@ def _reader(co) -> Planner:
 
 async def sizing_post(request: web.Request) -> web.Response:
     co = _coordinator(request)
-    raw = await request.read()
+    raw = await request_body(request)
     try:
         body = load_json(raw) if raw.strip() else {}
     except ValueError as exc:

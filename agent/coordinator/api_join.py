@@ -9,7 +9,8 @@
 
 The store keeps only hashes (``Store.add_join_token``, ``set_node_credential``), so
 every coordinator on one database accepts the node at once (``Coordinator`` polls).
-A failed join is counted and throttled like any failed authentication.
+A failed join is counted and throttled like any failed authentication; while its peer
+is throttled a join token is not even tried (nor used up).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from agent.coordinator.catalog import CatalogError
-from agent.credentials import bearer, new_token, token_hash
-from agent.httpauth import Need, Verdict, request_peer, respond
+from agent.security.credentials import bearer, new_token, token_hash
+from agent.security.httpauth import Need, Verdict, request_peer, respond
+from agent.http.body import request_body
 from agent.validation import load_json, number, only
 from agent.wire import NAME
 
@@ -39,7 +41,7 @@ def _coordinator(request: web.Request) -> Any:
 
 
 async def _body(request: web.Request, allowed: tuple[str, ...]) -> dict:
-    raw = await request.read()
+    raw = await request_body(request)
     try:
         body = load_json(raw) if raw.strip() else {}
         if not isinstance(body, dict):
@@ -77,7 +79,10 @@ async def join_post(request: web.Request) -> web.Response:
     body = await _body(request, ("node",))
     asked = _node_name(body["node"]) if "node" in body else None
     token = bearer(request.headers.get("Authorization", ""))
-    peer, _ = request_peer(request, co.workers.forward_key)
+    peer = request_peer(request, co.workers.forward_key).address
+    throttled = co.guard.throttled(peer, _JOIN)  # a throttled peer's token is not tried
+    if throttled is not None:
+        return respond(throttled)
     node = co.store.redeem_join_token(token_hash(token), co.clock()) if token else None
     if node is None:
         return respond(co.guard.refused(Verdict(

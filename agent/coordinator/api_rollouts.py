@@ -1,4 +1,4 @@
-"""The rollouts' routes (``rollouts.Rollouts`` does the work)::
+"""The rollouts' routes (``rollouts.FleetRollouts`` does the work)::
 
     POST   /v1/rollouts                     {"model": "m", "version": 2, "digest": null,
                                              "waves": [1, "50%"], "bake_s": 60,
@@ -21,10 +21,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from agent.coordinator.api_models import json_body
 from agent.coordinator.catalog import CatalogError, check_name
 from agent.coordinator.rollouts import RolloutNotFound
 from agent.errors import json_error
-from agent.validation import ascii_int, load_json, only
+from agent.validation import ascii_int, only
 
 _START_FIELDS = ("model", "version", "digest", "waves", "bake_s", "wave_timeout_s", "gates")
 MAX_LISTED = 1000
@@ -50,10 +51,7 @@ def add_routes(app: web.Application, key: web.AppKey) -> None:
 
     async def start(request: web.Request) -> web.Response:
         co = request.app[key]
-        try:
-            body = load_json(await request.read())
-        except ValueError as exc:
-            raise CatalogError(f"body is not valid JSON: {exc}") from None
+        body = await json_body(request)
         if not isinstance(body, dict):
             raise CatalogError('body must be a JSON object such as {"model": "m", '
                                '"version": 2}')

@@ -6,22 +6,18 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     GET    /v1/health                     ok and whether this one plans; 503 while
                                           its store fails (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
-    GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
-                                          (?limit=N&after=NAME: a page)
-    DELETE /v1/nodes/{name}               forget a node (and revoke its credential)
-    GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
-                                          and the latency they measured
-    PUT    /v1/models/{name}              set a model's SLO (catalog.py); a new version
-                                          rolls out in waves (rollouts.py)
-    DELETE /v1/models/{name}              remove it from the catalog
+    GET    /v1/nodes[/{name}], DELETE /v1/nodes/{name}   the nodes (api_nodes)
+    GET    /v1/models[/{name}], PUT /v1/models/{name}, DELETE /v1/models/{name}
+                                          the catalog (api_models)
     POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/pause|resume|abort,
     DELETE /v1/models/{name}/bad-versions/{version}   rollouts (api_rollouts)
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
     POST   /v1/join-tokens, /v1/join      a node's own credential (api_join)
-    GET    /metrics                       failed authentications (Prometheus text)
-    GET    /                              the dashboard page (agent.dashboard)
+    GET    /metrics                       failed authentications, CPU per report and
+                                          per node-second, reports refused (Prometheus)
+    GET    /                              the dashboard page (agent.http.dashboard)
 
 With tokens (``admin_token_file``, ``auth.token_file``) every path but ``/v1/health`` and
 the dashboard's files needs ``Authorization: Bearer <token>`` (``coordinator_need``): a
@@ -40,33 +36,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlencode
 
 import orjson
+import psutil
 from aiohttp import web
 
-from agent.coordinator import api_fleet, api_join, api_rollouts
-from agent.coordinator.catalog import CatalogError, check_name, parse_slo
+from agent.coordinator import api_fleet, api_join, api_models, api_nodes, api_rollouts
 from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.cost import SAMPLE_S, CostMeter
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
                                      refuse_new_node_past, refuse_while_store_fails, report_record,
-                                     reported_models)
+                                     reported_models, reported_routing)
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
-from agent.coordinator.rollouts import Rollouts, check_not_bad
-from agent.coordinator.store import StoredPlan, open_store
-from agent.dashboard import add_dashboard, is_dashboard_path
+from agent.coordinator.rollouts import FleetRollouts
+from agent.coordinator.shedding import Shedder
+from agent.coordinator.store import StoredPlan
+from agent.coordinator.stores import open_store
+from agent.http.dashboard import add_dashboard, is_dashboard_path
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import header_timeout_args
-from agent.httpbody import body_timeout_middleware
-from agent.credentials import Credential, Credentials, load_credentials, node_credential
-from agent.httpauth import (Guard, Need, host_check, names_this_server, own_names, request_peer,
-                            scoped_auth)
-from agent.tls import ServerTls
-from agent.validation import ascii_int, load_json, only
+from agent.http.eventloop import handler_args
+from agent.http.body import BodyMemory, body_timeout_middleware, request_body
+from agent.http.jsonnewline import json_newline
+from agent.security.credentials import Credential, Credentials, load_credentials, node_credential
+from agent.security.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
+                            names_this_server, own_names, request_peer, scoped_auth)
+from agent.security.tls import ServerTls
+from agent.units import iso_time
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -87,8 +90,9 @@ class Coordinator:
         #: and the failed-auth throttle and counts.
         self.file_creds = self.file_credentials()
         self._node_creds_seen: tuple | None = None
-        self.node_creds: list[Credential] = self._node_credentials_step() or []
-        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds]),
+        #: The nodes' own credentials and their revoked certificates, from the store.
+        self.node_creds, self.revoked = self._node_credentials_step() or ([], {})
+        self.guard = Guard(Credentials([*self.file_creds, *self.node_creds], self.revoked),
                            throttle=config.auth.throttle())
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
@@ -100,9 +104,17 @@ class Coordinator:
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.adopt, leading=lambda: self.leader)
         self.workers = ReportWorkers(config, apply=self.take_answered)
-        self.rollouts = Rollouts(self)
+        self.rollouts = FleetRollouts(self)
+        #: Refuses reports early while this process is overloaded (a herd).
+        self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
+                               config.report_retry_after_s)
+        self.reports = 0  # answered by this process (its workers count theirs)
+        self.cost = CostMeter()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
+        #: Where the internal socket the report workers forward to lives (made at start).
+        self.internal_dir: Path | None = None
+        self._gone: frozenset[str] = frozenset()  # planned nodes silent, replanned for
 
     def file_credentials(self) -> list[Credential]:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
@@ -115,50 +127,85 @@ class Coordinator:
         try:
             self.file_creds = self.file_credentials()
             log.info("SIGHUP: %d tokens from files accepted", len(self.file_creds))
-            self._accept()
+            self.spawn(self._accept())
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: keeping the tokens in use: %s", exc)
         if self.tls is not None:
             self.tls.reload()
             self.workers.reload()
 
-    def _accept(self) -> None:
-        """Accept the file and node credentials held now, here and in the workers."""
-        self.guard.credentials.replace([*self.file_creds, *self.node_creds])
-        if self.workers.workers:
-            self.spawn(self.workers.push_credentials(self.guard.credentials.creds))
+    def _accept(self) -> Any:
+        """Accept the file and node credentials held now (and refuse the revoked
+        certificates), here at once; the awaitable returned tells every report worker."""
+        self.guard.credentials.replace([*self.file_creds, *self.node_creds], self.revoked)
+        return self.workers.push_credentials(self.guard.credentials)
 
-    def _node_credentials_step(self) -> list[Credential] | None:
-        """(In a worker thread) the nodes' credentials in the store when they changed
-        since last read (by this coordinator or another on the same database)."""
+    def _node_credentials_step(self) -> tuple[list[Credential], dict[str, float]] | None:
+        """(In a worker thread) the nodes' credentials and revoked certificates in the
+        store when they changed since last read (by this coordinator or another on the
+        same database)."""
         seen = self.store.node_credentials_version()
         if seen == self._node_creds_seen:
             return None
         creds = [node_credential(node, digest) for node, digest in
                  self.store.node_credentials()]
+        revoked = self.store.revoked_certificates()
         self._node_creds_seen = seen
-        return creds
+        return creds, revoked
 
     async def refresh_node_credentials(self) -> None:
-        """Accept the nodes' credentials as the store holds them now."""
-        creds = await asyncio.get_running_loop().run_in_executor(
+        """Accept the nodes' credentials (and refuse the revoked certificates) as the
+        store holds them now, here and in every report worker before it returns."""
+        found = await asyncio.get_running_loop().run_in_executor(
             None, self._node_credentials_step)
-        if creds is not None:
-            self.node_creds = creds
-            self._accept()
+        if found is not None:
+            self.node_creds, self.revoked = found
+            await self._accept()
 
     def adopt(self, plan: StoredPlan | None) -> None:
         """Serve ``plan`` unless a newer one is served; the report workers too."""
         served = self.fleet.plan
         self.fleet.adopt(plan)
-        if self.fleet.plan is not served and self.workers.workers:
-            self.spawn(self.workers.push_plan(self.fleet.plan))
+        if self.fleet.plan is not served:
+            if self.workers.workers:
+                self.spawn(self.workers.push_plan(self.fleet.plan))
+            self.refresh_routing()
+
+    def refresh_routing(self) -> None:
+        """Rebuild the routing table when the plan, a live node's address or which
+        planned nodes are alive changed (pushed to the report workers); plan again at
+        once when a node the plan runs models on went silent here (its models then move
+        within ``node_timeout_s``, not a whole ``plan_interval_s`` later)."""
+        since = self.clock() - self.config.node_timeout_s
+        silent = frozenset(n for n, state in self.fleet.nodes.items()
+                           if state.last_seen < since)
+        if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
+                                     self.config.directive_ttl_s, silent) \
+                and self.workers.workers:
+            self.spawn(self.workers.push_routing(self.fleet.routing.version,
+                                                 self.fleet.routing.table))
+        # (a node unknown here reports to another coordinator sharing the store)
+        gone = silent & self.fleet.routing.planned_nodes()
+        if gone and gone != self._gone and self.leader and self.start_loops:
+            log.info("planned node(s) %s silent for %g s: planning again", sorted(gone),
+                     self.config.node_timeout_s)
+            self.spawn(self.replan_quietly("planned node gone", "long-term"))
+        self._gone = gone
+
+    async def keep_routing(self) -> None:
+        """``refresh_routing`` every ``ROUTING_CHECK_S``."""
+        while True:
+            await asyncio.sleep(ROUTING_CHECK_S)
+            try:
+                self.refresh_routing()
+            except Exception:  # noqa: BLE001 - the next check tries again
+                log.exception("routing table refresh failed")
 
     def take_answered(self, batch: list[Answered]) -> None:
         """Reports a report worker answered: recorded and written as if answered here."""
-        for record, models, body in batch:
+        for record, models, body, routing in batch:
             self.writer.submit(record)
-            if self.fleet.record(record.node, record.report, models, record.now):
+            if self.fleet.record(record.node, record.report, models, record.now, routing):
                 self.fleet.answered(record.node, body)  # not an older report's answer
 
     def _follow_step(self) -> tuple[bool, StoredPlan | None]:
@@ -192,13 +239,54 @@ class Coordinator:
                 continue
             self.adopt(plan)
             await self.workers.push_health(
-                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes)
+                self.writer.healthy, len(self.fleet.nodes) >= self.config.max_nodes,
+                self.writer.queued())
             if leading != self.leader:
                 log.warning("this coordinator %s", "took the planning lock: it plans now"
                             if leading else "lost the planning lock: another one plans")
                 self.leader = leading
                 if leading and self.start_loops:
                     self.spawn(self.replan_quietly("takeover", "long-term"))
+
+    def measure(self, now: float) -> None:
+        """Sample what this coordinator costs (``cost``): its own CPU, its planning
+        process's, its workers' as they told, the reports answered and refused, the live
+        nodes."""
+        pid = os.getpid()
+        self.cost.cpu("main", pid, time.process_time())
+        self.cost.tally(pid, self.reports, self.shedder.refused)
+        for worker_pid, load in list(self.workers.load.items()):
+            self.cost.cpu("report_workers", worker_pid, load.cpu_s)
+            self.cost.tally(worker_pid, load.answered, load.refused)
+        planner = self.planner.pid
+        if planner is not None:
+            try:
+                times = psutil.Process(planner).cpu_times()
+                self.cost.cpu("planner", planner, times.user + times.system)
+            except psutil.Error:  # gone: its last sample stays
+                pass
+        since = self.clock() - self.config.node_timeout_s
+        self.cost.sample(now, sum(1 for s in list(self.fleet.nodes.values())
+                                  if s.last_seen >= since))
+
+    async def measuring(self) -> None:
+        """``measure`` every ``SAMPLE_S`` (a task for as long as the app runs; each
+        scrape of ``/metrics`` measures too)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.measure(loop.time())
+            await asyncio.sleep(SAMPLE_S)
+
+    def loop_states(self) -> dict[str, tuple[float, float]]:
+        """Process -> its event loop's smoothed (lag, busy share), ``Shedder``'s: this
+        one's and its live workers'."""
+        loops = {"coordinator": (self.shedder.lag, self.shedder.busy)}
+        for worker in self.workers.workers:
+            load = self.workers.load.get(worker.proc.pid) if worker.proc is not None \
+                else None
+            if load is not None:
+                loops[f"report_worker_{worker.index}"] = (load.lag_s, load.busy)
+        return loops
 
     async def replan_quietly(self, why: str, kind: str = "manual") -> None:
         """Plan now in the background (a failure is logged: the loops try again)."""
@@ -219,7 +307,8 @@ class Coordinator:
         models = {name: {k: v for k, v in m.items() if k != "arrivals"}
                   for name, m in (report.get("models") or {}).items()}
         directives, expires = self.fleet.issued(row.name, now)
-        return {"name": row.name, "first_seen": row.first_seen, "last_seen": row.last_seen,
+        return {"name": row.name, "first_seen": iso_time(row.first_seen),
+                "last_seen": iso_time(row.last_seen),
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
                 "capacity": report.get("capacity"), "models": models,
@@ -239,6 +328,9 @@ class Coordinator:
 
 
 COORDINATOR: web.AppKey[Coordinator] = web.AppKey("coordinator", Coordinator)
+
+#: Seconds between two checks of the routing table's inputs (nodes alive, addresses).
+ROUTING_CHECK_S = 1.0
 
 
 _READ = Need("read")
@@ -268,28 +360,42 @@ def _report_lane(request: web.Request) -> bool:
     needed and it names this coordinator (no Origin, a Host of its own). Any other
     request takes the chain, which answers 401, 403 and 408 as for every path (a refusal
     is counted there, once)."""
-    if request.match_info.handler is not node_report or not request.content.is_eof():
+    if (request.match_info.handler is not node_report or not request.content.is_eof()
+            or "Content-Encoding" in request.headers):  # decoded by the chain
         return False
     co = request.app[COORDINATOR]
-    _, name = request_peer(request, _forward_key(request), certificates=True)
-    if not co.guard.checks(name):
+    if _unforwarded_internal(request):
+        return False  # the chain refuses it
+    peer = request_peer(request, _forward_key(request), certificates=True)
+    if not co.guard.checks(peer.name):
         return "Origin" not in request.headers and names_this_server(
             request.headers.get("Host"), co.names)
-    return co.guard.judge(request.headers.get("Authorization", ""), coordinator_need(request),
-                          name).status == 200
+    header = request.headers.get("Authorization", "")
+    if co.guard.holds_back(header, peer.address, peer.name):
+        return False  # a throttled peer's token is not judged: the chain answers 429
+    return co.guard.judge(header, coordinator_need(request), peer.name,
+                          peer.issued).status == 200
+
+
+def _unforwarded_internal(request: web.Request) -> bool:
+    """A request on the coordinator's internal socket (``start_report_workers``) that
+    no report worker forwarded: the socket takes only theirs."""
+    return isinstance(request.transport.get_extra_info("sockname") if request.transport
+                      else None, str) and not is_forwarded(request, _forward_key(request))
+
+
+@web.middleware
+async def internal_socket_guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """403 for a request on the internal socket without the workers' forward key."""
+    if _unforwarded_internal(request):
+        return json_error(403, "this socket takes only what the coordinator's report "
+                               "workers forward")
+    return await handler(request)
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
 errors_middleware = json_errors_middleware(
     log, lane=lambda request: node_report if _report_lane(request) else None)
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return load_json(raw)
-    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
-        raise CatalogError(f"body is not valid JSON: {exc}") from None
 
 
 def _json_answer(body: bytes, headers: dict[str, str] | None = None) -> web.Response:
@@ -313,149 +419,31 @@ async def health(request: web.Request) -> web.Response:
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
     name = request.match_info["name"]
-    raw = await request.read()
+    co.shedder.check(co.writer.queued())  # before any work: 503 + Retry-After
+    raw = bytes(await request_body(request))  # the lane's: request.read()
     report = parse_report_body(name, raw)
     refuse_while_store_fails(co.writer.healthy)
     refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
     now = co.clock()
     co.writer.submit(report_record(name, raw, report, now))  # as sent
-    co.fleet.record(name, raw, reported_models(report), now)
+    co.fleet.record(name, raw, reported_models(report), now, reported_routing(report))
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
+    co.reports += 1
     return _json_answer(body)
 
 
-#: The most nodes one page of ``GET /v1/nodes`` holds.
-MAX_NODES_PAGE = 10_000
-
-
-def _nodes_page(query: Any) -> tuple[str, int | None]:
-    """``GET /v1/nodes``'s ``after`` (a node name: the page starts after it) and
-    ``limit`` (1..MAX_NODES_PAGE; None: every node); CatalogError (400) naming a bad one."""
-    try:
-        only(query, ("after", "limit"), noun="query parameter")
-        limit = ascii_int(query["limit"], "limit", 6) if "limit" in query else None
-    except ValueError as exc:
-        raise CatalogError(str(exc)) from None
-    if limit is not None and not 1 <= limit <= MAX_NODES_PAGE:
-        raise CatalogError(f"limit must be 1 to {MAX_NODES_PAGE}, got {limit}")
-    return query.get("after", ""), limit
-
-
-async def nodes_list(request: web.Request) -> web.Response:
-    """The nodes by name, a page at a time with ``?limit=N`` (``&after=NAME`` for the
-    next): ``X-Total-Count`` says how many there are, and ``Link: <...>; rel="next"``
-    where more follow."""
-    co = request.app[COORDINATOR]
-    after, limit = _nodes_page(request.query)
-    now = co.clock()
-    rows = co.fleet.rows(after, None if limit is None else limit + 1)
-    headers = {"X-Total-Count": str(len(co.fleet.nodes))}
-    if limit is not None and len(rows) > limit:
-        rows = rows[:limit]
-        query = urlencode({"after": rows[-1].name, "limit": limit})
-        headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
-    return _json_answer(orjson.dumps([co.node_summary(row, now) for row in rows]), headers)
-
-
-async def node_get(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    state = co.fleet.nodes.get(request.match_info["name"])
-    row = state.row if state is not None else None
-    if row is None:
-        return json_error(404, f"unknown node {request.match_info['name']!r}")
-    return web.json_response(co.node_summary(row, co.clock()))
-
-
-async def node_delete(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = request.match_info["name"]
-    co.writer.forget(name)
-    stored = co.store.delete_node(name)
-    revoked = co.store.revoke_node_credential(name)  # a deleted node must join again
-    if revoked:
-        await co.refresh_node_credentials()
-    if not co.fleet.forget(name) and not stored and not revoked:
-        return json_error(404, f"unknown node {name!r}")
-    return web.json_response({"deleted": name})
-
-
-def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
-    """Each of ``slos`` with its replicas and predicted latency under the current plan
-    (its JSON form: a typed ``Plan`` of 10,000 nodes would take the loop seconds to
-    build), the live nodes it is on, the worst latency they measured for it at its
-    SLO's percentile (``measured_latency_ms``) and its versions marked bad."""
-    on, measured = co.fleet.by_model(co.clock() - co.config.node_timeout_s,
-                                     {slo.name: slo.percentile for slo in slos})
-    planned_models = (co.fleet.plan.plan.get("models") or {}) if co.fleet.plan else {}
-    bad: dict[str, list[dict[str, Any]]] = {}
-    for row in co.store.bad_versions(slos[0].name if len(slos) == 1 else None):
-        bad.setdefault(row["model"], []).append(row)
-    out = []
-    for slo in slos:
-        planned = planned_models.get(slo.name) or {}
-        out.append({**slo.to_json(), "bad_versions": bad.get(slo.name, []),
-                    "nodes": on.get(slo.name, []),
-                    "replicas": planned.get("replicas"),
-                    "predicted_latency_ms": planned.get("predicted_latency_ms"),
-                    "measured_latency_ms": measured.get(slo.name)})
-    return out
-
-
-async def models_list(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    return _json_answer(orjson.dumps(_models_json(co, co.store.models())))
-
-
-async def model_get(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = check_name(request.match_info["name"])
-    slo = co.store.model(name)
-    if slo is None:
-        return json_error(404, f"model {name!r} is not in the catalog")
-    return _json_answer(orjson.dumps(_models_json(co, [slo])[0]))
-
-
-async def model_put(request: web.Request) -> web.Response:
-    """Add or update an entry; a new version of a model that serves one rolls out in
-    waves (``rollout_id`` in the answer), a version marked bad is refused (409)."""
-    co = request.app[COORDINATOR]
-    slo = parse_slo(request.match_info["name"], await _json_body(request))
-    check_not_bad(co.store, slo.name, slo.version)
-    before = co.store.model(slo.name)
-    if co.rollouts.catalog_change(before, slo):
-        rollout = await co.rollouts.start(slo.name, (slo.version, slo.digest), entry=slo)
-        log.info("catalog: updated %s: rollout %d", slo, rollout.id)
-        return web.json_response({**slo.to_json(), "rollout_id": rollout.id})
-    created = co.store.put_model(slo, co.clock())
-    log.info("catalog: %s %s", "added" if created else "updated", slo)
-    await co.rollouts.refresh()
-    return web.json_response(slo.to_json(), status=201 if created else 200)
-
-
-async def model_delete(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = check_name(request.match_info["name"])
-    slo = co.store.model(name)
-    if slo is None or not co.store.delete_model(name):
-        return json_error(404, f"model {name!r} is not in the catalog")
-    log.info("catalog: deleted %s", name)
-    for rollout in co.store.rollouts(active=True, model=name):
-        await co.rollouts.move(rollout.id, "abort")
-    await co.rollouts.refresh()
-    if slo.source is not None and co.leader and co.start_loops:
-        # plan now: the plan's directives stop its pulls and drop the nodes' copies
-        co.spawn(co.replan_quietly(f"catalog delete of {name}"))
-    return web.json_response({"deleted": name})
-
-
 async def metrics(request: web.Request) -> web.Response:
-    """Failed authentications (Prometheus text), this process's and its workers'."""
+    """Failed authentications, this process's and its workers', and what the coordinator
+    costs (``cost.CostMeter``: CPU per report and per node-second, reports refused, each
+    process's loop lag), as Prometheus text."""
     co = request.app[COORDINATOR]
     failures = dict(co.guard.failures)
     for counts in co.workers.auth_failures.values():
         for reason, count in counts.items():
             failures[reason] = failures.get(reason, 0) + count
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
+    co.measure(asyncio.get_running_loop().time())  # as of now
+    lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_states())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")
 
@@ -481,24 +469,28 @@ async def plan_post(request: web.Request) -> web.Response:
 
 async def start_report_workers(app: web.Application, runner: web.AppRunner,
                                port: int) -> None:
-    """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a
-    loopback listener for the requests they forward, then the workers; once they all
-    listen, the coordinator stops listening on ``port``: the workers own it, and
-    whatever holds the coordinator's event loop (a plan adopted, the dashboard's
-    reads of the whole fleet) no longer delays the reports the kernel would have
-    handed it. (If they do not all listen within a minute, it keeps listening too.)"""
+    """With ``report_workers`` (the app listens on ``port`` with ``reuse_port``): a Unix
+    socket for the requests they forward, in a directory of mode 0700 and itself of
+    mode 0600 (only this user's processes reach it; each request must carry the
+    workers' forward key, else 403), then the workers; once they all listen, the
+    coordinator stops listening on ``port``: the workers own it, and whatever holds the
+    coordinator's event loop (a plan adopted, the dashboard's reads of the whole
+    fleet) no longer delays the reports the kernel would have handed it. (If they do
+    not all listen within a minute, it keeps listening too.)"""
     co = app[COORDINATOR]
     if not co.workers.workers:
         return
     public = list(runner.sites)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    co.internal_dir = Path(tempfile.mkdtemp(prefix="edgeagent-coordinator-"))  # 0700
+    internal = co.internal_dir / "forwarded.sock"
+    site = web.UnixSite(runner, str(internal))
     await site.start()
-    internal = site._server.sockets[0].getsockname()[1]
+    os.chmod(internal, 0o600)
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
     await co.workers.push_versions(co.rollouts.table)
-    await co.workers.push_credentials(co.guard.credentials.creds)
-    if await co.workers.start(port, f"http://127.0.0.1:{internal}"):
+    await co.workers.push_credentials(co.guard.credentials)
+    if await co.workers.start(port, str(internal)):
         for listener in public:
             await listener.stop()
     else:
@@ -510,38 +502,41 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
                start_loops: bool = True) -> web.Application:
     """The coordinator's app; ``start_loops=False`` leaves planning to ``POST /v1/plan``
     and direct calls (tests)."""
-    app = web.Application(client_max_size=8 * 2**20,
-                          handler_args=header_timeout_args(config.read_timeout_s),
+    app = web.Application(client_max_size=config.max_request_size,
+                          handler_args=handler_args(config.read_timeout_s),
                           middlewares=[
+        json_newline,
         errors_middleware,
-        host_check(lambda r: bool(r.app[COORDINATOR].guard.credentials),
+        internal_socket_guard,
+        host_check(lambda r: carries_credential(r, r.app[COORDINATOR].guard, True),
                    lambda r: r.app[COORDINATOR].names),
+        # its open paths (health, the dashboard's files, the join: its handler judges the
+        # join token) hold nothing for a rebinding page that sends a made-up token
         scoped_auth(lambda r: r.app[COORDINATOR].guard, coordinator_need, _forward_key,
-                    certificates=True),
-        body_timeout_middleware(config.read_timeout_s),
+                    certificates=True, open_tokens=False),
+        body_timeout_middleware(config.read_timeout_s, config.max_request_size,
+                                BodyMemory(config.max_request_bytes_in_flight)),
     ])
     app[COORDINATOR] = Coordinator(config, clock=clock, start_loops=start_loops)
     r = app.router
     r.add_get("/v1/health", health)
     r.add_post("/v1/nodes/{name}/report", node_report)
-    r.add_get("/v1/nodes", nodes_list)
-    r.add_get("/v1/nodes/{name}", node_get)
-    r.add_delete("/v1/nodes/{name}", node_delete)
-    r.add_get("/v1/models", models_list)
-    r.add_get("/v1/models/{name}", model_get)
-    r.add_put("/v1/models/{name}", model_put)
-    r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
     r.add_get("/metrics", metrics)
     r.add_post("/v1/plan", plan_post)
     api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
     api_join.add_routes(app, COORDINATOR)  # POST /v1/join-tokens, /v1/join
+    api_nodes.add_routes(app, COORDINATOR)  # GET /v1/nodes[/{name}], DELETE
+    api_models.add_routes(app, COORDINATOR)  # /v1/models: the catalog
     api_rollouts.add_routes(app, COORDINATOR)  # /v1/rollouts, bad versions
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:
         app[COORDINATOR].writer.start()
         app[COORDINATOR].spawn(app[COORDINATOR].follow())
+        app[COORDINATOR].spawn(app[COORDINATOR].keep_routing())
+        app[COORDINATOR].spawn(app[COORDINATOR].shedder.watch())
+        app[COORDINATOR].spawn(app[COORDINATOR].measuring())
         app[COORDINATOR].spawn(app[COORDINATOR].rollouts.run())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
@@ -557,6 +552,8 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
         app[COORDINATOR].writer.close()  # an answered report is written before the end
         app[COORDINATOR].leadership.close()  # another coordinator may plan at once
         app[COORDINATOR].store.close()
+        if app[COORDINATOR].internal_dir is not None:
+            shutil.rmtree(app[COORDINATOR].internal_dir, ignore_errors=True)
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

@@ -161,7 +161,7 @@ def check_source(url: str, options: dict[str, Any]) -> None:
     try:
         open_source(url, options)
     except SourceError as exc:
-        if str(exc) != MISSING:
+        if not str(exc).startswith(MISSING):
             raise CatalogError(str(exc)) from None
 
 

@@ -19,10 +19,11 @@ from msgspec import field, structs
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.coordinator.rollout import RolloutSettings
-from agent.authconfig import AuthSettings
-from agent.schema import AtLeastOne, LogLevel, Port, Positive, Section, Text, load, setting
-from agent.tls import TlsSettings
-from agent.validation import ConfigError, choice, load_yaml, string
+from agent.security.authconfig import AuthSettings
+from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
+                          Positive, Section, Text, load, setting)
+from agent.security.tls import TlsSettings
+from agent.validation import ConfigError, choice, load_yaml, size, string
 
 
 def default_state_dir() -> Path:
@@ -64,9 +65,10 @@ class CoordinatorConfig(Section):
         "~/.local/share/edgeagent-coordinator", example="/var/lib/edgeagent-coordinator",
         commented=True)] = field(default_factory=default_state_dir)
     allowed_hosts: Annotated[tuple[Text, ...], setting(
-        "without admin_token_file, requests must name the coordinator in Host (and "
-        "Origin): an IP address, localhost, host, this machine's name, or one of these "
-        "(a DNS rebinding guard); others get 403", example=["coordinator.example.net"])] \
+        "requests without a token or client certificate must name the coordinator in "
+        "Host (and Origin): an IP address, localhost, host, this machine's name, or one "
+        "of these (a DNS rebinding guard); others get 403",
+        example=["coordinator.example.net"])] \
         = ()
     admin_token_file: Annotated[Path | None, setting(
         "file holding a bearer token with scope admin (every endpoint); with any token "
@@ -118,7 +120,17 @@ class CoordinatorConfig(Section):
             "c5.2xlarge": {"price_per_hour": 0.34, "max_count": 4, "launch_s": 150}},
         commented=True)] = field(default_factory=dict)
     read_timeout_s: Annotated[Positive, setting(
-        "a request's headers, then its body, must arrive within this")] = 30.0
+        "a TLS handshake, then a request's headers, then its body, must arrive within "
+        "this")] = 30.0
+    max_request_size: Annotated[int, setting(
+        "largest request body (decoded); larger ones get 413", check=size,
+        example="8MiB")] = 8 * 2**20
+    max_request_bytes_in_flight: Annotated[int, setting(
+        "request bodies read and not yet answered, in all (in each report worker too); "
+        "a body that does not fit waits for room, then 503", check=size,
+        example="64MiB")] = 64 * 2**20
+    max_connections: MaxConnections = None
+    max_connections_per_peer: MaxConnectionsPerPeer = None
     store: Annotated[str | None, setting(
         "instead of the SQLite file: one PostgreSQL database shared by several "
         "coordinators, one of which plans at a time (pip install 'edgeagent[postgres]'; "
@@ -133,6 +145,18 @@ class CoordinatorConfig(Section):
     report_workers: Annotated[int, setting(
         "processes beside the coordinator that answer node reports on its port (one core "
         "each): 1 or 2 for fleets of thousands of nodes", ge=0, le=64)] = 0
+    report_shed_lag_ms: Annotated[Positive, setting(
+        "refuse reports early (503 with Retry-After) while the process answering them "
+        "(the coordinator or a report worker) runs this late (its event loop's lag, "
+        "smoothed over half a second) with work all the time: a herd is refused at "
+        "once, not answered late")] \
+        = 500.0
+    report_shed_queue: Annotated[AtLeastOne, setting(
+        "... or while this many answered reports wait to be written (the group commit) "
+        "or handed over to the coordinator (a report worker's)")] = 20_000
+    report_retry_after_s: Annotated[Positive, setting(
+        "the Retry-After of such a refusal (agents report again between it and twice "
+        "it, serving on their last directives meanwhile)")] = 5.0
 
     @property
     def database(self) -> Path:

@@ -23,6 +23,7 @@ import orjson
 
 from agent.coordinator.catalog import CatalogError
 from agent.coordinator.plan import directives_from_row, row_away
+from agent.coordinator.routing import RoutingBook
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.coordinator.versions import VersionTable
@@ -43,6 +44,30 @@ def reported_models(report: NodeReport) -> ReportedModels:
     return tuple((name, latency_points(m.latency_ms)) for name, m in report.models.items())
 
 
+#: The figures of a model's routed traffic a report carries, in ``Routed`` order.
+ROUTED_COUNTS = ("served", "forwarded", "received", "fallbacks", "errors")
+
+
+class Routed(NamedTuple):
+    """What the request path keeps of a routing node's report: where its peers reach it
+    (``(url, grpc)``) and, per model, its routed traffic of the last interval as
+    ``(model, served, forwarded, received, fallbacks, errors)``."""
+
+    peer: tuple[str, str | None] | None
+    models: tuple[tuple[str, float, float, float, float, float], ...] = ()
+
+
+def reported_routing(report: NodeReport) -> Routed | None:
+    """``report``'s address and routed traffic (None: the node neither routes nor says
+    where it is reached)."""
+    if report.peer is None and report.routing is None:
+        return None
+    models = tuple((m, r.served, r.forwarded, r.received, r.fallbacks, r.errors)
+                   for m, r in (report.routing.models if report.routing else {}).items())
+    peer = (report.peer.url, report.peer.grpc) if report.peer is not None else None
+    return Routed(peer, models)
+
+
 class NodeState(NamedTuple):
     """A node as the request path knows it: when it was first and last heard from, its
     last report as sent (bytes) and its models with their reported latencies. Few
@@ -56,6 +81,7 @@ class NodeState(NamedTuple):
     last_seen: float
     raw: bytes
     models: ReportedModels
+    routing: Routed | None = None
 
     @property
     def row(self) -> NodeRow:
@@ -85,6 +111,8 @@ class Fleet:
         self.versions = VersionTable()
         #: node -> (the table's id, the models it pinned) of its last answer
         self._versions_of: dict[str, tuple[int, frozenset[str]]] = {}
+        #: the routing table routing nodes get (``agent.coordinator.routing``)
+        self.routing = RoutingBook()
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
@@ -93,7 +121,7 @@ class Fleet:
         for row in rows:
             raw = orjson.dumps(row.report)
             self.nodes[row.name] = NodeState(row.name, row.first_seen, row.last_seen, raw,
-                                             _stored_models(row, raw))
+                                             *_stored_models(row, raw))
         if plan is not None:
             plan.rows  # noqa: B018 - made now, not at the first report
         self.adopt(plan)
@@ -132,7 +160,12 @@ class Fleet:
     def answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
         """``node``'s directives for ``report`` and their JSON (the same objects as
         the last answer when neither the plan, the prefetch list nor the drop list
-        changed)."""
+        changed), with the routing table's version, and the table itself where the
+        report names another (``RoutingBook.splice``)."""
+        directives, body = self._directives_answer(node, report)
+        return directives, self.routing.splice(body, report.routing)
+
+    def _directives_answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
         plan_id = self.plan.id if self.plan is not None else None
         models = report.models
         last = self._answers.get(node)
@@ -152,15 +185,16 @@ class Fleet:
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
-    def record(self, node: str, raw: bytes, models: ReportedModels, now: float) -> bool:
-        """``node`` sent ``raw`` (a validated report of ``models``) at ``now``; a report
-        older than the one held (handed over late by another report worker) is ignored:
-        whether it was recorded."""
+    def record(self, node: str, raw: bytes, models: ReportedModels, now: float,
+               routing: Routed | None = None) -> bool:
+        """``node`` sent ``raw`` (a validated report of ``models``, and ``routing``) at
+        ``now``; a report older than the one held (handed over late by another report
+        worker) is ignored: whether it was recorded."""
         old = self.nodes.get(node)
         if old is not None and now < old.last_seen:
             return False
         first = old.first_seen if old is not None else now
-        self.nodes[node] = NodeState(node, first, now, raw, models)
+        self.nodes[node] = NodeState(node, first, now, raw, models, routing)
         return True
 
     def answered(self, node: str, body: bytes) -> None:
@@ -194,6 +228,25 @@ class Fleet:
                     worst[model] = value
         return on, worst
 
+    def routed_by_model(self, since: float) -> dict[str, dict[str, dict[str, float]]]:
+        """model -> node -> its routed traffic of the last interval (``served``,
+        ``forwarded``, ``received``, ``fallbacks``, ``errors``), for the nodes heard from
+        at or after ``since``: which node served how much of each model."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for state in self.nodes.values():
+            if state.last_seen < since or state.routing is None:
+                continue
+            for model, *counts in state.routing.models:
+                out.setdefault(model, {})[state.name] = dict(zip(ROUTED_COUNTS, counts))
+        return {m: dict(sorted(nodes.items())) for m, nodes in sorted(out.items())}
+
+    def addresses(self, since: float) -> dict[str, tuple[str, str | None]]:
+        """node -> where its peers reach it, for the nodes heard from at or after
+        ``since`` that said so."""
+        return {s.name: s.routing.peer for s in self.nodes.values()
+                if s.last_seen >= since and s.routing is not None
+                and s.routing.peer is not None}
+
     def rows(self, after: str = "", limit: int | None = None) -> list[NodeRow]:
         """The rows of the nodes named after ``after``, by name: ``limit`` of them, or
         every one (None)."""
@@ -201,13 +254,14 @@ class Fleet:
         return [self.nodes[name].row for name in names[:limit]]
 
 
-def _stored_models(row: NodeRow, raw: bytes) -> ReportedModels:
-    """A stored report's models (``raw``: the report as JSON; one the wire schema no
-    longer takes: no latencies)."""
+def _stored_models(row: NodeRow, raw: bytes) -> tuple[ReportedModels, Routed | None]:
+    """A stored report's models and routing (``raw``: the report as JSON; one the wire
+    schema no longer takes: no latencies, no routing)."""
     try:
-        return reported_models(parse_report(row.name, raw))
+        report = parse_report(row.name, raw)
     except ReportError:
-        return tuple((name, ()) for name in row.report.get("models") or {})
+        return tuple((name, ()) for name in row.report.get("models") or {}), None
+    return reported_models(report), reported_routing(report)
 
 
 def parse_report_body(name: str, raw: bytes) -> NodeReport:
@@ -252,6 +306,10 @@ def report_record(node: str, raw: bytes, report: NodeReport, now: float) -> Repo
     containers per report) and its summary."""
     arrivals = {m: [(now - a.age_s, a.seconds, a.count) for a in r.arrivals]
                 for m, r in report.models.items() if r.arrivals}
+    for m, r in (report.routing.models if report.routing else {}).items():
+        if r.arrivals:  # a model the node forwards and its repository lacks
+            arrivals.setdefault(m, []).extend((now - a.age_s, a.seconds, a.count)
+                                              for a in r.arrivals)
     return ReportRecord(node, raw, orjson.dumps(arrivals), now, summarize(report))
 
 

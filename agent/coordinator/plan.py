@@ -14,10 +14,12 @@ JSON (``Plan.to_json``; the API adds the stored plan's ``id``)::
                            "unplaced": 0, "rate_points": 42, "proc_source": "measured",
                            "source": {"source": "s3://models/resnet", "source_options": {},
                                       "version": 2, "digest": null, "config": {}}}},
-     "assignment": {"edge-1": {"resnet": 2}}, "moves": {"started": 2, "stopped": 0}}
+     "assignment": {"edge-1": {"resnet": 2}}, "moves": {"started": 2, "stopped": 0},
+     "addresses": {"edge-1": ["http://10.0.0.7:8000", "10.0.0.7:8001"]}}
 
 ``source`` (only for a model catalogued with one): where the nodes the plan assigns it
-pull it from (``catalog.ModelSLO.pull``).
+pull it from (``catalog.ModelSLO.pull``). ``addresses``: where peers reach each node the
+plan runs models on (its last report's ``peer``), for the routing table.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from agent.coordinator.faro import Capacity, ModelSpec
+from agent.coordinator.faro import Capacity, JobSpec
 from agent.wire import Directives, Pull
 
 
@@ -53,9 +55,9 @@ class ModelPlan:
     proc_source: str | None = None  # measured | catalog | default
     source: dict[str, Any] | None = None  # catalog.ModelSLO.pull(): where nodes pull it
 
-    def spec(self, name: str) -> ModelSpec:
+    def spec(self, name: str) -> JobSpec:
         """The solver's view of this model (rate, times in seconds, needs)."""
-        return ModelSpec(name=name, rate=self.rate, proc_s=self.proc_ms / 1000.0,
+        return JobSpec(name=name, rate=self.rate, proc_s=self.proc_ms / 1000.0,
                          slo_s=self.slo_ms / 1000.0, percentile=self.percentile,
                          priority=self.priority, cpu_per_replica=self.cpu_per_replica,
                          memory_per_replica_bytes=self.memory_per_replica_bytes)
@@ -103,6 +105,10 @@ class Plan:
     #: models with a source that an earlier plan ran and the catalog no longer holds:
     #: dropped wherever a node holds them
     retired: tuple[str, ...] = ()
+    #: where the peers of each node the plan runs models on reach it, as its last
+    #: report said (``NodeReport.peer``: ``[url, grpc]``): every coordinator sharing
+    #: the store routes by the same table (``agent.coordinator.routing``)
+    addresses: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
     def free_cpu(self) -> float:
         """Cores of the capacity that no planned replica takes."""
@@ -120,7 +126,8 @@ class Plan:
                 "assignment": {n: dict(row) for n, row in self.assignment.items()},
                 "moves": {"started": self.started, "stopped": self.stopped},
                 "excluded": [{"model": m, "reason": r} for m, r in self.excluded.items()],
-                "retired": list(self.retired)}
+                "retired": list(self.retired),
+                "addresses": {n: list(a) for n, a in self.addresses.items()}}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Plan":
@@ -138,18 +145,20 @@ class Plan:
                    started=moves.get("started", 0), stopped=moves.get("stopped", 0),
                    excluded={e["model"]: e["reason"] for e in data.get("excluded") or ()
                              if isinstance(e, dict) and "model" in e and "reason" in e},
-                   retired=tuple(m for m in data.get("retired") or () if isinstance(m, str)))
+                   retired=tuple(m for m in data.get("retired") or () if isinstance(m, str)),
+                   addresses={n: tuple(a) for n, a in (data.get("addresses") or {}).items()})
 
 
 def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
     """Each node's row of a plan's JSON form: the JSON of ``[workers, drop_rate, pulls,
-    away]`` (the node's replicas per model, those models' drop rates, the pulls of
-    those with a source, and the models with a source the plan runs elsewhere or that
-    the catalog no longer holds, ``retired``), what
+    away, address]`` (the node's replicas per model, those models' drop rates, the pulls
+    of those with a source, the models with a source the plan runs elsewhere or that
+    the catalog no longer holds, ``retired``, and where peers reach it), what
     answering a report needs of a plan: one bytes object per node, which the garbage
     collector does not track, instead of a dict per node (a 10,000-node plan in every
     report process)."""
     models = plan.get("models") or {}
+    addresses = plan.get("addresses") or {}
     sourced = sorted({m for m, row in models.items() if row.get("source") is not None}
                      | set(plan.get("retired") or ()))
     rows = {}
@@ -160,7 +169,7 @@ def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
                  for m in sorted(workers) if m in models and models[m].get("source")]
         away = [m for m in sourced if m not in workers]
         rows[node] = orjson.dumps([workers, {m: r for m, r in drops.items() if r > 0},
-                                   pulls, away])
+                                   pulls, away, addresses.get(node)])
     return rows
 
 

@@ -32,6 +32,10 @@ Decisions where the papers leave room:
   ``excluded`` with that reason.
 * A model reported by nodes but absent from the catalog has no SLO: it is not planned
   and no directive touches it.
+* With routing (``agent.coordinator.routing``), a request is counted in the arrivals of
+  the node it reached the fleet at, not of the node a forward brought it to, so a
+  model's summed arrivals are the fleet's rate for it; the latency a forwarding node
+  measured (hop included) is watched by the reactive loop like any other.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.faro import (Capacity, ModelDemand, ModelSpec, Node, Problem,
+from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Problem,
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
@@ -92,7 +96,7 @@ def rate_series(points: list[tuple[float, float, float]], end: float, step: floa
     return counts[int(np.argmax(covered)):] / step
 
 
-def check_spec(spec: ModelSpec) -> None:
+def check_spec(spec: JobSpec) -> None:
     """ValueError naming the field unless ``spec``'s numbers can be planned: finite,
     rate >= 0, times and needs > 0 (reports are range-checked at ingestion; this
     catches what their sums, forecasts and the catalog can still make of them)."""
@@ -243,7 +247,7 @@ class Planner:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
                 proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
-                spec = ModelSpec(
+                spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
                     priority=slo.priority, cpu_per_replica=slo.cpu_per_replica,
@@ -268,7 +272,7 @@ class Planner:
                live: dict[str, NodeReport], previous: StoredPlan | None,
                sourced: set[str] = frozenset()):  # type: ignore[assignment]
         """``sourced``: the models with a source (they may go to any node)."""
-        nodes = [Node(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
+        nodes = [Machine(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
                  for n, r in sorted(live.items())]
         holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
         files: dict[str, set[str]] = {}  # model -> nodes holding (or pulling) its files
@@ -304,7 +308,8 @@ class Planner:
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
                 utility: dict[str, float], drops: dict[str, float], placement: Any,
                 details: dict[str, dict[str, Any]], now: float, kind: str,
-                solver: str, objective: float | None) -> Plan:
+                solver: str, objective: float | None,
+                live: dict[str, NodeReport]) -> Plan:
         models = {}
         where: dict[str, dict[str, int]] = {}  # model -> node -> replicas
         for n, row in placement.assignment.items():
@@ -328,7 +333,9 @@ class Planner:
                     estimator=problem.estimator, solver=solver, objective_value=objective,
                     rate_quantile=self.config.rate_quantile, window_s=self.config.plan_window_s,
                     capacity=problem.capacity, models=models, assignment=placement.assignment,
-                    started=placement.started, stopped=placement.stopped)
+                    started=placement.started, stopped=placement.stopped,
+                    addresses={n: (r.peer.url, r.peer.grpc) for n, r in live.items()
+                               if r.peer is not None and placement.assignment.get(n)})
 
     def _solve_isolated(self, problem: Problem, details: dict[str, dict[str, Any]]
                         ) -> tuple[Problem, Any]:
@@ -371,7 +378,7 @@ class Planner:
                                 {m for m, d in details.items() if "source" in d})
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
-                            now, kind, allocation.solver, allocation.objective)
+                            now, kind, allocation.solver, allocation.objective, live)
         plan = dataclasses.replace(plan, excluded={
             m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
             retired=self._retired(self.current_plan()))
@@ -386,10 +393,13 @@ class Planner:
     @staticmethod
     def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
         """model -> the worst latency at its planned SLO percentile among ``fresh``
-        reports that measured one (one pass over the reports: nodes x their models)."""
+        reports that measured one (one pass over the reports: nodes x their models),
+        the routed latency of the requests a node forwarded included (the client's
+        wait, hop and all: ``NodeReport.routing``)."""
         worst: dict[str, float] = {}
         for report in fresh.values():
-            for name, m in report.models.items():
+            routed = report.routing.models.items() if report.routing else ()
+            for name, m in (*report.models.items(), *routed):
                 planned = plan.models.get(name)
                 v = (latency_at(latency_points(m.latency_ms), planned.percentile)
                      if planned is not None else None)
@@ -470,7 +480,7 @@ class Planner:
                                          ("source", m.source)) if v is not None}
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
-                           now, "reactive", plan.solver, None)
+                           now, "reactive", plan.solver, None, live)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 

@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.planner import PlanError, Planner
-from agent.coordinator.store import StoredPlan, open_store
+from agent.coordinator.store import StoredPlan
+from agent.coordinator.stores import open_store
 
 log = logging.getLogger("edgeagent.coordinator.planworker")
 
@@ -80,6 +81,12 @@ class PlanWorker:
             return None
         plan_id, created, kind, text, rows = value
         return StoredPlan(plan_id, created, kind, text=text, rows=rows)
+
+    @property
+    def pid(self) -> int | None:
+        """The planning process's pid (None before it started)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
 
     def plan_now(self, kind: str = "long-term") -> StoredPlan:
         return self._call("plan_now", kind)

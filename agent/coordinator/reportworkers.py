@@ -8,19 +8,27 @@ the kernel spreads connections over the listeners; an agent's keep-alive connect
 stays with one). A worker
 
 * answers ``POST /v1/nodes/{name}/report`` itself: checks its credential (the node's
-  own, or admin: the coordinator's rule, ``agent.httpauth``; the tokens the coordinator
-  accepts come over the pipe, again on SIGHUP), throttles failures per peer, validates
+  own, or admin: the coordinator's rule, ``agent.security.httpauth``; the tokens the coordinator
+  accepts and the node certificates it refuses come over the pipe, again on SIGHUP and
+  when a node is deleted, which waits until every worker has them), throttles failures
+  per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
-  plan and version table, which the coordinator pushes to every worker when it adopts
-  one (``push_plan``, ``push_versions``), and answers
-  503 while the coordinator says its store is failing;
+  plan, version table (``push_versions``) and routing table, which the coordinator
+  pushes to every worker when it adopts one, and answers
+  503 while the coordinator says its store is failing, or while it is itself
+  overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
+  yet handed over plus those the coordinator says wait for its group commit past
+  ``report_shed_queue``; with ``Retry-After``);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
-  directives issued (``GET /v1/nodes``) as for a report it answered itself;
-* forwards every other request to the coordinator, as it came, over a loopback
-  listener of the coordinator's own (the token is checked there), with the real peer
-  address and certificate name in headers the coordinator trusts only with the forward
-  key it gave the worker (``agent.httpauth.FORWARD_KEY``);
+  directives issued (``GET /v1/nodes``) as for a report it answered itself; and every
+  ``LOAD_S`` its CPU, reports answered and refused and its loop's lag (``WorkerLoad``,
+  for the coordinator's ``/metrics``);
+* forwards every other request to the coordinator, as it came, over a Unix socket of
+  the coordinator's own that only this user's processes can open (the token is checked
+  there), with the real peer address and certificate name and issue time in headers the
+  coordinator trusts only with the forward key it gave the worker
+  (``agent.security.httpauth.FORWARD_KEY``; the socket refuses a request without it);
 * serves the coordinator's ``tls:`` with a context of its own, read again when the
   coordinator, on SIGHUP, says ``reload``.
 
@@ -40,38 +48,61 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import (Fleet, ReportedModels, parse_report_body,
-                                     refuse_while_store_fails, report_record, reported_models)
+from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_report_body,
+                                     refuse_while_store_fails, report_record, reported_models,
+                                     reported_routing)
 from agent.coordinator.planworker import exit_with_parent
+from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import ReportRecord, StoredPlan
 from agent.errors import json_error, json_errors_middleware
-from agent.eventloop import header_timeout_args, listen, run_event_loop, settle_gc
-from agent.credentials import Credential, Credentials
-from agent.httpauth import (FORWARD_KEY, FORWARDED_NAME, FORWARDED_PEER, Guard, Need,
+from agent.http.connections import server_connections
+from agent.http.eventloop import handler_args, listen, run_event_loop, settle_gc
+from agent.security.credentials import Credentials
+from agent.security.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWARDED_PEER,
+                            Guard, Need, carries_credential, certificate_issued,
                             certificate_name, host_check, own_names, scoped_auth)
-from agent.httpbody import body_timeout_middleware, request_body
-from agent.tls import ServerTls
+from agent.http.body import BodyMemory, body_timeout_middleware, request_body
+from agent.http.jsonnewline import json_newline
+from agent.security.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
 
 BATCH_S = 0.25  # a worker hands its answered reports over this often
+LOAD_S = 1.0  # ... and tells its load this often
 RESTART_S = 1.0  # a dead worker is started again after this long
 REPORT_PATH = "/v1/nodes/{name}/report"
 #: A worker's first message: it listens on the port.
 LISTENING = "listening"
+#: Seconds the coordinator waits for every worker to take new credentials.
+APPLY_WAIT_S = 10.0
 # hop-by-hop and framing headers, which a forwarder sets itself (RFC 9110 §7.6.1)
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
                   "upgrade", "proxy-authorization", "proxy-authenticate", "host",
                   "content-length", "content-encoding", "date", "server",
-                  FORWARD_KEY.lower(), FORWARDED_PEER.lower(), FORWARDED_NAME.lower()})
+                  FORWARD_KEY.lower(), FORWARDED_PEER.lower(), FORWARDED_NAME.lower(),
+                  FORWARDED_ISSUED.lower()})
 
-# one answered report as handed over: what to write, its models, the directives' JSON
-Answered = tuple[ReportRecord, ReportedModels, bytes]
+# one answered report as handed over: what to write, its models, the directives' JSON,
+# its routing (address and routed traffic)
+Answered = tuple[ReportRecord, ReportedModels, bytes, Routed | None]
+
+
+class WorkerLoad(NamedTuple):
+    """What a worker last told of its load: its CPU seconds since it started, the reports
+    it answered and refused, its loop's smoothed lag (seconds) and busy share
+    (``Shedder``)."""
+
+    index: int
+    cpu_s: float
+    answered: int
+    refused: int
+    lag_s: float
+    busy: float
 
 
 class _Worker:
@@ -84,6 +115,7 @@ class _Worker:
         self.send_lock = threading.Lock()
         self.closed = threading.Event()  # the worker handed over its last batch
         self.listening = threading.Event()  # the worker listens on the port
+        self.applied = 0  # the last credentials message it took (its number)
 
     def send(self, message: Any) -> None:
         with self.send_lock:
@@ -104,22 +136,27 @@ class ReportWorkers:
         self._port = 0
         self._internal = ""
         self._plan: tuple | None = None  # the message of the current plan
-        self._health: tuple = ("store", True, False)
-        self._credentials: tuple = ("credentials", ())
+        self._health: tuple = ("store", True, False, 0)
+        self._credentials: tuple = ("credentials", (), {}, 0)
+        self._applied_waiters: list[tuple[int, asyncio.Future]] = []
+        self._routing: tuple = ("routing", None, None)
         self._versions: tuple | None = None  # the message of the current version table
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
         self.auth_failures: dict[int, dict[str, int]] = {}
+        #: pid -> that worker's load as it last told (a worker started again is a new
+        #: pid; a dead one's last word stays: its CPU was spent)
+        self.load: dict[int, WorkerLoad] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
 
-    async def start(self, port: int, internal_url: str, *, wait_s: float = 60.0) -> bool:
+    async def start(self, port: int, internal_socket: str, *, wait_s: float = 60.0) -> bool:
         """Start the workers on ``port`` (bound by the coordinator with
-        ``reuse_port``); they forward what is not a report to ``internal_url``. Whether
-        every one listens within ``wait_s``."""
+        ``reuse_port``); they forward what is not a report to the Unix socket
+        ``internal_socket``. Whether every one listens within ``wait_s``."""
         self._loop = asyncio.get_running_loop()
-        self._port, self._internal = port, internal_url
+        self._port, self._internal = port, internal_socket
         for worker in self.workers:
             self._spawn(worker)
         deadline = self._loop.time() + wait_s
@@ -135,10 +172,12 @@ class ReportWorkers:
         down_child, down_parent = ctx.Pipe(duplex=False)
         worker.down, worker.closed = down_parent, threading.Event()
         worker.listening = threading.Event()
+        worker.applied = self._credentials[3]  # it starts with the newest
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
-                  (self._plan, self._health, self._credentials, self._versions),
+                  (self._plan, self._health, self._credentials, self._routing,
+                   self._versions),
                   self.forward_key,
                   os.getpid()))
         worker.proc.start()
@@ -162,6 +201,11 @@ class ReportWorkers:
                 continue
             if isinstance(message, tuple) and message[0] == "auth":
                 self.auth_failures[worker.index] = message[1]
+                continue
+            if isinstance(message, tuple) and message[0] == "applied":
+                self._loop.call_soon_threadsafe(self._applied, worker, message[1])
+            if isinstance(message, tuple) and message[0] == "load":
+                self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
                 continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
@@ -192,19 +236,56 @@ class ReportWorkers:
         self._versions = ("versions", table)
         await self._broadcast(self._versions)
 
-    async def push_health(self, healthy: bool, full: bool = False) -> None:
+    async def push_health(self, healthy: bool, full: bool = False, queued: int = 0) -> None:
         """Tell every worker whether the store takes writes (503s while it does not;
-        the store's error stays in the coordinator's log) and whether the coordinator
+        the store's error stays in the coordinator's log), whether the coordinator
         keeps ``max_nodes`` (then a worker passes reports from nodes outside its plan
-        on to the coordinator, which knows whether they are new)."""
-        if self.workers and (healthy, full) != self._health[1:]:
-            self._health = ("store", healthy, full)
+        on to the coordinator, which knows whether they are new) and how many reports
+        wait for its group commit (a worker counts them in its queue: a store slower
+        than the reports makes every worker refuse)."""
+        if self.workers and (healthy, full, queued) != self._health[1:]:
+            self._health = ("store", healthy, full, queued)
             await self._broadcast(self._health)
 
-    async def push_credentials(self, creds: tuple[Credential, ...]) -> None:
-        """Tell every worker the credentials the coordinator accepts now (hashes)."""
-        self._credentials = ("credentials", tuple(creds))
+    async def push_routing(self, version: int | None, table: bytes | None) -> None:
+        """Tell every worker the routing table the coordinator serves now."""
+        self._routing = ("routing", version, table)
+        await self._broadcast(self._routing)
+
+    async def push_credentials(self, credentials: Credentials) -> None:
+        """Tell every worker the credentials the coordinator accepts now (hashes) and
+        the certificates it refuses; return once each running worker took them (or
+        after ``APPLY_WAIT_S``, logged): a revoked certificate is refused on every
+        listener from the next request."""
+        number = self._credentials[3] + 1
+        self._credentials = ("credentials", tuple(credentials.creds),
+                             dict(credentials.revoked), number)
+        running = [w for w in self.workers if w.proc is not None]
+        if not running:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((number, waiter))
         await self._broadcast(self._credentials)
+        self._check_applied()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), APPLY_WAIT_S)
+        except asyncio.TimeoutError:
+            log.error("report workers: not all took the new credentials within %g s",
+                      APPLY_WAIT_S)
+        finally:
+            self._applied_waiters = [(n, f) for n, f in self._applied_waiters
+                                     if f is not waiter]
+
+    def _applied(self, worker: _Worker, number: int) -> None:
+        worker.applied = max(worker.applied, number)
+        self._check_applied()
+
+    def _check_applied(self) -> None:
+        """Resolve the waits for credentials every live worker has taken."""
+        live = [w for w in self.workers if w.proc is not None and w.proc.is_alive()]
+        for number, waiter in self._applied_waiters:
+            if not waiter.done() and all(w.applied >= number for w in live):
+                waiter.set_result(None)
 
     async def _broadcast(self, message: tuple) -> None:
         loop = asyncio.get_running_loop()
@@ -243,25 +324,34 @@ class _WorkerState:
     """What one worker holds: the plan (a ``Fleet`` that answers from it), the store's
     health as last told, and the answered reports not yet handed over."""
 
-    def __init__(self, config: CoordinatorConfig, internal_url: str, forward_key: str
+    def __init__(self, config: CoordinatorConfig, internal_socket: str, forward_key: str
                  ) -> None:
         self.fleet = Fleet(config.directive_ttl_s)
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.guard = Guard(Credentials(), throttle=config.auth.throttle())
-        self.internal_url, self.forward_key = internal_url, forward_key
+        self.internal_socket, self.forward_key = internal_socket, forward_key
         self.healthy, self.full = True, False
+        self.writing = 0  # reports waiting for the coordinator's group commit, as told
         self.answered: list[Answered] = []
+        self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
+                               config.report_retry_after_s)
+        self.reports = 0  # answered since the worker started
         self.session: ClientSession | None = None
 
-    def take(self, message: tuple) -> None:
-        """A message from the coordinator (on the event loop)."""
+    def take(self, message: tuple) -> tuple | None:
+        """A message from the coordinator (on the event loop); the answer it wants, if
+        any (``("applied", number)`` for credentials)."""
         if message[0] == "plan":
             _, plan_id, created, kind, rows = message
             self.fleet.adopt(StoredPlan(plan_id, created, kind, rows=rows))
         elif message[0] == "store":
-            _, self.healthy, self.full = message
+            _, self.healthy, self.full, self.writing = message
         elif message[0] == "credentials":
-            self.guard.credentials.replace(message[1])
+            _, creds, revoked, number = message
+            self.guard.credentials.replace(creds, revoked)
+            return ("applied", number)
+        elif message[0] == "routing":
+            self.fleet.routing.adopt(message[1], message[2])
         elif message[0] == "versions":
             self.fleet.set_versions(message[1])
         elif message[0] == "reload" and self.tls is not None:
@@ -269,6 +359,7 @@ class _WorkerState:
                 self.tls.reload()
             except ValueError as exc:
                 log.error("reload: keeping the running certificates: %s", exc)
+        return None
 
 
 WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
@@ -280,12 +371,14 @@ async def _report(request: web.Request) -> web.Response:
     plan = state.fleet.plan
     if state.full and (plan is None or name not in plan.rows):  # maybe a new node
         return await _forward(request)
+    state.shedder.check(len(state.answered) + state.writing)
     raw = bytes(await request_body(request))
     report = parse_report_body(name, raw)
     refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
-                           reported_models(report), body))
+                           reported_models(report), body, reported_routing(report)))
+    state.reports += 1
     return web.Response(body=body, content_type="application/json")
 
 
@@ -298,6 +391,9 @@ async def _forward(request: web.Request) -> web.StreamResponse:
     name = certificate_name(request.transport)
     if name:
         headers[FORWARDED_NAME] = name
+        issued = certificate_issued(request.transport)
+        if issued is not None:
+            headers[FORWARDED_ISSUED] = repr(issued)
     try:
         async with state.session.request(
                 request.method, request.rel_url, headers=headers,
@@ -320,13 +416,16 @@ def _report_need(request: web.Request) -> Need | None:
 
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
     names = own_names(config.host, config.allowed_hosts)  # what it forwards has its Host
-    app = web.Application(client_max_size=8 * 2**20,
-                          handler_args=header_timeout_args(config.read_timeout_s),
+    app = web.Application(client_max_size=config.max_request_size,
+                          handler_args=handler_args(config.read_timeout_s),
                           middlewares=[
+        json_newline,
         json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
-        host_check(lambda r: bool(r.app[WORKER].guard.credentials), lambda r: names),
-        scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True),
-        body_timeout_middleware(config.read_timeout_s),
+        host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True), lambda r: names),
+        scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True,
+                    open_tokens=False),  # what it forwards, the coordinator judges
+        body_timeout_middleware(config.read_timeout_s, config.max_request_size,
+                                BodyMemory(config.max_request_bytes_in_flight)),
     ])
     app[WORKER] = state
     app.router.add_post(REPORT_PATH, _report)
@@ -334,25 +433,34 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
     return app
 
 
-def _serve(config: CoordinatorConfig, port: int, internal_url: str, up: Any, down: Any,
+def _serve(config: CoordinatorConfig, port: int, internal_socket: str, up: Any, down: Any,
            told: tuple, forward_key: str, parent: int) -> None:
     """The worker process."""
     exit_with_parent(parent)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_event_loop(_worker_main(config, port, internal_url, up, down, told, forward_key))
+    run_event_loop(_worker_main(config, port, internal_socket, up, down, told, forward_key))
 
 
-async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, up: Any,
+async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: str, up: Any,
                        down: Any, told: tuple, forward_key: str) -> None:
-    """``told``: the plan, store health, credentials and version table messages to
-    start with."""
+    """``told``: the plan, store health, credentials, routing table and version table
+    messages to start with."""
     loop = asyncio.get_running_loop()
-    state = _WorkerState(config, internal_url, forward_key)
+    state = _WorkerState(config, internal_socket, forward_key)
     for message in told:
         if message is not None:
             state.take(message)
     stop = asyncio.Event()
+    # One thread sends on the pipe, in the order messages are given: a batch whose
+    # hand-over was under way at the stop reaches the coordinator before the last batch
+    # and the closing None (after which the coordinator reads no more).
+    sender = ThreadPoolExecutor(1, thread_name_prefix="to-coordinator")
+
+    def take(message: tuple) -> None:  # on the loop: then its answer, if any, goes up
+        answer = state.take(message)
+        if answer is not None:
+            sender.submit(up.send, answer)
 
     def read_down() -> None:  # plans and health from the coordinator; None: stop
         while True:
@@ -363,25 +471,23 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             if message is None:
                 loop.call_soon_threadsafe(stop.set)
                 return
-            loop.call_soon_threadsafe(state.take, message)
+            loop.call_soon_threadsafe(take, message)
 
     threading.Thread(target=read_down, name="from-coordinator", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the coordinator stops it
         loop.add_signal_handler(sig, lambda: None)
-    state.session = ClientSession(internal_url, timeout=ClientTimeout(total=None))
-    runner, _ = await listen(_worker_app(config, state), config.host, port, backlog=4096,
-                             reuse_port=True,
+    state.session = ClientSession("http://localhost", timeout=ClientTimeout(total=None),
+                                  connector=UnixConnector(internal_socket))
+    runner, _ = await listen(_worker_app(config, state), config.host, port,
+                             server_connections(config), backlog=4096, reuse_port=True,
                              ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 
-    up.send(LISTENING)
-    # One thread sends on the pipe, in the order messages are given: a batch whose
-    # hand-over was under way at the stop reaches the coordinator before the last batch
-    # and the closing None (after which the coordinator reads no more).
-    sender = ThreadPoolExecutor(1, thread_name_prefix="to-coordinator")
+    sender.submit(up.send, LISTENING)
     told_failures: dict[str, int] = {}
 
     async def hand_over() -> None:
+        told_load = loop.time()
         while True:
             await asyncio.sleep(BATCH_S)
             batch, state.answered = state.answered, []
@@ -390,12 +496,19 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_url: str, 
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
                 await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
+            if loop.time() - told_load >= LOAD_S:
+                told_load = loop.time()
+                await loop.run_in_executor(sender, up.send, (
+                    "load", os.getpid(), time.process_time(), state.reports,
+                    state.shedder.refused, state.shedder.lag, state.shedder.busy))
 
     handing = loop.create_task(hand_over())
+    watching = loop.create_task(state.shedder.watch())
     try:
         await stop.wait()
     finally:
         handing.cancel()
+        watching.cancel()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
         last = [sender.submit(up.send, batch)] if batch else []

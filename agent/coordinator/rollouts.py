@@ -28,7 +28,7 @@ import orjson
 from agent.coordinator.catalog import CatalogError, ModelSLO, rollout_settings
 from agent.coordinator.rollout import (ABORTED, PAUSED, ROLLED_BACK, RUNNING, Counters,
                                        NodeView, Rollout, new_rollout, step)
-from agent.coordinator.store import RolloutConflict
+from agent.coordinator.rolloutstore import RolloutConflict
 from agent.coordinator.versions import VersionTable, build_table
 from agent.errors import AgentError
 
@@ -42,7 +42,7 @@ class RolloutNotFound(AgentError):
     status = 404
 
 
-class Rollouts:
+class FleetRollouts:
     """One coordinator's side of the rollouts (see the module docstring)."""
 
     def __init__(self, co: "Coordinator") -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from agent.coordinator.choices import SIZE_MAX_SAMPLES, SIZE_METHODS
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.faro import ModelSpec
+from agent.coordinator.faro import JobSpec
 from agent.coordinator.nodetypes import NodeType, parse_node_types
 from agent.coordinator.planner import Planner, PlanError
 from agent.coordinator.provisioning import InstanceType, Provisioner, ProvisioningError
@@ -131,7 +131,7 @@ def _shape(t: NodeType, reports: list[NodeReport], where: str) -> tuple[float, f
     return float(cores), float(memory)
 
 
-def _proc_s(planner: Planner, spec: ModelSpec, t: NodeType,
+def _proc_s(planner: Planner, spec: JobSpec, t: NodeType,
             reports: list[NodeReport]) -> float:
     """Processing seconds per request of ``spec`` on kind ``t``: given, measured on its
     nodes, else the fleet's (the planner's)."""
@@ -193,7 +193,7 @@ def size_fleet(planner: Planner, config: CoordinatorConfig, now: float,
 # -- provisioning ------------------------------------------------------------------------
 
 
-def forecast_total(planner: Planner, models: tuple[ModelSpec, ...], now: float,
+def forecast_total(planner: Planner, models: tuple[JobSpec, ...], now: float,
                    step_s: float) -> list[float]:
     """The fleet's request rate per ``step_s`` over the planning window: the sum over
     models of the ``rate_quantile`` quantile of their forecast per ``rate_step_s``, and

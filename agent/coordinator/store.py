@@ -13,11 +13,9 @@ takes a database from version i to i + 1, each in one transaction, so an old sta
 directory is upgraded in place on start. Times are the coordinator's wall clock,
 passed in by the caller (``now``), never read here.
 
-``PostgresStore`` (``store: postgresql://...``) is the same store on PostgreSQL for
-several coordinators sharing one database: the same SQL and migrations (``pg_dialect``
-rewrites the few words the dialects spell differently), a ``schema_version`` table, and
-``leadership()``, the session advisory lock that elects the one coordinator that plans.
-psycopg is imported only when a PostgreSQL store is opened.
+``PostgresStore`` (``agent.coordinator.stores``, which also holds ``open_store``: the
+store a config names) is the same store on PostgreSQL for several coordinators sharing
+one database.
 """
 
 from __future__ import annotations
@@ -25,29 +23,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import sqlite3
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import orjson
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan, directive_rows
-from agent.coordinator.rollout import ACTIVE, Rollout
+from agent.coordinator.rolloutstore import RolloutRecords
 from agent.errors import AgentError
 
 log = logging.getLogger("edgeagent.coordinator.store")
-
-
-class RolloutConflict(AgentError):
-    """A rollout of a model that has one under way already: 409."""
-
-    status = 409
 
 
 class StoreUnavailable(AgentError):
@@ -114,7 +104,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE node_credentials (
         node TEXT PRIMARY KEY,
-        sha256 TEXT NOT NULL,           -- of the node's token (agent.credentials)
+        sha256 TEXT NOT NULL,           -- of the node's token (agent.security.credentials)
         created REAL NOT NULL
     );
     CREATE TABLE join_tokens (
@@ -131,7 +121,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE models ADD COLUMN digest TEXT;
     ALTER TABLE models ADD COLUMN config TEXT;          -- JSON object: config.yaml keys
     """,
-    # 6: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
+    # 6: revoked node certificates: those naming a node, issued (notBefore) up to a time.
+    """
+    CREATE TABLE revoked_certificates (
+        node TEXT PRIMARY KEY,
+        issued_before REAL NOT NULL     -- a certificate issued at or before it is refused
+    );
+    """,
+    # 7: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
     """
     CREATE TABLE rollouts (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -277,7 +274,7 @@ class StoredPlan:
         return directive_rows(self.plan)
 
 
-class Store:
+class Store(RolloutRecords):
     """One SQLite database; safe to share between threads (one connection, a lock).
     ``rate_step_s``: the width of the arrival-history bins (the planner's step; a new
     step starts a new series)."""
@@ -438,10 +435,27 @@ class Store:
             return db.execute("DELETE FROM node_credentials WHERE node = ?",
                               (node,)).rowcount > 0
 
+    def revoke_certificates(self, node: str, now: float) -> None:
+        """Refuse, from now on, every client certificate naming ``node`` that was issued
+        (its notBefore) at or before ``now``: a deleted node's, never-seen ones too. A
+        certificate issued later names the node again."""
+        with self._tx() as db:
+            db.execute("INSERT INTO revoked_certificates (node, issued_before) VALUES (?, ?) "
+                       "ON CONFLICT(node) DO UPDATE SET issued_before = excluded.issued_before "
+                       "WHERE excluded.issued_before > revoked_certificates.issued_before",
+                       (node, now))
+
+    def revoked_certificates(self) -> dict[str, float]:
+        """``{node: issued_before}`` of every revocation."""
+        return {n: t for n, t in self._query(
+            "SELECT node, issued_before FROM revoked_certificates")}
+
     def node_credentials_version(self) -> tuple:
-        """Changes whenever a node credential is set or revoked (cheap: to notice one
-        another coordinator set)."""
-        return tuple(self._query("SELECT COUNT(*), MAX(created) FROM node_credentials")[0])
+        """Changes whenever a node credential is set or revoked, or a node's certificates
+        are (cheap: to notice one another coordinator set)."""
+        return (*self._query("SELECT COUNT(*), MAX(created) FROM node_credentials")[0],
+                *self._query("SELECT COUNT(*), MAX(issued_before) "
+                             "FROM revoked_certificates")[0])
 
     def node_credentials(self) -> list[tuple[str, str]]:
         """``(node, sha256)`` of every node credential."""
@@ -493,105 +507,6 @@ class Store:
         with self._tx() as db:
             return db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount > 0
 
-    # -- rollouts ----------------------------------------------------------------------
-    def start_rollout(self, make: Callable[[int], Rollout], slo: ModelSLO, now: float
-                      ) -> Rollout:
-        """In one transaction: the rollout ``make(id)`` builds stored, and the catalog
-        entry ``slo`` (naming the version rolled out) put; ``RolloutConflict`` when the
-        model has one under way (nothing changes)."""
-        conflict = RolloutConflict(f"model {slo.name!r} has a rollout under way: pause, "
-                                   "abort or wait for it (GET /v1/rollouts)")
-        try:
-            with self._tx() as db:
-                if db.execute("SELECT 1 FROM rollouts WHERE model = ? AND state IN "
-                              "(?, ?)", (slo.name, *ACTIVE)).fetchone() is not None:
-                    raise conflict
-                rollout_id = int(db.execute(
-                    "INSERT INTO rollouts (model, state, doc, created, updated) "
-                    "VALUES (?, ?, '{}', ?, ?) RETURNING id",
-                    (slo.name, ACTIVE[0], now, now)).fetchone()[0])
-                rollout = make(rollout_id)
-                db.execute("UPDATE rollouts SET state = ?, doc = ?, updated = ? "
-                           "WHERE id = ?", (rollout.state, orjson.dumps(
-                               rollout.to_json()).decode(), now, rollout_id))
-                self._put_model(db, slo, now)
-                return rollout
-        except RolloutConflict:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the one-active index: another won
-            if "rollouts_one_active" in str(exc) or "UNIQUE" in str(exc):
-                raise conflict from None
-            raise
-
-    def save_rollout(self, rollout: Rollout, *, was: float | None = None,
-                     slo: ModelSLO | None = None,
-                     bad: tuple[str, int, str | None, str] | None = None) -> bool:
-        """Store ``rollout`` as it is now, where the stored one was last updated at
-        ``was`` (None: whatever it was); with ``slo``, the catalog entry put (a
-        rollback's old version) and with ``bad`` (model, version, digest, reason) that
-        version marked bad, in the same transaction. False (nothing written) when the
-        stored rollout changed since ``was``."""
-        with self._tx() as db:
-            sql = "UPDATE rollouts SET state = ?, doc = ?, updated = ? WHERE id = ?"
-            args: tuple = (rollout.state, orjson.dumps(rollout.to_json()).decode(),
-                           rollout.updated, rollout.id)
-            if was is not None:
-                sql, args = sql + " AND updated = ?", (*args, was)
-            if db.execute(sql, args).rowcount == 0:
-                return False
-            if slo is not None:
-                self._put_model(db, slo, rollout.updated)
-            if bad is not None:
-                db.execute("INSERT INTO bad_versions (model, version, digest, reason, "
-                           "rollout, marked) VALUES (?, ?, ?, ?, ?, ?) "
-                           "ON CONFLICT(model, version) DO UPDATE SET "
-                           "digest = excluded.digest, reason = excluded.reason, "
-                           "rollout = excluded.rollout, marked = excluded.marked",
-                           (*bad, rollout.id, rollout.updated))
-            return True
-
-    def rollouts(self, *, active: bool = False, model: str | None = None,
-                 limit: int = 100) -> list[Rollout]:
-        """Rollouts, newest first: only those under way (``active``), of ``model``."""
-        where, args = [], []
-        if active:
-            where.append("state IN (?, ?)")
-            args += list(ACTIVE)
-        if model is not None:
-            where.append("model = ?")
-            args.append(model)
-        sql = "SELECT doc FROM rollouts" + (f" WHERE {' AND '.join(where)}" if where
-                                             else "") + " ORDER BY id DESC LIMIT ?"
-        return [Rollout.from_json(orjson.loads(doc))
-                for (doc,) in self._query(sql, (*args, limit))]
-
-    def rollout(self, rollout_id: int) -> Rollout | None:
-        rows = self._query("SELECT doc FROM rollouts WHERE id = ?", (rollout_id,))
-        return Rollout.from_json(orjson.loads(rows[0][0])) if rows else None
-
-    def version_state(self) -> tuple:
-        """Changes whenever the catalog, a rollout or a bad version changes (cheap: to
-        notice what another coordinator did)."""
-        return tuple(self._query(
-            "SELECT (SELECT COUNT(*) FROM models), (SELECT MAX(updated) FROM models), "
-            "(SELECT COUNT(*) FROM rollouts), (SELECT MAX(updated) FROM rollouts), "
-            "(SELECT COUNT(*) FROM bad_versions), (SELECT MAX(marked) FROM bad_versions)")[0])
-
-    def bad_versions(self, model: str | None = None) -> list[dict[str, Any]]:
-        """The versions marked bad (of ``model``): model, version, digest, reason,
-        rollout, marked."""
-        sql = "SELECT model, version, digest, reason, rollout, marked FROM bad_versions"
-        rows = self._query(sql + " WHERE model = ? ORDER BY version", (model,)) \
-            if model is not None else self._query(sql + " ORDER BY model, version")
-        return [dict(zip(("model", "version", "digest", "reason", "rollout", "marked"), r))
-                for r in rows]
-
-    def clear_bad_version(self, model: str, version: int) -> bool:
-        """An operator clears ``model:version``: offered again."""
-        with self._tx() as db:
-            return db.execute("DELETE FROM bad_versions WHERE model = ? AND version = ?",
-                              (model, version)).rowcount > 0
-
     def node_reports(self, names: Iterable[str]) -> list[tuple[str, float, str]]:
         """``(name, last_seen, report JSON)`` of the named nodes the store holds."""
         names = sorted(set(names))
@@ -622,21 +537,6 @@ class Store:
         return rows[0][0] if rows else None
 
 
-def is_postgres_url(target: Any) -> bool:
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
-
-
-def open_store(target: Any, *, rate_step_s: float = 10.0) -> Store:
-    """The store ``target`` names: a coordinator config (its ``store`` URL, else its
-    SQLite ``database`` file), a ``postgresql://`` URL, or a SQLite file path."""
-    if hasattr(target, "database"):
-        target, rate_step_s = (getattr(target, "store", None) or target.database,
-                               target.rate_step_s)
-    if is_postgres_url(target):
-        return PostgresStore(target, rate_step_s=rate_step_s)
-    return Store(target, rate_step_s=rate_step_s)
-
-
 class Leadership:
     """The right to plan. ``check()``: whether this coordinator holds it now (taking it
     when free; never raises); ``close()`` gives it up. This base always holds it."""
@@ -646,197 +546,6 @@ class Leadership:
 
     def close(self) -> None:
         pass
-
-
-# -- PostgreSQL ----------------------------------------------------------------------
-
-#: pg_advisory_lock keys (any 64-bit numbers no other application on the database uses)
-PLANNER_LOCK_KEY = 0x6564676570_6C616E  # "edgeplan"
-MIGRATION_LOCK_KEY = 0x6564676D_696772  # "edgmigr"
-
-
-def pg_dialect(sql: str) -> str:
-    """SQLite DDL as PostgreSQL spells it: REAL is a double, the autoincrement key an
-    identity column."""
-    sql = sql.replace("INTEGER PRIMARY KEY AUTOINCREMENT",
-                      "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY")
-    return re.sub(r"\bREAL\b", "DOUBLE PRECISION", sql)
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, in the user part or a ``password=`` parameter (for
-    messages and logs)."""
-    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.I)
-
-
-def _pg_connect(url: str) -> Any:
-    import psycopg  # lazily: SQLite users never load it
-
-    # the server notices a vanished client (its locks released) within 5 + 2 x 3 s
-    return psycopg.connect(url, autocommit=True, connect_timeout=5,
-                           options="-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 "
-                                   "-c tcp_keepalives_count=3")
-
-
-#: What a ``?`` may stand inside without being a placeholder: a string literal, a quoted
-#: identifier, a comment; or the ``?`` itself, or a ``%`` (psycopg reads ``%`` anywhere).
-_SQL_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/|[?%]", re.S)
-
-
-@lru_cache(maxsize=256)
-def pg_placeholders(sql: str) -> str:
-    """The shared SQL's ``?`` placeholders as psycopg's ``%s``, read token by token: a
-    ``?`` inside a literal, a quoted identifier or a comment stays as it is, and every
-    ``%`` is doubled (psycopg's escape, literals included)."""
-    def rewrite(m: re.Match) -> str:
-        token = m.group()
-        return "%s" if token == "?" else token.replace("%", "%%")
-    return _SQL_TOKEN.sub(rewrite, sql)
-
-
-class _PgConnection:
-    """A psycopg connection that takes the shared SQL's ``?`` placeholders."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    @staticmethod
-    def _sql(sql: str, args: Any) -> str:
-        return pg_placeholders(sql) if args else sql
-
-    def execute(self, sql: str, args: tuple = ()) -> Any:
-        return self.conn.execute(self._sql(sql, args), args or None)
-
-    def executemany(self, sql: str, rows: list) -> Any:
-        cur = self.conn.cursor()
-        if rows:
-            cur.executemany(self._sql(sql, True), rows)
-        return cur
-
-
-class PostgresStore(Store):
-    """``Store`` on PostgreSQL (``url``: ``postgresql://user@host:port/db``): one
-    connection, reopened after a failure; a connection failure is ``StoreUnavailable``
-    (503 + Retry-After), so the caller keeps what it meant to write and tries again."""
-
-    def __init__(self, url: str, *, rate_step_s: float = 10.0) -> None:
-        self.url, self.path = url, redact(url)
-        self.rate_step_s = float(rate_step_s)
-        self._lock = threading.Lock()
-        self._db: Any = None
-        self.migrate()
-
-    def _connection(self) -> _PgConnection:
-        """The open connection (reconnecting if it broke); call with the lock held."""
-        import psycopg
-
-        if self._db is None or self._db.conn.closed or self._db.conn.broken:
-            try:
-                self._db = _PgConnection(_pg_connect(self.url))
-            except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"PostgreSQL at {self.path} does not answer: "
-                                       f"{str(exc).strip()}") from None
-        return self._db
-
-    @contextmanager
-    def _guard(self) -> Iterator[_PgConnection]:
-        """The connection under the lock; connection failures become StoreUnavailable."""
-        import psycopg
-
-        with self._lock:
-            db = self._connection()
-            try:
-                yield db
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                raise StoreUnavailable(f"PostgreSQL at {self.path} failed: "
-                                       f"{type(exc).__name__}: {str(exc).strip()}") from None
-
-    @property
-    def version(self) -> int:
-        rows = self._query("SELECT version FROM schema_version")
-        return rows[0][0] if rows else 0
-
-    def migrate(self) -> None:
-        """As ``Store.migrate``; the version is in ``schema_version``, and coordinators
-        starting together take turns (an advisory lock)."""
-        with self._tx() as db:
-            db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
-            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM schema_version").fetchone()
-            if row is None:
-                db.execute("INSERT INTO schema_version (version) VALUES (0)")
-            current = row[0] if row else 0
-        if current > len(MIGRATIONS):
-            raise RuntimeError(f"{self.path} has schema version {current}, newer than "
-                               f"this coordinator's {len(MIGRATIONS)}")
-        for version in range(current, len(MIGRATIONS)):
-            with self._tx() as db:
-                db.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK_KEY,))
-                if db.execute("SELECT version FROM schema_version").fetchone()[0] != version:
-                    continue  # another coordinator applied it meanwhile
-                db.execute(pg_dialect(MIGRATIONS[version]))
-                db.execute("UPDATE schema_version SET version = ?", (version + 1,))
-
-    @contextmanager
-    def _tx(self) -> Iterator[_PgConnection]:
-        with self._guard() as db:
-            with db.conn.transaction():
-                yield db
-
-    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._guard() as db:
-            return db.execute(sql, args).fetchall()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.conn.close()
-
-    def leadership(self) -> "PgLeadership":
-        return PgLeadership(self.url)
-
-
-class PgLeadership(Leadership):
-    """The planner's lock: a session advisory lock held by a connection of its own, so
-    it is released when this process dies (or its connection does), and another
-    coordinator's ``check()`` takes it."""
-
-    def __init__(self, url: str, key: int = PLANNER_LOCK_KEY) -> None:
-        self.url, self.key = url, key
-        self._conn: Any = None
-        self._held = False
-        self._lock = threading.Lock()
-
-    def check(self) -> bool:
-        with self._lock:
-            try:
-                if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._held = False
-                    self._conn = _pg_connect(self.url)
-                if self._held:
-                    self._conn.execute("SELECT 1")  # still connected: still ours
-                else:
-                    self._held = bool(self._conn.execute(
-                        "SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()[0])
-            except Exception as exc:  # noqa: BLE001 - no database: not the leader
-                log.debug("leadership check failed: %s", exc)
-                self._held = False
-                self._drop()
-            return self._held
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-        self._conn = None
-
-    def close(self) -> None:
-        with self._lock:
-            self._held = False
-            self._drop()  # the session ends: the lock is released
 
 
 class _Transaction:

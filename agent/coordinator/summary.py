@@ -10,8 +10,11 @@ the planner's ``NodeReport`` from it without validating the report again.
 
 The format is JSON: ``[cores, cpu_memory_bytes, node_type, [[model, device, resident,
 size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...], [[model,
-version, bytes], ...], [[model, version], ...]]`` (the last two: what the node holds on
-disk and is pulling; a summary written before them has four items); a percentile is its
+version, bytes], ...], [[model, version], ...], [[model, [[percentile, ms], ...]], ...],
+[url, grpc]]`` (the last four: what the node holds on disk and is pulling, the latency
+of the requests it forwarded per model, ``NodeReport.routing``, which the reactive loop
+watches too, and where its peers reach it, which plans keep; a summary written before
+them has fewer items); a percentile is its
 report's key (``"p99"``; a summary written before the wire types kept the number, 99.0,
 read the same way).
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 import orjson
 
 from agent.wire import (BatchCount, DiskHolding, ModelReport, NodeCapacity, NodeReport,
-                        Pulling)
+                        PeerAddress, Pulling, RoutedModel, RoutingReport)
 
 
 def summarize(report: NodeReport) -> bytes:
@@ -33,7 +36,11 @@ def summarize(report: NodeReport) -> bytes:
           [(q, ms) for q, ms in m.latency_ms.items() if ms is not None])
          for name, m in report.models.items()],
         [(h.model, h.version, h.bytes) for h in report.disk],
-        [(p.model, p.version) for p in report.pulling]])
+        [(p.model, p.version) for p in report.pulling],
+        [(name, [(q, ms) for q, ms in r.latency_ms.items() if ms is not None])
+         for name, r in (report.routing.models if report.routing else {}).items()
+         if r.latency_ms],
+        (report.peer.url, report.peer.grpc) if report.peer is not None else None])
 
 
 def _model(name: str, device: str, resident: bool, size: float, batches: list,
@@ -49,8 +56,11 @@ def expand(summary: bytes | str) -> NodeReport:
     """The planner's ``NodeReport`` from a ``summary`` (trusted: it was written from a
     validated report); fields the summary leaves out take their defaults."""
     cores, memory, node_type, models, *held = orjson.loads(summary)
-    disk, pulling = (held + [[], []])[:2]
+    disk, pulling, routed, peer = (held + [[], [], [], None])[:4]
+    routing = RoutingReport(models={name: RoutedModel(latency_ms=dict(latency))
+                                    for name, latency in routed}) if routed else None
     return NodeReport(capacity=NodeCapacity(cores, memory),
                       models={m[0]: _model(*m) for m in models}, node_type=node_type,
                       disk=tuple(DiskHolding(*h) for h in disk),
-                      pulling=tuple(Pulling(*p) for p in pulling))
+                      pulling=tuple(Pulling(*p) for p in pulling), routing=routing,
+                      peer=PeerAddress(*peer) if peer else None)

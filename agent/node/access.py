@@ -3,7 +3,7 @@ the gRPC RPCs alike: an RPC needs what its HTTP route needs)."""
 
 from __future__ import annotations
 
-from agent.httpauth import Need
+from agent.security.httpauth import Need
 
 _READ_ONLY = ("GET", "HEAD")
 _ADMIN, _READ, _INFER = Need("admin"), Need("read"), Need("infer")
@@ -24,7 +24,7 @@ def endpoint_need(method: str, path: str, protect: tuple[str, ...]) -> Need | No
             or path in ("/v1/trace", "/v1/profiles"):
         return _ADMIN
     if path.startswith("/v1/cache") or path in ("/v1/memory", "/v1/disk", "/v1/coordinator",
-                                                "/v1/whatif") \
+                                                "/v1/whatif", "/v1/routing") \
             or path.endswith("/config"):
         return _READ
     if path == "/metrics" or path.endswith("/stats"):

@@ -75,6 +75,27 @@ class QueueState:
     sizes: tuple[int, ...] | None = None
 
 
+class _Ahead:
+    """The queue ahead of a request as it will run (``predict_finish``): each worker's
+    free time (a heap), the batch limit as AIMD grows it, the batches run."""
+
+    def __init__(self, now: float, q: QueueState, cost: Callable[[int], float]) -> None:
+        self.q, self.cost, self.batches = q, cost, 0
+        self.limit = max(1, q.limit)
+        self.cap = max(self.limit, q.limit_cap)
+        self.free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
+        self.free += [now] * (max(q.workers, 1) - len(self.free))
+        heapq.heapify(self.free)
+
+    def run(self, size: int) -> None:
+        """A batch of ``size`` rows on the worker free first."""
+        start = heapq.heappop(self.free)
+        heapq.heappush(self.free, start + self.cost(size))
+        self.batches += 1
+        if size >= self.limit and self.q.limit_step > 0:  # a full batch: AIMD grows it
+            self.limit = min(self.limit + self.q.limit_step, self.cap)
+
+
 def predict_finish(now: float, rows: int, q: QueueState,
                    predict: Callable[[int], float | None]) -> float:
     """When a request of ``rows`` rows joining the queue now is expected to be answered.
@@ -99,46 +120,28 @@ def predict_finish(now: float, rows: int, q: QueueState,
     request is never refused for a wait that would be cut short for it. Unmeasured
     sizes cost 0 (optimistic: a model is not refused before anything is known about
     it)."""
-    def cost(size: int) -> float:
-        return predict(size) or 0.0
-
-    limit = max(1, q.limit)
-    cap = max(limit, q.limit_cap)
-    free = [now + max(left, 0.0) for left in q.running_left][:q.workers]
-    free += [now] * (max(q.workers, 1) - len(free))
-    heapq.heapify(free)
-    ahead = 0
-
-    def run(size: int) -> None:  # a batch of the queue ahead, on the worker free first
-        nonlocal ahead, limit
-        start = heapq.heappop(free)
-        heapq.heappush(free, start + cost(size))
-        ahead += 1
-        if size >= limit and q.limit_step > 0:  # a full batch: AIMD grows the limit
-            limit = min(limit + q.limit_step, cap)
-
-    sizes = q.sizes if q.sizes is not None else (1,) * q.queued_rows
+    ahead = _Ahead(now, q, lambda size: predict(size) or 0.0)
     batch = 0  # rows of the batch being formed
-    for size in sizes:
+    for size in q.sizes if q.sizes is not None else (1,) * q.queued_rows:
         size = max(size, 1)
-        if batch and batch + size > limit:
-            run(batch)
+        if batch and batch + size > ahead.limit:
+            ahead.run(batch)
             batch = 0
         batch += size
-        if batch >= limit:
-            run(batch)
+        if batch >= ahead.limit:
+            ahead.run(batch)
             batch = 0
-    if batch and batch + rows > limit:
-        run(batch)
+    if batch and batch + rows > ahead.limit:
+        ahead.run(batch)
         batch = 0
-    start = heapq.heappop(free)
+    start = heapq.heappop(ahead.free)
     size = batch + rows
-    if size < limit:
+    if size < ahead.limit:
         joining = int(q.arrival_rate * max(start - now, 0.0))
-        size = min(limit, size + joining)
+        size = min(ahead.limit, size + joining)
     running = any(left > 0 for left in q.running_left[:q.workers])
-    batches = 1 + int(running) + math.ceil(ahead / max(q.workers, 1))
-    return start + cost(size) + q.excess * math.sqrt(batches)
+    batches = 1 + int(running) + math.ceil(ahead.batches / max(q.workers, 1))
+    return start + ahead.cost(size) + q.excess * math.sqrt(batches)
 
 
 def drain_seconds(q: QueueState, predict: Callable[[int], float | None]) -> float:

@@ -7,12 +7,15 @@ import math
 
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.cache import UnknownModel
+from agent.node.hostpaths import public_fields
 from agent.node.record import profiles_csv
+from agent.node.repository import unlisted
 from agent.node.routes import NODE
 from agent.validation import ascii_int
 from agent.node.tensors import BadRequest, parse_json
+from agent.units import iso_time
 
 
 def _version(request: web.Request) -> int | None:
@@ -26,13 +29,34 @@ def _version(request: web.Request) -> int | None:
 
 
 def _describe(node, entry) -> dict:
-    """The cache's view of a model and its batching/SLO figures."""
-    return {**node.cache.describe(entry), **node.serving.describe(entry)}
+    """The cache's view of a model and its batching/SLO figures; state ``invalid`` (and
+    ``error`` why) for one the repository cannot serve (its config.yaml, its files)."""
+    described = {**node.cache.describe(entry), **node.serving.describe(entry),
+                 "routing": node.router.describe_model(entry.name)}
+    described["last_used"] = iso_time(described["last_used"])
+    if entry.spec.error and described["state"] in ("unloaded", "failed"):
+        described["state"] = "invalid"
+    return public_fields(node, described)
+
+
+def _unlisted(spec) -> dict:
+    """A model with no version to show (``agent.node.repository.unlisted``): state
+    ``invalid`` (its config) or ``pending`` (its source not listed yet), and why; what
+    is not known is null."""
+    return {"name": spec.name, "version": None, "backend": spec.backend,
+            "device": spec.config.device, "state": "invalid" if spec.error else "pending",
+            "error": spec.error or spec.pending, "size_bytes": None,
+            "size_estimated": False, "load_seconds": None, "loads": 0, "hits": 0,
+            "misses": 0, "evictions": 0, "request_rate": None, "utility": None,
+            "pinned": spec.config.pin, "in_flight": 0}
 
 
 async def cache_list(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    return web.json_response([_describe(node, e) for e in node.cache.listing()])
+    entries = node.cache.listing()
+    return web.json_response([_describe(node, e) for e in entries] + [
+        public_fields(node, _unlisted(spec))
+        for spec in unlisted(node.cache.specs, {e.name for e in entries}).values()])
 
 
 async def cache_get(request: web.Request) -> web.Response:
@@ -120,10 +144,15 @@ async def disk(request: web.Request) -> web.Response:
     """``GET /v1/disk``: the disk tier (read-only): its budget and figures, the model
     versions on disk, the pulls under way with their progress, and each sourced
     model's listing (its versions, or why its source could not be listed)."""
-    tier = request.app[NODE].disk
+    node = request.app[NODE]
+    tier = node.disk
     return web.json_response({**tier.summary(), "holdings": tier.holdings(),
-                              "pulling": tier.pulling(), "sources": tier.listings(),
-                              "pull_errors": tier.pull_errors()})
+                              "pulling": [{**p, "started": iso_time(p["started"])}
+                                          for p in tier.pulling()],
+                              "sources": [public_fields(node, {**s, "listed_at": iso_time(
+                                  s["listed_at"])}) for s in tier.listings.describe()],
+                              "pull_errors": [public_fields(node, e)
+                                              for e in tier.pull_errors()]})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.http.body import request_body
 from agent.node.routes import NODE, model_ref
 from agent.node.tensors import BadRequest, parse_json
 

@@ -2,69 +2,82 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 from aiohttp import web
 
-from agent.httpbody import request_body
+from agent.backends.base import TensorSpec
+from agent.http.body import request_body
 from agent.node.batching import rows_of
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
+from agent.node.call import Call
+from agent.node.hostpaths import public_message
 from agent.node.routes import NODE, counted, model_ref, send_body
-from agent.node.tensors import (check_tf_size, decode_tf_checked, dumps, encode_tf_body,
-                                encode_tf_response, json_object)
+from agent.node.tensors import (Limits, check_tf_size, decode_tf_checked, dumps,
+                                encode_tf_body, encode_tf_response, json_object)
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
               State.UNLOADING: "UNLOADING", State.UNLOADED: "END", State.FAILED: "END"}
 
 
+class TfInputs:
+    """A predict body's inputs, decoded with the signature of what serves it: at once
+    where that is known (a bad body never causes a load), else parsed (malformed JSON,
+    or too many rows, never cause a load either) and decoded once the model is loaded."""
+
+    def __init__(self, raw: bytes, limits: Limits) -> None:
+        self.raw, self.limits = raw, limits
+        self.parsed: dict | None = None
+        self.known: list[TensorSpec] | None = None
+        self.decoded: dict[str, np.ndarray] | None = None
+        self.style, self.rows = "row", 1
+
+    async def read(self, decoder: Any, known: list[TensorSpec] | None) -> None:
+        """Decode against ``known`` off the event loop, or parse where it is None (on a
+        thread, never in the decoding child: its objects would be pickled back)."""
+        if known is not None:
+            self.decoded, self.style = await decoder.run(
+                len(self.raw), decode_tf_checked, self.raw, known, self.limits)
+            self.known, self.rows = known, rows_of(self.decoded)
+        else:
+            self.parsed = await decoder.run(min(len(self.raw), decoder.process_bytes),
+                                            json_object, self.raw)
+            check_tf_size(self.parsed, None, self.limits)
+
+    def against(self, signature: list[TensorSpec]) -> dict[str, np.ndarray]:
+        if self.decoded is None or signature != self.known:
+            self.decoded, self.style = decode_tf_checked(
+                self.raw if self.parsed is None else self.parsed, signature, self.limits)
+            self.known = signature
+        return self.decoded
+
+
 @counted("tfserving-rest")
 async def predict(request: web.Request) -> web.Response:
+    """A predict: its predictions, and for a selection app ``id`` and ``parameters``
+    (confidence, members used and missing, default) beside them."""
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
     raw = await request_body(request)
-    limits = node.serving.request_limits(name, version)
-    if node.selection.is_app(name):
-        return await _predict_app(request, name, version, raw, arrived)
-    known = node.cache.entry(name, version).signature
-    body: dict | None = None
-    inputs, style = None, "row"
-    if known is not None:  # reject bad input before it can cause a load
-        inputs, style = await node.decoder.run(len(raw), decode_tf_checked, raw, known, limits)
-    else:  # malformed JSON, or too many rows, never cause a load; the parsed document
-        # is kept for after the load, so it is parsed here or on a thread, never in the
-        # child (its objects would be pickled back)
-        body = await node.decoder.run(min(len(raw), node.decoder.process_bytes),
-                                      json_object, raw)
-        check_tf_size(body, None, limits)
-
-    def prepare(entry: Entry) -> dict:
-        nonlocal inputs, style
-        if inputs is None or entry.backend.inputs != known:
-            inputs, style = decode_tf_checked(raw if body is None else body,
-                                              entry.backend.inputs, limits)
-        return inputs
-
-    _, results = await node.serving.infer(name, version, prepare, {}, arrived=arrived,
-                                          rows=rows_of(inputs) if inputs else 1)
-    out = await node.decoder.run(sum(a.nbytes for a in results.values()), encode_tf_body,
-                                 results, style)
+    # routing (issue 34): a model the plan runs on another node is answered there
+    forwarded = await node.router.http(request, name, raw)
+    if forwarded is not None:
+        return forwarded
+    inputs = TfInputs(raw, node.desk.limits(name, version))
+    await inputs.read(node.decoder, await node.desk.servable(name, version).signature())
+    call = Call(name, version, "tfserving-rest", arrived, inputs, body=raw,
+                headers={"Content-Type": request.headers.get("Content-Type",
+                                                             "application/json")})
+    answer = await node.desk.infer(call)
+    if answer.parameters is None:
+        out = await node.decoder.run(sum(a.nbytes for a in answer.outputs.values()),
+                                     encode_tf_body, answer.outputs, inputs.style)
+    else:
+        out = dumps({**encode_tf_response(answer.outputs, inputs.style),
+                     "id": answer.request_id, "parameters": answer.parameters}, newline=True)
     return await send_body(request, out, "application/json")
-
-
-async def _predict_app(request: web.Request, name: str, version: int | None, raw: bytes,
-                       arrived: float) -> web.StreamResponse:
-    """A selection app's predict: its answer with ``id`` and ``parameters`` (confidence,
-    members used and missing, default) beside the predictions."""
-    node = request.app[NODE]
-    app = node.selection.app(name, version)
-    await app.ensure_valid(node.serving)
-    inputs, style = await node.decoder.run(len(raw), decode_tf_checked, raw, app.inputs,
-                                           node.serving.request_limits(name, version))
-    results, answer = await node.selection.infer(name, version, inputs, {}, arrived=arrived,
-                                                 timeout=None, rid=None)
-    doc = {**encode_tf_response(results, style), "id": answer.pop("id"),
-           "parameters": answer}
-    return await send_body(request, dumps(doc), "application/json")
 
 
 async def status(request: web.Request) -> web.Response:
@@ -77,7 +90,8 @@ async def status(request: web.Request) -> web.Response:
         error = entry.life.error or entry.spec.error
         out.append({"version": str(v), "state": _TF_STATES[entry.state],
                     "status": {"error_code": "UNKNOWN" if error else "OK",
-                               "error_message": error or ""}})
+                               "error_message": public_message(request.app[NODE],
+                                                               error or "")}})
     return web.json_response({"model_version_status": out})
 
 

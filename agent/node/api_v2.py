@@ -7,13 +7,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from agent import __version__
-from agent.backends.base import InvalidInput, check_inputs
-from agent.httpbody import request_body
-from agent.node.batching import rows_of
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.http.body import request_body
+from agent.node.call import Call, Decoded, timeout_parameter
+from agent.node.hostpaths import public_fields
+from agent.node.repository import unlisted
 from agent.node.routes import NODE, counted, model_ref, send_body
-from agent.node.serving import timeout_parameter
 from agent.validation import ascii_int
 from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_response, json_object,
                                 parse_json)
@@ -21,8 +19,8 @@ from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_respons
 if TYPE_CHECKING:
     from agent.node.node import Node
 
-_PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
-              "synthetic": "synthetic"}
+#: The headers that frame a v2 body (kept with a call for a node it may be passed on to).
+FRAMING = ("Content-Type", "Inference-Header-Content-Length")
 
 
 async def live(request: web.Request) -> web.Response:
@@ -45,48 +43,24 @@ async def server_metadata(request: web.Request) -> web.Response:
     return web.json_response(server_metadata_doc())
 
 
-async def model_metadata_doc(node: Node, name: str, version: int | None) -> dict:
-    """A model's metadata document (HTTP and gRPC): name, versions, platform, inputs,
-    outputs. The signature is read from the loaded model: a cold model loads, as for
-    infer."""
-    if node.selection.is_app(name):
-        app = node.selection.app(name, version)
-        await app.ensure_valid(node.serving)
-        return {"name": name, "versions": ["1"], "platform": "selection",
-                "inputs": [s.as_json() for s in app.inputs],
-                "outputs": [app.output.as_json()] if app.output else []}
-    cache = node.cache
-    entry = cache.entry(name, version)
-    if entry.metadata is None:
-        entry = await cache.ensure_loaded(name, version)
-    return {"name": name, "versions": [str(v) for v in entry.spec.versions],
-            "platform": _PLATFORMS.get(entry.spec.backend or "", "unknown"), **entry.metadata}
-
-
 async def model_metadata(request: web.Request) -> web.Response:
     name, version = model_ref(request)
-    return web.json_response(await model_metadata_doc(request.app[NODE], name, version))
+    servable = request.app[NODE].desk.servable(name, version)
+    return web.json_response(await servable.metadata())
 
 
 async def model_ready(request: web.Request) -> web.Response:
     name, version = model_ref(request)
-    node = request.app[NODE]
-    if node.selection.is_app(name):
-        app = node.selection.app(name, version)
-        if app.error:
-            return web.json_response({"name": name, "ready": False, "error": app.error},
-                                     status=400)
-        return web.json_response({"name": name, "ready": True})
-    entry = node.cache.entry(name, version)
-    if entry.state is not State.READY:
-        return web.json_response({"name": name, "ready": False,
-                                  "error": f"model {entry.key} is {entry.state.value}"},
-                                 status=400)
+    why = request.app[NODE].desk.servable(name, version).unready()
+    if why is not None:
+        return web.json_response({"name": name, "ready": False, "error": why}, status=400)
     return web.json_response({"name": name, "ready": True})
 
 
 @counted("v2")
 async def infer(request: web.Request) -> web.Response:
+    """Read the v2 request into a ``Call``, hand it to the front desk, encode its answer
+    (an app's with its response parameters beside the request's)."""
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
@@ -97,38 +71,24 @@ async def infer(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     body = await request_body(request)
-    limits = node.serving.request_limits(name, version)
+    # routing (issue 34): a model the plan runs on another node is answered there
+    forwarded = await node.router.http(request, name, body)
+    if forwarded is not None:
+        return forwarded
+    limits = node.desk.limits(name, version)
     inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
                                           limits)
-    if node.selection.is_app(name):
-        results, answer = await node.selection.infer(
-            name, version, inputs, meta["parameters"], arrived=arrived,
-            timeout=timeout_parameter(meta["parameters"]), rid=meta["id"])
-        rid = answer.pop("id")
-        meta = {**meta, "id": rid, "parameters": {**meta["parameters"], **answer}}
-        out, header_len = await node.decoder.run(
-            sum(a.nbytes for a in results.values()), encode_v2_response, name, 1, results,
-            meta)
-        return await _send_answer(request, out, header_len)
-    known = node.cache.entry(name, version).signature
-    if known is not None:  # reject bad input before it can cause a load
-        try:
-            check_inputs(known, inputs)
-        except InvalidInput:
-            node.serving.count_failure(name, version, arrived)
-            raise
-    timeout = timeout_parameter(meta["parameters"])
-
-    def prepare(entry: Entry) -> dict:
-        check_inputs(entry.backend.inputs, inputs)
-        return inputs
-
-    entry, results = await node.serving.infer(name, version, prepare, meta["parameters"],
-                                              arrived=arrived, timeout=timeout,
-                                              rows=rows_of(inputs))
-    out, header_len = await node.decoder.run(sum(a.nbytes for a in results.values()),
-                                             encode_v2_response, name, entry.version,
-                                             results, meta)
+    call = Call(name, version, "v2", arrived, Decoded(inputs), meta["parameters"],
+                request_id=meta["id"], timeout=timeout_parameter(meta["parameters"]),
+                body=body, headers={h: request.headers[h] for h in FRAMING
+                                    if h in request.headers})
+    answer = await node.desk.infer(call)
+    if answer.parameters is not None:
+        meta = {**meta, "id": answer.request_id,
+                "parameters": {**meta["parameters"], **answer.parameters}}
+    out, header_len = await node.decoder.run(
+        sum(a.nbytes for a in answer.outputs.values()), encode_v2_response, name,
+        answer.version, answer.outputs, meta)
     return await _send_answer(request, out, header_len)
 
 
@@ -142,10 +102,12 @@ async def _send_answer(request: web.Request, out: bytes, header_len: int | None
 
 def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
     """The repository index (HTTP and gRPC), after a rescan: name, version, state
-    (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason a model is not servable."""
+    (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason a model is not servable
+    (``invalid: ...`` where the repository cannot serve it, versions or not)."""
     node.rescan()
     out = []
-    for entry in node.cache.listing():
+    entries = node.cache.listing()
+    for entry in entries:
         state = {"ready": "READY", "loading": "LOADING", "unloading": "UNLOADING"}.get(
             entry.state.value, "UNAVAILABLE")
         if only_ready and state != "READY":
@@ -153,8 +115,12 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         item = {"name": entry.name, "version": str(entry.version), "state": state}
         reason = entry.life.error or entry.spec.error
         if reason:
-            item["reason"] = reason
+            item["reason"] = f"invalid: {reason}" if entry.spec.error else reason
         out.append(item)
+    for spec in ([] if only_ready else
+                 unlisted(node.cache.specs, {e.name for e in entries}).values()):
+        out.append({"name": spec.name, "version": "", "state": "UNAVAILABLE",
+                    "reason": f"invalid: {spec.error}" if spec.error else spec.pending})
     for app in node.selection.apps.values():
         if only_ready and app.error:
             continue
@@ -163,7 +129,7 @@ def repository_index_items(node: Node, only_ready: bool) -> list[dict]:
         if app.error:
             item["reason"] = app.error
         out.append(item)
-    return out
+    return [public_fields(node, item) for item in out]
 
 
 async def repository_index(request: web.Request) -> web.Response:
@@ -198,9 +164,7 @@ async def load_with_parameters(node: Node, name: str, parameters: dict) -> None:
 
 async def repository_unload(request: web.Request) -> web.Response:
     await request_body(request)
-    node = request.app[NODE]
-    if not node.selection.is_app(request.match_info["name"]):  # an app holds no memory
-        await node.cache.evict(request.match_info["name"])
+    await request.app[NODE].desk.servable(request.match_info["name"]).unload()
     return web.json_response({})
 
 

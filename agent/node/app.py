@@ -4,7 +4,8 @@
 never import this module); ``prepare_process`` sets the process up before serving.
 
 Errors: every failure is JSON ``{"error": "..."}`` with a fitting status (the
-``errors`` middleware answers through ``agent.errors``); 503s carry ``Retry-After``.
+``errors`` middleware answers through ``agent.errors``, with no host path:
+``agent.node.hostpaths``); 503s carry ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from typing import Any
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.dashboard import add_dashboard
+from agent.http.dashboard import add_dashboard
 from agent.errors import AgentError, client_disconnected, error_response, json_error
-from agent.eventloop import header_timeout_args
-from agent.httpbody import body_timeout_middleware
-from agent.httpauth import host_check, own_names, scoped_auth
+from agent.http.eventloop import handler_args
+from agent.http.body import body_timeout_middleware
+from agent.http.jsonnewline import json_newline
+from agent.security.httpauth import carries_credential, host_check, own_names, scoped_auth
 from agent.memory import tune_malloc
 from agent.node.access import endpoint_need
-from agent.node import api_admin, api_selection, api_tfserving, api_triton, api_v2, reporter
+from agent.node.hostpaths import public_message
+from agent.node import (api_admin, api_routing, api_selection, api_tfserving, api_triton,
+                        api_v2, reporter)
 from agent.node.node import Node
 from agent.node.routes import NODE
 
@@ -42,10 +46,10 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
             return json_error(413, f"request body over the limit of {limit} bytes")
         message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") \
             else f"{exc.reason}: {request.method} {request.path}"
-        return json_error(exc.status, message, {k: v for k, v in exc.headers.items()
-                                                if k in ("Allow",)})
+        return json_error(exc.status, public_message(request.app[NODE], message),
+                          {k: v for k, v in exc.headers.items() if k in ("Allow",)})
     except AgentError as exc:  # cache, input and backend errors; 503s with Retry-After
-        return error_response(exc)
+        return error_response(exc, lambda text: public_message(request.app[NODE], text))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not kill the connection
@@ -78,18 +82,20 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     read_body = body_timeout_middleware(config.read_timeout_s, config.max_request_size,
                                         memory=node.body_memory)
     names = own_names(config.host, config.allowed_hosts)
-    host_middleware = host_check(lambda request: bool(request.app[NODE].guard.credentials),
+    host_middleware = host_check(lambda request: carries_credential(request,
+                                                                    request.app[NODE].guard),
                                  lambda request: names)
     app = web.Application(client_max_size=config.max_request_size,
-                          handler_args=header_timeout_args(config.read_timeout_s),
-                          middlewares=[errors_middleware, host_middleware, auth_middleware,
-                                       read_body])
+                          handler_args=handler_args(config.read_timeout_s),
+                          middlewares=[json_newline, errors_middleware, host_middleware,
+                                       auth_middleware, read_body])
     app[NODE] = node
     api_triton.add_routes(app)  # first: /v2/models/stats before /v2/models/{name}
     api_v2.add_routes(app)
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
     api_selection.add_routes(app)
+    api_routing.add_routes(app)  # GET /v1/routing, edgeagent-served-by on answers
     add_dashboard(app, "node.html")
     # Before the node's hooks: the reporter stops before the cache closes.
     reporter.setup(app, app[NODE])

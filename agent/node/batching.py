@@ -36,6 +36,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
+from agent import tracing
 from agent.backends.base import Backend, BackendUnavailable, TensorSpec
 from agent.node.admission import Deadline, QueueState, Shed
 from agent.node.batch_tuner import BatchTuner
@@ -95,6 +96,8 @@ class Pending:
     dispatch_by: float = float("inf")
     #: After this its answer is useless (a selection app cut it): dropped, never run.
     expires: float = float("inf")
+    #: Its spans while queued and run (``agent.tracing.Queued``; None: not traced).
+    trace: Any = field(default=None, repr=False)
 
     @property
     def weight(self) -> int:
@@ -108,6 +111,8 @@ class Pending:
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
+            if self.trace is not None:  # tracing
+                self.trace.dropped(exc)
 
 
 class ModelBatcher:
@@ -308,6 +313,8 @@ class ModelBatcher:
     async def _run(self, wid: object, batch: list[Pending], full: bool) -> None:
         rows = sum(p.weight for p in batch)
         self.running[wid] = (self.clock(), self.predict(rows) or 0.0)
+        traced = None if batch[0].trace is None else tracing.batch_began(  # tracing
+            batch, self.name)
         try:
             await self._infer(batch, full)
         except Exception as exc:
@@ -323,26 +330,30 @@ class ModelBatcher:
             self._last_done = self.clock()
             if self.queue:
                 self._changed.set()  # a slot is free for what queued meanwhile
+            if traced is not None:  # tracing
+                tracing.batch_ended(traced)
 
     def _observe(self, rows: int, seconds: float, full: bool) -> None:
         self.tuner.observe_batch(self.clock(), rows, seconds, full)
         if self.on_batch is not None:
             self.on_batch(rows, seconds)
 
+    async def _infer_one(self, p: Pending, full: bool) -> None:
+        started = self.clock()
+        try:
+            outputs = await self.backend.infer_async(p.inputs, p.parameters, self.executor)
+        except Exception as exc:  # noqa: BLE001 - the request's answer
+            p.fail(exc)
+            return
+        seconds = self.clock() - started
+        self._observe(p.weight, seconds, full)
+        if self.stats is not None:
+            self.stats.executed(p.weight, [started - p.enqueued], 0.0, seconds, 0.0)
+        p.resolve(outputs)
+
     async def _infer(self, batch: list[Pending], full: bool) -> None:
         if len(batch) == 1:
-            p = batch[0]
-            started = self.clock()
-            try:
-                outputs = await self.backend.infer_async(p.inputs, p.parameters, self.executor)
-            except Exception as exc:  # noqa: BLE001 - the request's answer
-                p.fail(exc)
-                return
-            seconds = self.clock() - started
-            self._observe(p.weight, seconds, full)
-            if self.stats is not None:
-                self.stats.executed(p.weight, [started - p.enqueued], 0.0, seconds, 0.0)
-            p.resolve(outputs)
+            await self._infer_one(batch[0], full)
             return
         gathering = self.clock()
         merged = {name: np.concatenate([p.inputs[name] for p in batch])

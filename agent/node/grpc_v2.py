@@ -3,11 +3,12 @@
 
 ``start_grpc(node, host, port)`` serves it with ``grpc.aio`` on the running event loop,
 the one the HTTP app runs on (``edgeagent serve`` starts it beside the HTTP listener).
-Every RPC answers from the same ``Node`` as the HTTP routes: ``ModelInfer`` goes through
-``Serving.infer`` (cache lease, wait for room, batching, admission, cold start,
-timeouts) exactly as ``api_v2.infer`` does; metadata, readiness and the repository
-extension, Triton's configuration and statistics use the same cache calls and the same
-documents as ``api_v2`` and ``api_triton``.
+Every RPC answers from the same ``Node`` as the HTTP routes: ``ModelInfer`` builds a
+``Call`` and hands it to the front desk (``FrontDesk.infer``: a model through the cache
+and batching, or a selection app) exactly as ``api_v2.infer`` does, its deadline the
+sooner of the ``timeout`` parameter and the client's gRPC deadline; metadata, readiness
+and the repository extension ask the same servable, Triton's configuration and
+statistics use the same documents as ``api_triton``.
 
 Errors: an ``AgentError`` answers with the status code ``agent.errors.grpc_code`` maps
 its HTTP status to (503 UNAVAILABLE, 507 RESOURCE_EXHAUSTED, 400 INVALID_ARGUMENT,
@@ -20,15 +21,17 @@ RESOURCE_EXHAUSTED. ``ModelStreamInfer`` answers
 UNIMPLEMENTED.
 
 Memory: ``ModelInfer`` receives its message itself (``ReceiveInferItself``), once
-``max_request_bytes_in_flight`` has room for what grpcio holds while it hands the
-message over (``HANDOFF_COPIES`` times its largest size), and reads
-``raw_input_contents`` as views of the received bytes (``split_infer_request``), not
-protobuf's copies.
+``max_request_bytes_in_flight`` has room promised for what grpcio holds while it hands
+the message over (``Receptions``: its largest size, and the two further copies of a
+hand-off once for all the calls receiving), and reads ``raw_input_contents`` as views
+of the received bytes (``split_infer_request``), not protobuf's copies. Connections:
+at most ``max_connections`` (its own, beside HTTP's; past them grpc core refuses the
+newcomer), each handshake within ``read_timeout_s``, and GOAWAY after as long idle.
 
-Tensors: an input comes either in ``raw_input_contents`` (one entry per input, in
-order: little-endian values, BYTES as 4-byte length + bytes per element, the layout of
-the HTTP binary extension) or in its typed ``contents``; outputs always go back in
-``raw_output_contents``, as Triton answers.
+Tensors (``agent.node.grpc_tensors``): an input comes either in ``raw_input_contents``
+(one entry per input, in order: little-endian values, BYTES as 4-byte length + bytes per
+element, the layout of the HTTP binary extension) or in its typed ``contents``; outputs
+always go back in ``raw_output_contents``, as Triton answers.
 """
 
 from __future__ import annotations
@@ -36,33 +39,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 
-from agent import __version__
-from agent.backends.base import DATATYPES, check_inputs, datatype_of
 from agent.errors import AgentError, grpc_code, http_status, retry_after_seconds
-from agent.httpbody import NoRoomForBody
+from agent.http.connections import connection_limits
+from agent.http.eventloop import bind_failure
+from agent.http.body import BodyMemory
 from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
-from agent.node.batching import rows_of
 from agent.node.cache import UnknownModel
-from agent.node.entry import Entry
-from agent.node.lifecycle import State
+from agent.node.call import Call, Decoded, timeout_parameter
+from agent.node.hostpaths import public_message
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
-from agent.node.serving import timeout_parameter
-from agent.node.tensors import (NO_LIMITS, BadRequest, Limits, from_bytes_elements,
-                                to_bytes_elements)
-from agent.tls import ServerTls
+from agent.node.grpc_tensors import (decode_infer_request, encode_infer_response,
+                                     parameters_of, split_infer_request)
+from agent.node.tensors import BadRequest
+from agent.security.tls import ServerTls
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:
@@ -72,198 +71,6 @@ log = logging.getLogger("edgeagent.grpc")
 
 #: The endpoint label of gRPC requests in the node's metrics.
 ENDPOINT = "v2-grpc"
-
-#: The typed ``InferTensorContents`` field of each datatype (FP16 has none: raw only).
-CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
-
-
-# -- codec --------------------------------------------------------------------------------
-
-
-def _parameter(value: Any, what: str) -> Any:
-    """The Python value of an ``InferParameter`` / ``ModelRepositoryParameter``."""
-    choice = value.WhichOneof("parameter_choice")
-    if choice is None:
-        raise BadRequest(f"{what}: the parameter has no value")
-    return getattr(value, choice)
-
-
-def _parameters(params: Any, what: str) -> dict[str, Any]:
-    return {key: _parameter(value, f"{what} {key!r}") for key, value in params.items()}
-
-
-def _shape(tensor: Any) -> tuple[int, ...]:
-    shape = tuple(tensor.shape)
-    if any(d < 0 for d in shape):
-        raise BadRequest(f"input {tensor.name!r}: shape {list(shape)} has a negative "
-                         "dimension")
-    return shape
-
-
-def _from_raw(raw: bytes | memoryview, datatype: str, shape: tuple[int, ...],
-              name: str) -> np.ndarray:
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        return from_bytes_elements(bytes(raw), count, name).reshape(shape)
-    dtype = DATATYPES[datatype]
-    if len(raw) != count * dtype.itemsize:
-        raise BadRequest(f"input {name!r}: {len(raw)} bytes of raw_input_contents, shape "
-                         f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _from_contents(contents: Any, datatype: str, shape: tuple[int, ...],
-                   name: str) -> np.ndarray:
-    field = CONTENTS_FIELD.get(datatype)
-    if field is None:
-        raise BadRequest(f"input {name!r}: {datatype} has no typed contents field: send it "
-                         "in raw_input_contents")
-    others = [f.name for f, _ in contents.ListFields() if f.name != field]
-    if others:
-        raise BadRequest(f"input {name!r}: a {datatype} input takes contents.{field}, "
-                         f"got {', '.join(others)}")
-    values = getattr(contents, field)
-    count = math.prod(shape)
-    if len(values) != count:
-        raise BadRequest(f"input {name!r}: {len(values)} elements in contents.{field}, "
-                         f"shape {list(shape)} needs {count}")
-    if datatype == "BYTES":
-        return np.array(list(values) + [None], dtype=object)[:-1].reshape(shape)
-    dtype = DATATYPES[datatype]
-    if dtype.kind in "iu" and dtype.itemsize < 4 and count:
-        wide = np.fromiter(values, dtype=np.int64, count=count)
-        info = np.iinfo(dtype)
-        if wide.min() < info.min or wide.max() > info.max:
-            raise BadRequest(f"input {name!r}: values out of range for {datatype}")
-        return wide.astype(dtype).reshape(shape)
-    # fromiter with a count: no intermediate list, unlike np.array over a repeated field
-    return np.fromiter(values, dtype=dtype, count=count).reshape(shape)
-
-
-#: ``ModelInferRequest.raw_input_contents``'s field number on the wire.
-_RAW_FIELD = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
-
-
-def _varint(data: memoryview, at: int) -> tuple[int, int]:
-    """(the protobuf varint at ``at``, the offset after it)."""
-    value = shift = 0
-    for end in range(at, min(at + 10, len(data))):
-        value |= (data[end] & 0x7F) << shift
-        if data[end] < 0x80:
-            return value, end + 1
-        shift += 7
-    raise BadRequest("the message is not a ModelInferRequest (a varint runs past its end)")
-
-
-def split_infer_request(message: bytes) -> tuple[Any, list[memoryview]]:
-    """A serialized ``ModelInferRequest`` as (the message parsed without its
-    ``raw_input_contents``, those entries as views of ``message``): protobuf would copy
-    each entry twice, once parsing and once more reading the field."""
-    view = memoryview(message)
-    rest, raw, at = bytearray(), [], 0
-    while at < len(view):
-        start = at
-        key, at = _varint(view, at)
-        wire = key & 7
-        if wire == 0:
-            at = _varint(view, at)[1]
-        elif wire in (1, 5):
-            at += 8 if wire == 1 else 4
-        elif wire == 2:
-            length, at = _varint(view, at)
-            if key >> 3 == _RAW_FIELD and at + length <= len(view):
-                raw.append(view[at:at + length])
-                at += length
-                continue
-            at += length
-        else:
-            raise BadRequest(f"the message is not a ModelInferRequest (wire type {wire})")
-        if at > len(view):
-            raise BadRequest("the message is not a ModelInferRequest (a field runs past "
-                             "its end)")
-        rest += view[start:at]
-    try:
-        return pb.ModelInferRequest.FromString(bytes(rest)), raw
-    except DecodeError:
-        raise BadRequest("the message is not a ModelInferRequest") from None
-
-
-def decode_infer_request(request: Any, limits: Limits = NO_LIMITS,
-                         raw: list[memoryview] | None = None
-                         ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(inputs by name, ``{"id", "parameters", "outputs"}`` as ``decode_v2_request``
-    gives them) from a ``ModelInferRequest`` (``raw``: its ``raw_input_contents`` as
-    ``split_infer_request`` gives them); ``BadRequest`` naming the problem,
-    ``TooLarge`` past ``limits`` (checked from the declared shapes before any tensor is
-    built, as over HTTP)."""
-    if not request.inputs:
-        raise BadRequest("the request has no inputs")
-    raw = request.raw_input_contents if raw is None else raw
-    if raw and len(raw) != len(request.inputs):
-        raise BadRequest(f"raw_input_contents holds {len(raw)} entries for "
-                         f"{len(request.inputs)} inputs: one per input, in order")
-    inputs: dict[str, np.ndarray] = {}
-    total = 0
-    for i, tensor in enumerate(request.inputs):
-        name = tensor.name
-        if name in inputs:
-            raise BadRequest(f"input {name!r} given twice")
-        if tensor.datatype not in DATATYPES:
-            raise BadRequest(f"input {name!r}: unknown datatype {tensor.datatype!r} "
-                             f"(expected one of {', '.join(DATATYPES)})")
-        _parameters(tensor.parameters, f"input {name!r}: parameter")
-        shape = _shape(tensor)
-        # BYTES: the raw data sent, or a pointer per element (as decode_v2_request counts)
-        nbytes = len(raw[i]) if raw and tensor.datatype == "BYTES" \
-            else math.prod(shape) * DATATYPES[tensor.datatype].itemsize
-        total += nbytes
-        limits.check(name, shape[0] if shape else 1, nbytes, total)
-        if raw:
-            if tensor.HasField("contents"):
-                raise BadRequest(f"input {name!r}: contents given while the request uses "
-                                 "raw_input_contents")
-            inputs[name] = _from_raw(raw[i], tensor.datatype, shape, name)
-        else:
-            inputs[name] = _from_contents(tensor.contents, tensor.datatype, shape, name)
-    outputs = [{"name": o.name, "parameters": _parameters(o.parameters,
-                                                          f"output {o.name!r}: parameter")}
-               for o in request.outputs] or None
-    return inputs, {"id": request.id or None,
-                    "parameters": _parameters(request.parameters, "parameter"),
-                    "outputs": outputs}
-
-
-def encode_infer_response(model: str, version: int, results: dict[str, np.ndarray],
-                          meta: dict[str, Any], parameters: dict[str, Any] | None = None
-                          ) -> Any:
-    """The ``ModelInferResponse``: the requested outputs (all, when none were named) in
-    ``raw_output_contents``, in order; ``parameters`` (a selection app's answer) as
-    ``InferParameter``s."""
-    wanted = [o["name"] for o in meta["outputs"]] if meta["outputs"] else list(results)
-    response = pb.ModelInferResponse(model_name=model, model_version=str(version),
-                                     id=meta["id"] or "")
-    for key, value in (parameters or {}).items():
-        kind = ("bool_param" if isinstance(value, bool) else "int64_param"
-                if isinstance(value, int) else "double_param" if isinstance(value, float)
-                else "string_param")
-        setattr(response.parameters[key], kind, value)
-    for name in wanted:
-        if name not in results:
-            raise BadRequest(f"unknown output {name!r}: the model's outputs are "
-                             f"{', '.join(results)}")
-        array = results[name]
-        datatype = datatype_of(array)
-        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(
-            to_bytes_elements(array) if datatype == "BYTES"
-            else np.ascontiguousarray(array).tobytes())
-    return response
-
 
 def _version(raw: str, name: str) -> int | None:
     """The version a request names ("" for the default)."""
@@ -305,6 +112,101 @@ HANDOFF_COPIES = 3
 #: A ModelInfer message this large is followed by a ``malloc_trim``.
 TRIM_AFTER_BYTES = 4 * 2**20
 
+
+class Receptions:
+    """The room ModelInfer messages are received in, promised in
+    ``max_request_bytes_in_flight`` before a byte of them arrives
+    (``BodyMemory.reserve_aside``): grpcio receives a message whole before Python sees
+    any of it, and its size is not known until then.
+
+    A call waiting for its message promises ``max_request_size`` (grpc core's copy of
+    it, as it arrives). The further ``HANDOFF_COPIES - 1`` copies exist only while
+    ``un_c`` hands a message over, on the event loop, so one message at a time: they
+    are promised once for all the calls waiting together, by the first, and given back
+    when none waits. Promises are made one call at a time, in arrival order, and take
+    at most ``share``: the limit less ``max_request_size`` (at least half of it), so
+    HTTP bodies always keep the rest. A call that never sends its message holds its
+    promise for ``read_timeout_s`` at most and keeps other gRPC messages waiting, never
+    HTTP bodies. A message received is counted at its own size until ``done``. Where
+    the share is under ``HANDOFF_COPIES x max_request_size`` (a limit under 4 x
+    max_request_size) a message's hand-off is counted at the share, less than it may
+    hold."""
+
+    def __init__(self, memory: BodyMemory) -> None:
+        self.memory = memory
+        self.waiting = 0  # calls with room promised, waiting for their message
+        self._handoff = 0  # the hand-off's copies, promised while a call waits
+        self._turn = asyncio.Lock()
+        self._trimming: asyncio.Future | None = None
+
+    def rooms(self, max_request_size: int) -> tuple[int, int, int]:
+        """(the share, a call's own room, the hand-off's room)."""
+        limit = self.memory.limit_bytes
+        share = max(limit - max_request_size, limit // 2)
+        own = min(max_request_size, share)
+        return share, own, min((HANDOFF_COPIES - 1) * max_request_size, share - own)
+
+    async def receive(self, context: grpc.aio.ServicerContext, max_request_size: int,
+                      timeout: float) -> bytes:
+        """The call's one message, received once its room is promised (waiting up to
+        ``timeout``: else ``NoRoomForMessage``), within ``timeout`` of that (else
+        ``MessageTooSlow``); it stays counted at its own size until ``done``."""
+        share, own, handoff = self.rooms(max_request_size)
+        memory = self.memory
+        try:
+            async with asyncio.timeout(timeout), self._turn:
+                if not self._handoff:
+                    await memory.reserve_aside(handoff, share)
+                    self._handoff = handoff
+                await memory.reserve_aside(own, share)
+                self.waiting += 1
+        except BaseException as exc:  # no room in time, or the call went away
+            self._settle()
+            if not isinstance(exc, TimeoutError):
+                raise
+            raise NoRoomForMessage(
+                f"no memory to receive the request's message within {timeout:g} s: "
+                f"receiving it takes {own + handoff} bytes ({HANDOFF_COPIES} x "
+                f"max_request_size, what grpcio holds while handing it over, at most "
+                f"{share}: the limit less max_request_size), {memory.in_flight_bytes} "
+                f"bytes are in flight, the limit is {memory.limit_bytes} "
+                "(max_request_bytes_in_flight)") from None
+        message = None
+        try:
+            if self._trimming is not None:  # the last large message's heap goes back first
+                await asyncio.shield(self._trimming)
+            async with asyncio.timeout(timeout):
+                message = await context.read()
+        except TimeoutError:
+            raise MessageTooSlow(f"the request's message did not arrive within "
+                                 f"{timeout:g} s (read_timeout_s)") from None
+        finally:
+            self.waiting -= 1
+            arrived = len(message) if isinstance(message, bytes) else 0
+            memory.release_aside(own, keep=arrived)
+            self._settle()
+        if message is grpc.aio.EOF:
+            raise BadRequest("the call ended without a message")
+        return message
+
+    def done(self, message_bytes: int) -> None:
+        """A message ``receive`` returned is answered: its bytes are free. After one of
+        ``TRIM_AFTER_BYTES`` or more, free heap goes back to the OS (``malloc_trim``,
+        off the event loop, one at a time, before the next message is read): gRPC
+        receives a message in pieces from many threads' heaps, which glibc keeps once
+        freed (tens of MiB)."""
+        self.memory.release(message_bytes)
+        if message_bytes >= TRIM_AFTER_BYTES and (self._trimming is None
+                                                  or self._trimming.done()):
+            self._trimming = asyncio.ensure_future(asyncio.to_thread(malloc_trim))
+
+    def _settle(self) -> None:
+        """Give the hand-off's room back once no call waits for a message or for
+        room."""
+        if self._handoff and not self.waiting and not self._turn.locked():
+            self.memory.release_aside(self._handoff)
+            self._handoff = 0
+
 #: ``ModelInfer``'s method name as gRPC calls it.
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -319,19 +221,26 @@ class ReceiveInferItself(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if details.method != INFER_METHOD or handler is None:
             return handler
+        serialize = handler.response_serializer
+
+        def response_serializer(response: Any) -> bytes:  # a peer's answer: bytes already
+            return response if isinstance(response, bytes) else serialize(response)
+
         return grpc.stream_unary_rpc_method_handler(
             handler.unary_unary, request_deserializer=None,
-            response_serializer=handler.response_serializer)
+            response_serializer=response_serializer)
 
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
-    """Answer ``exc`` as its gRPC status (see the module docstring)."""
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, node: Node) -> None:
+    """Answer ``exc`` as its gRPC status (see the module docstring), with no host path
+    (``agent.node.hostpaths``)."""
     if isinstance(exc, AgentError):
         trailing: tuple[tuple[str, str], ...] = ()
         if exc.retry_after is not None:
             trailing = (("retry-after", str(retry_after_seconds(exc.retry_after))),)
-        await context.abort(grpc.StatusCode[grpc_code(exc)], str(exc),
+        await context.abort(grpc.StatusCode[grpc_code(exc)],
+                            public_message(node, exc.public or str(exc)),
                             trailing_metadata=trailing)
     log.error("unhandled error in a gRPC call", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged)")
@@ -348,7 +257,7 @@ def _rpc(method: Callable) -> Callable:
             raise
         except Exception as exc:  # noqa: BLE001 - every error answers a status
             # the abort's own error chains this one, whose frames hold the request
-            await _abort(context, forget_frames(exc))
+            await _abort(context, forget_frames(exc), self.node)
         finally:  # gRPC keeps the abort's error (and its frames) in a reference cycle
             request = None
     return handler
@@ -364,15 +273,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._trimming: asyncio.Future | None = None
-
-    def _trim_after(self, message_bytes: int) -> None:
-        """After a message of ``TRIM_AFTER_BYTES`` or more, give free heap back to the OS
-        (``malloc_trim``, off the event loop, one at a time): gRPC receives a message in
-        pieces from many threads' heaps, which glibc keeps once freed (tens of MiB)."""
-        if message_bytes >= TRIM_AFTER_BYTES and (self._trimming is None
-                                                  or self._trimming.done()):
-            self._trimming = asyncio.ensure_future(asyncio.to_thread(malloc_trim))
+        self._receptions = Receptions(node.body_memory)
 
     async def _check(self, context: grpc.aio.ServicerContext, path: str) -> None:
         """Abort unless the caller's token meets what HTTP ``path`` needs."""
@@ -404,8 +305,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/models/m")
-        doc = await api_v2.model_metadata_doc(self.node, request.name,
-                                              _version(request.version, request.name))
+        doc = await self.node.desk.servable(
+            request.name, _version(request.version, request.name)).metadata()
 
         def tensors(specs: list[dict[str, Any]]) -> list[Any]:
             return [pb.ModelMetadataResponse.TensorMetadata(**s) for s in specs]
@@ -417,12 +318,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/models/m/ready")
-        version = _version(request.version, request.name)
-        if self.node.selection.is_app(request.name):
-            app = self.node.selection.app(request.name, version)
-            return pb.ModelReadyResponse(ready=app.error is None)
-        entry = self.node.cache.entry(request.name, version)
-        return pb.ModelReadyResponse(ready=entry.state is State.READY)
+        servable = self.node.desk.servable(request.name,
+                                           _version(request.version, request.name))
+        return pb.ModelReadyResponse(ready=servable.unready() is None)
 
     @_rpc
     async def ModelConfig(self, request: Any, context: Any) -> Any:
@@ -442,85 +340,33 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         json_format.ParseDict(api_triton.model_stats_doc(self.node, name, version), response)
         return response
 
-    async def _receive(self, context: grpc.aio.ServicerContext, counted: list[int]
-                       ) -> bytes:
-        """The call's one message, once what its hand-over may hold is counted in flight
-        for it (``counted[0]``: ``HANDOFF_COPIES`` times ``max_request_size``, at most
-        the whole limit; waiting, as HTTP bodies do, up to ``read_timeout_s``), then
-        counted at its own size."""
-        node, config = self.node, self.node.config
-        room = min(HANDOFF_COPIES * config.max_request_size,
-                   config.max_request_bytes_in_flight)
-        try:
-            await node.body_memory.reserve(room, config.read_timeout_s)
-        except NoRoomForBody:
-            memory = node.body_memory
-            raise NoRoomForMessage(
-                f"no memory to receive the request's message within "
-                f"{config.read_timeout_s:g} s: receiving it takes {room} bytes "
-                f"({HANDOFF_COPIES} x max_request_size, what grpcio holds while handing "
-                f"it over, at most the limit), {memory.in_flight_bytes} bytes are in "
-                f"flight, the limit is {memory.limit_bytes} "
-                "(max_request_bytes_in_flight)") from None
-        counted[0] = room
-        if self._trimming is not None:  # the last large message's heap goes back first
-            await asyncio.shield(self._trimming)
-        try:
-            async with asyncio.timeout(config.read_timeout_s):
-                message = await context.read()
-        except TimeoutError:
-            raise MessageTooSlow(f"the request's message did not arrive within "
-                                 f"{config.read_timeout_s:g} s (read_timeout_s)") from None
-        if message is grpc.aio.EOF:
-            raise BadRequest("the call ended without a message")
-        node.body_memory.release(counted[0] - len(message))
-        counted[0] = len(message)
-        return message
-
     @_rpc
     async def ModelInfer(self, requests: Any, context: Any) -> Any:
         """Served through ``ReceiveInferItself``: ``requests`` is the call's stream."""
         await self._check(context, "/v2/models/m/infer")
         node = self.node
         started = time.perf_counter()
-        name = "<unknown>"
-        version = None
-        code = 500
+        name, code = "<unknown>", 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
+        trace = None if node.tracing is None else node.tracing.request(  # tracing
+            dict(context.invocation_metadata() or ()), "", ENDPOINT)
         try:
-            request, raw = split_infer_request(await self._receive(context, counted))
-            arrived = node.serving.clock()
+            message = await self._receptions.receive(
+                context, node.config.max_request_size, node.config.read_timeout_s)
+            counted[0] = len(message)
+            request, raw = split_infer_request(message)
             name = request.model_name
-            version = _version(request.model_version, name)
-            app = node.selection.is_app(name)
-            known = None if app else node.cache.entry(name, version).signature  # else 404
-            inputs, meta = decode_infer_request(
-                request, node.serving.request_limits(name, version), raw)
-            if known is not None:  # reject bad input before it can cause a load
-                check_inputs(known, inputs)
-            timeout = timeout_parameter(meta["parameters"])
-            remaining = context.time_remaining()  # the client's deadline, if it set one
-            if remaining is not None and (timeout is None or remaining < timeout):
-                timeout = max(remaining, 1e-6)
-
-            if app:
-                results, answer = await node.selection.infer(
-                    name, version, inputs, meta["parameters"], arrived=arrived,
-                    timeout=timeout, rid=meta["id"] or None)
-                meta = {**meta, "id": answer.pop("id")}
+            # routing (issue 34): a model the plan runs on another node is answered there
+            forwarded = await node.router.grpc(context, name, message, request)
+            if forwarded is not None:
                 code = 200
-                return encode_infer_response(name, 1, results, meta, answer)
-
-            def prepare(entry: Entry) -> dict[str, np.ndarray]:
-                check_inputs(entry.backend.inputs, inputs)
-                return inputs
-
-            entry, results = await node.serving.infer(name, version, prepare,
-                                                      meta["parameters"], arrived=arrived,
-                                                      timeout=timeout, rows=rows_of(inputs))
-            response = encode_infer_response(name, entry.version, results, meta)
+                return forwarded
+            call, meta = self._call(request, raw, message, context)
+            answer = await node.desk.infer(call)
             code = 200
-            return response
+            return encode_infer_response(name, answer.version, answer.outputs,
+                                         {**meta, "id": answer.request_id or meta["id"]},
+                                         answer.parameters)
         except asyncio.CancelledError:  # the client cancelled or its deadline passed
             code = 499
             raise
@@ -528,11 +374,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             code = http_status(exc)
             raise
         finally:
-            node.body_memory.release(counted[0])
-            self._trim_after(counted[0])
-            known_name = name in node.cache.specs or node.selection.is_app(name)
-            node.metrics.observe(name if known_name else "<unknown>", ENDPOINT, code,
-                                 time.perf_counter() - started if code == 200 else None)
+            self._receptions.done(counted[0])
+            node.desk.count(name, ENDPOINT, code,
+                            time.perf_counter() - started if code == 200 else None)
+            if trace is not None:  # tracing
+                trace.end(code, name)
+
+    def _call(self, request: Any, raw: Any, message: bytes, context: Any
+              ) -> tuple[Call, dict[str, Any]]:
+        """The message (``request`` parsed from it, ``raw`` its tensors' bytes) as a
+        ``Call`` (its deadline the sooner of the ``timeout`` parameter and the client's
+        gRPC deadline), and its decoded request fields."""
+        node = self.node
+        arrived = node.serving.clock()
+        name = request.model_name
+        version = _version(request.model_version, name)
+        node.desk.servable(name, version)  # 404 before decoding
+        inputs, meta = decode_infer_request(request, node.desk.limits(name, version), raw)
+        timeout = timeout_parameter(meta["parameters"])
+        remaining = context.time_remaining()  # the client's deadline, if it set one
+        if remaining is not None and (timeout is None or remaining < timeout):
+            timeout = max(remaining, 1e-6)
+        call = Call(name, version, ENDPOINT, arrived, Decoded(inputs), meta["parameters"],
+                    request_id=meta["id"] or None, timeout=timeout, body=message,
+                    headers={"Content-Type": "application/grpc"})
+        return call, meta
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
@@ -552,18 +418,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await self._check(context, "/v2/repository")
         self._check_repository(request.repository_name)
         await api_v2.load_with_parameters(
-            self.node, request.model_name, _parameters(request.parameters, "parameter"))
+            self.node, request.model_name, parameters_of(request.parameters, "parameter"))
         return pb.RepositoryModelLoadResponse()
 
     @_rpc
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         await self._check(context, "/v2/repository")
         self._check_repository(request.repository_name)
-        params = _parameters(request.parameters, "parameter")
+        params = parameters_of(request.parameters, "parameter")
         unknown = set(params) - {"unload_dependents"}  # the agent has no dependents
         if unknown:
             raise BadRequest(f"unknown unload parameter(s) {', '.join(sorted(unknown))}")
-        await self.node.cache.evict(request.model_name)
+        await self.node.desk.servable(request.model_name).unload()
         return pb.RepositoryModelUnloadResponse()
 
     def _check_repository(self, name: str) -> None:
@@ -592,6 +458,18 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def _why_not(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be bound, in ``agent.http.eventloop.bind_failure``'s words."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        return bind_failure(host, port, exc, "--grpc-port")
+    return f"cannot listen on {host}:{port} (address in use or not available)"
+
+
 async def start_grpc(node: Node, host: str, port: int,
                      tls: ServerTls | None = None) -> GrpcServer:
     """Serve ``inference.GRPCInferenceService`` for ``node`` on ``host:port`` (0: any free
@@ -608,18 +486,24 @@ async def start_grpc(node: Node, host: str, port: int,
                                  ("grpc.max_send_message_length", -1),
                                  # a stream's window stays 64 KiB until its message is
                                  # read (not grown to the link's bandwidth-delay product)
-                                 ("grpc.http2.bdp_probe", 0)])
+                                 ("grpc.http2.bdp_probe", 0),
+                                 # connections: as many as HTTP's, each handshake and
+                                 # each idle spell (no call) within read_timeout_s
+                                 ("grpc.max_allowed_incoming_connections", connection_limits(
+                                     node.config.max_connections,
+                                     node.config.max_connections_per_peer).total),
+                                 ("grpc.server_handshake_timeout_ms",
+                                  int(node.config.read_timeout_s * 1000)),
+                                 ("grpc.max_connection_idle_ms",
+                                  int(node.config.read_timeout_s * 1000))])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(node), server)
     address = f"{_host(host)}:{port}"
     try:
         bound = server.add_secure_port(address, tls.grpc_credentials()) if tls \
             else server.add_insecure_port(address)
-    except RuntimeError as exc:
-        bound, why = 0, str(exc)
-    else:
-        why = "address in use or not available"
+    except RuntimeError:  # "Failed to bind": a plain bind finds out why
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {address}: {why} (grpc_port; 0 disables "
-                      "the gRPC endpoint)")
+        raise OSError(f"gRPC: {_why_not(host, port)} (--grpc-port 0: no gRPC endpoint)")
     await server.start()
     return GrpcServer(server, host, bound)

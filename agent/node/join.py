@@ -6,26 +6,13 @@ then on (``report_token``)."""
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 from agent.config import CoordinatorLink
-from agent.credentials import read_token
+from agent.security.credentials import read_token, write_secret
 from agent.validation import load_json
 
 log = logging.getLogger("edgeagent.reporter")
-
-
-def write_secret(path: Path, secret: str) -> None:
-    """``secret`` into ``path``, readable by this user only, replaced atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(part, 0o600)
-    os.replace(part, path)
 
 
 async def join(session: Any, link: CoordinatorLink, node: str) -> str:

@@ -73,6 +73,30 @@ def _skeleton(shape: tuple[int, ...]) -> bytes:
     return inner
 
 
+def _parse_piece(text: bytes, name: str) -> list:
+    """This piece's numbers as objects: as many as its text holds, no more."""
+    try:
+        return load_json(b"[" + text + b"]")
+    except ValueError:
+        raise InvalidInput(f"input {name!r}: 'data' holds something that is not a "
+                           "number") from None
+
+
+def _store(out: np.ndarray, filled: int, items: list, datatype: str, integers: bool,
+           name: str) -> None:
+    """Write ``items`` into ``out`` from ``filled``, in its datatype, checked."""
+    try:
+        parsed = np.array(items, np.uint64 if datatype == "UINT64" else
+                          np.int64 if integers else np.float64)
+        with np.errstate(over="raise", invalid="raise"):
+            out[filled:filled + len(items)] = parsed.astype(out.dtype, casting="unsafe")
+    except (FloatingPointError, OverflowError):
+        raise InvalidInput(f"input {name!r}: values out of range for {datatype}") from None
+    except (TypeError, ValueError):  # a nested list the brackets' removal left, a bool
+        raise InvalidInput(f"input {name!r}: 'data' holds something that is not a "
+                           "number") from None
+
+
 def numbers(lifted: Lifted, span: tuple[int, int], datatype: str, shape: tuple[int, ...],
             name: str) -> np.ndarray:
     """Input ``name``'s tensor (``datatype``, ``shape``) from the array at ``span``;
@@ -101,24 +125,11 @@ def numbers(lifted: Lifted, span: tuple[int, int], datatype: str, shape: tuple[i
             continue
         if integers and any(c in text for c in (b".", b"e", b"E")):
             raise InvalidInput(f"input {name!r}: {datatype} data must be integers")
-        try:  # this piece's numbers as objects: as many as its text holds, no more
-            items = load_json(b"[" + text + b"]")
-        except ValueError:
-            raise InvalidInput(f"input {name!r}: 'data' holds something that is not a "
-                               "number") from None
+        items = _parse_piece(text, name)
         if filled + len(items) > count:
             raise InvalidInput(f"input {name!r}: more elements than shape {list(shape)} needs "
                                f"({count})")
-        try:
-            parsed = np.array(items, np.uint64 if datatype == "UINT64" else
-                              np.int64 if integers else np.float64)
-            with np.errstate(over="raise", invalid="raise"):
-                out[filled:filled + len(items)] = parsed.astype(dtype, casting="unsafe")
-        except (FloatingPointError, OverflowError):
-            raise InvalidInput(f"input {name!r}: values out of range for {datatype}") from None
-        except (TypeError, ValueError):  # a nested list the brackets' removal left, a bool
-            raise InvalidInput(f"input {name!r}: 'data' holds something that is not a "
-                               "number") from None
+        _store(out, filled, items, datatype, integers, name)
         filled += len(items)
     if filled != count or seen != len(expected):
         raise InvalidInput(f"input {name!r}: {filled} elements, shape {list(shape)} needs "

@@ -29,10 +29,10 @@ from agent.errors import AgentError
 from agent.node.selection.app import CONFIDENCE_BUCKETS
 
 if TYPE_CHECKING:
-    from agent.httpbody import BodyMemory
+    from agent.http.body import BodyMemory
     from agent.node.cache import ModelCache
-    from agent.node.disktier import DiskTier
-    from agent.node.entry import Entry
+    from agent.node.cache.disktier import DiskTier
+    from agent.node.cache.entry import Entry
     from agent.node.selection.apps import SelectionApps
     from agent.node.record import RequestRecord
     from agent.node.serving import Serving
@@ -175,7 +175,7 @@ class _ServingCollector(Collector):
 
 
 class _BodyMemoryCollector(Collector):
-    """The bytes of request bodies in flight (``agent.httpbody.BodyMemory``)."""
+    """The bytes of request bodies in flight (``agent.http.body.BodyMemory``)."""
 
     def __init__(self, memory: "BodyMemory") -> None:
         self.memory = memory
@@ -265,7 +265,7 @@ class _RecordCollector(Collector):
 
 
 class _DiskCollector(Collector):
-    """The disk tier (``agent.node.disktier``): its budget, pulls and evictions, and per
+    """The disk tier (``agent.node.cache.disktier``): its budget, pulls and evictions, and per
     model version its bytes on disk, last download and the pull under way."""
 
     _VERSION = ["model", "version"]
@@ -348,9 +348,9 @@ class Metrics:
             self.registry.register(_SelectionCollector(selection))
         if cache.disk is not None:
             self.registry.register(_DiskCollector(cache.disk))
-        cache.on_load.append(self._loaded)
 
-    def _loaded(self, entry: "Entry") -> None:
+    def model_loaded(self, entry: "Entry") -> None:
+        """Count a load's time (the node hears of it from the cache)."""
         self.load_time.labels(entry.name, str(entry.version), entry.device).observe(
             entry.account.load_seconds)
 

@@ -46,7 +46,7 @@ def forget_frames(exc: BaseException) -> BaseException:
     frames that raised them, and with them the request's body and what it decoded to.
     A traceback kept in a reference cycle (an error held by a frame it passed
     through, or by the future that carried it across a thread) is freed only by the
-    garbage collector, which a serving process runs rarely (``agent.eventloop.settle_gc``)."""
+    garbage collector, which a serving process runs rarely (``agent.http.eventloop.settle_gc``)."""
     seen: set[int] = set()
     error: BaseException | None = exc
     while error is not None and id(error) not in seen:

@@ -11,7 +11,7 @@ one bad directory never hides the others.
 
 A *sourced* model names a ``source:`` in its config.yaml and holds no version
 directories: its versions are its source's listing (``Listing``, which the disk tier,
-``agent.node.disktier``, keeps) and its files live under the tier's directory
+``agent.node.cache.disktier``, keeps) and its files live under the tier's directory
 (``files_root``), never in the repository.
 """
 
@@ -96,7 +96,7 @@ def _infer_backend(model_dir: Path, versions: tuple[int, ...]) -> str | None:
 def _scan_sourced(model_dir: Path, versions: tuple[int, ...], config: ModelConfig,
                   backend: str, listings: Listings | None) -> ModelSpec:
     """A sourced model: its versions from ``listings`` (the disk tier's)."""
-    name, where = model_dir.name, model_dir / "config.yaml"
+    name, where = model_dir.name, f"{model_dir.name}/config.yaml"
     if versions:
         return ModelSpec(name, model_dir, versions, config, backend,
                          f"{where}: source: a sourced model keeps no version directories "
@@ -104,20 +104,22 @@ def _scan_sourced(model_dir: Path, versions: tuple[int, ...], config: ModelConfi
     if listings is None:
         return ModelSpec(name, model_dir, (), config, backend,
                          f"{where}: source: this agent has no disk tier to pull into")
-    listing = listings(name, config, where)
+    listing = listings(name, config, Path(where))
     return ModelSpec(name, model_dir, listing.versions, config, backend, listing.error,
                      files_root=listing.files_root, pending=listing.pending)
 
 
 def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
-    """Describe one model directory; problems go to ``error``, never raise.
+    """Describe one model directory; problems go to ``error``, never raise. Messages name
+    files relative to the repository (``resnet/config.yaml: ...``), never where it is.
     ``listings``: the versions of sourced models (the disk tier's)."""
     versions = tuple(sorted(int(p.name) for p in model_dir.iterdir()
                             if p.is_dir() and p.name.isascii() and p.name.isdigit()))
     try:
         config = load_model_config(model_dir / "config.yaml")
     except ConfigError as exc:
-        return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), None, str(exc))
+        error = ConfigError(f"{model_dir.name}/config.yaml", exc.key, exc.message)
+        return ModelSpec(model_dir.name, model_dir, versions, ModelConfig(), None, str(error))
     backend = config.backend or ("onnx" if config.source is not None
                                  else _infer_backend(model_dir, versions))
     pbtxt = model_dir / "config.pbtxt"
@@ -137,16 +139,25 @@ def scan_model(model_dir: Path, listings: Listings | None = None) -> ModelSpec:
     if backend in ("synthetic", "selection"):
         versions = versions or (1,)
     elif backend is None:
-        error = (f"{model_dir}: no version directory holds model.onnx or saved_model.pb "
-                 "and config.yaml names no backend")
+        error = (f"{model_dir.name}: no version directory holds model.onnx or "
+                 "saved_model.pb and config.yaml names no backend")
     else:
         missing = [v for v in versions if not (model_dir / str(v) / MODEL_FILES[backend]).exists()]
         if not versions:
-            error = f"{model_dir}: no numeric version directory"
+            error = f"{model_dir.name}: no numeric version directory"
         elif missing:
-            error = (f"{model_dir}: version(s) {', '.join(map(str, missing))} lack "
+            error = (f"{model_dir.name}: version(s) {', '.join(map(str, missing))} lack "
                      f"{MODEL_FILES[backend]} (backend {backend})")
     return ModelSpec(model_dir.name, model_dir, versions, config, backend, error)
+
+
+def unlisted(specs: dict[str, ModelSpec], listed: set[str]) -> dict[str, ModelSpec]:
+    """The models of a scan that no cache entry stands for (``listed``: the names that
+    have one) because they have no version to show: an invalid config.yaml of a
+    synthetic or sourced model (``error``), a source not listed yet (``pending``). The
+    cache listing and the repository index show them, with why, so none vanishes."""
+    return {name: spec for name, spec in sorted(specs.items())
+            if name not in listed and (spec.error or spec.pending)}
 
 
 def apply_override(spec: ModelSpec, data: Any) -> ModelSpec:

@@ -26,12 +26,15 @@ NODE: web.AppKey["Node"] = web.AppKey("node")
 
 def counted(endpoint: str) -> Callable:
     """Wrap an inference handler: count every request (errors too) and time successes,
-    labelled with ``endpoint`` (one of ``agent.node.metrics.ENDPOINTS``)."""
+    labelled with ``endpoint`` (one of ``agent.node.metrics.ENDPOINTS``); with tracing
+    on, each request is a span (``agent.tracing``)."""
     def wrap(handler: Callable) -> Callable:
         async def counted_handler(request: web.Request) -> web.StreamResponse:
             node = request.app[NODE]
             started = time.perf_counter()
             code = 500
+            trace = None if node.tracing is None else node.tracing.request(  # tracing
+                request.headers, request.match_info.get("name", ""), endpoint)
             try:
                 response = await handler(request)
                 code = response.status
@@ -40,12 +43,11 @@ def counted(endpoint: str) -> Callable:
                 code = 499 if client_disconnected(exc, request.transport) else http_status(exc)
                 raise
             finally:
-                name = request.match_info.get("name", "")
-                known = name in node.cache.specs or node.selection.is_app(name)
-                node.metrics.observe(name if known else "<unknown>",
-                                     endpoint, code,
-                                     time.perf_counter() - started if code == 200 else None,
-                                     _asked_version(request))
+                node.desk.count(request.match_info.get("name", ""), endpoint, code,
+                                time.perf_counter() - started if code == 200 else None,
+                                _asked_version(request))
+                if trace is not None:  # tracing
+                    trace.end(code)
         return counted_handler
     return wrap
 

@@ -19,6 +19,7 @@ still queued when a model is unloaded or the agent stops gets an explicit 503.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from agent import tracing
 from agent.backends.base import InvalidInput
 from agent.config import AgentConfig, ModelConfig
 from agent.errors import http_status
@@ -37,9 +39,10 @@ from agent.node.batch_tuner import BatchTuner, TunerSettings
 from agent.node.batching import (ModelBatcher, Pending, backend_parameters, batch_key,
                                  has_batch_dimension, rows_of)
 from agent.node.cache import CacheError, ModelCache
-from agent.node.entry import Entry
+from agent.node.cache.entry import Entry
 from agent.node.latency_stats import LatencyWindow, RateMeter
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
+from agent.node.call import Call
 from agent.node.prediction_cache import PredictionCache, input_digest
 from agent.node.record import RequestRecord
 from agent.node.stats import ModelStats
@@ -104,30 +107,14 @@ def resolve_settings(model: ModelConfig, agent: AgentConfig) -> ServingSettings:
         or max(REQUEST_ROWS_FACTOR * max_batch, MIN_REQUEST_ROWS))
 
 
-#: The largest ``timeout`` parameter (microseconds, about 11.6 days): beyond it a
-#: deadline is no time value (``1e300`` overflows the event loop's timers).
-MAX_TIMEOUT_US = 1e12
-
-
-def timeout_parameter(parameters: dict[str, Any]) -> float | None:
-    """The client's ``timeout`` request parameter, in microseconds as Triton's clients
-    send it, as seconds (None when absent)."""
-    raw = parameters.get("timeout")
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) \
-            or not 0 < raw <= MAX_TIMEOUT_US:
-        raise InvalidInput(f"parameter 'timeout' must be a number of microseconds > 0 and "
-                           f"<= {MAX_TIMEOUT_US:.0e}, got {raw!r}")
-    return raw / 1e6
-
-
 class ModelRuntime:
     """What the agent knows about serving one model version, across its loads."""
 
     def __init__(self, key: str, settings: ServingSettings) -> None:
         self.key = key
         self.settings = settings
+        #: Told the runs it measures (``ModelCache.measured_runs`` of its loaded entry).
+        self.measured: Callable[..., None] = lambda **runs: None
         self.tuner = BatchTuner(settings.tuner)
         self.latencies = LatencyWindow()
         self.offered = RateMeter()
@@ -139,8 +126,10 @@ class ModelRuntime:
         self.batcher: ModelBatcher | None = None
         self.prediction_cache: PredictionCache | None = None
         self.stats = ModelStats()  # Triton's statistics extension (agent.node.stats)
-        #: Its default warm-up failed: its first batch is the cold first run.
-        self.cold_entry: Entry | None = None
+        #: This load's first batch is its cold first run (its warm-up failed).
+        self.cold_run_pending = False
+        #: A warm run is to be told once measured (its entry has none yet).
+        self.warm_run_pending = False
 
     def configure(self, settings: ServingSettings) -> None:
         self.settings = settings
@@ -158,8 +147,31 @@ class ModelRuntime:
     def on_batch(self, rows: int, seconds: float) -> None:
         self.batches += 1
         self.batch_rows += rows
-        if self.cold_entry is not None:  # its reload penalty's first run, from now on
-            self.cold_entry.account.first_run_seconds, self.cold_entry = seconds, None
+        if self.cold_run_pending:  # its reload penalty's first run, from now on
+            self.cold_run_pending = False
+            self.measured(first=seconds)
+        elif self.warm_run_pending:
+            warm = self.warm_run_seconds()
+            if warm is not None:
+                self.warm_run_pending = False
+                self.measured(warm=warm)
+
+    def loaded(self, measured: Callable[..., None], *, cold_run: bool,
+               warm_known: bool) -> None:
+        """A load of the model, whose runs ``measured`` is told: ``cold_run``, its
+        warm-up failed (the first batch is the cold run); ``warm_known``, its entry knows
+        a warm run already."""
+        self.measured = measured
+        self.cold_run_pending, self.warm_run_pending = cold_run, not warm_known
+
+    def warm_run_seconds(self) -> float | None:
+        """A warm run of one row, as measured (None: not yet): the twin's
+        ``exec_seconds`` and the warm run of the cache's penalty."""
+        profile = self.tuner.profile
+        one, line = profile.typical(1), profile.line()
+        if one is None and line is not None:
+            one = line[0] + line[1]
+        return one
 
     def record(self, seconds: float) -> None:
         self.served += 1
@@ -211,8 +223,6 @@ class Serving:
         self.accepting = True
         self._background: set[asyncio.Task] = set()
         self._deadline_timer: asyncio.TimerHandle | None = None
-        cache.on_load.append(self._loaded)
-        cache.on_unload.append(self._unloaded)
 
     # -- runtimes --------------------------------------------------------------------
     def runtime(self, entry: Entry) -> ModelRuntime:
@@ -243,7 +253,8 @@ class Serving:
                 if rt.batcher is not None:
                     rt.batcher.batchable = rt.batcher.batchable and rt.settings.batching
 
-    def _loaded(self, entry: Entry) -> None:
+    def model_loaded(self, entry: Entry) -> None:
+        """``entry`` is READY: its batcher starts (the node hears it from the cache)."""
         rt = self.runtime(entry)
         rt.configure(resolve_settings(entry.spec.config, self.config))
         backend = entry.backend
@@ -252,17 +263,22 @@ class Serving:
         rt.batcher = ModelBatcher(entry.key, backend, self.executor, rt.tuner,
                                   batchable=batchable, workers=rt.workers, clock=self.clock,
                                   on_batch=rt.on_batch, stats=rt.stats)
-        rt.cold_entry = entry if backend.warm_up_failed else None
+        rt.loaded(functools.partial(self.cache.measured_runs, entry),
+                  cold_run=backend.warm_up_failed,
+                  warm_known=entry.account.warm_run_seconds is not None)
         log.info("serving %s: %s, SLO %.0f ms (p%g), %d worker(s), queue bound %d%s",
                  entry.key, f"batched up to {rt.settings.max_batch_size}" if batchable
                  else "not batched", rt.settings.slo * 1000, rt.settings.percentile,
                  rt.workers, rt.settings.max_queue,
                  ", prediction cache" if rt.prediction_cache is not None else "")
 
-    def _unloaded(self, entry: Entry, reason: str) -> None:
+    def model_unloaded(self, entry: Entry, reason: str) -> None:
+        """``entry`` was unloaded: its batcher closes; its warm runs, measured while it
+        was loaded, price its next miss (``ModelCache.measured_runs``)."""
         rt = self.runtimes.get((entry.name, entry.version))
         if rt is None:
             return
+        rt.measured(warm=rt.warm_run_seconds())
         if rt.prediction_cache is not None:
             rt.prediction_cache.clear()
         batcher, rt.batcher = rt.batcher, None
@@ -276,63 +292,65 @@ class Serving:
         task.add_done_callback(self._background.discard)
 
     # -- requests --------------------------------------------------------------------
-    async def infer(self, name: str, version: int | None,
-                    prepare: Callable[[Entry], dict[str, np.ndarray]],
-                    parameters: dict[str, Any], *, arrived: float,
-                    timeout: float | None = None, rows: int = 1,
-                    expires: float = math.inf) -> tuple[Entry, dict[str, np.ndarray]]:
-        """Serve one request: (the entry that served it, its outputs). ``prepare(entry)``
-        validates the request against the loaded model and returns its input tensors;
-        ``rows`` is the request's batch size if known before (for the cold-start check);
-        ``expires``: after it the answer is useless (a selection app's cut), so a request
-        still queued then is dropped rather than run."""
-        entry = self.cache.entry(name, version)
+    async def infer(self, call: Call, *, expires: float = math.inf
+                    ) -> tuple[Entry, dict[str, np.ndarray]]:
+        """Serve one request for a model: (the entry that served it, its outputs).
+        Its inputs are checked against the model's known signature before anything else
+        (a bad request never causes a load), then against the loaded model's; every
+        outcome is counted here (the model's statistics, the twin's record). ``expires``:
+        after it the answer is useless (a selection app's cut), so a request still
+        queued then is dropped rather than run."""
+        entry = self.cache.entry(call.model, call.version)
         rt = self.runtime(entry)
-        rt.offered.add(self.clock())
-        deadline = deadline_for(arrived, rt.settings.slo, timeout)
+        arrived, rows = call.arrived, call.inputs.rows
+        known = entry.signature
+        try:  # a request that cannot fit never causes a load
+            inputs = call.inputs.against(known) if known is not None else None
+        except InvalidInput:
+            rt.stats.failed(self.clock() - arrived)
+            raise
         try:
+            rt.offered.add(self.clock())
+            deadline = deadline_for(arrived, rt.settings.slo, call.timeout)
             if not self.accepting:
                 raise Shed("the agent is shutting down", "shutdown")
             cold = entry.state is not State.READY
             if cold and rt.settings.cold_start == "reject":
                 self._check_cold(entry, rt, deadline, rows)
             wait = max(deadline.left(self.clock()), 0.0) if deadline.hard else None
-            async with self.cache.lease(name, version, timeout=wait) as entry:
-                inputs = prepare(entry)
-                params = backend_parameters(parameters)
-                pc = rt.prediction_cache
-                hit = False
-                if pc is None:
-                    outputs = await self._queue(rt, inputs, params, deadline, cold, expires)
-                else:
-                    outputs, hit = await pc.get_or_compute(
-                        input_digest(inputs, params),
-                        lambda: self._queue(rt, inputs, params, deadline, cold, expires))
-                    if not hit:
-                        rt.stats.cache_miss(self.clock() - arrived)
-        except Shed as exc:
-            rt.drops[exc.reason] += 1
-            rt.stats.failed(self.clock() - arrived)
-            self.record.add(entry.key, rows, exc.status, self.clock() - arrived)
-            raise
+            async with self.cache.lease(call.model, call.version, timeout=wait) as entry:
+                if inputs is None or entry.signature is not known:  # (re)loaded since
+                    inputs = call.inputs.against(entry.backend.inputs)
+                rows = rows_of(inputs)
+                outputs, hit = await self._run(rt, inputs, call.parameters, deadline, cold,
+                                               expires, arrived)
         except Exception as exc:
+            if isinstance(exc, Shed):
+                rt.drops[exc.reason] += 1
             rt.stats.failed(self.clock() - arrived)
             self.record.add(entry.key, rows, http_status(exc), self.clock() - arrived)
             raise
         seconds = self.clock() - arrived
         rt.record(seconds)
-        rt.stats.succeeded(rows_of(inputs), seconds, cache_hit=hit)
-        self.record.add(entry.key, rows_of(inputs), 200, seconds)
+        rt.stats.succeeded(rows, seconds, cache_hit=hit)
+        self.record.add(entry.key, rows, 200, seconds)
         return entry, outputs
 
-    def count_failure(self, name: str, version: int | None, arrived: float) -> None:
-        """Count a request for a known model that failed before ``infer`` (its input
-        did not fit the model's signature) in the model's statistics."""
-        try:
-            entry = self.cache.entry(name, version)
-        except CacheError:
-            return
-        self.runtime(entry).stats.failed(self.clock() - arrived)
+    async def _run(self, rt: ModelRuntime, inputs: dict[str, np.ndarray],
+                   parameters: dict[str, Any], deadline: Deadline, cold: bool,
+                   expires: float, arrived: float) -> tuple[dict[str, np.ndarray], bool]:
+        """The outputs (from the prediction cache where it has them) and whether they
+        came from there."""
+        params = backend_parameters(parameters)
+        pc = rt.prediction_cache
+        if pc is None:
+            return await self._queue(rt, inputs, params, deadline, cold, expires), False
+        outputs, hit = await pc.get_or_compute(
+            input_digest(inputs, params),
+            lambda: self._queue(rt, inputs, params, deadline, cold, expires))
+        if not hit:
+            rt.stats.cache_miss(self.clock() - arrived)
+        return outputs, hit
 
     def statistics(self, entry: Entry) -> dict[str, Any]:
         """The model version's ``model_stats`` element (Triton's statistics extension)."""
@@ -385,15 +403,16 @@ class Serving:
         rows = rows_of(inputs)
         idle = batcher.can_run_now()
         margin = ADMISSION_MARGIN * rt.settings.slo
-        if deadline.hard or (not idle and not cold):  # an idle model admits all but
-            admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
-                  rt.settings.max_queue if not cold else math.inf, batcher.predict,
-                  margin=margin)
+        with tracing.span("edgeagent.admission", rt.key):  # tracing
+            if deadline.hard or (not idle and not cold):  # an idle model admits all but
+                admit(now, deadline, max(rows, 1), batcher.state(now),  # hopeless timeouts
+                      rt.settings.max_queue if not cold else math.inf, batcher.predict,
+                      margin=margin)
         future = asyncio.get_running_loop().create_future()
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
         pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,
                           future, dispatch_by=deadline.at - margin - full_batch,
-                          expires=expires)
+                          expires=expires, trace=tracing.queued())  # tracing
         rt.tuner.observe_arrival(now, pending.weight)
         if idle:
             return await batcher.run_now(pending)
@@ -417,11 +436,8 @@ class Serving:
             sourced = disk is not None and entry.name in disk.sources
             download, disk_bytes = disk.pulled_profile(entry.id) if sourced else (0.0, 0)
             rt, account = self.runtime(entry), entry.account
-            profile = rt.tuner.profile
-            line = profile.line()
-            one = profile.typical(1)
-            if one is None and line is not None:
-                one = line[0] + line[1]
+            line = rt.tuner.profile.line()
+            one = rt.warm_run_seconds()
             kind = entry.spec.backend or "onnx"
             peak = self.cache.footprints.load_peak(
                 kind, entry.device, backend_class(kind).prior_for(entry.device))

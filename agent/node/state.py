@@ -12,7 +12,7 @@ from typing import Any, Callable
 from agent.memory import write_atomic
 
 from agent.node.cache import ModelCache
-from agent.node.lifecycle import State
+from agent.node.cache.lifecycle import State
 
 log = logging.getLogger("edgeagent.state")
 FORMAT = 1

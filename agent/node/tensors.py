@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - a declared dependency; json is the fal
     orjson = None
 
 from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs, datatype_of
-from agent.node.jsonnumbers import lift, numbers
+from agent.node.jsonnumbers import Lifted, lift, numbers
 from agent.validation import load_json
 
 
@@ -200,20 +200,7 @@ def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = N
     inputs: dict[str, np.ndarray] = {}
     offset = total = 0
     for tensor in raw_inputs:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise BadRequest("each input must be an object with a string 'name'")
-        name = tensor["name"]
-        if name in inputs:
-            raise BadRequest(f"input {name!r} given twice")
-        datatype = tensor.get("datatype")
-        if not isinstance(datatype, str) or datatype not in DATATYPES:
-            raise BadRequest(f"input {name!r}: unknown datatype {datatype!r} (expected one "
-                             f"of {', '.join(DATATYPES)})")
-        shape = _shape(tensor, name)
-        tparams = tensor.get("parameters") or {}
-        if not isinstance(tparams, dict):
-            raise BadRequest(f"input {name!r}: 'parameters' must be an object")
-        size = tparams.get("binary_data_size")
+        name, datatype, shape, size = _declared(tensor, inputs)
         count = math.prod(shape)
         # BYTES: the binary data sent, or a pointer per element
         nbytes = size if datatype == "BYTES" and isinstance(size, int) \
@@ -221,45 +208,84 @@ def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = N
         total += nbytes
         limits.check(name, shape[0] if shape else 1, nbytes, total)
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise BadRequest(f"input {name!r}: binary_data_size {size!r} exceeds the "
-                                 "binary data sent")
-            raw = bytes(binary[offset:offset + size])
+            inputs[name] = _binary_input(binary, offset, size, name, datatype, shape)
             offset += size
-            if datatype == "BYTES":
-                array = from_bytes_elements(raw, count, name).reshape(shape)
-            else:
-                dtype = DATATYPES[datatype]
-                if size != count * dtype.itemsize:
-                    raise BadRequest(f"input {name!r}: {size} bytes of binary data, shape "
-                                     f"{list(shape)} of {datatype} needs "
-                                     f"{count * dtype.itemsize}")
-                array = np.frombuffer(raw, dtype=dtype).reshape(shape)
-        elif (span := lifted.span_of(tensor.get("data"))) is not None:
-            if datatype in ("BYTES", "BOOL"):
-                raise BadRequest(f"input {name!r}: {datatype} data must be "
-                                 f"{'strings' if datatype == 'BYTES' else 'true/false'}")
-            array = numbers(lifted, span, datatype, shape, name)
-        elif "data" in tensor:
-            array = _from_json_data(tensor["data"], datatype, shape, name)
         else:
-            raise BadRequest(f"input {name!r}: no 'data' and no binary_data_size")
-        inputs[name] = array
+            inputs[name] = _json_input(tensor, lifted, name, datatype, shape)
     if len(lifted.used) != len(lifted.spans):
         raise BadRequest("a numeric 'data' array outside 'inputs'")
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
+    outputs = _outputs(doc)
+    return inputs, {"id": _request_id(doc), "parameters": params, "outputs": outputs}
+
+
+def _declared(tensor: Any, seen: dict[str, np.ndarray]
+              ) -> tuple[str, str, tuple[int, ...], Any]:
+    """An input's name, datatype, shape and ``binary_data_size`` (None: JSON data)."""
+    if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+        raise BadRequest("each input must be an object with a string 'name'")
+    name = tensor["name"]
+    if name in seen:
+        raise BadRequest(f"input {name!r} given twice")
+    datatype = tensor.get("datatype")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise BadRequest(f"input {name!r}: unknown datatype {datatype!r} (expected one "
+                         f"of {', '.join(DATATYPES)})")
+    shape = _shape(tensor, name)
+    tparams = tensor.get("parameters") or {}
+    if not isinstance(tparams, dict):
+        raise BadRequest(f"input {name!r}: 'parameters' must be an object")
+    return name, datatype, shape, tparams.get("binary_data_size")
+
+
+def _binary_input(binary: memoryview, offset: int, size: Any, name: str, datatype: str,
+                  shape: tuple[int, ...]) -> np.ndarray:
+    """An input sent as ``size`` bytes of binary data at ``offset``."""
+    if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+        raise BadRequest(f"input {name!r}: binary_data_size {size!r} exceeds the "
+                         "binary data sent")
+    raw = bytes(binary[offset:offset + size])
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return from_bytes_elements(raw, count, name).reshape(shape)
+    dtype = DATATYPES[datatype]
+    if size != count * dtype.itemsize:
+        raise BadRequest(f"input {name!r}: {size} bytes of binary data, shape "
+                         f"{list(shape)} of {datatype} needs {count * dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _json_input(tensor: dict, lifted: Lifted, name: str, datatype: str,
+                shape: tuple[int, ...]) -> np.ndarray:
+    """An input sent as JSON ``data`` (numeric arrays read straight, ``jsonnumbers``)."""
+    if (span := lifted.span_of(tensor.get("data"))) is not None:
+        if datatype in ("BYTES", "BOOL"):
+            raise BadRequest(f"input {name!r}: {datatype} data must be "
+                             f"{'strings' if datatype == 'BYTES' else 'true/false'}")
+        return numbers(lifted, span, datatype, shape, name)
+    if "data" in tensor:
+        return _from_json_data(tensor["data"], datatype, shape, name)
+    raise BadRequest(f"input {name!r}: no 'data' and no binary_data_size")
+
+
+def _outputs(doc: dict) -> list | None:
+    """The outputs asked for, checked before the model runs, not after."""
     outputs = doc.get("outputs")
     if outputs is not None and (not isinstance(outputs, list) or not all(
             isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)):
         raise BadRequest("'outputs' must be a list of objects with a string 'name'")
-    for o in outputs or ():  # checked before the model runs, not after
+    for o in outputs or ():
         if not isinstance(o.get("parameters", {}), (dict, type(None))):
             raise BadRequest(f"output {o['name']!r}: 'parameters' must be an object")
+    return outputs
+
+
+def _request_id(doc: dict) -> str | None:
     rid = doc.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest("'id' must be a string")
-    return inputs, {"id": rid, "parameters": params, "outputs": outputs}
+    return rid
 
 
 def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
@@ -297,26 +323,26 @@ def encode_v2_response(model: str, version: int, results: dict[str, np.ndarray],
     passthrough = {k: v for k, v in params.items() if k != "binary_data_output"}
     if passthrough:
         doc["parameters"] = passthrough
-    header = dumps(doc)
     if not blobs:
-        return header, None
+        return dumps(doc, newline=True), None
+    header = dumps(doc)
     return header + b"".join(blobs), len(header)
 
 
-def dumps(doc: Any) -> bytes:
-    """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it. orjson
-    where its output means the same: it writes NaN and infinities as null and non-ASCII
-    unescaped, so any output holding a null or a non-ASCII byte (and anything orjson
-    refuses) is written by json instead."""
+def dumps(doc: Any, *, newline: bool = False) -> bytes:
+    """Compact JSON, as ``json.dumps(doc, separators=(",", ":"))`` writes it (``newline``:
+    then a newline, as a whole answer ends). orjson where its output means the same: it
+    writes NaN and infinities as null and non-ASCII unescaped, so any output holding a
+    null or a non-ASCII byte (and anything orjson refuses) is written by json instead."""
     if orjson is not None:
         try:
-            out = orjson.dumps(doc)
+            out = orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE if newline else None)
         except TypeError:
             pass
         else:
             if out.isascii() and b"null" not in out:
                 return out
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return (json.dumps(doc, separators=(",", ":")) + ("\n" if newline else "")).encode()
 
 
 # -- TF Serving REST --------------------------------------------------------------------
@@ -409,7 +435,7 @@ def decode_tf_checked(body: bytes | dict[str, Any], specs: list[TensorSpec],
 
 def encode_tf_body(results: dict[str, np.ndarray], style: str) -> bytes:
     """The JSON body of a TF Serving answer (``encode_tf_response``, then ``dumps``)."""
-    return dumps(encode_tf_response(results, style))
+    return dumps(encode_tf_response(results, style), newline=True)
 
 
 def decode_tf_request(body: bytes | dict[str, Any], specs: list[TensorSpec],

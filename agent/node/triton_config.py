@@ -189,91 +189,123 @@ def apply(msg: Any, config: ModelConfig, *, model: str, backend: str | None, fil
     """``config`` with what ``msg`` says applied. ``conflicts``: a key config.yaml set to
     something else is an error (a config.pbtxt beside a config.yaml); otherwise ``msg``
     wins (a load's override)."""
-    changes: dict[str, Any] = {}
-    batching: dict[str, Any] = {}
+    applied = _Applied(config, file, conflicts)
+    applied.identity(msg, model, backend)
+    applied.batch_size(msg)
+    applied.dynamic_batching(msg)
+    applied.instance_group(msg)
+    return applied.config_now()
 
-    def put(target: dict, key: str, value: Any, current: Any, field: str) -> None:
-        if conflicts and current is not None and current != value:
-            raise ConfigError(file, field, f"says {value!r} but config.yaml says {current!r}")
+
+class _Applied:
+    """A config.pbtxt applied over ``config``, a section at a time (``apply``)."""
+
+    def __init__(self, config: ModelConfig, file: str, conflicts: bool) -> None:
+        self.config, self.file, self.conflicts = config, file, conflicts
+        self.changes: dict[str, Any] = {}
+        self.batching: dict[str, Any] = {}
+
+    def put(self, target: dict, key: str, value: Any, current: Any, field: str) -> None:
+        if self.conflicts and current is not None and current != value:
+            raise ConfigError(self.file, field,
+                              f"says {value!r} but config.yaml says {current!r}")
         target[key] = value
 
-    if msg.HasField("name") and msg.name != model:
-        raise ConfigError(file, "name", f"{msg.name!r} is not the model's directory name "
-                          f"{model!r}")
-    for field, table in (("platform", _PLATFORMS), ("backend", _BACKENDS)):
-        if msg.HasField(field):
-            value = getattr(msg, field)
-            if value == "ensemble":
-                raise ConfigError(file, field, "ensembles are not supported")
-            if value not in table:
-                raise ConfigError(file, field, f"{value!r} cannot be served by edgeagent "
-                                  f"(supported: {', '.join(table)})")
-            if backend is not None and table[value] != backend:
-                raise ConfigError(file, field, f"{value!r} does not match the model's "
-                                  f"files (backend {backend})")
-    if msg.HasField("default_model_filename") and msg.default_model_filename not in (
-            "model.onnx", "model.savedmodel", "saved_model.pb"):
-        raise ConfigError(file, "default_model_filename", "cannot be honoured: the agent "
-                          "loads <version>/model.onnx or <version>/saved_model.pb")
-    max_batch = config.max_batch_size
-    if msg.HasField("max_batch_size"):
-        if msg.max_batch_size < 0:
-            raise ConfigError(file, "max_batch_size", f"must be >= 0, got {msg.max_batch_size}")
-        put(changes, "max_batch_size", msg.max_batch_size, config.max_batch_size,
-            "max_batch_size")
-        max_batch = msg.max_batch_size
-    batched = bool(max_batch)
-    if msg.input:
-        changes["declared_inputs"] = _declared(msg.input, batched, "input", file)
-    if msg.output:
-        changes["declared_outputs"] = _declared(msg.output, batched, "output", file)
-    if msg.input or msg.output:
-        changes["declared_in"] = file
-    elif not conflicts:  # an override replaces the declarations: the model's own rule
-        changes.update(declared_inputs=None, declared_outputs=None, declared_in=None)
-    b = config.batching
-    if msg.HasField("dynamic_batching"):
-        db = msg.dynamic_batching
-        if db.preferred_batch_size:
-            raise ConfigError(file, "dynamic_batching.preferred_batch_size",
-                              "cannot be honoured: the agent sizes batches to the SLO "
-                              "(set max_batch_size, and batching.adaptive: false in "
-                              "config.yaml for a fixed limit)")
-        put(batching, "enabled", True, b.enabled, "dynamic_batching")
-        if db.HasField("max_queue_delay_microseconds"):
-            put(batching, "window_ms_max", db.max_queue_delay_microseconds / 1000,
-                b.window_ms_max, "dynamic_batching.max_queue_delay_microseconds")
-    elif conflicts:  # a config.pbtxt without dynamic_batching: Triton does not batch
-        put(batching, "enabled", False, b.enabled, "dynamic_batching")
-    if len(msg.instance_group) > 1:
-        raise ConfigError(file, "instance_group", "only one instance group is supported")
-    if msg.instance_group:
+    def identity(self, msg: Any, model: str, backend: str | None) -> None:
+        """Its name, platform or backend, and model file name must be the model's."""
+        file = self.file
+        if msg.HasField("name") and msg.name != model:
+            raise ConfigError(file, "name", f"{msg.name!r} is not the model's directory name "
+                              f"{model!r}")
+        for field, table in (("platform", _PLATFORMS), ("backend", _BACKENDS)):
+            if msg.HasField(field):
+                value = getattr(msg, field)
+                if value == "ensemble":
+                    raise ConfigError(file, field, "ensembles are not supported")
+                if value not in table:
+                    raise ConfigError(file, field, f"{value!r} cannot be served by edgeagent "
+                                      f"(supported: {', '.join(table)})")
+                if backend is not None and table[value] != backend:
+                    raise ConfigError(file, field, f"{value!r} does not match the model's "
+                                      f"files (backend {backend})")
+        if msg.HasField("default_model_filename") and msg.default_model_filename not in (
+                "model.onnx", "model.savedmodel", "saved_model.pb"):
+            raise ConfigError(file, "default_model_filename", "cannot be honoured: the agent "
+                              "loads <version>/model.onnx or <version>/saved_model.pb")
+
+    def batch_size(self, msg: Any) -> None:
+        """``max_batch_size`` and the declared inputs and outputs (batched or not)."""
+        config, file, changes = self.config, self.file, self.changes
+        max_batch = config.max_batch_size
+        if msg.HasField("max_batch_size"):
+            if msg.max_batch_size < 0:
+                raise ConfigError(file, "max_batch_size",
+                                  f"must be >= 0, got {msg.max_batch_size}")
+            self.put(changes, "max_batch_size", msg.max_batch_size, config.max_batch_size,
+                     "max_batch_size")
+            max_batch = msg.max_batch_size
+        batched = bool(max_batch)
+        if msg.input:
+            changes["declared_inputs"] = _declared(msg.input, batched, "input", file)
+        if msg.output:
+            changes["declared_outputs"] = _declared(msg.output, batched, "output", file)
+        if msg.input or msg.output:
+            changes["declared_in"] = file
+        elif not self.conflicts:  # an override replaces the declarations: the model's own
+            changes.update(declared_inputs=None, declared_outputs=None, declared_in=None)
+
+    def dynamic_batching(self, msg: Any) -> None:
+        b = self.config.batching
+        if msg.HasField("dynamic_batching"):
+            db = msg.dynamic_batching
+            if db.preferred_batch_size:
+                raise ConfigError(self.file, "dynamic_batching.preferred_batch_size",
+                                  "cannot be honoured: the agent sizes batches to the SLO "
+                                  "(set max_batch_size, and batching.adaptive: false in "
+                                  "config.yaml for a fixed limit)")
+            self.put(self.batching, "enabled", True, b.enabled, "dynamic_batching")
+            if db.HasField("max_queue_delay_microseconds"):
+                self.put(self.batching, "window_ms_max", db.max_queue_delay_microseconds / 1000,
+                         b.window_ms_max, "dynamic_batching.max_queue_delay_microseconds")
+        elif self.conflicts:  # a config.pbtxt without dynamic_batching: Triton does not batch
+            self.put(self.batching, "enabled", False, b.enabled, "dynamic_batching")
+
+    def instance_group(self, msg: Any) -> None:
+        """One group: its count (workers) and kind (the device)."""
+        file, config = self.file, self.config
+        if len(msg.instance_group) > 1:
+            raise ConfigError(file, "instance_group", "only one instance group is supported")
+        if not msg.instance_group:
+            return
         group = msg.instance_group[0]
         if group.HasField("count"):
             if not 1 <= group.count <= 256:
                 raise ConfigError(file, "instance_group[0].count",
                                   f"must be 1..256, got {group.count}")
-            put(batching, "workers", group.count, b.workers, "instance_group[0].count")
+            self.put(self.batching, "workers", group.count, config.batching.workers,
+                     "instance_group[0].count")
         kind = group.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[
             group.kind].name
         if kind == "KIND_MODEL":
             raise ConfigError(file, "instance_group[0].kind", "KIND_MODEL is not supported")
         if kind != "KIND_GPU" and group.gpus:
             raise ConfigError(file, "instance_group[0].gpus", f"only with KIND_GPU, not {kind}")
+        current = config.device if config.device != "cpu" else None
         if kind == "KIND_CPU":
-            put(changes, "device", "cpu", config.device if config.device != "cpu" else None,
-                "instance_group[0].kind")
+            self.put(self.changes, "device", "cpu", current, "instance_group[0].kind")
         elif kind == "KIND_GPU":
             if len(group.gpus) != 1:
                 raise ConfigError(file, "instance_group[0].gpus", "name exactly one GPU "
                                   f"(instances on several GPUs are not supported), got "
                                   f"{list(group.gpus)}")
-            device = f"cuda:{group.gpus[0]}"
-            put(changes, "device", device, config.device if config.device != "cpu" else None,
-                "instance_group[0].gpus")
-    if batching:
-        changes["batching"] = msgspec.structs.replace(b, **batching)
-    return msgspec.structs.replace(config, **changes)
+            self.put(self.changes, "device", f"cuda:{group.gpus[0]}", current,
+                     "instance_group[0].gpus")
+
+    def config_now(self) -> ModelConfig:
+        changes = dict(self.changes)
+        if self.batching:
+            changes["batching"] = msgspec.structs.replace(self.config.batching, **self.batching)
+        return msgspec.structs.replace(self.config, **changes)
 
 
 def effective_config(name: str, backend: str | None, config: ModelConfig, settings: Any,

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from agent.twinsettings import recorded_settings, twin_settings
+from agent.config.twinsettings import recorded_settings, twin_settings
 
 if TYPE_CHECKING:
     from agent.node.serving import Serving

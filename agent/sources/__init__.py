@@ -15,11 +15,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.sources.errors import (DigestMismatch, DiskFull, PullStopped, SourceDenied,
-                                  SourceError, SourceNotFound, SourceUnavailable)
+from agent.sources.archive import Allowance
+from agent.sources.errors import (DigestMismatch, DiskFull, NeedsRoom, PullStopped,
+                                  SourceDenied, SourceError, SourceNotFound, SourceUnavailable)
 from agent.sources.transfer import PullResult, RemoteFile, free_bytes, partial_dir
+from agent.sources.web import redact_url
 
-__all__ = ["DigestMismatch", "DiskFull", "PullResult", "PullStopped", "RemoteFile", "SCHEMES",
+__all__ = ["Allowance", "DigestMismatch", "DiskFull", "NeedsRoom", "PullResult", "PullStopped",
+           "RemoteFile", "SCHEMES",
            "Source", "SourceDenied", "SourceError", "SourceNotFound", "SourceUnavailable",
            "open_source", "partial_dir", "redact_url"]
 
@@ -38,8 +41,8 @@ class Source(Protocol):
     def files(self, version: int) -> list[RemoteFile]: ...
 
     def pull(self, version: int, dest: Path, *, progress: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None,
-             bandwidth_bps: int | None = None) -> PullResult: ...
+             stop: threading.Event | None = None, bandwidth_bps: int | None = None,
+             allowance: Allowance | None = None) -> PullResult: ...
 
 
 #: Each scheme's options: name -> (type, what it is); checked by ``open_source``.
@@ -51,7 +54,8 @@ OPTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], str]]] = {
              "insecure": (bool, "allow plain http beyond loopback"),
              "timeout_s": ((int, float), "seconds a connect or read may take"),
              "archive": (str, "tar, zip or none (else from the file name)"),
-             "max_unpacked_bytes": ((int, str), "the cap on an archive's unpacked size")},
+             "max_unpacked_bytes": ((int, str), "the cap on an archive's unpacked size"),
+             "max_unpacked_entries": (int, "the cap on an archive's entries")},
     "s3": {"endpoint_url": (str, "the S3-compatible store's URL (MinIO, Ceph, moto)"),
            "region": (str, "the bucket's region"),
            "ca_file": (str, "a PEM file of CAs to trust besides the system's"),
@@ -65,17 +69,6 @@ OPTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], str]]] = {
             "timeout_s": ((int, float), "seconds a connect or read may take")},
 }
 OPTIONS["https"] = OPTIONS["http"]
-
-
-def redact_url(url: str) -> str:
-    """``url`` without credentials, query string or fragment: safe for a message."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname or ""
-        netloc = host if parts.port is None else f"{host}:{parts.port}"
-    except ValueError:
-        return "<unparsable URL>"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def open_source(url: str, options: Mapping[str, Any] | None = None, *,
@@ -105,6 +98,8 @@ def open_source(url: str, options: Mapping[str, Any] | None = None, *,
             kw["max_unpacked_bytes"] = parse_size(opts.pop("max_unpacked_bytes"))
         except ValueError as exc:
             raise SourceError(f"source_options.max_unpacked_bytes: {exc}") from None
+    if "max_unpacked_entries" in opts:
+        kw["max_unpacked_entries"] = opts.pop("max_unpacked_entries")
     if scheme == "file":
         from agent.sources.filesource import FileSource
 
@@ -138,7 +133,7 @@ def _check_options(scheme: str, opts: dict[str, Any], where: str) -> dict[str, A
             ok = False
         else:
             ok = isinstance(value, kind)
-        positive = name in ("version", "timeout_s")
+        positive = name in ("version", "timeout_s", "max_unpacked_entries")
         if not ok or (positive and value <= 0):
             raise SourceError(f"source_options.{name}: expected {what} "
                               f"({'a positive number' if positive else _name(kind)}), "

@@ -43,6 +43,18 @@ class DiskFull(SourceError):
     status = 507
 
 
+class NeedsRoom(SourceError):
+    """An archive unpacks to more than the room its pull was given (``Allowance``):
+    ``needed`` bytes. The verified archive is kept: the caller makes the room and pulls
+    again, which unpacks it without a download (507 where it cannot)."""
+
+    status = 507
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 class PullStopped(SourceError):
     """The pull's stop event was set: the partial pull is kept for a resume (503)."""
 

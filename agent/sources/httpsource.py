@@ -1,7 +1,8 @@
 """``https://host/path/file#sha256=<hex>`` (and ``http://`` on loopback or with
 ``insecure: true``): one file, or one archive unpacked, as one version. The sha256 is
 required over https and always checked; an interrupted pull resumes with ``Range``;
-TLS is verified (``ca_file`` adds a CA), never switched off."""
+TLS is verified (``ca_file`` adds a CA), never switched off. Redirects are followed
+only as ``agent.sources.web`` allows (https; http where the URL itself is http)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
 
-from agent.exposure import is_loopback
+from agent.security.exposure import is_loopback
 from agent.sources.archive import archive_kind
 from agent.sources.errors import SourceError, SourceNotFound, SourceUnavailable, http_error
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
+from agent.sources.web import opener
 
 
 class HttpSource(BaseSource):
@@ -51,8 +53,9 @@ class HttpSource(BaseSource):
         if self.archive == "none":
             self.archive = None
         self._url = urllib.parse.urlunsplit(url._replace(fragment=""))
-        self._context = (ssl.create_default_context(cafile=ca_file)
-                         if url.scheme == "https" else None)
+        self._opener = opener(self.display_url,
+                              context=ssl.create_default_context(cafile=ca_file),
+                              plain_http=url.scheme == "http")
 
     def versions(self) -> list[int]:
         return [self.version]
@@ -69,7 +72,7 @@ class HttpSource(BaseSource):
         self._check_version(version)
         with self._request(offset) as resp:
             start = offset if resp.status == 206 and _range_start(resp) == offset else 0
-            yield Stream(start, iter(lambda: resp.read(CHUNK), b""))
+            yield Stream(start, iter(lambda: resp.read1(CHUNK), b""))
 
     def version_digest(self, version: int, sums: str) -> str:
         return "sha256:" + sums.split()[0]
@@ -96,8 +99,8 @@ class HttpSource(BaseSource):
 
     def _urlopen(self, headers: dict[str, str]) -> Any:
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(self._url, headers=headers),
-                                          timeout=self.timeout_s, context=self._context)
+            resp = self._opener.open(urllib.request.Request(self._url, headers=headers),
+                                     timeout=self.timeout_s)
         except urllib.error.HTTPError as exc:
             exc.close()
             err = http_error(self.display_url, exc.code)
@@ -112,9 +115,6 @@ class HttpSource(BaseSource):
                     "source_options.ca_file names the CA") from None
             raise SourceUnavailable(f"{self.display_url}: unreachable "
                                     f"({type(reason).__name__})") from None
-        if self._context is not None and not resp.geturl().startswith("https:"):
-            resp.close()
-            raise SourceError(f"{self.display_url}: redirected from https to plain http: refused")
         return resp
 
 

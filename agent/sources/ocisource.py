@@ -2,7 +2,10 @@
 registry as ORAS writes it, an image manifest whose layers are the version's files
 (the ``org.opencontainers.image.title`` annotation is each file's path). The
 repository's numeric tags are its versions (or the one tag or digest given); every
-blob is checked against its digest. ``push`` writes such an artifact."""
+blob is checked against its digest. ``push`` writes such an artifact.
+
+A registry cannot hold a pull up: a listing reads at most ``MAX_TAG_PAGES`` pages and
+ends within ``deadline_s``, as a manifest (at most ``MANIFEST_BYTES``) does."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent.exposure import is_loopback
-from agent.sources.errors import DigestMismatch, SourceError, SourceNotFound
+from agent.security.exposure import is_loopback
+from agent.sources.errors import DigestMismatch, SourceError, SourceNotFound, SourceUnavailable
 from agent.sources.ociregistry import MANIFEST_TYPES, RegistryClient, docker_credentials
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, check_digest
 
@@ -28,6 +31,12 @@ EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: The most pages of ``tags/list`` a listing reads (a registry's page holds 100 or more).
+MAX_TAG_PAGES = 100
+#: The most bytes of one page of tags, or of a manifest.
+PAGE_BYTES = MANIFEST_BYTES = 4 << 20
+#: Seconds a listing (all its pages) or a manifest may take, whole.
+DEADLINE_S = 60.0
 
 
 class OciSource(BaseSource):
@@ -36,8 +45,10 @@ class OciSource(BaseSource):
     def __init__(self, url: str, *, version: int | None = None, username: str | None = None,
                  password: str | None = None, docker_config: str | None = None,
                  ca_file: str | None = None, insecure: bool = False,
-                 timeout_s: float = 30.0, **kw: Any) -> None:
+                 timeout_s: float = 30.0, deadline_s: float = DEADLINE_S,
+                 max_pages: int = MAX_TAG_PAGES, **kw: Any) -> None:
         super().__init__(**kw)
+        self.timeout_s, self.deadline_s, self.max_pages = timeout_s, deadline_s, max_pages
         rest = url.split("://", 1)[1]
         host, _, path = rest.partition("/")
         self.tag: str | None = None
@@ -63,7 +74,7 @@ class OciSource(BaseSource):
             host, docker_config)
         self.client = RegistryClient(f"{'http' if plain else 'https'}://{host}", path,
                                      self.display_url, credentials=credentials,
-                                     ca_file=ca_file, timeout_s=timeout_s)
+                                     ca_file=ca_file, timeout_s=timeout_s, clock=self._clock)
         self._manifests: dict[int, str] = {}
 
     # -- listing ----------------------------------------------------------------------
@@ -73,14 +84,24 @@ class OciSource(BaseSource):
             return [self.version]
         tags: list[str] = []
         url = self.client.url("tags/list")
-        while url:
-            with self.client.request("GET", url) as resp:
-                body = _json(resp, self.display_url)
+        deadline = self._clock() + self.deadline_s
+        for page in range(self.max_pages):
+            with self.client.request("GET", url, deadline=deadline) as resp:
+                body = _json(self.client.read(resp, PAGE_BYTES, deadline,
+                                              "a page of its tags"), self.display_url)
                 link = resp.headers.get("Link", "")
             tags += [t for t in body.get("tags") or [] if isinstance(t, str)]
             match = re.match(r"<([^>]+)>", link)
-            url = urllib.parse.urljoin(self.client.base, match.group(1)) if match else ""
-        return sorted(int(t) for t in tags if t.isdigit())
+            if not match:
+                return sorted(int(t) for t in tags if t.isdigit())
+            url = self.client.join(match.group(1), "the next page of tags at")
+            if self._clock() > deadline:
+                raise SourceUnavailable(f"{self.display_url}: listing its tags did not end "
+                                        f"in time ({self.deadline_s:g} s, {page + 1} pages): "
+                                        "refused")
+        raise SourceError(f"{self.display_url}: the registry's tag list runs past "
+                          f"{self.max_pages} pages: refused (a registry that pages "
+                          "without end)")
 
     def files(self, version: int) -> list[RemoteFile]:
         manifest, digest = self._manifest(version)
@@ -110,14 +131,17 @@ class OciSource(BaseSource):
 
     def _manifest(self, version: int) -> tuple[dict, str]:
         ref = self._ref(version)
+        deadline = self._clock() + self.deadline_s
         try:
             resp = self.client.request("GET", self.client.url(f"manifests/{ref}"),
-                                       headers={"Accept": ", ".join(MANIFEST_TYPES)})
+                                       headers={"Accept": ", ".join(MANIFEST_TYPES)},
+                                       deadline=deadline)
         except SourceNotFound:
             raise SourceNotFound(f"{self.display_url}: no version {version} "
                                  f"(tag or digest {ref})") from None
         with resp:
-            raw = resp.read(4 << 20)
+            raw = self.client.read(resp, MANIFEST_BYTES, deadline,
+                                   f"version {version}'s manifest")
         digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         if self.digest and digest != self.digest:
             raise DigestMismatch(f"{self.display_url}: the manifest's bytes do not match "
@@ -141,7 +165,7 @@ class OciSource(BaseSource):
                                  headers=headers, ok=(200, 206)) as resp:
             start = offset if resp.status == 206 and resp.headers.get(
                 "Content-Range", "").startswith(f"bytes {offset}-") else 0
-            yield Stream(start, iter(lambda: resp.read(CHUNK), b""))
+            yield Stream(start, iter(lambda: resp.read1(CHUNK), b""))
 
     def version_digest(self, version: int, sums: str) -> str:
         return self._manifests.get(version) or super().version_digest(version, sums)
@@ -183,7 +207,8 @@ class OciSource(BaseSource):
             pass
         with self.client.request("POST", self.client.url("blobs/uploads/"), data=b"",
                                  ok=(202,)) as resp:
-            location = urllib.parse.urljoin(self.client.base, resp.headers["Location"])
+            location = self.client.join(resp.headers.get("Location", ""),
+                                        "the upload location")
         put = location + ("&" if "?" in location else "?") + urllib.parse.urlencode(
             {"digest": digest})
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
@@ -203,9 +228,9 @@ def _file_digest(path: Path) -> tuple[str, int]:
     return f"sha256:{h.hexdigest()}", size
 
 
-def _json(resp: Any, where: str) -> dict:
+def _json(raw: bytes, where: str) -> dict:
     try:
-        body = json.loads(resp.read(4 << 20))
+        body = json.loads(raw)
     except ValueError:
         raise SourceError(f"{where}: the registry's answer is not JSON") from None
     return body if isinstance(body, dict) else {}

@@ -21,7 +21,8 @@ from agent.sources.errors import (DigestMismatch, SourceDenied, SourceError, Sou
 from agent.sources.redact import redact_loggers
 from agent.sources.transfer import CHUNK, BaseSource, RemoteFile, Stream, safe_relpath
 
-MISSING = "s3:// sources need boto3, not installed: pip install 'edgeagent[s3]'"
+#: How the error of an agent without boto3 starts (the install hint follows).
+MISSING = "s3:// sources need boto3 (the s3 extra), not installed"
 
 
 class S3Source(BaseSource):
@@ -31,6 +32,7 @@ class S3Source(BaseSource):
                  region: str | None = None, ca_file: str | None = None,
                  timeout_s: float = 30.0, **kw: Any) -> None:
         super().__init__(**kw)
+        self.timeout_s = timeout_s
         self.bucket = url.netloc
         self.prefix = url.path.strip("/")
         self.display_url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
@@ -39,7 +41,9 @@ class S3Source(BaseSource):
         try:
             import boto3  # noqa: F401 - said now, not at the first pull
         except ImportError:
-            raise SourceError(MISSING) from None
+            from agent.extras import install_hint
+
+            raise SourceError(f"{MISSING}: {install_hint('s3', ('boto3',))}") from None
         if endpoint_url is not None and urllib.parse.urlsplit(endpoint_url).scheme not in (
                 "http", "https"):
             raise SourceError("source_options.endpoint_url: expected an http(s):// URL")

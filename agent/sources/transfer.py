@@ -2,7 +2,8 @@
 ``.partial-<name>`` directory (resumed where an earlier pull of the same listing
 stopped), each checked against its size and digest, then renamed into place in one
 step. A scheme says only how to list and how to open a file at an offset
-(``BaseSource``)."""
+(``BaseSource``). A transfer slower than ``MIN_RATE_BPS`` over ``timeout_s`` is cut
+(kept for a resume): a server that drips holds nothing for long."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, ContextManager
 
-from agent.sources.archive import unpack
+from agent.sources.archive import MAX_BYTES, MAX_ENTRIES, Allowance, unpack
 from agent.sources.bandwidth import TokenBucket
 from agent.sources.errors import (DigestMismatch, DiskFull, PullStopped, SourceError,
                                   SourceNotFound, SourceUnavailable)
@@ -27,6 +28,9 @@ from agent.sources.errors import (DigestMismatch, DiskFull, PullStopped, SourceE
 #: Bytes read and written at a time: memory stays bounded whatever the file's size.
 CHUNK = 1 << 20
 PARTIAL_PREFIX = ".partial-"
+#: A transfer that brings fewer bytes a second than this over a window of its
+#: source's ``timeout_s`` is cut as stalled (a slower bandwidth cap lowers it).
+MIN_RATE_BPS = 1024
 _STATE = "state.json"
 _FILES = "files"
 _ARCHIVE = "archive"
@@ -139,19 +143,23 @@ class BaseSource:
     (``open``) its files. ``archive`` ("tar"/"zip") makes the one listed file an
     archive unpacked as the version. ``clock`` times the pull and the bandwidth cap,
     ``sleep`` waits for the cap (by default the stop event's wait), ``disk_free``
-    says the room left (a test may inject less than there is)."""
+    says the room left (a test may inject less than there is). ``timeout_s`` is the
+    window of the stall check (a scheme's own connect/read timeout)."""
 
     display_url: str = ""
     archive: str | None = None
+    timeout_s: float = 30.0
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], object] | None = None,
                  disk_free: Callable[[Path], int] = free_bytes,
-                 max_unpacked_bytes: int = 64 << 30) -> None:
+                 max_unpacked_bytes: int = MAX_BYTES,
+                 max_unpacked_entries: int = MAX_ENTRIES) -> None:
         self._clock = clock
         self._sleep = sleep
         self._disk_free = disk_free
         self.max_unpacked_bytes = max_unpacked_bytes
+        self.max_unpacked_entries = max_unpacked_entries
 
     # -- what a scheme provides -------------------------------------------------------
 
@@ -178,10 +186,12 @@ class BaseSource:
     # -- the pull ---------------------------------------------------------------------
 
     def pull(self, version: int, dest: Path, *, progress: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None,
-             bandwidth_bps: int | None = None) -> PullResult:
+             stop: threading.Event | None = None, bandwidth_bps: int | None = None,
+             allowance: Allowance | None = None) -> PullResult:
         """Download ``version`` into ``dest`` (which must not exist), verified, resumed
-        from an earlier partial pull of the same listing; see the module's docstring."""
+        from an earlier partial pull of the same listing; see the module's docstring.
+        ``allowance``: the room an archive may unpack to (``NeedsRoom`` past it, the
+        archive kept for the next pull); without one, the file system's free room."""
         dest = Path(dest)
         if dest.exists():
             raise SourceError(f"pull of {self.display_url} version {version}: "
@@ -194,7 +204,7 @@ class BaseSource:
         partial = partial_dir(dest)
         try:
             result = self._pull_into(version, listing, partial, dest, started, progress, stop,
-                                     bandwidth_bps)
+                                     bandwidth_bps, allowance)
         except (DigestMismatch, DiskFull, SourceNotFound):
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -209,7 +219,8 @@ class BaseSource:
 
     def _pull_into(self, version: int, listing: list[RemoteFile], partial: Path, dest: Path,
                    started: float, progress: Callable[[int], None] | None,
-                   stop: threading.Event | None, bandwidth_bps: int | None) -> PullResult:
+                   stop: threading.Event | None, bandwidth_bps: int | None,
+                   allowance: Allowance | None) -> PullResult:
         state = json.dumps({"source": self.display_url, "version": version, "archive": self.archive,
                             "files": [[f.path, f.size, f.digest] for f in listing]})
         state_file = partial / _STATE
@@ -229,16 +240,18 @@ class BaseSource:
                   if bandwidth_bps else None)
         counter = _Counter(sum(min(had[f.path], max(f.size, 0)) for f in listing), progress)
         counter.report()
+        min_rate = MIN_RATE_BPS if not bandwidth_bps else min(MIN_RATE_BPS, bandwidth_bps // 2)
         sums = []
         for f in sorted(listing, key=lambda f: f.path):
-            sha = self._pull_file(version, f, root / f.path, counter, stop, bucket)
+            sha = self._pull_file(version, f, root / f.path, counter, stop, bucket,
+                                  _Stall(self._clock, self.timeout_s, max(min_rate, 1)))
             sums.append(sums_line(sha, f.path))
         if self.archive:
             content = partial / _FILES
             shutil.rmtree(content, ignore_errors=True)
             unpack(root / listing[0].path, self.archive, content, where=self.display_url,
-                   max_bytes=self.max_unpacked_bytes,
-                   free=lambda: self._disk_free(partial), stop=stop)
+                   max_bytes=self.max_unpacked_bytes, max_entries=self.max_unpacked_entries,
+                   allowance=allowance, free=lambda: self._disk_free(partial), stop=stop)
         (partial / _FILES).mkdir(exist_ok=True)
         try:
             os.rename(partial / _FILES, dest)
@@ -252,7 +265,8 @@ class BaseSource:
                           self.version_digest(version, "".join(sums)))
 
     def _pull_file(self, version: int, f: RemoteFile, target: Path, counter: _Counter,
-                   stop: threading.Event | None, bucket: TokenBucket | None) -> str:
+                   stop: threading.Event | None, bucket: TokenBucket | None,
+                   stall: _Stall) -> str:
         """Download (or finish) one file into ``target``; its sha256 hex when verified."""
         target.parent.mkdir(parents=True, exist_ok=True)
         offset = _size_or_zero(target)
@@ -280,6 +294,11 @@ class BaseSource:
                     hashes.update(chunk)
                     offset += len(chunk)
                     counter.add(len(chunk), transferred=True)
+                    if stall.slow(len(chunk)):
+                        raise SourceUnavailable(
+                            f"{self.display_url}: {f.path}: transfer stalled (under "
+                            f"{stall.min_rate} bytes/s for {stall.window:g} s); kept for a "
+                            "resume")
                     if f.size >= 0 and offset > f.size:
                         raise DigestMismatch(f"{self.display_url}: {f.path}: more bytes than "
                                              f"the listed {f.size}")
@@ -311,6 +330,26 @@ class BaseSource:
                                         f"({type(exc).__name__}); kept for a resume") from None
             if chunk:
                 yield chunk
+
+
+class _Stall:
+    """Whether a transfer brought fewer than ``min_rate`` bytes a second over a
+    window of ``window`` seconds (windows end at chunks: a silent server is the
+    socket timeout's)."""
+
+    def __init__(self, clock: Callable[[], float], window: float, min_rate: int) -> None:
+        self.clock, self.window, self.min_rate = clock, window, min_rate
+        self._start, self._bytes = clock(), 0
+
+    def slow(self, n: int) -> bool:
+        self._bytes += n
+        elapsed = self.clock() - self._start
+        if elapsed < self.window:
+            return False
+        if self._bytes < self.min_rate * elapsed:
+            return True
+        self._start, self._bytes = self.clock(), 0
+        return False
 
 
 class _Counter:

@@ -5,6 +5,8 @@ within that minute; functions above the popularity quantile and one-hit wonders 
 dropped; (ii) association: each function is paired with one model profile; (iii)
 uniform downsampling of the requests. The time window is cut first (by the caller, see
 ``InvocationCounts.window``), so popularity and one-hit wonders are judged within it.
+A share of the kept functions may fire as timers instead (``timer_share``,
+``cachepolicies.workloads.timers``): periodic-heavy workloads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from cachepolicies.workloads.errors import WorkloadError
 from cachepolicies.workloads.events import spread_over_minutes
 from cachepolicies.workloads.invocations import InvocationCounts
 from cachepolicies.workloads.popularity import PopularityFilter, filter_by_popularity
+from cachepolicies.workloads.timers import (
+    TIMER_JITTER, TIMER_PERIODS, check_timer_options, timer_events)
 
 NAMINGS = ("distinct", "real")
 
@@ -33,6 +37,9 @@ class TraceOptions:
     downsample: float = 1.0
     names: str = "distinct"
     seed: int = 0
+    timer_share: float = 0.0
+    timer_periods: tuple[float, float] = TIMER_PERIODS
+    timer_jitter: float = TIMER_JITTER
 
     def __post_init__(self) -> None:
         if self.association not in ASSOCIATIONS:
@@ -45,6 +52,7 @@ class TraceOptions:
             raise WorkloadError(f"quantile must be in (0, 1], got {self.quantile}")
         if not 0.0 < self.downsample <= 1.0:
             raise WorkloadError(f"downsample fraction must be in (0, 1], got {self.downsample}")
+        check_timer_options(self.timer_share, self.timer_periods, self.timer_jitter)
 
 
 @dataclass(frozen=True)
@@ -52,13 +60,15 @@ class Workload:
     """A trace and the profiles of exactly the models it requests.
 
     ``trace.timestamps`` are seconds from the start of the window; ``trace.model_ids``
-    index ``profiles``. ``functions`` is how many functions survived the popularity filter.
+    index ``profiles``. ``functions`` is how many functions survived the popularity filter,
+    ``timers`` how many of them fire as timers.
     """
 
     trace: Trace
     profiles: Profiles
     popularity: PopularityFilter
     functions: int
+    timers: int = 0
 
     def model_names(self) -> list[str]:
         """The model name of every request, in trace order."""
@@ -74,6 +84,9 @@ def build_workload(invocations: InvocationCounts, profiles: Profiles,
       invoked once are dropped (``filter_by_popularity``).
     - Each kept function gets a profile by ``association`` (``associate``), ranked by
       load penalty (``Profiles.penalty_seconds``: load plus any cold-run surplus).
+    - ``timer_share`` > 0: that share of the kept functions (rounded, chosen at random)
+      fire as timers instead of by their minute counts: a period in ``timer_periods``
+      seconds, ``timer_jitter`` of it either way (``timer_events``).
     - ``downsample`` < 1 keeps exactly ``round(downsample × requests)`` requests chosen
       uniformly without replacement.
     - ``names="real"``: a request names its profile (testbed: the real models).
@@ -90,6 +103,11 @@ def build_workload(invocations: InvocationCounts, profiles: Profiles,
     profile_of_function = associate(totals[kept], profiles.penalty_seconds,
                                     options.association, rng)
     times, function_of_request = spread_over_minutes(invocations.counts[kept], rng)
+    timers = round(options.timer_share * len(kept))
+    if timers:
+        times, function_of_request = _with_timers(
+            times, function_of_request, len(kept), timers, 60.0 * invocations.n_minutes,
+            options, rng)
     if options.downsample < 1.0 and len(times):
         chosen = _downsample(len(times), options.downsample, options.seed)
         times, function_of_request = times[chosen], function_of_request[chosen]
@@ -106,7 +124,23 @@ def build_workload(invocations: InvocationCounts, profiles: Profiles,
     out_profiles = _subset(profiles, source_rows, names)
     trace = Trace(timestamps=times, model_ids=model_ids.astype(np.int64),
                   source="<workload>")
-    return Workload(trace, out_profiles, popularity, len(kept))
+    return Workload(trace, out_profiles, popularity, len(kept), timers)
+
+
+def _with_timers(times: np.ndarray, rows: np.ndarray, functions: int, count: int,
+                 seconds: float, options: TraceOptions, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The requests with ``count`` of the ``functions`` (chosen at random) firing as
+    timers over ``seconds`` instead of their own requests, sorted by time."""
+    timers = np.sort(rng.choice(functions, count, replace=False))
+    fired, timer_of_firing = timer_events(count, seconds, rng,
+                                          periods=options.timer_periods,
+                                          jitter=options.timer_jitter)
+    keep = ~np.isin(rows, timers)
+    times = np.concatenate([times[keep], fired])
+    rows = np.concatenate([rows[keep], timers[timer_of_firing]])
+    order = np.argsort(times, kind="stable")
+    return times[order], rows[order]
 
 
 def _downsample(requests: int, fraction: float, seed: int) -> np.ndarray:

@@ -10,10 +10,10 @@ best of the solvers + Stage-3 shrink), ``exhaustive`` (brute-force reference),
 
 from agent.coordinator.faro.forecast import RateForecast, forecast
 from agent.coordinator.faro.latency import estimate_latency
-from agent.coordinator.faro.placement import ModelDemand, Node, Placement, place
+from agent.coordinator.faro.placement import Machine, ModelDemand, Placement, place
 from agent.coordinator.faro.problem import (
     Capacity,
-    ModelSpec,
+    JobSpec,
     Problem,
     ProblemError,
     planning_rate,
@@ -23,7 +23,7 @@ from agent.coordinator.faro.reactive import ReactiveState, reactive_step
 from agent.coordinator.faro.solver import Allocation, solve
 
 __all__ = [
-    "Allocation", "Capacity", "ModelDemand", "ModelSpec", "Node", "Placement", "Problem",
+    "Allocation", "Capacity", "ModelDemand", "JobSpec", "Machine", "Placement", "Problem",
     "ProblemError", "RateForecast", "ReactiveState", "estimate_latency", "forecast",
     "place", "planning_rate", "problem_from_dict", "reactive_step", "solve",
 ]

@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_IMPROVE = 1e-12
+#: The least gain of the objective that counts as an improvement.
+MIN_GAIN = 1e-12
 
 
 @njit(cache=True)
@@ -128,7 +129,7 @@ def ratio_greedy(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G
                 if nv <= v[i]:
                     continue
                 delta = A * prios[i] * (nv - v[i]) - G * (max(maxo, nv) - min(mino, nv) - spread)
-                if delta <= _IMPROVE:
+                if delta <= MIN_GAIN:
                     continue
                 r = delta / (cost[i] * (xn - x[i]))
                 if r > best_r:
@@ -398,7 +399,7 @@ def pair_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G,
                     a_lo, a_hi = 1, length[i]
                 else:
                     a_lo, a_hi = max(1, x[i] - span), x[i] - 1
-                best = cur + _IMPROVE
+                best = cur + MIN_GAIN
                 ba = -1
                 bb = -1
                 for a in range(a_lo, a_hi + 1):
@@ -456,7 +457,7 @@ def triple_search(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, 
                     rest = total - prios[i] * v[i] - prios[j] * v[j] - prios[k] * v[k]
                     maxo = _max_excl(v, top, i, j, k)
                     mino = _min_excl(v, bot, i, j, k)
-                    best = cur + _IMPROVE
+                    best = cur + MIN_GAIN
                     ba = -1
                     bb = -1
                     bc = -1
@@ -563,46 +564,6 @@ def fast_allocate(tables, prios, cpu, mem, cap_cpu, cap_mem, A, G,
                      float(G), cost, span, triples, max_rounds)
         vals, _, _ = tables.at(x)
         obj = float(_objective(vals, prios, float(A), float(G)))
-        if obj > best_obj + _IMPROVE:
+        if obj > best_obj + MIN_GAIN:
             best_x, best_obj = x, obj
-    return best_x
-
-
-@njit(cache=True)
-def enumerate_best(values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G):
-    """Exact optimum by enumerating every feasible vector (for tiny problems only)."""
-    n = length.shape[0]
-    tol_c = 1e-9 * max(1.0, cap_c)
-    tol_m = 1e-9 * max(1.0, cap_m)
-    rest_c = np.zeros(n + 1)
-    rest_m = np.zeros(n + 1)
-    for i in range(n - 1, -1, -1):
-        rest_c[i] = rest_c[i + 1] + cpu[i]
-        rest_m[i] = rest_m[i + 1] + mem[i]
-    x = np.ones(n, np.int64)
-    best_x = x.copy()
-    best = -np.inf
-    v = np.empty(n)
-    while True:
-        for i in range(n):
-            v[i] = values[offsets[i] + x[i] - 1]
-        obj = A * np.dot(prios, v) - G * (v.max() - v.min())
-        if obj > best + _IMPROVE:
-            best = obj
-            best_x[:] = x
-        k = n - 1
-        while k >= 0:
-            x[k] += 1
-            if x[k] <= length[k]:
-                used_c = rest_c[k + 1]
-                used_m = rest_m[k + 1]
-                for i in range(k + 1):
-                    used_c += cpu[i] * x[i]
-                    used_m += mem[i] * x[i]
-                if used_c <= cap_c + tol_c and used_m <= cap_m + tol_m:
-                    break
-            x[k] = 1
-            k -= 1
-        if k < 0:
-            break
     return best_x

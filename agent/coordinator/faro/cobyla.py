@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from agent.coordinator.faro.allocator import ratio_greedy
-from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem
+from agent.coordinator.faro.problem import Capacity, JobSpec, Problem
 from agent.coordinator.faro.tables import ValueTables, build_tables
 
 
@@ -117,7 +117,7 @@ def hierarchical_allocate(problem: Problem, tables, prios, cpu, mem, cap_cpu, ca
     group_models = []
     for g, idx in enumerate(members):
         ms = [models[i] for i in idx]
-        group_models.append(ModelSpec(
+        group_models.append(JobSpec(
             name=f"group{g}",
             rate=sum(m.rate for m in ms),
             proc_s=float(np.mean([m.proc_s for m in ms])),

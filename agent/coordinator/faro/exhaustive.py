@@ -1,13 +1,17 @@
-"""Brute-force reference: enumerate every replica vector of a small problem.
+"""Brute-force references: enumerate every replica vector of a small problem.
 
-It scores allocations with the scalar formulas (``tables.model_value``), not with the
-solvers' tables, so it checks them independently. Exponential: tests and benches only.
+``brute_force`` scores allocations with the scalar formulas (``tables.model_value``),
+not with the solvers' tables, so it checks them independently; ``enumerate_best`` is the
+solver's exact mode over its value tables (``solver``'s ``exhaustive`` run). Exponential:
+tiny problems only.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
+from agent.coordinator.faro.allocator import MIN_GAIN
 from agent.coordinator.faro.objectives import cluster_objective
 from agent.coordinator.faro.problem import Problem, validate
 from agent.coordinator.faro.tables import model_value
@@ -52,3 +56,43 @@ def brute_force(problem: Problem, max_replicas: int = 64) -> tuple[float, tuple[
 
     walk(0, 0.0, 0.0)
     return best
+
+
+@njit(cache=True)
+def enumerate_best(values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G):
+    """Exact optimum by enumerating every feasible vector (for tiny problems only)."""
+    n = length.shape[0]
+    tol_c = 1e-9 * max(1.0, cap_c)
+    tol_m = 1e-9 * max(1.0, cap_m)
+    rest_c = np.zeros(n + 1)
+    rest_m = np.zeros(n + 1)
+    for i in range(n - 1, -1, -1):
+        rest_c[i] = rest_c[i + 1] + cpu[i]
+        rest_m[i] = rest_m[i + 1] + mem[i]
+    x = np.ones(n, np.int64)
+    best_x = x.copy()
+    best = -np.inf
+    v = np.empty(n)
+    while True:
+        for i in range(n):
+            v[i] = values[offsets[i] + x[i] - 1]
+        obj = A * np.dot(prios, v) - G * (v.max() - v.min())
+        if obj > best + MIN_GAIN:
+            best = obj
+            best_x[:] = x
+        k = n - 1
+        while k >= 0:
+            x[k] += 1
+            if x[k] <= length[k]:
+                used_c = rest_c[k + 1]
+                used_m = rest_m[k + 1]
+                for i in range(k + 1):
+                    used_c += cpu[i] * x[i]
+                    used_m += mem[i] * x[i]
+                if used_c <= cap_c + tol_c and used_m <= cap_m + tol_m:
+                    break
+            x[k] = 1
+            k -= 1
+        if k < 0:
+            break
+    return best_x

@@ -17,10 +17,10 @@ import math
 
 import numpy as np
 
-from agent.coordinator.faro.fleetsim import Decision, FleetConfig, Observation
+from agent.coordinator.faro.fleetsim import FleetDecision, FleetConfig, Observation
 from agent.coordinator.faro.forecast import forecast
 from agent.coordinator.faro.latency import mdc_latency
-from agent.coordinator.faro.problem import Capacity, ModelSpec, Problem
+from agent.coordinator.faro.problem import Capacity, JobSpec, Problem
 from agent.coordinator.faro.reactive import ReactiveState, reactive_step
 from agent.coordinator.faro.solver import solve
 
@@ -34,12 +34,12 @@ class FairShare:
     def __init__(self) -> None:
         self.done = False
 
-    def decide(self, obs: Observation, config: FleetConfig) -> Decision | None:
+    def decide(self, obs: Observation, config: FleetConfig) -> FleetDecision | None:
         if self.done:
             return None
         self.done = True
         n = len(obs.replicas)
-        return Decision(np.full(n, max(config.total_replicas // n, 1)))
+        return FleetDecision(np.full(n, max(config.total_replicas // n, 1)))
 
 
 class _Triggered:
@@ -78,7 +78,7 @@ class Oneshot(_Triggered):
         x = obs.replicas.copy()
         for i, lat in ups + downs:
             x[i] = max(1, math.ceil(x[i] * min(lat / config.slo_s[i], 1e3)))
-        return Decision(x)
+        return FleetDecision(x)
 
 
 class AIAD(_Triggered):
@@ -93,7 +93,7 @@ class AIAD(_Triggered):
             x[i] += 1
         for i, _ in downs:
             x[i] = max(1, x[i] - 1)
-        return Decision(x)
+        return FleetDecision(x)
 
 
 def single_replica_throughput(proc: float, slo: float, percentile: float) -> float:
@@ -132,7 +132,7 @@ class MArkStyle:
             if not math.isnan(lat) and lat > config.slo_s[i]:
                 x[i] += 1
                 changed = True
-        return Decision(x) if changed else None
+        return FleetDecision(x) if changed else None
 
 
 class FaroPolicy:
@@ -153,17 +153,17 @@ class FaroPolicy:
         self.states: list[ReactiveState] = []
         self.drops = None
 
-    def plan(self, obs: Observation, config: FleetConfig) -> Decision:
+    def plan(self, obs: Observation, config: FleetConfig) -> FleetDecision:
         models = []
         for i in range(len(obs.replicas)):
             f = forecast(obs.history[-self.history:, i], self.window, seed=self.seed + i)
-            models.append(ModelSpec(f"m{i}", f.window_quantile(self.quantile),
+            models.append(JobSpec(f"m{i}", f.window_quantile(self.quantile),
                                     config.proc_s[i], config.slo_s[i], config.percentile))
         problem = Problem(Capacity(config.total_replicas, 0.0), tuple(models), self.objective)
         result = solve(problem, self.method)
         x = np.array([result.replicas[m.name] for m in models], dtype=np.int64)
         drops = np.array([result.drop_rate[m.name] for m in models])
-        return Decision(x, drops)
+        return FleetDecision(x, drops)
 
     def decide(self, obs, config):
         if obs.now >= self.next_plan:
@@ -183,4 +183,4 @@ class FaroPolicy:
             self.states[i] = new
         if not changed:
             return None
-        return Decision(np.array([s.replicas for s in self.states]), self.drops)
+        return FleetDecision(np.array([s.replicas for s in self.states]), self.drops)

@@ -53,15 +53,15 @@ class Observation:
 
 
 @dataclass
-class Decision:
+class FleetDecision:
     """A policy's answer: replica counts and optional per-model drop rates."""
 
     replicas: np.ndarray
     drop_rate: np.ndarray | None = None
 
 
-class Policy(Protocol):
-    def decide(self, obs: Observation, config: FleetConfig) -> Decision | None: ...
+class FleetPolicy(Protocol):
+    def decide(self, obs: Observation, config: FleetConfig) -> FleetDecision | None: ...
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def _resize(free: np.ndarray, target: int, now: float, cold: float) -> None:
         free[order[: active.size - target]] = np.inf
 
 
-def simulate(rates_per_min: np.ndarray, history_min: int, policy: Policy,
+def simulate(rates_per_min: np.ndarray, history_min: int, policy: FleetPolicy,
              config: FleetConfig, initial: np.ndarray | None = None) -> FleetResult:
     """Replay minutes ``history_min..`` of ``rates_per_min`` (models × minutes, req/min)."""
     rates = np.asarray(rates_per_min, dtype=float)

@@ -26,7 +26,7 @@ _TOL = 1e-9
 
 
 @dataclass(frozen=True)
-class Node:
+class Machine:
     """A machine's capacity for replicas."""
 
     name: str
@@ -71,7 +71,7 @@ def _usage(node_plan: dict[str, int], models: dict[str, ModelDemand]) -> tuple[f
     return cpu, mem
 
 
-def _fits(node: Node, node_plan: dict[str, int], models: dict[str, ModelDemand]) -> bool:
+def _fits(node: Machine, node_plan: dict[str, int], models: dict[str, ModelDemand]) -> bool:
     cpu, mem = _usage(node_plan, models)
     return cpu <= node.cpu + _TOL and mem <= node.memory_bytes + _TOL
 
@@ -80,7 +80,7 @@ def _allowed(m: ModelDemand, node: str) -> bool:
     return not m.pinned_nodes or node in m.pinned_nodes
 
 
-def place(nodes: list[Node], demands: list[ModelDemand],
+def place(nodes: list[Machine], demands: list[ModelDemand],
           current: dict[str, dict[str, int]] | None = None) -> Placement:
     """Assign every model's target replicas to nodes, moving as little as possible.
     Each node's usage is kept as replicas move, so weighing a candidate node is one
@@ -152,7 +152,7 @@ def place(nodes: list[Node], demands: list[ModelDemand],
     return Placement(assignment, started, stopped, unplaced)
 
 
-def _choose_node(nodes: list[Node], plan: dict[str, dict[str, int]],
+def _choose_node(nodes: list[Machine], plan: dict[str, dict[str, int]],
                  usage: dict[str, tuple[float, float]], m: ModelDemand) -> str | None:
     """The node one more replica of ``m`` goes to (None: it fits nowhere): one that
     already holds ``m`` first, then one of its ``preferred_nodes``, then the most free

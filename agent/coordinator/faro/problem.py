@@ -29,7 +29,7 @@ class ProblemError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class JobSpec:
     """One model (Faro's job): planning rate (req/s), processing time and SLO (s)."""
 
     name: str
@@ -55,7 +55,7 @@ class Problem:
     """Everything the solver needs; ``gamma`` None means the number of models."""
 
     capacity: Capacity
-    models: tuple[ModelSpec, ...]
+    models: tuple[JobSpec, ...]
     objective: str = "fairsum"
     estimator: str = "mdc"
     alpha: float = 1.0
@@ -168,7 +168,7 @@ def problem_from_dict(
         else:
             rate = _number(entry, "rate", where)
         models.append(
-            ModelSpec(
+            JobSpec(
                 name=name,
                 rate=rate,
                 proc_s=_number(entry, "proc_ms", where) / 1000.0,

@@ -26,7 +26,8 @@ from typing import Callable
 import numpy as np
 
 from agent.coordinator.choices import METHODS
-from agent.coordinator.faro.allocator import enumerate_best, fast_allocate
+from agent.coordinator.faro.allocator import fast_allocate
+from agent.coordinator.faro.exhaustive import enumerate_best
 from agent.coordinator.faro.cobyla import cobyla_allocate, hierarchical_allocate
 from agent.coordinator.faro.objectives import cluster_objective, objective_weights
 from agent.coordinator.faro.problem import Problem, validate

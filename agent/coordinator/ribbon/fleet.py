@@ -4,7 +4,7 @@ Same interface as :class:`~agent.coordinator.ribbon.evaluators.LookupGridEvaluat
 ``search`` runs unchanged: Ribbon chooses the pool, Faro fills it. Inputs (built from the
 coordinator's reports, catalog and forecast by ``agent.coordinator.sizing``): per kind
 of node its price, cores, memory and the measured processing time of each model on it;
-per model the planner's forecast rate and its SLO (``faro.ModelSpec``).
+per model the planner's forecast rate and its SLO (``faro.JobSpec``).
 
 ``measure(counts)``, for ``counts[i]`` nodes of kind ``i``:
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agent.coordinator.faro import Capacity, ModelSpec, Problem, ProblemError, solve
+from agent.coordinator.faro import Capacity, JobSpec, Problem, ProblemError, solve
 from agent.coordinator.faro.latency import mdc_within_slo
 from agent.coordinator.ribbon.evaluators import Measurement
 from agent.coordinator.ribbon.space import DEFAULT_TARGET_PERCENT, SearchSpace
@@ -69,7 +69,7 @@ PASSES = 3   # Faro allocations per pool (each at the processing times of the la
 class FleetEvaluator:
     """Prices and predicted QoS of pools of ``types`` serving ``models``."""
 
-    def __init__(self, types: list[PoolType], models: list[ModelSpec], *,
+    def __init__(self, types: list[PoolType], models: list[JobSpec], *,
                  target_percent: float = DEFAULT_TARGET_PERCENT,
                  objective: str = "fairsum", estimator: str = "mdc"):
         if not types:
@@ -164,7 +164,7 @@ class FleetEvaluator:
             out[m.name] = split
         return out
 
-    def _procs(self, m: ModelSpec) -> np.ndarray:
+    def _procs(self, m: JobSpec) -> np.ndarray:
         return np.array([t.proc_s.get(m.name, m.proc_s) for t in self.types], dtype=float)
 
 

@@ -20,6 +20,7 @@ loss before they ever did: "sleeping experts"), so a member is judged by its ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -29,14 +30,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from agent.backends.base import DATATYPES, InvalidInput, TensorSpec, check_inputs
+from agent.backends.base import DATATYPES, InvalidInput, TensorSpec
 from agent.node.admission import Shed
 from agent.node.cache import CacheError, ModelInvalid, UnknownModel
 from agent.node.latency_stats import LatencyWindow
-from agent.node.lifecycle import State as Life
+from agent.node.cache.lifecycle import State as Life
+from agent.node.call import Answer, Call, Decoded
 from agent.node.repository import ModelSpec
 from agent.node.selection.feedback import PendingLog, Prediction
-from agent.node.selection.policies import Policy, State, loss_of
+from agent.node.selection.policies import LearnedState, SelectionPolicy, loss_of
 from agent.node.selection.store import GLOBAL, SelectionStore
 
 from agent.node.serving import resolve_settings
@@ -54,9 +56,9 @@ EXPLORE_ANSWERS = 20
 USUAL_LOSS_RATE = 0.02
 #: A cold member displaces a resident one only when it weighs this many times more.
 SWAP_MARGIN = 1.5
-#: A lighter member in use is tried this many times, this far apart, before a swap
-#: gives up (a later request tries again).
-EVICT_TRIES, EVICT_WAIT_S = 20, 0.005
+#: Seconds a swap waits for a lighter member in use to be done before it gives up (a
+#: later request tries again).
+SWAP_WAIT_S = 0.1
 #: Members are cut before the deadline by the time the app recently took from the cut
 #: to its answer (the loop waking up, combining; ``OVERRUN_PERCENTILE`` of the last
 #: ``OVERRUN_WINDOW`` cut requests), at least ``ANSWER_MARGIN_S`` (encoding and writing
@@ -85,14 +87,14 @@ class SelectionApp:
         self.spec, self.options, self.store, self.clock = spec, options, store, clock
         self.name = spec.name
         self.members = [parse_candidate(c) for c in options.candidates]
-        self.policy = Policy(options.policy, len(self.members), eta=options.eta,
+        self.policy = SelectionPolicy(options.policy, len(self.members), eta=options.eta,
                              share=options.share, gamma=options.gamma,
                              epsilon=options.epsilon, discount=options.discount,
                              static_weights=tuple(options.weights))
         self.state = self.policy.fresh()
-        self.contexts: OrderedDict[str, State] = OrderedDict()
+        self.contexts: OrderedDict[str, LearnedState] = OrderedDict()
         self.dirty: set[str] = set()           # contexts (GLOBAL too) to write
-        self.unsaved: dict[str, State] = {}    # contexts evicted from memory, not written
+        self.unsaved: dict[str, LearnedState] = {}    # contexts evicted from memory, not written
         self.frozen = False                    # weights set by hand: no learning
         self.keys: list[str] | None = None     # members as name:version (``bind``)
         self.validated = False                 # members checked to agree (``ensure_valid``)
@@ -121,9 +123,10 @@ class SelectionApp:
         self.overruns = LatencyWindow(OVERRUN_WINDOW)  # cut to answer, of cut requests
 
     # -- validation ---------------------------------------------------------------------
-    async def ensure_valid(self, serving: Serving) -> None:
+    async def ensure_valid(self, serving: Serving, router: Any = None) -> None:
         """Check once that the members exist and agree on inputs and output (loading a
-        member never loaded before, to read its signature); ``ModelInvalid`` (400)
+        member never loaded before, to read its signature; with ``router``, a member
+        the plan runs on another node is asked there instead); ``ModelInvalid`` (400)
         naming the mismatch. Then read the learned global state."""
         if self.validated:
             return
@@ -136,6 +139,12 @@ class SelectionApp:
             for (name, version), text in zip(self.members, self.options.candidates):
                 try:
                     entry = cache.entry(name, version)
+                    peer = router.member_peer(name) \
+                        if router is not None and entry.metadata is None else None
+                    if peer is not None:
+                        seen.append((entry.key, await router.member_metadata(
+                            peer, name, version)))
+                        continue
                     if entry.metadata is None:
                         entry = await cache.ensure_loaded(name, version)
                 except UnknownModel:
@@ -202,16 +211,16 @@ class SelectionApp:
         self.dirty |= {GLOBAL, *self.contexts, *self.unsaved}
         self.validated = False
 
-    def _from_saved(self, saved: tuple[list[str], dict]) -> State:
+    def _from_saved(self, saved: tuple[list[str], dict]) -> LearnedState:
         members, doc = saved
         try:
-            return State.from_json(doc).remap(members, self.keys or [])
+            return LearnedState.from_json(doc).remap(members, self.keys or [])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             log.warning("app %s: a saved state does not read (%s); starting afresh",
                         self.name, exc)
             return self.state.copy()
 
-    def state_for(self, context: str | None) -> State:
+    def state_for(self, context: str | None) -> LearnedState:
         """The state of ``context`` (None: the global one): in memory, else saved, else
         a copy of the global state; the least recently used contexts leave memory."""
         if context is None:
@@ -260,42 +269,61 @@ class SelectionApp:
         return rows
 
     # -- serving ------------------------------------------------------------------------
-    async def infer(self, serving: Serving, inputs: dict[str, np.ndarray],
-                    parameters: dict[str, Any], *, arrived: float, timeout: float | None,
-                    rid: str | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """(outputs, response parameters) for one request, answered by its deadline."""
-        await self.ensure_valid(serving)
-        check_inputs(self.inputs, inputs)
-        context = self.context_of(parameters)
-        rid = rid if rid is not None else uuid.uuid4().hex
+    async def infer(self, serving: Serving, call: Call, router: Any = None) -> Answer:
+        """The app's answer to ``call``, by its deadline: the combined output with its
+        response parameters (confidence, members used and missing, default).
+        ``router``: the node's (``agent.node.routing``): a member the plan runs on
+        another node is called there, and counts as available."""
+        await self.ensure_valid(serving, router)
+        inputs = call.inputs.against(self.inputs)
+        context = self.context_of(call.parameters)
+        rid = call.request_id if call.request_id is not None else uuid.uuid4().hex
         slo = resolve_settings(self.spec.config, serving.config).slo
-        budget = slo if timeout is None else min(slo, timeout)
-        cut = arrived + budget - self._margin(budget)
-        cache = serving.cache
-        entries = [cache.entry(n, v) for n, v in self.members]
-        available = [e.state is Life.READY for e in entries]
+        budget = slo if call.timeout is None else min(slo, call.timeout)
+        cut = call.arrived + budget - self._margin(budget)
+        entries = [serving.cache.entry(n, v) for n, v in self.members]
+        peers = [router.member_peer(n) if router is not None else None
+                 for n, _ in self.members]
+        available = [e.state is Life.READY or peer is not None
+                     for e, peer in zip(entries, peers)]
         state = self.state_for(context)
         asked, probs = self.policy.select(state, available, self.rng)
         weights = self.policy.probabilities(state)
         self.requests += 1
-        missing: dict[int, str] = {}
-        calls: dict[int, asyncio.Task] = {}
         rows = len(next(iter(inputs.values())))
         if rows == 0:
             raise InvalidInput(f"app {self.name!r}: a request needs at least one row")
+        missing = {i: "cold" for i in asked if not available[i]}
+        calls = {}
         for i in asked:
-            self.selected[i] += 1
             if not available[i]:
-                missing[i] = "cold"
                 continue
             name, version = self.members[i]
-            calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
-                name, entries[i].version, lambda entry: _checked(entry, inputs), {},
-                arrived=arrived, timeout=timeout, rows=rows, expires=cut))
+            if peers[i] is not None:  # its node answers by the cut
+                calls[i] = asyncio.ensure_future(router.member(
+                    peers[i], name, version, inputs, self.options.output.name,
+                    max(cut - serving.clock(), 1e-3)))
+            else:
+                calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
+                    Call(name, entries[i].version, call.protocol, call.arrived,
+                         Decoded(inputs), timeout=call.timeout), expires=cut))
+        self.selected.update(asked)
         if calls:
             await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
         # after this request's member calls: a swap never unloads a member it is asking
         self._load_worth_it(serving, entries, available, weights)
+        answers = self._collect(calls, entries, missing)
+        outputs, answer = self._answer(rid, context, rows, asked, probs, answers, missing)
+        now = serving.clock()
+        self.answer_times.add(now - call.arrived)
+        if "deadline" in missing.values():
+            self.overruns.add(max(now - cut, 0.0))
+        return Answer(outputs, self.name, 1, answer.pop("id"), answer)
+
+    def _collect(self, calls: dict[int, asyncio.Task], entries: list,
+                 missing: dict[int, str]) -> dict[int, np.ndarray]:
+        """The members' answers by the cut; those missing counted with their reason (a
+        member cut at the deadline is dropped while queued, cancelled where it can)."""
         answers: dict[int, np.ndarray] = {}
         for i, task in calls.items():
             reason = _outcome(task)
@@ -310,12 +338,7 @@ class SelectionApp:
                         task.cancel()
         for i, reason in missing.items():
             self.missing[(i, reason)] += 1
-        answer = self._answer(rid, context, rows, asked, probs, answers, missing)
-        now = serving.clock()
-        self.answer_times.add(now - arrived)
-        if "deadline" in missing.values():
-            self.overruns.add(max(now - cut, 0.0))
-        return answer
+        return answers
 
     def _margin(self, budget: float) -> float:
         """How long before the deadline members are cut (see ``ANSWER_MARGIN_S``)."""
@@ -388,30 +411,21 @@ class SelectionApp:
     def _load_in_background(self, serving: Serving, i: int, entry: Any,
                             lighter: list[Any]) -> None:
         """Load member ``i``; where its pool lacks room, first unload the app's resident
-        members that weigh less (``lighter``, lightest first), so that the load does not
-        evict one that matters more."""
+        members that weigh less (``lighter``, lightest first, each once its requests are
+        done, within ``SWAP_WAIT_S``), so that the load does not evict one that matters
+        more."""
         self.background_loads[i] += 1
         cache = serving.cache
 
         async def load() -> None:
-            pool = cache.pool_of(entry)
-            need = entry.account.measured_bytes or entry.account.size_bytes
-
-            def room() -> bool:
-                return pool is None or pool.budget - pool.used - pool.reserved >= need
-
             try:
                 for victim in lighter:
-                    for _ in range(EVICT_TRIES):  # a victim in use: wait for its requests
-                        if room():
-                            break
-                        try:
-                            await cache.evict(victim.name, victim.version)
-                            break
-                        except CacheError:
-                            await asyncio.sleep(EVICT_WAIT_S)
-                if not room():  # the load would evict a member that weighs more: not now
-                    self.background_loads[i] -= 1
+                    if cache.has_room_for(entry):
+                        break
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(cache.unload_when_idle(victim), SWAP_WAIT_S)
+                if not cache.has_room_for(entry):  # the load would evict a member that
+                    self.background_loads[i] -= 1  # weighs more: not now
                     return
                 await cache.ensure_loaded(entry.name, entry.version)
             except CacheError as exc:
@@ -506,7 +520,7 @@ class SelectionApp:
         return True
 
     # -- inspection ---------------------------------------------------------------------
-    def peek_state(self, context: str) -> State | None:
+    def peek_state(self, context: str) -> LearnedState | None:
         """``context``'s state if it has one (in memory or saved), without keeping it."""
         state = self.contexts.get(context) or self.unsaved.get(context)
         if state is None and self.store is not None and self.keys is not None:
@@ -570,11 +584,6 @@ def _specs(specs: list[dict] | None) -> str:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
-
-
-def _checked(entry: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    check_inputs(entry.backend.inputs, inputs)
-    return inputs
 
 
 def _outcome(task: asyncio.Task) -> str | None:

@@ -1,7 +1,7 @@
 """The node's selection apps: the repository's ``backend: selection`` entries by name,
 their feedback, their learned states written behind to ``$data_dir`` (SQLite), and
-what inspection and the CLI see. The serving layer hands an app's requests here
-instead of to a backend (``is_app``)."""
+what inspection and the CLI see. The front desk (``agent.node.frontdesk``) hands an
+app's requests to its app instead of to a model."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
-
-import numpy as np
 
 from agent.backends.base import InvalidInput
 from agent.node.cache import UnknownModel
@@ -58,9 +56,6 @@ class SelectionApps:
                           exc)
         return self._store
 
-    def is_app(self, name: str) -> bool:
-        return name in self.apps
-
     def app(self, name: str, version: int | None = None) -> SelectionApp:
         app = self.apps.get(name)
         if app is None:
@@ -102,12 +97,6 @@ class SelectionApps:
                 app.bind(keys)
 
     # -- requests -----------------------------------------------------------------------
-    async def infer(self, name: str, version: int | None, inputs: dict[str, np.ndarray],
-                    parameters: dict[str, Any], *, arrived: float, timeout: float | None,
-                    rid: str | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return await self.app(name, version).infer(self.serving, inputs, parameters,
-                                                   arrived=arrived, timeout=timeout, rid=rid)
-
     def feedback(self, name: str, doc: Any) -> dict[str, Any]:
         """Apply a feedback body (one item, or ``{"feedback": [items]}``): every item is
         checked before any is learned, so a bad body changes nothing."""

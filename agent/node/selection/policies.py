@@ -1,6 +1,6 @@
 """Selection policies (Clipper §5, Listing 2): select → combine → observe, pure.
 
-A policy holds only its parameters; what it learns is a ``State`` of plain lists (one per
+A policy holds only its parameters; what it learns is a ``LearnedState`` of plain lists (one per
 app and per context), so states can be copied, persisted as JSON and kept per user. No
 I/O, no clock, no node import: randomness comes in as a ``random.Random``.
 
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 #: Policies that ask every member and combine (the others ask one member); the names
-#: are ``agent.config.SELECTION_POLICIES``.
+#: are ``agent.config.modelconfig.SELECTION_POLICIES``.
 ENSEMBLES = ("exp4", "clipper_exp4")
 #: Clipper's ``Exp4Policy::eta`` (``selection_policies.hpp``): the control's learning rate.
 CLIPPER_ETA = 0.01
@@ -32,7 +32,7 @@ VALUE_AGREEMENT = 0.05
 
 
 @dataclass
-class State:
+class LearnedState:
     """What a policy learned for one app or context: ``weights`` (selection weights,
     summing to 1), ``wins``/``losses`` (discounted counts: the bandits'), ``observed``
     (observations applied per member)."""
@@ -43,14 +43,14 @@ class State:
     observed: list[int] = field(default_factory=list)
 
     @classmethod
-    def fresh(cls, members: int, weights: Sequence[float] | None = None) -> State:
+    def fresh(cls, members: int, weights: Sequence[float] | None = None) -> LearnedState:
         w = list(weights) if weights else [1.0] * members
         total = sum(w) or 1.0
         return cls([x / total for x in w], [0.0] * members, [0.0] * members,
                    [0] * members)
 
-    def copy(self) -> State:
-        return State(list(self.weights), list(self.wins), list(self.losses),
+    def copy(self) -> LearnedState:
+        return LearnedState(list(self.weights), list(self.wins), list(self.losses),
                      list(self.observed))
 
     def as_json(self) -> dict[str, Any]:
@@ -58,11 +58,11 @@ class State:
                 "observed": self.observed}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> State:
+    def from_json(cls, doc: dict[str, Any]) -> LearnedState:
         return cls([float(x) for x in doc["weights"]], [float(x) for x in doc["wins"]],
                    [float(x) for x in doc["losses"]], [int(x) for x in doc["observed"]])
 
-    def remap(self, old: Sequence[str], new: Sequence[str]) -> State:
+    def remap(self, old: Sequence[str], new: Sequence[str]) -> LearnedState:
         """This state over members ``new`` (it was learned over ``old``): members kept
         keep their figures, new ones start at the mean weight and no counts."""
         where = {m: i for i, m in enumerate(old)}
@@ -72,7 +72,7 @@ class State:
         def pick(values: list, i: int | None, default: Any) -> Any:
             return values[i] if i is not None else default
 
-        out = State([], [], [], [])
+        out = LearnedState([], [], [], [])
         for m in new:
             i = where.get(m)
             out.weights.append(pick(self.weights, i, mean_w))
@@ -85,7 +85,7 @@ class State:
 
 
 @dataclass(frozen=True)
-class Policy:
+class SelectionPolicy:
     """One of ``POLICIES`` with its parameters (``selection:`` in the app's config)."""
 
     name: str
@@ -118,14 +118,14 @@ class Policy:
             return self.discount
         return 0.98 if self.name == "epsilon_greedy" else 0.995
 
-    def fresh(self) -> State:
+    def fresh(self) -> LearnedState:
         if self.name == "clipper_exp4":  # Clipper's raw weights: 1.0 each, never normalised
             k = self.members
-            return State([1.0] * k, [0.0] * k, [0.0] * k, [0] * k)
-        return State.fresh(self.members, self.static_weights or None)
+            return LearnedState([1.0] * k, [0.0] * k, [0.0] * k, [0] * k)
+        return LearnedState.fresh(self.members, self.static_weights or None)
 
     # -- select -------------------------------------------------------------------------
-    def probabilities(self, state: State) -> list[float]:
+    def probabilities(self, state: LearnedState) -> list[float]:
         """Each member's chance to be picked (ensembles: its weight in the combination)."""
         k = self.members
         if self.name == "exp3":
@@ -143,11 +143,11 @@ class Policy:
             return [w / total if total > 0 else 0.0 for w in state.weights]
         return list(state.weights)
 
-    def _mean(self, state: State, i: int) -> float:
+    def _mean(self, state: LearnedState, i: int) -> float:
         n = state.wins[i] + state.losses[i]
         return state.wins[i] / n if n > 0 else 0.5
 
-    def select(self, state: State, available: Sequence[bool], rng: random.Random
+    def select(self, state: LearnedState, available: Sequence[bool], rng: random.Random
                ) -> tuple[list[int], list[float]]:
         """(members to ask, the probability each was picked with). Ensembles ask every
         member; the others pick one, among the ``available`` (resident) ones when any
@@ -171,7 +171,7 @@ class Policy:
         return [pick], [p[pick] / total if total > 0 else 1.0 / len(pool)]
 
     # -- combine ------------------------------------------------------------------------
-    def combine(self, state: State, answers: dict[int, np.ndarray], kind: str
+    def combine(self, state: LearnedState, answers: dict[int, np.ndarray], kind: str
                 ) -> tuple[np.ndarray, np.ndarray]:
         """(the answer, per row the number of members that agree with it) from the
         members that answered (``answers``: member → its output), weights renormalised
@@ -203,7 +203,7 @@ class Policy:
         return mean.astype(outs[0].dtype), agree
 
     # -- observe ------------------------------------------------------------------------
-    def observe(self, state: State, losses: dict[int, float], rows: int,
+    def observe(self, state: LearnedState, losses: dict[int, float], rows: int,
                 probabilities: dict[int, float]) -> None:
         """Learn from feedback: ``losses`` member → its mean loss in [0, 1] over ``rows``
         rows; ``probabilities``: member → the probability it was picked with (stored with
@@ -231,7 +231,7 @@ class Policy:
                 state.losses[i] += rows * loss
             self._weights_from_means(state)
 
-    def _exponential(self, state: State, losses: dict[int, float], rows: int,
+    def _exponential(self, state: LearnedState, losses: dict[int, float], rows: int,
                      probabilities: dict[int, float]) -> None:
         logw = [math.log(max(w, 1e-300)) for w in state.weights]
         p = self.probabilities(state)
@@ -251,7 +251,7 @@ class Policy:
             w = [keep * x + (1 - keep) / self.members for x in w]
         state.weights = w
 
-    def _clipper_exp4(self, state: State, losses: dict[int, float], rows: int) -> None:
+    def _clipper_exp4(self, state: LearnedState, losses: dict[int, float], rows: int) -> None:
         """Clipper's ``Exp4Policy::process_feedback`` as it was before its removal
         (ucbrise/clipper ``ee929186``, ``src/libclipper/src/selection_policies.cpp``;
         unchanged since ``bac5ec8b``, removed by ``11f57328``): raw float weights, each
@@ -268,7 +268,7 @@ class Policy:
                     total += new - s[i]
                     s[i] = new
 
-    def _weights_from_means(self, state: State) -> None:
+    def _weights_from_means(self, state: LearnedState) -> None:
         means = [self._mean(state, i) for i in range(self.members)]
         total = sum(means) or 1.0
         state.weights = [m / total for m in means]

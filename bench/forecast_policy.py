@@ -1,0 +1,142 @@
+"""The forecasting policy (``cremebrulee-forecast``) against CremeBrulee and the
+CremeBrulee oracle, on three families of workloads, at shares of the models' bytes.
+
+- ``periodic``: ``edgeagent workload generate --functions 5000 --minutes 60
+  --timer-share S`` (the CremeBrulee profiles, ~600 models, an hour; a share S of the
+  models timers of period 30-600 s with 2 % jitter, the rest Azure-like), for each
+  ``--timer-shares`` S, associations ``uniform`` and ``quantiles-r``;
+- ``azure``: the paper's simulation setup (``bench/policy_comparison.py``): an hour of
+  30,000 synthetic functions, ``quantiles-r`` and ``uniform``;
+- ``poisson``: 600 models (CremeBrulee profiles, uniform), an hour of Poisson arrivals,
+  3 requests/s in all, Zipf(1) popularity; ``phases``: the same with the ranks drawn
+  anew every 15 minutes (popularity that moves).
+
+Per family and capacity, the mean over ``--seeds`` seeds of each policy's load delay
+divided by the oracle's, and forecast / CremeBrulee; then the verdicts the issue asks
+for: forecast within 1.05x of the oracle on the periodic workloads, and no worse than
+CremeBrulee (within ``--tolerance``) on every workload at every capacity. Runs the
+compiled replays (numba's JIT, or ``cachepolicies.native``'s where they are built).
+
+    .venv/bin/python bench/forecast_policy.py [--seeds 3] [--shares 0.05,0.1,0.2]
+        [--timer-shares 0.5,0.75] [--families periodic,azure,poisson] [--policy SPEC ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from cachepolicies.simulator import simulate
+from cachepolicies.traces import (
+    Profiles, Trace, cremebrulee_profiles_path, make_profiles, read_profiles)
+from cachepolicies.workloads import TraceOptions, build_workload, synthetic_invocations
+
+ORACLE = "cremebrulee-oracle"
+
+
+def periodic(shipped: Profiles, seed: int, timer_share: float, association: str
+             ) -> tuple[Trace, Profiles]:
+    invocations = synthetic_invocations(5000, 60, seed=seed).with_trigger("http")
+    built = build_workload(invocations, shipped, TraceOptions(
+        association=association, seed=seed, timer_share=timer_share))
+    return built.trace, built.profiles
+
+
+def azure(shipped: Profiles, seed: int, association: str) -> tuple[Trace, Profiles]:
+    invocations = synthetic_invocations(30_000, 60, seed=seed).with_trigger("http")
+    built = build_workload(invocations, shipped, TraceOptions(association=association,
+                                                              seed=seed))
+    return built.trace, built.profiles
+
+
+def poisson(shipped: Profiles, seed: int, phases: int, models: int = 600,
+            rate: float = 3.0, seconds: float = 3600.0) -> tuple[Trace, Profiles]:
+    """Poisson arrivals, Zipf(1) over ``models``, the ranks drawn anew each phase."""
+    rng = np.random.default_rng([seed, phases])
+    rows = rng.integers(0, len(shipped), models)
+    profiles = make_profiles([f"m{i}" for i in range(models)], shipped.size_bytes[rows],
+                             shipped.penalty_seconds[rows], np.zeros(models))
+    weights = 1.0 / np.arange(1, models + 1)
+    weights /= weights.sum()
+    times, ids = [], []
+    length = seconds / phases
+    for phase in range(phases):
+        n = rng.poisson(rate * length)
+        times.append(np.sort(phase * length + rng.random(n) * length))
+        ids.append(rng.permutation(models)[rng.choice(models, n, p=weights)])
+    return (Trace(np.concatenate(times), np.concatenate(ids).astype(np.int64), "<poisson>"),
+            profiles)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--shares", default="0.05,0.1,0.2",
+                        help="capacities as shares of the models' total bytes")
+    parser.add_argument("--timer-shares", default="0.5,0.75")
+    parser.add_argument("--policy", action="append", dest="policies",
+                        help="an online policy spec compared with the oracle, repeatable; "
+                             "the second is compared with the first [default: "
+                             "cremebrulee, cremebrulee-forecast]")
+    parser.add_argument("--tolerance", type=float, default=0.0,
+                        help="forecast counts as no worse within this share of cremebrulee")
+    parser.add_argument("--families", default="periodic,azure,poisson")
+    args = parser.parse_args()
+    shares = [float(s) for s in args.shares.split(",")]
+    specs = args.policies or ["cremebrulee", "cremebrulee-forecast"]
+    shipped = read_profiles(cremebrulee_profiles_path())
+    workloads = {}
+    families = args.families.split(",")
+    if "periodic" in families:
+        for share in (float(s) for s in args.timer_shares.split(",")):
+            for association in ("uniform", "quantiles-r"):
+                workloads[f"periodic {share:g} {association}"] = \
+                    lambda seed, s=share, a=association: periodic(shipped, seed, s, a)
+    if "azure" in families:
+        for association in ("quantiles-r", "uniform"):
+            workloads[f"azure {association}"] = lambda seed, a=association: azure(shipped,
+                                                                                  seed, a)
+    if "poisson" in families:
+        workloads["poisson"] = lambda seed: poisson(shipped, seed, 1)
+        workloads["poisson phases"] = lambda seed: poisson(shipped, seed, 4)
+
+    print(f"load delay / {ORACLE}'s, mean of {args.seeds} seeds; forecast / cremebrulee")
+    print(f"{'workload':<28}{'share':>6}" + "".join(f"{s[:26]:>28}" for s in specs)
+          + f"{'fc/cb':>8}")
+    worst_periodic, worst_vs_cb = {}, {}
+    for label, make in workloads.items():
+        t0 = time.perf_counter()
+        ratios = np.zeros((len(specs), len(shares)))
+        for seed in range(args.seeds):
+            trace, profiles = make(seed)
+            total = int(profiles.size_bytes.sum())
+            for j, share in enumerate(shares):
+                capacity = max(int(share * total), int(profiles.size_bytes.max()))
+                oracle = simulate(trace, profiles, capacity, ORACLE).load_delay_seconds
+                for i, spec in enumerate(specs):
+                    delay = simulate(trace, profiles, capacity, spec, seed=seed)
+                    ratios[i, j] += delay.load_delay_seconds / oracle / args.seeds
+        for j, share in enumerate(shares):
+            row = f"{label:<28}{share:>6.0%}" + "".join(f"{r:>28.4f}" for r in ratios[:, j])
+            if len(specs) >= 2:
+                versus = ratios[1, j] / ratios[0, j]
+                row += f"{versus:>8.4f}"
+                worst_vs_cb[label] = max(worst_vs_cb.get(label, 0.0), versus)
+                if label.startswith("periodic"):
+                    worst_periodic[label] = max(worst_periodic.get(label, 0.0), ratios[1, j])
+            print(row)
+        print(f"{'':<28}({time.perf_counter() - t0:.1f} s)")
+    if len(specs) >= 2:
+        print()
+        for label, worst in worst_periodic.items():
+            print(f"{specs[1]} on {label}: worst {worst:.3f}x the oracle "
+                  f"({'met' if worst <= 1.05 else 'NOT met'}: target <= 1.05x)")
+        for label, worst in worst_vs_cb.items():
+            verdict = "no worse" if worst <= 1 + args.tolerance else "WORSE"
+            print(f"{specs[1]} / {specs[0]} on {label}: worst {worst:.4f} ({verdict})")
+
+
+if __name__ == "__main__":
+    main()

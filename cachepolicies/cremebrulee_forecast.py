@@ -1,0 +1,283 @@
+"""CremeBrulee with forecast arrivals: evict the lowest penalty / (size · B̂), B̂ the
+forecast time to the model's next request.
+
+CremeBrulee (§V-A) estimates the Belady boundary B as 1/λ: right for Poisson arrivals,
+blind to a timer, whose next request is nearly certain. Here each model's inter-arrival
+gaps are watched: after ``confirm`` gaps in a row within ``tolerance`` of its period
+estimate (the running mean of the matching gaps) the model is *periodic*, and
+B̂ = last + period − now, shrinking as its next firing nears (never below a thousandth
+of the period); once it is more than ``tolerance`` of a period overdue (a skipped or
+stopped timer) and for every other model, B̂ = 1/λ with λ CremeBrulee's own rate
+estimate (``rate``, ``half_life``). Faro's forecaster (Holt-Winters over per-minute
+rates, ``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate
+series; an eviction needs the next arrival of one model seconds ahead, and the decayed
+count is already that forecaster's level term, so it is not used here.
+
+A periodic model's utility changes with time alone, so the two kinds are kept apart:
+the others in a heap by log utility (their order changes only on a request, as in
+CremeBrulee), the periodic ones in a list whose utilities an eviction computes afresh;
+the walk merges the two. An eviction costs O(periodic residents · victims) beside
+CremeBrulee's O(victims · log n).
+The eviction set is trimmed to the largest victims that suffice (§V-B).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cachepolicies import rates
+from cachepolicies.base import Key, Policy
+from cachepolicies.cremebrulee import log_worth
+from cachepolicies.heap import (
+    grow_heap, heap_first, heap_next, heap_priority, heap_remove, heap_set, new_heap)
+from cachepolicies.jit import structref, types
+from cachepolicies.kernels import grown, implements, kernel
+
+
+@structref.register
+class ForecastStateType(types.StructRef):
+    pass
+
+
+class ForecastState(structref.StructRefProxy):
+    pass
+
+
+# Per id, while resident: worth = penalty / size and log_worth its log (-inf: no
+# penalty); per id: last (time of the last request, NaN: none yet), period (seconds, 0:
+# no estimate) and streak (gaps in a row that matched it); pslot, the id's place in pids
+# (-1: not listed). pids[:pcount] lists the resident periodic ids. A walk's scratch:
+# putil, per pids slot the utility (penalty / (size · B̂), +inf once taken);
+# pending_heap / pending_periodic, the next candidate of each kind (-1: none left), and
+# pending_util the latter's log utility; shared, the term of the rate-based ones.
+structref.define_proxy(ForecastState, ForecastStateType,
+                       ["res", "heap", "rates", "worth", "log_worth", "last", "period",
+                        "streak", "pslot", "pids", "pcount", "putil", "pending_heap",
+                        "pending_periodic", "pending_util", "shared", "tolerance", "confirm"])
+
+
+@kernel
+def new_state(res, cumulative, k, tolerance, confirm):
+    n = len(res.size)
+    return ForecastState(res, new_heap(n), rates.new_rates(cumulative, k, n), np.zeros(n),
+                         np.zeros(n), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
+                         np.full(n, -1, np.int64), np.zeros(n, np.int64), np.int64(0),
+                         np.zeros(n), np.int64(-1), np.int64(-1), 0.0, 0.0, tolerance,
+                         confirm)
+
+
+@kernel
+def _on_access(s, i, now):
+    log_score = rates.record(s.rates, i, now)
+    _observe_gap(s, i, now)
+    if s.res.slot[i] >= 0:
+        periodic = s.streak[i] >= s.confirm
+        listed = s.pslot[i] >= 0
+        if periodic and not listed:
+            heap_remove(s.heap, i)
+            _list(s, i)
+        elif not periodic:
+            if listed:
+                _unlist(s, i)
+            heap_set(s.heap, i, s.log_worth[i] + log_score)
+    return True
+
+
+@kernel(inline="always")
+def _observe_gap(s, i, now):
+    """Match the gap since the last request against the period estimate."""
+    last = s.last[i]
+    s.last[i] = now
+    if last != last:  # the first request
+        return
+    gap = now - last
+    period = s.period[i]
+    if period > 0 and abs(gap - period) <= s.tolerance * period:
+        s.streak[i] += 1
+        s.period[i] = period + (gap - period) / (s.streak[i] + 1)
+    else:
+        s.streak[i] = 0
+        s.period[i] = gap
+
+
+@kernel
+def _on_admit(s, i, now):
+    worth = log_worth(s.res, i)
+    s.worth[i] = s.res.penalty[i] / max(s.res.size[i], 1)
+    s.log_worth[i] = worth
+    if s.streak[i] >= s.confirm:
+        _list(s, i)
+    else:
+        heap_set(s.heap, i, worth + rates.log_score(s.rates, i))
+
+
+@kernel
+def _on_remove(s, i):
+    if s.pslot[i] >= 0:
+        _unlist(s, i)
+    else:
+        heap_remove(s.heap, i)
+
+
+@kernel
+def _list(s, i):
+    s.pslot[i] = s.pcount
+    s.pids[s.pcount] = i
+    s.pcount += 1
+
+
+@kernel
+def _unlist(s, i):
+    """Take ``i`` out of pids: the last one moves into its place."""
+    k = s.pslot[i]
+    s.pslot[i] = -1
+    s.pcount -= 1
+    if k < s.pcount:
+        last = s.pids[s.pcount]
+        s.pids[k] = last
+        s.pslot[last] = k
+
+
+@kernel
+def _first_candidate(s, now):
+    """Utilities of the periodic residents as of ``now`` (those on time from their
+    forecast, at once), then the lowest of both kinds."""
+    n = s.pcount
+    s.shared = rates.log_shared(s.rates, now)
+    if n > 0:
+        ids = s.pids[:n]
+        period = s.period[ids]
+        ahead = s.last[ids] + period - now
+        putil = s.putil
+        putil[:n] = s.worth[ids] / np.maximum(ahead, 1e-3 * period)
+        for k in np.flatnonzero(ahead < -s.tolerance * period):  # overdue: by its rate
+            putil[k] = math.exp(_rate_log_utility(s, ids[k]))
+    s.pending_heap = heap_first(s.heap)
+    s.pending_periodic = _take_lowest_periodic(s)
+    return _lower_pending(s)
+
+
+@kernel
+def _next_candidate(s, now, previous):
+    if previous == s.pending_heap:
+        s.pending_heap = heap_next(s.heap, previous)
+    else:
+        s.pending_periodic = _take_lowest_periodic(s)
+    return _lower_pending(s)
+
+
+@kernel
+def _take_lowest_periodic(s):
+    """The periodic resident of lowest utility not taken yet in this walk (-1: none)."""
+    n = s.pcount
+    if n == 0:
+        return -1
+    putil = s.putil
+    k = np.argmin(putil[:n])
+    utility = putil[k]
+    if utility == math.inf:
+        return -1
+    putil[k] = math.inf
+    s.pending_util = _log(utility)
+    return s.pids[k]
+
+
+@kernel
+def _lower_pending(s):
+    """Of the two kinds' next candidates, the one of lower utility (ties: the heap's)."""
+    h, p = s.pending_heap, s.pending_periodic
+    if p < 0:
+        return h
+    if h < 0:
+        return p
+    if heap_priority(s.heap, h) + s.shared <= s.pending_util:
+        return h
+    return p
+
+
+@kernel
+def _rate_log_utility(s, i):
+    """log(penalty · λ / size) of resident ``i`` in the walk: CremeBrulee's own."""
+    return s.log_worth[i] + rates.log_score(s.rates, i) + s.shared
+
+
+@kernel(inline="always")
+def _log(x):
+    return math.log(x) if x > 0 else -math.inf
+
+
+@kernel
+def _grow(s, capacity):
+    grow_heap(s.heap, capacity)
+    rates.grow_rates(s.rates, capacity)
+    s.worth = grown(s.worth, capacity, 0.0)
+    s.log_worth = grown(s.log_worth, capacity, 0.0)
+    s.last = grown(s.last, capacity, np.nan)
+    s.period = grown(s.period, capacity, 0.0)
+    s.streak = grown(s.streak, capacity, 0)
+    s.pslot = grown(s.pslot, capacity, -1)
+    s.pids = grown(s.pids, capacity, 0)
+    s.putil = grown(s.putil, capacity, 0.0)
+
+
+implements(ForecastStateType, on_access=_on_access, on_admit=_on_admit,
+           on_remove=_on_remove, first_candidate=_first_candidate,
+           next_candidate=_next_candidate, grow=_grow)
+
+
+@kernel
+def _utility(s, i, now):
+    """penalty / (size · B̂) of ``i`` at ``now``, as an eviction would rank it."""
+    if s.res.slot[i] < 0:
+        return 0.0
+    period = s.period[i]
+    if s.pslot[i] >= 0:
+        ahead = s.last[i] + period - now
+        if ahead >= -s.tolerance * period:
+            return s.worth[i] / max(ahead, 1e-3 * period)
+    log_rate = rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+    return math.exp(s.log_worth[i] + log_rate)
+
+
+@kernel
+def _rate(s, i, now):
+    return rates.rate(s.rates, i, now)
+
+
+@kernel
+def _period(s, i):
+    return s.period[i] if s.streak[i] >= s.confirm else 0.0
+
+
+class CremeBruleeForecast(Policy):
+    name = "cremebrulee-forecast"
+    trims_eviction_set = True
+
+    def __init__(self, rate: str = "decayed", half_life: float = 600.0,
+                 tolerance: float = 0.05, confirm: int = 3) -> None:
+        cumulative, k = rates.rate_parameters(rate, half_life)
+        if not 0 < tolerance < 1:
+            raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+        if confirm < 1:
+            raise ValueError(f"confirm must be >= 1 gap, got {confirm}")
+        super().__init__()
+        self.rate, self.half_life = rate, float(half_life)
+        self.tolerance, self.confirm = float(tolerance), int(confirm)
+        self.state_parameters = (cumulative, k, self.tolerance, np.int64(self.confirm))
+        self._state = new_state(self._res, *self.state_parameters)
+
+    def priority(self, key: Key, now: float) -> float:
+        """Utility: seconds of load time saved per byte per second, as forecast."""
+        i = self._ids.get(key)
+        return 0.0 if i is None else _utility(self._state, i, float(now))
+
+    def request_rate(self, key: Key, now: float) -> float:
+        i = self._ids.get(key)
+        return 0.0 if i is None else _rate(self._state, i, float(now))
+
+    def period(self, key: Key) -> float:
+        """The period detected for ``key`` in seconds, 0 when it is not periodic."""
+        i = self._ids.get(key)
+        return 0.0 if i is None else float(_period(self._state, i))
