@@ -15,6 +15,7 @@ p50 overhead <= 0.3 ms, >= 3,000 req/s.
     .venv/bin/python bench/serving_overhead.py --record-ab 8 [--seconds 2]
     .venv/bin/python bench/serving_overhead.py --against DIR [--rounds 8] [--seconds 2]
     .venv/bin/python bench/serving_overhead.py --tracing-ab 8 [--seconds 2]
+    .venv/bin/python bench/serving_overhead.py --client wrk --profile 10 [--concurrency 1]
 
 ``--record-requests 0`` runs the agent without its request record (the twin's ring,
 on by default). ``--record-ab R`` measures what the record costs: two agents, one with
@@ -26,7 +27,11 @@ another (``git archive COMMIT | tar -x -C DIR``) the same way: an agent from eac
 ``--rounds`` rounds alternating, the difference this - DIR. ``--tracing-ab R``: what
 OpenTelemetry traces cost (the tracing extra): an agent without ``tracing:`` and one
 tracing requests (``--sample-ratio``, default every one) to a real OTLP/gRPC collector
-that this process runs (it counts the spans it receives, printed at the end).
+that this process runs (it counts the spans it receives, printed at the end). ``--profile S`` samples the
+agent for S seconds with py-spy (``pip install py-spy``, the bench extra; it needs the
+right to trace the agent's process: root, or ``ptrace_scope`` 0) while the client loads
+it at the first concurrency, and prints where the event loop's own time (while it holds
+the GIL) goes: each function's share, inclusive and by itself.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -210,14 +217,15 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
     (ABBA...); each round's p50/p99 and the p50/p99 differences' mean and spread."""
     labels = list(urls)
     rows: dict[str, list[dict]] = {label: [] for label in labels}
-    print(f"{'round':>5} " + " ".join(f"{label + ' p50/p99 ms':>24}" for label in labels))
+    print(f"{'round':>5} " + " ".join(f"{label + ' p50/p99 ms, req/s':>32}"
+                                      for label in labels))
     for r in range(rounds):
         for label in (labels if r % 2 == 0 else labels[::-1]):
             rows[label].append(client(urls[label] + "/v2/models/small/infer", seconds,
                                       concurrency, "POST", body))
         print(f"{r + 1:5d} " + " ".join(
             f"{rows[label][-1]['p50_ms']:>15.3f}/{rows[label][-1]['p99_ms']:<8.3f}"
-            for label in labels))
+            f"{rows[label][-1]['rps']:>8.0f}" for label in labels))
     with_, without = labels[1], labels[0]
     for q in ("p50_ms", "p99_ms"):
         a = np.array([x[q] for x in rows[with_]])
@@ -230,6 +238,54 @@ def record_ab(urls: dict[str, str], client, body: str, seconds: float, concurren
               f"±2 standard errors {half:.3f} ms: {verdict}); the rounds' median "
               f"difference {np.median(diff):+.3f} ms; medians {np.median(a):.3f} vs "
               f"{np.median(b):.3f} ms")
+    a, b = (np.array([x["rps"] for x in rows[label]]) for label in (with_, without))
+    print(f"req/s {with_} / {without}: {np.median(a / b):.3f}, the rounds' median ratio; "
+          f"medians {np.median(a):.0f} vs {np.median(b):.0f} req/s")
+
+
+def profile(agent: subprocess.Popen, url: str, client, body: str, seconds: float,
+            concurrency: int, top: int = 45) -> None:
+    """py-spy on ``agent`` for ``seconds`` under load; the event loop thread's shares."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "profile.txt"
+        sampler = subprocess.Popen(
+            [spy, "record", "-p", str(agent.pid), "-d", f"{seconds:.0f}", "-r", "1000",
+             "--gil", "--nonblocking", "-f", "raw", "-o", str(raw)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        load = client(url + "/v2/models/small/infer", seconds + 2, concurrency, "POST", body)
+        out = sampler.communicate(timeout=60)[0]
+        if sampler.returncode or not raw.exists():
+            print(f"py-spy could not sample the agent: {out.strip()[-500:]}")
+            return
+        inclusive, alone, total = shares(raw.read_text())
+    print(f"profile: {total} samples of the event loop holding the GIL in {seconds:g} s, "
+          f"{load['rps']:.0f} req/s at concurrency {concurrency} (py-spy slows it)")
+    print(f"{'incl %':>7} {'self %':>7}  function")
+    for frame, n in inclusive.most_common(top):
+        print(f"{100 * n / total:7.1f} {100 * alone[frame] / total:7.1f}  {frame}")
+
+
+def shares(collapsed: str) -> tuple[Counter, Counter, int]:
+    """(samples per function inclusive, by itself, total) of the event loop thread's
+    stacks in py-spy's collapsed output; the frames above the loop are left out."""
+    inclusive: Counter = Counter()
+    alone: Counter = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        loops = [i for i, f in enumerate(frames) if f.startswith(("run (uvloop",
+                                                                   "Runner.run ("))]
+        if not loops:
+            continue
+        loop = loops[-1]
+        frames = frames[loop + 1:] or ["(the loop itself)"]
+        total += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
+        alone[frames[-1]] += int(count)
+    return inclusive, alone, total
 
 
 def main() -> None:
@@ -252,6 +308,9 @@ def main() -> None:
                          "here): agents without and with, ROUNDS rounds alternating")
     ap.add_argument("--sample-ratio", type=float, default=1.0,
                     help="tracing.sample_ratio of --tracing-ab's traced agent")
+    ap.add_argument("--profile", type=float, metavar="SECONDS",
+                    help="then sample the agent with py-spy for SECONDS under load at the "
+                         "first --concurrency and print where the event loop's time goes")
     args = ap.parse_args()
     if args.record_ab is not None and (args.record_ab < 2 or args.record_requests is not None):
         ap.error("--record-ab needs at least 2 rounds and no --record-requests")
@@ -326,6 +385,8 @@ def main() -> None:
             best = max(r[3]["rps"] for r in rows)
             print(f"best agent throughput: {best:.0f} req/s (target >= 3000); direct at the "
                   f"same concurrency: {max(r[1]['rps'] for r in rows):.0f} req/s")
+            if args.profile:
+                profile(agent, url, client, body, args.profile, levels[0])
         finally:
             agent.terminate()
             agent.wait(30)

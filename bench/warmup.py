@@ -91,11 +91,6 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
-        async def infer_ns(model: str) -> int:
-            async with http.get(f"{url}/v2/models/{model}/stats") as resp:
-                stats = (await resp.json())["model_stats"][0]
-            return stats["inference_stats"]["compute_infer"]["ns"]
-
         for name, shape in MODELS.items():
             for mode in ("none", "default"):
                 write_mlp(repo / f"{name}-{mode}" / "1" / "model.onnx", **shape)

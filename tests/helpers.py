@@ -551,8 +551,8 @@ class ServingListener:
         self.serving.model_unloaded(entry, reason)
 
 
-async def start_serving(repo, backend_factory=None, **config):
-    """(cache, serving) over ``repo`` with a 1 GB CPU budget."""
+async def start_serving(repo, backend_factory=None, clock=None, **config):
+    """(cache, serving) over ``repo`` with a 1 GB CPU budget (``clock``: serving's)."""
     from agent.config import AgentConfig
     from agent.node.cache import ModelCache
     from agent.node.repository import scan_repository
@@ -561,7 +561,8 @@ async def start_serving(repo, backend_factory=None, **config):
     kwargs = {"backend_factory": backend_factory} if backend_factory else {}
     listener = ServingListener()
     cache = ModelCache(scan_repository(repo), {"cpu": 10**9}, listener=listener, **kwargs)
-    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None)
+    listener.serving = Serving(cache, AgentConfig(repository=repo, **config), None,
+                               **({"clock": clock} if clock else {}))
     return cache, listener.serving
 
 

@@ -8,12 +8,13 @@ Timing-based tests assert behaviour with margins that hold on a loaded box; late
 throughput against the SLO are measured by bench/serving_slo.py."""
 
 import asyncio
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from agent.backends.base import InvalidInput, TensorSpec
+from agent.backends.base import Backend, InvalidInput, TensorSpec
 from agent.backends.synthetic import SyntheticBackend
 from tests.helpers import (Recorder, add_synthetic, call_model, closed_loop, open_loop,
                            start_serving, stop_serving, without_stalls)
@@ -245,4 +246,50 @@ async def test_a_request_queued_past_its_expiry_is_dropped_not_run(repo):
     assert err.value.reason == "expired"
     await first
     assert len(recorder.calls) == 1  # only the first ran
+    await stop_serving(cache, serving)
+
+
+class Ticks:
+    """A serving clock that moves only when a model runs."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class RunsInPlace(SyntheticBackend):
+    """A backend that may run on the event loop (``RUNS_IN_PLACE``): each run takes its
+    ``base_ms`` on the test's clock (``TICKS``) and says on which thread it ran."""
+
+    RUNS_IN_PLACE = True
+    TICKS: Ticks
+    THREADS: list
+
+    def infer(self, inputs, parameters):
+        self.THREADS.append((self.name, threading.get_ident()))
+        self.TICKS.now += self._seconds(inputs)
+        return self._answer(inputs)
+
+    infer_async = Backend.infer_async  # the default: ``infer`` on a thread
+
+
+async def test_a_batch_measured_quick_runs_on_the_event_loop_a_slow_one_on_a_thread(repo):
+    add_synthetic(repo, "quick", base_ms=0.05, max_batch_size=1)  # 50 us a run
+    add_synthetic(repo, "slow", base_ms=2, max_batch_size=1)
+    RunsInPlace.TICKS, RunsInPlace.THREADS = Ticks(), []
+    cache, serving = await start_serving(
+        repo, lambda kind, *args: RunsInPlace(*args), clock=RunsInPlace.TICKS)
+    x = np.ones((1, 2), np.float32)
+    for _ in range(3):
+        for name in ("quick", "slow"):
+            assert (await call_model(serving, name, x)).tolist() == [[2.0]]
+    loop = threading.get_ident()
+    ran = {name: [t == loop for n, t in RunsInPlace.THREADS if n == name]
+           for name in ("quick", "slow")}
+    # quick: its first run measured on a thread, then in place; slow: always a thread
+    assert ran == {"quick": [False, True, True], "slow": [False, False, False]}
+    info = serving.describe(cache.entry("quick"))
+    assert info["requests_served"] == 3 and info["batch_ms_by_size"] == {"1": 0.05}
     await stop_serving(cache, serving)

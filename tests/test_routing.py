@@ -65,6 +65,15 @@ class Node:
     def cache(self, model, headers=None):
         return self.request("GET", f"/v1/cache/{model}", headers=headers)[2]
 
+    def grpc_served_by(self, model, width):
+        """The node that served a gRPC ModelInfer of ``width`` ones sent here."""
+        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(self.grpc.address))
+        _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
+            model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
+                name="X", datatype="FP32", shape=[1, width])],
+            raw_input_contents=[np.ones(width, np.float32).tobytes()]), timeout=10)
+        return dict(call.trailing_metadata())["edgeagent-served-by"]
+
     def close(self):
         self.agent.call(self.grpc.stop(0))
         self.agent.close()
@@ -155,6 +164,28 @@ def test_a_request_is_served_by_the_node_its_table_names(tmp_path, fleet):
     row = next(line for line in shown.output.splitlines() if line.startswith("m "))
     assert row.split()[-2:] == ["edge-b:1", "1/0/0/0"], row
     assert "routing: m -> edge-b: 1 forwarded, 0 errors, hop p50" in shown.output
+
+
+def test_a_forwarded_request_is_not_decoded_where_it_landed(tmp_path, fleet):
+    repo = same_repo(tmp_path, m={"base_ms": 0})
+    # decoded at a, this 4 x 4-byte input would be over a's max_tensor_bytes (413)
+    a = fleet("edge-a", repo, max_tensor_bytes=8)
+    b = fleet("edge-b", repo)
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
+                        "data": [1.0, 2.0, 3.0, 4.0]}]}
+    assert a.infer("m", body)[0] == 413  # a's own model, served at a: decoded there
+    give_table([a, b], {"m": {"edge-b": 1}})
+    status, headers, doc = a.infer("m", body)
+    assert status == 200 and headers["edgeagent-served-by"] == "edge-b", doc
+    assert a.grpc_served_by("m", 4) == "edge-b"
+    # the body's own fault is the peer's answer, passed on as it came and named
+    status, headers, doc = a.request("POST", "/v2/models/m/infer", b'{"inputs": 7}',
+                                     {"Content-Type": "application/json"})
+    assert status == 400 and headers["edgeagent-served-by"] == "edge-b"
+    assert "inputs" in doc["error"]
+    assert a.cache("m")["requests_served"] == 0 and b.cache("m")["requests_served"] == 2
+    routed = a.request("GET", "/v1/routing")[2]["models"]["m"]["peers"]["edge-b"]
+    assert routed["answers"] == {"200": 2, "400": 1}
 
 
 def test_requests_split_by_the_plans_replicas(tmp_path, fleet):
@@ -281,12 +312,7 @@ def test_a_table_naming_a_node_that_is_gone(tmp_path, fleet):
         for _ in range(3):
             status, headers, _ = a.infer("m")
             assert status == 200 and headers["edgeagent-served-by"] == "edge-a"
-        stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(a.grpc.address))
-        _, call = stub.ModelInfer.with_call(pb.ModelInferRequest(
-            model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
-                name="X", datatype="FP32", shape=[1, 2])],
-            raw_input_contents=[np.ones(2, np.float32).tobytes()]), timeout=10)
-        assert dict(call.trailing_metadata())["edgeagent-served-by"] == "edge-a"
+        assert a.grpc_served_by("m", 2) == "edge-a"
     routed = a.request("GET", "/v1/routing")[2]
     # tried once, then skipped with backoff
     assert routed["models"]["m"]["fallback_reasons"] == {"peer_failed": 1, "peers_down": 3}

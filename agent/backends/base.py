@@ -67,8 +67,15 @@ DATATYPES: dict[str, np.dtype] = {
 }
 
 
+#: The OIP datatype of each numpy dtype of ``DATATYPES`` (BYTES aside).
+_NAMES = {dtype: name for name, dtype in DATATYPES.items() if name != "BYTES"}
+
+
 def datatype_of(array: np.ndarray) -> str:
     """The OIP datatype name of ``array`` (bytes/str arrays are BYTES)."""
+    found = _NAMES.get(array.dtype)
+    if found is not None:
+        return found
     if array.dtype.kind in "OSU":
         return "BYTES"
     for name, dtype in DATATYPES.items():
@@ -165,6 +172,10 @@ class Backend(ABC):
     #: ``infer_async`` may be cancelled midway and stops its work (it holds no thread):
     #: a caller that no longer needs the answer (a selection app's cut) cancels it.
     CANCELLABLE: ClassVar[bool] = False
+    #: ``infer`` may run on the event loop itself where it is measured to be quick: it
+    #: holds no lock the loop needs and returns within its measured time (the batcher
+    #: decides: ``agent.node.batching.IN_PLACE_S``).
+    RUNS_IN_PLACE: ClassVar[bool] = False
 
     def __init__(self, name: str, version: int, path: Path, config: "ModelConfig",
                  footprints: FootprintModel) -> None:

@@ -258,6 +258,7 @@ def _answer(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
 class OnnxBackend(Backend):
     kind = "onnx"
     MODEL_FILE = "model.onnx"
+    RUNS_IN_PLACE = True  # session.run: one call, as long as it was measured
     # CPU, with tune_malloc and the runtime primed: RSS = weights + the arena's first
     # chunk and session state, fitted to the demo MLPs (bench/memory_accounting.py;
     # figures in docs/benchmarks.md). CUDA: weights + cuBLAS/cuDNN handles and workspace

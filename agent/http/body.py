@@ -388,8 +388,14 @@ def body_timeout_middleware(seconds: float, max_bytes: int,
                                    else max_bytes)
             try:
                 try:
-                    async with asyncio.timeout(seconds):
-                        request[BODY] = await read(request, body, decoder)
+                    content = request.content
+                    if decoder is None and length is not None and content.is_eof() \
+                            and content.total_bytes == length \
+                            and (body is None or memory.count(body, length)):
+                        request[BODY] = content.read_nowait()  # here whole: no wait
+                    else:
+                        async with asyncio.timeout(seconds):
+                            request[BODY] = await read(request, body, decoder)
                 except TimeoutError:
                     if body is not None and body.waiting:
                         memory.refused += 1

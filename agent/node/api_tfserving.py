@@ -11,10 +11,11 @@ from agent.backends.base import TensorSpec
 from agent.http.body import request_body
 from agent.node.batching import rows_of
 from agent.node.cache.lifecycle import State
-from agent.node.call import Call
+from agent.node.call import TF_REST, Call, Target
 from agent.node.hostpaths import public_message
-from agent.node.routes import NODE, counted, model_ref, send_body
-from agent.node.tensors import (Limits, check_tf_size, decode_tf_checked, dumps,
+from agent.node.routes import NODE, counted, model_ref, send_body, send_relayed, served_headers
+from agent.node.routing.trust import http_mark
+from agent.node.tensors import (NO_LIMITS, check_tf_size, decode_tf_checked, dumps,
                                 encode_tf_body, encode_tf_response, json_object)
 
 _TF_STATES = {State.READY: "AVAILABLE", State.LOADING: "LOADING",
@@ -26,16 +27,20 @@ class TfInputs:
     where that is known (a bad body never causes a load), else parsed (malformed JSON,
     or too many rows, never cause a load either) and decoded once the model is loaded."""
 
-    def __init__(self, raw: bytes, limits: Limits) -> None:
-        self.raw, self.limits = raw, limits
+    def __init__(self, raw: bytes | bytearray, decoder: Any) -> None:
+        self.raw, self.decoder = raw, decoder
+        self.limits = NO_LIMITS
         self.parsed: dict | None = None
         self.known: list[TensorSpec] | None = None
         self.decoded: dict[str, np.ndarray] | None = None
         self.style, self.rows = "row", 1
 
-    async def read(self, decoder: Any, known: list[TensorSpec] | None) -> None:
-        """Decode against ``known`` off the event loop, or parse where it is None (on a
-        thread, never in the decoding child: its objects would be pickled back)."""
+    async def read(self, call: Call, target: Target) -> None:
+        """Decode against the signature ``target`` knows, off the event loop, or parse
+        where it knows none (on a thread, never in the decoding child: its objects
+        would be pickled back)."""
+        decoder, self.limits = self.decoder, target.limits()
+        known = await target.signature()
         if known is not None:
             self.decoded, self.style = await decoder.run(
                 len(self.raw), decode_tf_checked, self.raw, known, self.limits)
@@ -45,6 +50,10 @@ class TfInputs:
                                             json_object, self.raw)
             check_tf_size(self.parsed, None, self.limits)
 
+    def said_timeout(self) -> float | None:
+        """TF Serving's predict has no timeout."""
+        return None
+
     def against(self, signature: list[TensorSpec]) -> dict[str, np.ndarray]:
         if self.decoded is None or signature != self.known:
             self.decoded, self.style = decode_tf_checked(
@@ -53,31 +62,28 @@ class TfInputs:
         return self.decoded
 
 
-@counted("tfserving-rest")
-async def predict(request: web.Request) -> web.Response:
+@counted(TF_REST)
+async def predict(request: web.Request) -> web.StreamResponse:
     """A predict: its predictions, and for a selection app ``id`` and ``parameters``
-    (confidence, members used and missing, default) beside them."""
+    (confidence, members used and missing, default) beside them; a peer's answer as it
+    came."""
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
     raw = await request_body(request)
-    # routing (issue 34): a model the plan runs on another node is answered there
-    forwarded = await node.router.http(request, name, raw)
-    if forwarded is not None:
-        return forwarded
-    inputs = TfInputs(raw, node.desk.limits(name, version))
-    await inputs.read(node.decoder, await node.desk.servable(name, version).signature())
-    call = Call(name, version, "tfserving-rest", arrived, inputs, body=raw,
-                headers={"Content-Type": request.headers.get("Content-Type",
-                                                             "application/json")})
+    inputs = TfInputs(raw, node.decoder)
+    call = Call(name, version, TF_REST, arrived, inputs, body=raw, headers=request.headers,
+                mark=http_mark(request))
     answer = await node.desk.infer(call)
+    if answer.relayed is not None:
+        return await send_relayed(request, answer)
     if answer.parameters is None:
         out = await node.decoder.run(sum(a.nbytes for a in answer.outputs.values()),
                                      encode_tf_body, answer.outputs, inputs.style)
     else:
         out = dumps({**encode_tf_response(answer.outputs, inputs.style),
                      "id": answer.request_id, "parameters": answer.parameters}, newline=True)
-    return await send_body(request, out, "application/json")
+    return await send_body(request, out, "application/json", served_headers(node, call, answer))
 
 
 async def status(request: web.Request) -> web.Response:

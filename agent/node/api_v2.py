@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import orjson
 from aiohttp import web
 
 from agent import __version__
 from agent.http.body import request_body
-from agent.node.call import Call, Decoded, timeout_parameter
+from agent.node.batching import rows_of
+from agent.node.call import V2_REST, Call, Decoded, Target, is_timeout, timeout_parameter
 from agent.node.hostpaths import public_fields
 from agent.node.repository import unlisted
-from agent.node.routes import NODE, counted, model_ref, send_body
+from agent.node.routes import NODE, counted, model_ref, send_body, send_relayed, served_headers
+from agent.node.routing.trust import http_mark
 from agent.validation import ascii_int
 from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_response, json_object,
                                 parse_json)
@@ -19,8 +22,41 @@ from agent.node.tensors import (BadRequest, decode_v2_request, encode_v2_respons
 if TYPE_CHECKING:
     from agent.node.node import Node
 
-#: The headers that frame a v2 body (kept with a call for a node it may be passed on to).
-FRAMING = ("Content-Type", "Inference-Header-Content-Length")
+#: A v2 JSON body up to this size is read for its ``timeout`` parameter when it is
+#: passed on undecoded (the client's deadline); a larger one is passed on unread (its
+#: deadline is the peer's to keep).
+READ_DEADLINE_BYTES = 64 * 1024
+
+
+class V2Inputs(Decoded):
+    """A v2 body (JSON, or JSON and the binary extension's data), decoded where the call
+    is served here: on the event loop, or a large one off it (``offload.Decoder``)."""
+
+    def __init__(self, body: bytes | bytearray, header_length: int | None,
+                 decoder: Any) -> None:
+        self.body, self.header_length, self.decoder = body, header_length, decoder
+        self.tensors, self.rows = {}, 1
+        self.meta: dict[str, Any] = {}  # the request JSON less its input data
+
+    async def read(self, call: Call, target: Target) -> None:
+        self.tensors, self.meta = await self.decoder.run(
+            len(self.body), decode_v2_request, self.body, self.header_length,
+            target.limits())
+        self.rows = rows_of(self.tensors)
+        call.parameters, call.request_id = self.meta["parameters"], self.meta["id"]
+        call.timeout = timeout_parameter(call.parameters)
+
+    def said_timeout(self) -> float | None:
+        """The ``timeout`` parameter of a small body's JSON (``READ_DEADLINE_BYTES``)."""
+        body, length = self.body, self.header_length
+        head = body if length is None else body[:length]
+        if len(head) > READ_DEADLINE_BYTES:
+            return None
+        try:
+            raw = (orjson.loads(head).get("parameters") or {}).get("timeout")
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            return None  # (the serving node answers the body's fault)
+        return raw / 1e6 if is_timeout(raw) else None
 
 
 async def live(request: web.Request) -> web.Response:
@@ -57,10 +93,10 @@ async def model_ready(request: web.Request) -> web.Response:
     return web.json_response({"name": name, "ready": True})
 
 
-@counted("v2")
-async def infer(request: web.Request) -> web.Response:
+@counted(V2_REST)
+async def infer(request: web.Request) -> web.StreamResponse:
     """Read the v2 request into a ``Call``, hand it to the front desk, encode its answer
-    (an app's with its response parameters beside the request's)."""
+    (an app's with its response parameters beside the request's; a peer's as it came)."""
     node = request.app[NODE]
     arrived = node.serving.clock()
     name, version = model_ref(request)
@@ -71,33 +107,24 @@ async def infer(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     body = await request_body(request)
-    # routing (issue 34): a model the plan runs on another node is answered there
-    forwarded = await node.router.http(request, name, body)
-    if forwarded is not None:
-        return forwarded
-    limits = node.desk.limits(name, version)
-    inputs, meta = await node.decoder.run(len(body), decode_v2_request, body, header_length,
-                                          limits)
-    call = Call(name, version, "v2", arrived, Decoded(inputs), meta["parameters"],
-                request_id=meta["id"], timeout=timeout_parameter(meta["parameters"]),
-                body=body, headers={h: request.headers[h] for h in FRAMING
-                                    if h in request.headers})
+    inputs = V2Inputs(body, header_length, node.decoder)
+    call = Call(name, version, V2_REST, arrived, inputs, body=body, headers=request.headers,
+                mark=http_mark(request))
     answer = await node.desk.infer(call)
+    if answer.relayed is not None:
+        return await send_relayed(request, answer)
+    meta = inputs.meta
     if answer.parameters is not None:
         meta = {**meta, "id": answer.request_id,
                 "parameters": {**meta["parameters"], **answer.parameters}}
     out, header_len = await node.decoder.run(
         sum(a.nbytes for a in answer.outputs.values()), encode_v2_response, name,
         answer.version, answer.outputs, meta)
-    return await _send_answer(request, out, header_len)
-
-
-async def _send_answer(request: web.Request, out: bytes, header_len: int | None
-                       ) -> web.StreamResponse:
+    headers = served_headers(node, call, answer)
     if header_len is None:
-        return await send_body(request, out, "application/json")
-    return await send_body(request, out, "application/octet-stream",
-                           {"Inference-Header-Content-Length": str(header_len)})
+        return await send_body(request, out, "application/json", headers)
+    headers["Inference-Header-Content-Length"] = str(header_len)
+    return await send_body(request, out, "application/octet-stream", headers)
 
 
 def repository_index_items(node: Node, only_ready: bool) -> list[dict]:

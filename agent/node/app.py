@@ -29,7 +29,7 @@ from agent.node.hostpaths import public_message
 from agent.node import (api_admin, api_routing, api_selection, api_tfserving, api_triton,
                         api_v2, reporter)
 from agent.node.node import Node
-from agent.node.routes import NODE
+from agent.node.routes import NODE, served_here
 
 log = logging.getLogger("edgeagent.node")
 
@@ -95,7 +95,8 @@ def create_app(config: AgentConfig, *, node: Node | None = None, **node_kwargs: 
     api_tfserving.add_routes(app)
     api_admin.add_routes(app)
     api_selection.add_routes(app)
-    api_routing.add_routes(app)  # GET /v1/routing, edgeagent-served-by on answers
+    api_routing.add_routes(app)
+    app.on_response_prepare.append(served_here)  # edgeagent-served-by on errors too
     add_dashboard(app, "node.html")
     # Before the node's hooks: the reporter stops before the cache closes.
     reporter.setup(app, app[NODE])

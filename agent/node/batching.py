@@ -46,6 +46,10 @@ log = logging.getLogger("edgeagent.batching")
 
 #: Stop waiting for a batch after this many mean inter-arrival times without an arrival.
 GAP_FACTOR = 2.0
+#: A batch of a size whose typical run is measured at or under this many seconds runs on
+#: the event loop itself, where its backend allows it (``Backend.RUNS_IN_PLACE``): the
+#: hand-off to an inference thread and back, two wake-ups, would cost more than the run.
+IN_PLACE_S = 0.0002
 #: Request parameters that only shape the response or the scheduling, never the outputs.
 _NOT_FOR_BACKEND = frozenset({"timeout", "binary_data_output", "priority"})
 
@@ -333,6 +337,16 @@ class ModelBatcher:
             if traced is not None:  # tracing
                 tracing.batch_ended(traced)
 
+    async def _backend_run(self, inputs: dict[str, np.ndarray], parameters: dict[str, Any],
+                           rows: int) -> dict[str, np.ndarray]:
+        """The backend's outputs for one batch of ``rows``: in place on the event loop
+        where that size was measured to run within ``IN_PLACE_S``, else off the loop."""
+        if self.backend.RUNS_IN_PLACE:
+            typical = self.tuner.profile.typical(rows)
+            if typical is not None and typical <= IN_PLACE_S:
+                return self.backend.infer(inputs, parameters)
+        return await self.backend.infer_async(inputs, parameters, self.executor)
+
     def _observe(self, rows: int, seconds: float, full: bool) -> None:
         self.tuner.observe_batch(self.clock(), rows, seconds, full)
         if self.on_batch is not None:
@@ -341,7 +355,7 @@ class ModelBatcher:
     async def _infer_one(self, p: Pending, full: bool) -> None:
         started = self.clock()
         try:
-            outputs = await self.backend.infer_async(p.inputs, p.parameters, self.executor)
+            outputs = await self._backend_run(p.inputs, p.parameters, p.weight)
         except Exception as exc:  # noqa: BLE001 - the request's answer
             p.fail(exc)
             return
@@ -360,7 +374,8 @@ class ModelBatcher:
                   for name in batch[0].inputs}
         started = self.clock()
         try:
-            outputs = await self.backend.infer_async(merged, batch[0].parameters, self.executor)
+            outputs = await self._backend_run(merged, batch[0].parameters,
+                                              sum(p.weight for p in batch))
         except BackendUnavailable as exc:  # the runtime's fault, not a request's
             for p in batch:
                 p.fail(exc)

@@ -1,19 +1,16 @@
 """The front desk: where every inference request comes in.
 
 Each front end (v2 REST ``api_v2``, v2 gRPC ``grpc_v2``, TF Serving REST
-``api_tfserving``) reads its protocol into one ``Call`` (``agent.node.call``) and hands
-it to ``FrontDesk.infer(call)``, the one entry point that serves it: it asks
-``servable``, the one place that decides what serves a name (a model of the repository,
-through the cache and batching: ``ModelServable``; a selection app: ``AppServable``),
-and awaits its ``infer``.
+``api_tfserving``) reads its protocol into one ``Call`` (``agent.node.call``), its body
+not yet decoded, and hands it to ``FrontDesk.infer(call)``, the one entry point that
+serves it: ``servable_for`` decides what serves it, and ``infer`` awaits that.
 
-A peer node that runs the model under the plan is the next servable, and ``servable`` is
-where it is chosen: anything with an async ``infer(call) -> Answer`` fits. A ``Call``
-keeps what a forwarder passes on: the body as received (undecoded, where the front end
-has one: the v2 JSON or binary body, the TF predict body, the gRPC message) with the
-headers that frame it, the client's deadline (``timeout``), request id, parameters, the
-protocol it came in by and the caller (``identity``); an ``Answer`` names the node that
-served it (``served_by``), for the front end to say so.
+What serves a call: a peer node that runs its model under the plan (``PeerServable``:
+the router's choice, ``agent.node.routing``; the call goes there undecoded, one hop at
+most, its answer relayed as it came, and is served here when the peer cannot), else
+what serves its name here (``servable``: a selection app, ``AppServable``, or a model
+of the repository, through the cache and batching: ``ModelServable``). A servable of
+this node reads (decodes) the call first, for its limits and signature.
 
 A model's statistics (Triton's extension and the twin's request record) are counted
 where it is served (``Serving.infer``), every request alike: one whose input does not
@@ -24,7 +21,8 @@ failure, whatever protocol brought it. The endpoint counter of ``/metrics`` is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from agent.backends.base import TensorSpec
 from agent.node.cache import State
@@ -44,7 +42,7 @@ PLATFORMS = {"onnx": "onnxruntime_onnx", "tfserving": "tensorflow_savedmodel",
 
 
 class Servable(Protocol):
-    """What serves a name: a cached model, a selection app (next, a peer node)."""
+    """What serves a name: a cached model, a selection app, a peer node."""
 
     async def infer(self, call: Call) -> Answer: ...
 
@@ -69,8 +67,12 @@ class ModelServable:
         self.entry = serving.cache.entry(name, version)  # UnknownModel (404)
 
     async def infer(self, call: Call) -> Answer:
+        await call.read(self)
         entry, outputs = await self.serving.infer(call)
         return Answer(outputs, self.name, entry.version, call.request_id)
+
+    def limits(self) -> Limits:
+        return self.serving.request_limits(self.name, self.version)
 
     async def metadata(self) -> dict[str, Any]:
         """The signature is read from the loaded model: a cold model loads."""
@@ -93,18 +95,25 @@ class ModelServable:
 
 
 class AppServable:
-    """A selection app: its members called through ``Serving`` as clients would (or on
-    the node the plan runs them on: ``router``)."""
+    """A selection app: its members called through ``Serving`` as clients would, or on
+    the peer node the plan runs them on (``elsewhere(name, version)``: its servable,
+    None where it runs here)."""
 
-    def __init__(self, serving: Serving, app: SelectionApp, router: Router) -> None:
-        self.serving, self.app, self.router = serving, app, router
+    def __init__(self, serving: Serving, app: SelectionApp,
+                 elsewhere: Callable[[str, int | None], Servable | None]) -> None:
+        self.serving, self.app, self.elsewhere = serving, app, elsewhere
 
     async def infer(self, call: Call) -> Answer:
-        return await self.app.infer(self.serving, call, self.router)
+        await call.read(self)
+        return await self.app.infer(self.serving, call, self.elsewhere)
+
+    def limits(self) -> Limits:
+        """The agent's defaults (an app has no settings of its own)."""
+        return self.serving.request_limits(self.app.name, None)
 
     async def metadata(self) -> dict[str, Any]:
         app = self.app
-        await app.ensure_valid(self.serving, self.router)
+        await app.ensure_valid(self.serving, self.elsewhere)
         return {"name": app.name, "versions": ["1"], "platform": "selection",
                 "inputs": [s.as_json() for s in app.inputs],
                 "outputs": [app.output.as_json()] if app.output else []}
@@ -113,11 +122,45 @@ class AppServable:
         return self.app.error
 
     async def signature(self) -> list[TensorSpec] | None:
-        await self.app.ensure_valid(self.serving, self.router)
+        await self.app.ensure_valid(self.serving, self.elsewhere)
         return self.app.inputs
 
     async def unload(self) -> None:
         """An app holds no memory of its own."""
+
+
+class PeerServable:
+    """A peer node that runs the model under the plan (the routing table): a call goes
+    there as it arrived, never decoded here, and its answer comes back as the peer gave
+    it; the call is served here (``here``) when the peer cannot. A selection app's
+    member call has no ``here``: a peer that cannot answer leaves it missing."""
+
+    def __init__(self, router: Router, peer: str, name: str, version: int | None,
+                 here: Callable[[], Servable] | None = None) -> None:
+        self.router, self.peer, self.name, self.version = router, peer, name, version
+        self.here = here
+
+    async def infer(self, call: Call) -> Answer:
+        answer = await self.router.forward(call, self.peer)
+        if answer is not None:
+            return answer
+        assert self.here is not None, "a call without a fallback raises instead"
+        return await self.here().infer(call)
+
+    async def metadata(self) -> dict[str, Any]:
+        """Its signature as the peer serves it (``{"name", "inputs", "outputs"}``)."""
+        return {"name": self.name,
+                **await self.router.metadata(self.peer, self.name, self.version)}
+
+    def unready(self) -> str | None:
+        return None
+
+    async def signature(self) -> list[TensorSpec] | None:
+        return [TensorSpec(s["name"], s["datatype"], tuple(s["shape"]))
+                for s in (await self.metadata())["inputs"]]
+
+    async def unload(self) -> None:
+        """What a peer holds is its own."""
 
 
 class FrontDesk:
@@ -127,9 +170,22 @@ class FrontDesk:
                  router: Router) -> None:
         self.serving, self.apps, self.metrics, self.router = serving, apps, metrics, router
 
+    async def infer(self, call: Call) -> Answer:
+        """Serve ``call``: the front ends' one entry point."""
+        return await self.servable_for(call).infer(call)
+
+    def servable_for(self, call: Call) -> Servable:
+        """What serves ``call``: the peer node the router picks for it (the mark of a
+        call forwarded here judged first: ``MarkRefused``, 403), else ``servable``."""
+        peer = self.router.peer_for(call)
+        if peer is None:
+            return self.servable(call.model, call.version)
+        return PeerServable(self.router, peer, call.model, call.version,
+                            functools.partial(self.servable, call.model, call.version))
+
     def servable(self, name: str, version: int | None = None) -> Servable:
-        """What serves ``name``: its selection app, else its model; ``UnknownModel``
-        (404) for neither, or for a version it lacks."""
+        """What serves ``name`` here: its selection app, else its model;
+        ``UnknownModel`` (404) for neither, or for a version it lacks."""
         return self.app(name, version) or ModelServable(self.serving, name, version)
 
     def app(self, name: str, version: int | None = None) -> AppServable | None:
@@ -137,21 +193,17 @@ class FrontDesk:
         an app from a model."""
         if name not in self.apps.apps:
             return None
-        return AppServable(self.serving, self.apps.app(name, version), self.router)
+        return AppServable(self.serving, self.apps.app(name, version), self.elsewhere)
 
-    def limits(self, name: str, version: int | None) -> Limits:
-        """What one request for ``name`` may decode to (a name it does not know gets
-        the agent's defaults: that request answers 404 once decoded)."""
-        return self.serving.request_limits(name, version)
+    def elsewhere(self, name: str, version: int | None) -> PeerServable | None:
+        """The peer node that serves a selection app's member ``name`` (None: here)."""
+        peer = self.router.peer_of(name)
+        return None if peer is None else PeerServable(self.router, peer, name, version)
 
     def knows(self, name: str) -> bool:
         """A model or an app of this node, or a model its routing table names."""
         return (name in self.apps.apps or name in self.serving.cache.specs
                 or self.router.knows(name))
-
-    async def infer(self, call: Call) -> Answer:
-        """Serve ``call``: the front ends' one entry point."""
-        return await self.servable(call.model, call.version).infer(call)
 
     def count(self, name: str, protocol: str, code: int, seconds: float | None,
               version: int | None = None) -> None:

@@ -53,13 +53,16 @@ from agent.memory import malloc_trim
 from agent.node.access import endpoint_need
 from agent.node import api_triton, api_v2
 from agent.node.cache import UnknownModel
-from agent.node.call import Call, Decoded, timeout_parameter
+from agent.node.batching import rows_of
+from agent.node.call import (V2_GRPC, Call, Decoded, Target, is_timeout, sooner,
+                             timeout_parameter)
 from agent.node.hostpaths import public_message
 from agent.node.offload import forget_frames
 from agent.node.protos import grpc_predict_v2_pb2 as pb
 from agent.node.protos import grpc_predict_v2_pb2_grpc as pb_grpc
 from agent.node.grpc_tensors import (decode_infer_request, encode_infer_response,
                                      parameters_of, split_infer_request)
+from agent.node.routing.trust import SERVED_BY, grpc_mark
 from agent.node.tensors import BadRequest
 from agent.security.tls import ServerTls
 from agent.validation import ascii_int
@@ -69,8 +72,35 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeagent.grpc")
 
-#: The endpoint label of gRPC requests in the node's metrics.
-ENDPOINT = "v2-grpc"
+
+class GrpcInputs(Decoded):
+    """A ``ModelInferRequest``'s tensors (``request`` parsed, ``raw`` its raw input
+    contents as views of the message), decoded where the call is served here."""
+
+    def __init__(self, request: Any, raw: Any) -> None:
+        self.request, self.raw = request, raw
+        self.tensors, self.rows = {}, 1
+        self.meta: dict[str, Any] = {}  # the request's fields but its tensors
+
+    async def read(self, call: Call, target: Target) -> None:
+        """Decode; the call's deadline is the sooner of its ``timeout`` parameter and
+        the client's gRPC deadline."""
+        self.tensors, self.meta = decode_infer_request(self.request, target.limits(),
+                                                       self.raw)
+        self.rows = rows_of(self.tensors)
+        call.parameters, call.request_id = self.meta["parameters"], self.meta["id"] or None
+        call.timeout = sooner(timeout_parameter(call.parameters), call.timeout)
+
+    def said_timeout(self) -> float | None:
+        """The ``timeout`` parameter (microseconds) as the parsed request says it."""
+        parameters = self.request.parameters
+        param = parameters["timeout"] if "timeout" in parameters else None
+        kind = param.WhichOneof("parameter_choice") if param is not None else None
+        if kind not in ("int64_param", "uint64_param", "double_param"):
+            return None
+        raw = getattr(param, kind)
+        return raw / 1e6 if is_timeout(raw) else None
+
 
 def _version(raw: str, name: str) -> int | None:
     """The version a request names ("" for the default)."""
@@ -349,21 +379,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         name, code = "<unknown>", 500
         counted = [0]  # the bytes counted in flight for the message (node.body_memory)
         trace = None if node.tracing is None else node.tracing.request(  # tracing
-            dict(context.invocation_metadata() or ()), "", ENDPOINT)
+            dict(context.invocation_metadata() or ()), "", V2_GRPC)
         try:
             message = await self._receptions.receive(
                 context, node.config.max_request_size, node.config.read_timeout_s)
             counted[0] = len(message)
             request, raw = split_infer_request(message)
             name = request.model_name
-            # routing (issue 34): a model the plan runs on another node is answered there
-            forwarded = await node.router.grpc(context, name, message, request)
-            if forwarded is not None:
-                code = 200
-                return forwarded
-            call, meta = self._call(request, raw, message, context)
+            # every answer names the node that served it: this one, unless relayed
+            context.set_trailing_metadata(((SERVED_BY, node.router.name),))
+            inputs = GrpcInputs(request, raw)
+            remaining = context.time_remaining()  # the client's deadline, if it set one
+            call = Call(name, _version(request.model_version, name), V2_GRPC,
+                        node.serving.clock(), inputs,
+                        timeout=None if remaining is None else max(remaining, 1e-6),
+                        body=message, mark=grpc_mark(context, dict(
+                            context.invocation_metadata() or ())))
             answer = await node.desk.infer(call)
             code = 200
+            if answer.relayed is not None:
+                context.set_trailing_metadata(((SERVED_BY, answer.served_by or ""),))
+                return answer.relayed.body
+            meta = inputs.meta
             return encode_infer_response(name, answer.version, answer.outputs,
                                          {**meta, "id": answer.request_id or meta["id"]},
                                          answer.parameters)
@@ -375,30 +412,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise
         finally:
             self._receptions.done(counted[0])
-            node.desk.count(name, ENDPOINT, code,
+            node.desk.count(name, V2_GRPC, code,
                             time.perf_counter() - started if code == 200 else None)
             if trace is not None:  # tracing
                 trace.end(code, name)
-
-    def _call(self, request: Any, raw: Any, message: bytes, context: Any
-              ) -> tuple[Call, dict[str, Any]]:
-        """The message (``request`` parsed from it, ``raw`` its tensors' bytes) as a
-        ``Call`` (its deadline the sooner of the ``timeout`` parameter and the client's
-        gRPC deadline), and its decoded request fields."""
-        node = self.node
-        arrived = node.serving.clock()
-        name = request.model_name
-        version = _version(request.model_version, name)
-        node.desk.servable(name, version)  # 404 before decoding
-        inputs, meta = decode_infer_request(request, node.desk.limits(name, version), raw)
-        timeout = timeout_parameter(meta["parameters"])
-        remaining = context.time_remaining()  # the client's deadline, if it set one
-        if remaining is not None and (timeout is None or remaining < timeout):
-            timeout = max(remaining, 1e-6)
-        call = Call(name, version, ENDPOINT, arrived, Decoded(inputs), meta["parameters"],
-                    request_id=meta["id"] or None, timeout=timeout, body=message,
-                    headers={"Content-Type": "application/grpc"})
-        return call, meta
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,

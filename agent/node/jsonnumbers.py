@@ -49,6 +49,8 @@ def lift(body: bytes | bytearray) -> tuple[bytes | bytearray, Lifted]:
     """(``body`` with each numeric "data" array of ``LIFT_BYTES`` or more replaced by a
     placeholder, the arrays taken out)."""
     spans: list[tuple[int, int]] = []
+    if len(body) < LIFT_BYTES:  # no array in it is that large
+        return body, Lifted(body, spans)
     pieces: list[bytes | memoryview] = []
     view, last = memoryview(body), 0
     for match in _NUMERIC_DATA.finditer(body):

@@ -26,6 +26,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import Collector
 
 from agent.errors import AgentError
+from agent.node.call import TF_REST, V2_GRPC, V2_REST
 from agent.node.selection.app import CONFIDENCE_BUCKETS
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from agent.node.serving import Serving
 
 #: The values of the ``endpoint`` label: the APIs a request can arrive through.
-ENDPOINTS = ("v2", "v2-grpc", "tfserving-rest")
+ENDPOINTS = (V2_REST, V2_GRPC, TF_REST)
 
 _LATENCY_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .075, .1, .15, .2, .25, .5,
                     1, 2.5, 5, 10, 30)

@@ -108,6 +108,16 @@ class Node:
         #: The bytes of request bodies in flight, bounded (``max_request_bytes_in_flight``).
         self.body_memory = BodyMemory(config.max_request_bytes_in_flight)
         self.metrics = Metrics(self.cache, self.serving, self.body_memory, self.selection)
+        self._make_front_desk(config)
+        #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
+        #: applied over the repository's config at every rescan until a plain load.
+        self.overrides: dict[str, dict] = {}
+        self.ready = False
+        self._persist_task: asyncio.Task | None = None
+        self._startup_task = self._idle_task = self._poll_task = self._persist_task
+
+    def _make_front_desk(self, config: AgentConfig) -> None:
+        """Who may call, where each request is served and where it comes in."""
         #: The tokens accepted (admin_token_file, auth.token_file) and failed-auth state.
         self.guard = Guard(Credentials(_tokens(config)), throttle=config.auth.throttle())
         #: Where each request is served: here, or the node the plan runs its model on.
@@ -117,12 +127,6 @@ class Node:
         self.desk = FrontDesk(self.serving, self.selection, self.metrics, self.router)
         #: Decodes large request bodies off the event loop (thread or child process).
         self.decoder = Decoder()
-        #: Config overrides of loads (``parameters.config``, parsed JSON) by model name:
-        #: applied over the repository's config at every rescan until a plain load.
-        self.overrides: dict[str, dict] = {}
-        self.ready = False
-        self._persist_task: asyncio.Task | None = None
-        self._startup_task = self._idle_task = self._poll_task = self._persist_task
 
     def _restore_pins(self, saved: dict[str, Any] | None) -> None:
         """Pin and unpin as the state file left them."""

@@ -15,12 +15,9 @@ last session (``agent.security.tls.ResumingContext``: a ticket instead of a full
 
 What applying means:
 * ``pin``: pinned through ``ModelCache.set_pinned`` while the pinned models of a device
-  still leave room to load the largest model it serves (most replicas first; the rest
-  are prefetched and kept by use: a plan may fill a node to the byte, and pins that
-  took it all would turn every other request into a 507); only models this reporter
-  pinned are ever unpinned by it (an operator's pin stays). The names are kept in
-  ``<data_dir>/coordinator-pins.json``, so that after a restart (which restores pins from
-  the state file, with no directives yet) they are unpinned again.
+  still leave room to load the largest model it serves; the rest are prefetched and
+  kept by use; only the coordinator's pins are ever unpinned, and they are kept across
+  restarts (``agent.node.coordinatorpins``).
 * ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
   a time; a load that does not fit is logged and retried on the next directives.
 * ``workers``: set through the batching layer (``Serving.set_workers``, as
@@ -70,9 +67,9 @@ from agent.config import CoordinatorLink
 from agent.node.assignments import Assignments
 from agent.node.cache import CacheError
 from agent.node.cache.lifecycle import State
+from agent.node.coordinatorpins import CoordinatorPins
 from agent.node.coordinatorversions import CoordinatorVersions
 from agent.node.join import report_token
-from agent.node.state import read_state, write_state
 from agent.security.tls import ResumingContext, verify_failure
 from agent.validation import load_json
 from agent.wire import DirectiveBook, Directives, percentiles_ms
@@ -83,7 +80,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgeagent.reporter")
 
 MAX_PENDING_POINTS = 500  # arrival intervals kept per model while the coordinator is away
-PINS_FORMAT = 1
 
 
 class MetricsSampler:
@@ -143,8 +139,7 @@ class Reporter:
         self.max_backoff = backoff_cap(self.interval)
         self.sampler = MetricsSampler(node.metrics.registry)
         self.book = DirectiveBook()
-        self.pins_path = node.config.data_dir / "coordinator-pins.json"
-        self.pinned_by_us: set[str] = set()
+        self.pins = CoordinatorPins(node)
         self.workers: dict[str, int] = {}
         self._workers_before: dict[str, tuple[int, bool]] = {}  # name -> (count, was set)
         self.drop_rate: dict[str, float] = {}
@@ -155,7 +150,6 @@ class Reporter:
         self.assignments = Assignments(node)
         #: The versions the coordinator's rollouts pin, and their figures.
         self.versions = CoordinatorVersions(node, self.assignments.assign_errors)
-        self._estimates: dict[str, int] = {}  # model version -> bytes, never measured
         self.failures = 0
         self.last_error: str | None = None
         self.last_ok: float | None = None  # clock() of the last successful report
@@ -169,8 +163,13 @@ class Reporter:
         self._session: aiohttp.ClientSession | None = None
 
     # -- lifecycle -------------------------------------------------------------------
+    @property
+    def pinned_by_us(self) -> set[str]:
+        """The models pinned for the coordinator."""
+        return self.pins.pinned
+
     async def start(self) -> None:
-        self._revert_saved_pins()
+        self.pins.revert_saved()
         self.versions.restore()
         self._previous, self._previous_at = self.sampler.sample(), self.clock()
         link = self.link
@@ -413,77 +412,18 @@ class Reporter:
         planned = [m for m in directives.pin if m in cache.specs and not cache.specs[m].pending]
         for name in planned:  # pinned models belong in memory even if not asked to fetch
             self._prefetch(name)
-        wanted = self._leaving_room(planned, directives.workers)
-        for name in sorted(wanted):
-            try:
-                entry = cache.entry(name)
-            except CacheError as exc:
-                log.warning("coordinator asks to pin %s: %s", name, exc)
-                continue
-            if not entry.account.pinned:
-                cache.set_pinned(name, True)
-                self.pinned_by_us.add(name)
-        for name in sorted(self.pinned_by_us - wanted):
-            self._unpin(name)
+        self.pins.hold(planned, directives.workers)
         for name in directives.prefetch:
             self._prefetch(name)
         self.workers = {m: n for m, n in directives.workers.items() if m in cache.specs}
         self._apply_workers()
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
-        self._save_pins()
+        self.pins.save()
         self.versions.apply(directives.model_versions)
         for pull in directives.pull:
             self.assignments.assign(pull)
         for name in directives.drop:
             self.assignments.drop(name)
-
-    def _leaving_room(self, planned: list[str], replicas: dict[str, int]) -> set[str]:
-        """The planned models to pin: those the plan runs most replicas of first, each
-        as long as the pinned models of its device (the operator's included) still
-        leave room to load the largest model the device serves. The rest are loaded
-        and kept by use, not pinned: a budget the plan fills with pins (its placement
-        may fill a node to the byte) would turn every request for another model into
-        a 507, where a node alone would evict and load (never worse than alone)."""
-        cache = self.node.cache
-        pools: dict[str, list[Any]] = {}  # device -> entries
-        for entry in cache.entries.values():
-            pools.setdefault(entry.device, []).append(entry)
-        sizes = {e.key: self._size_of(e) for es in pools.values() for e in es}
-        pinned = {d: sum(sizes[e.key] for e in es if e.account.pinned
-                         and e.name not in self.pinned_by_us) for d, es in pools.items()}
-        reserve = {d: max((sizes[e.key] for e in es), default=0) for d, es in pools.items()}
-        out = set()
-        for name in sorted(planned, key=lambda m: (-replicas.get(m, 0), m)):
-            try:
-                entry = cache.entry(name)
-            except CacheError:
-                continue
-            pool = cache.pool_of(entry)
-            if pool is None:
-                continue
-            size = sizes.get(entry.key) or self._size_of(entry)
-            device = entry.device
-            if pinned.get(device, 0) + size + reserve.get(device, 0) <= pool.memory.capacity:
-                pinned[device] = pinned.get(device, 0) + size
-                out.add(name)
-        return out
-
-    def _size_of(self, entry: Any) -> int:
-        """What ``entry`` holds or would hold in memory: its measured size, else its
-        backend's estimate (a model never loaded here: what the cache would reserve;
-        made once per version, it may read the model's file)."""
-        known = entry.account.measured_bytes or entry.account.size_bytes
-        if known:
-            return int(known)
-        if entry.key not in self._estimates:
-            cache = self.node.cache
-            try:
-                self._estimates[entry.key] = int(cache.backend_factory(
-                    entry.spec.backend or "onnx", entry.name, entry.version,
-                    entry.spec.version_root, entry.spec.config, cache.footprints).estimate())
-            except Exception:  # noqa: BLE001 - its files unreadable now: its load will say
-                return 0
-        return self._estimates[entry.key]
 
     def expire_if_due(self) -> None:
         """Revert what the last directives did once they are older than their ttl."""
@@ -493,11 +433,10 @@ class Reporter:
                     self.link.url, self.directives.ttl_s, sorted(self.pinned_by_us) or "none")
         self.book.expire(self.name)
         self.directives = self.directives_at = None
-        for name in sorted(self.pinned_by_us):
-            self._unpin(name)
+        self.pins.release()
         self.workers, self.drop_rate = {}, {}
         self._apply_workers()
-        self._save_pins()
+        self.pins.save()
 
     def _apply_workers(self) -> None:
         """Worker counts of ``self.workers`` on the batching layer; models no longer in it
@@ -522,12 +461,6 @@ class Reporter:
             if count >= 1 and rt.workers != count:
                 serving.set_workers(entry, count)
 
-    def _unpin(self, name: str) -> None:
-        self.pinned_by_us.discard(name)
-        with contextlib.suppress(CacheError):
-            if self.node.cache.entry(name).account.pinned:
-                self.node.cache.set_pinned(name, False)
-
     def _prefetch(self, name: str) -> None:
         cache = self.node.cache
         try:
@@ -548,29 +481,7 @@ class Reporter:
 
         self.loading[name] = asyncio.get_running_loop().create_task(load())
 
-    # -- models that travel: pull and drop ----------------------------------------------
-    def _save_pins(self) -> None:
-        try:
-            saved = read_state(self.pins_path) if self.pins_path.exists() else None
-            if saved is None and not self.pinned_by_us:
-                return
-            if saved and sorted(saved.get("pins", [])) == sorted(self.pinned_by_us):
-                return
-            write_state(self.pins_path, {"format": PINS_FORMAT,
-                                         "pins": sorted(self.pinned_by_us)})
-        except OSError as exc:
-            log.warning("cannot write %s: %s", self.pins_path, exc)
-
-    def _revert_saved_pins(self) -> None:
-        """Unpin what this reporter pinned before a restart (no directives cover it now)."""
-        saved = read_state(self.pins_path) if self.pins_path.exists() else None
-        for name in (saved or {}).get("pins", []):
-            if isinstance(name, str):
-                self._unpin(name)
-        if saved:
-            self._save_pins()
-            self.node.schedule_persist()
-
+    # -- what the reporter shows ---------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self.clock()
         expires = self.book.expires_at(self.name)

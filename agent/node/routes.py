@@ -1,7 +1,9 @@
 """What every route module of the node agent shares (``api_v2``, ``api_tfserving``,
 ``api_admin``, ``reporter``): the app key under which ``create_app`` stores the
-``Node``, the request-counting wrapper of inference handlers and the model named in a
-URL. Statuses and JSON error bodies come from ``agent.errors``.
+``Node``, the request-counting wrapper of inference handlers, the model named in a
+URL, and how an answer is sent: its body, a peer's answer relayed as it came, and the
+node that served it (``edgeagent-served-by``). Statuses and JSON error bodies come from
+``agent.errors``.
 
 A leaf: route modules import it, ``agent.node.app`` assembles them; none imports the app.
 """
@@ -15,7 +17,8 @@ from aiohttp import web
 
 from agent.backends.base import InvalidInput
 from agent.errors import client_disconnected, http_status
-from agent.node.cache import UnknownModel
+from agent.node.call import Answer, Call
+from agent.node.routing.trust import SERVE_MS, SERVED_BY
 from agent.validation import ascii_int
 
 if TYPE_CHECKING:
@@ -97,3 +100,34 @@ async def send_body(request: web.Request, body: bytes | memoryview, content_type
         await response.write(view[start:start + ANSWER_CHUNK])
     await response.write_eof()
     return response
+
+
+def served_headers(node: Node, call: Call, answer: Answer) -> dict[str, str]:
+    """The headers that name the node that served ``call`` and, for a call a peer
+    forwarded here, how long this node took (the forwarding node's hop is the rest)."""
+    headers = {SERVED_BY: answer.served_by or node.router.name}
+    if call.mark is not None:
+        headers[SERVE_MS] = f"{(node.serving.clock() - call.arrived) * 1000:.3f}"
+    return headers
+
+
+async def send_relayed(request: web.Request, answer: Answer) -> web.StreamResponse:
+    """A peer's answer (``Answer.relayed``) as it came, naming the peer."""
+    relayed = answer.relayed
+    assert relayed is not None
+    headers = {**relayed.headers, SERVED_BY: answer.served_by or ""}
+    if relayed.status != 200:
+        return web.Response(status=relayed.status, body=relayed.body, headers=headers)
+    content_type = headers.pop("Content-Type", "application/json").split(";")[0]
+    return await send_body(request, relayed.body, content_type, headers)
+
+
+#: The inference paths' endings (KServe v2 and TF Serving REST).
+_INFERENCE = ("/infer", ":predict")
+
+
+async def served_here(request: web.Request, response: web.StreamResponse) -> None:
+    """Name this node on an inference answer that names none (an error: an answer
+    served names its server already); ``create_app`` hooks it to every response."""
+    if SERVED_BY not in response.headers and request.path.endswith(_INFERENCE):
+        response.headers[SERVED_BY] = request.app[NODE].router.name

@@ -409,13 +409,16 @@ class Serving:
                       rt.settings.max_queue if not cold else math.inf, batcher.predict,
                       margin=margin)
         future = asyncio.get_running_loop().create_future()
+        if idle:  # run at once, alone: no batch to key it for, no dispatch to bound
+            pending = Pending(inputs, params, rows, None, now, deadline, future,
+                              expires=expires, trace=tracing.queued())  # tracing
+            rt.tuner.observe_arrival(now, pending.weight)
+            return await batcher.run_now(pending)
         full_batch = batcher.predict(max(batcher.limit, rows)) or 0.0
         pending = Pending(inputs, params, rows, batch_key(inputs, params), now, deadline,
                           future, dispatch_by=deadline.at - margin - full_batch,
                           expires=expires, trace=tracing.queued())  # tracing
         rt.tuner.observe_arrival(now, pending.weight)
-        if idle:
-            return await batcher.run_now(pending)
         batcher.submit(pending)
         return await future
 

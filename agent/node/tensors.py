@@ -185,7 +185,8 @@ def decode_v2_request(body: bytes, header_length: int | None, limits: Limits = N
     else:
         text, binary = body, memoryview(b"")
     text, lifted = lift(text)
-    objects = len(text) - sum(text.count(c) for c in (b" ", b"\n", b"\t", b"\r"))
+    objects = len(text) if len(text) <= JSON_OBJECTS_BYTES else \
+        len(text) - sum(text.count(c) for c in (b" ", b"\n", b"\t", b"\r"))
     if objects > JSON_OBJECTS_BYTES:
         raise TooLarge(f"{objects} bytes of the body's JSON are not numeric input data, over "
                        f"the limit of {JSON_OBJECTS_BYTES}: send large BYTES or BOOL inputs "

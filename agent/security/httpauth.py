@@ -263,13 +263,16 @@ def scoped_auth(guard_of: Callable[[web.Request], Guard],
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        need = need_of(request)
         guard = guard_of(request)
+        forward_key = forward_key_of(request)
+        if not (guard.credentials or certificates or forward_key):  # nothing to check
+            return await handler(request)
+        need = need_of(request)
         if need is None and open_tokens and guard.credentials and bearer(
                 request.headers.get("Authorization", "")) is not None:
             need = ANY
         if need is not None:
-            peer = request_peer(request, forward_key_of(request), certificates=certificates)
+            peer = request_peer(request, forward_key, certificates=certificates)
             if guard.checks(peer.name):
                 verdict = guard.authorize(request.headers.get("Authorization", ""), need,
                                           peer=peer.address, peer_name=peer.name,
@@ -331,18 +334,38 @@ def host_check(credentialed: Callable[[web.Request], bool],
     not match). A request with a credential may use any name (proxies, load
     balancers)."""
 
+    named_here: dict[tuple[str, frozenset[str]], bool] = {}  # the verdicts of recent names
+
+    def names_here(named: str | None, names: frozenset[str]) -> bool:
+        key = (named or "", names)
+        verdict = named_here.get(key)
+        if verdict is None:
+            if len(named_here) >= HOST_VERDICTS:
+                named_here.clear()
+            verdict = named_here[key] = names_this_server(named, names)
+        return verdict
+
     @web.middleware
     async def host_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if not credentialed(request):
             names = names_of(request)
             host, origin = request.headers.get("Host"), request.headers.get("Origin")
-            for header, value, named in (
-                    ("Host", host, host),
-                    ("Origin", origin, origin and origin.partition("://")[2].split("/")[0])):
-                if value is not None and not names_this_server(named, names):
-                    return json_error(403, f"{header} {value!r} is not this server's name "
-                                           "(without a credential only its addresses, "
-                                           "localhost and allowed_hosts are answered)")
+            if host is not None and not names_here(host, names):
+                return _not_named("Host", host)
+            if origin is not None and not names_here(
+                    origin.partition("://")[2].split("/")[0], names):
+                return _not_named("Origin", origin)
         return await handler(request)
 
     return host_middleware
+
+
+#: Host and Origin names whose verdict ``host_check`` keeps (forgotten all at once when
+#: full: a stranger's many names cost a recheck, never memory).
+HOST_VERDICTS = 256
+
+
+def _not_named(header: str, value: str) -> web.Response:
+    return json_error(403, f"{header} {value!r} is not this server's name (without a "
+                           "credential only its addresses, localhost and allowed_hosts "
+                           "are answered)")

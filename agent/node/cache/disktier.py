@@ -59,6 +59,7 @@ from cachepolicies.roomqueue import RoomQueue, RoomTimeout, Waiter
 from agent.config import ModelConfig
 from agent.errors import AgentError
 from agent.memory import MemoryMeter
+from agent.node.cache.errors import DiskBusy, NoDiskRoom, NotSourced, PullError
 from agent.node.cache.sourcelistings import (SourceListings, SourceRef,
                                              default_open_source)
 from agent.node.repository import Listing
@@ -101,39 +102,6 @@ class NothingInMemory:
 
     def files_changed(self, key: Key, on_disk: bool) -> None:
         pass
-
-
-class PullError(AgentError):
-    """A pull failed; ``status`` and ``retry_after`` are its cause's (a source's 503 is
-    retryable, a wrong digest 502, a missing version 404)."""
-
-    status = 503
-
-    def __init__(self, message: str, status: int = 503,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status, self.retry_after = status, retry_after
-
-
-class NoDiskRoom(PullError):
-    """The files can never fit: the disk, or the disk budget less what is pinned (507)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 507)
-
-
-class DiskBusy(PullError):
-    """A pull waited its model's ``load_wait_max_s`` for disk room that pulls and loads
-    held (503 + Retry-After); nothing is remembered: the next request tries again."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, 503, 1.0)
-
-
-class NotSourced(AgentError):
-    """``ensure``/``drop`` of a model the tier pulls nothing for (404)."""
-
-    status = 404
 
 
 @dataclass

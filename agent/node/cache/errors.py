@@ -1,5 +1,6 @@
-"""What the cache answers when it cannot serve a request: each error carries the HTTP
-status to answer with (``agent.errors`` maps it to gRPC)."""
+"""What the cache answers when it cannot serve a request, the memory tier's and the disk
+tier's (a pull): each error carries the HTTP status to answer with (``agent.errors`` maps
+it to gRPC)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,39 @@ class LoadFailed(CacheError):
                  status: int = 503):
         super().__init__(message)
         self.retry_after, self.status = retry_after, status
+
+
+# -- the disk tier (``agent.node.cache.disktier``) -----------------------------------------
+
+
+class PullError(AgentError):
+    """A pull failed; ``status`` and ``retry_after`` are its cause's (a source's 503 is
+    retryable, a wrong digest 502, a missing version 404)."""
+
+    status = 503
+
+    def __init__(self, message: str, status: int = 503,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+class NoDiskRoom(PullError):
+    """The files can never fit: the disk, or the disk budget less what is pinned (507)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 507)
+
+
+class DiskBusy(PullError):
+    """A pull waited its model's ``load_wait_max_s`` for disk room that pulls and loads
+    held (503 + Retry-After); nothing is remembered: the next request tries again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 503, 1.0)
+
+
+class NotSourced(AgentError):
+    """``ensure``/``drop`` of a model the tier pulls nothing for (404)."""
+
+    status = 404

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from agent import tracing
+from agent.backends.base import BackendCrashed
 from agent.node.cache.catalog import Catalog
-from agent.node.cache.disktier import PullError
 from agent.node.cache.entry import Entry
-from agent.node.cache.errors import CacheBusy, CacheError, LoadFailed, ModelInvalid, Reloading
+from agent.node.cache.errors import (CacheBusy, CacheError, LoadFailed, ModelInvalid,
+                                     PullError, Reloading)
 from agent.node.cache.lifecycle import State
 from agent.node.cache.loads import Loads
 from agent.node.cache.tiers import Tiers
@@ -105,3 +106,28 @@ class Leases:
             self.unloads.start(entry, "removed from the repository")
         elif life.waiting_for_room and life.task is not None:
             life.task.cancel()  # nobody wants it any more: leave the room queue
+
+
+class Lease:
+    """``async with``: one request's lease on its model, acquired on entry and released
+    on exit; a runtime that crashed under it (``BackendCrashed``) is unloaded when its
+    last request is done."""
+
+    __slots__ = ("leases", "name", "version", "timeout", "entry")
+
+    def __init__(self, leases: Leases, name: str, version: int | None,
+                 timeout: float | None) -> None:
+        self.leases, self.name, self.version, self.timeout = leases, name, version, timeout
+        self.entry: Entry | None = None
+
+    async def __aenter__(self) -> Entry:
+        self.entry = await self.leases.acquire(self.name, self.version,
+                                               timeout=self.timeout)
+        return self.entry
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, trace: Any) -> None:
+        entry = self.entry
+        assert entry is not None
+        if isinstance(exc, BackendCrashed):
+            entry.life.crashed = entry.life.crashed or str(exc)
+        self.leases.release(entry)

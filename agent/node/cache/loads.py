@@ -30,9 +30,9 @@ from agent import tracing
 from agent.backends import load_measured
 from agent.backends.base import Backend, BackendError, LoadResult
 from agent.memory import FootprintModel, MemoryMeter
-from agent.node.cache.disktier import DiskBusy, PullError
 from agent.node.cache.entry import Entry
-from agent.node.cache.errors import CacheBusy, CacheError, LoadFailed, ModelTooLarge
+from agent.node.cache.errors import (CacheBusy, CacheError, DiskBusy, LoadFailed,
+                                     ModelTooLarge, PullError)
 from agent.node.cache.lifecycle import Phase, State
 from agent.node.cache.pools import DevicePool
 from agent.node.cache.settings import CacheSettings

@@ -37,22 +37,21 @@ view of memory), and ``listener`` hears each load and unload (the node passes it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from concurrent.futures import Executor
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from cachepolicies.pool import MemoryPool
 from cachepolicies.registry import make_policy, prime_policy
 
 from agent.backends import make_backend
-from agent.backends.base import Backend, BackendCrashed
+from agent.backends.base import Backend
 from agent.memory import FootprintModel, MemoryMeter
 from agent.node.cache.catalog import Catalog
 from agent.node.cache.disktier import DiskTier
 from agent.node.cache.entry import Entry
-from agent.node.cache.leases import Leases
+from agent.node.cache.leases import Lease, Leases
 from agent.node.cache.lifecycle import State
 from agent.node.cache.loads import Loads
 from agent.node.cache.pools import DevicePool
@@ -206,19 +205,12 @@ class ModelCache:
     def release(self, entry: Entry) -> None:
         self.leases.release(entry)
 
-    @contextlib.asynccontextmanager
-    async def lease(self, name: str, version: int | None = None, *,
-                    timeout: float | None = None) -> AsyncIterator[Entry]:
-        """Hold ``name`` loaded while the block runs; a runtime that crashes under it
-        (``BackendCrashed``) is unloaded when its last request is done."""
-        entry = await self.acquire(name, version, timeout=timeout)
-        try:
-            yield entry
-        except BackendCrashed as exc:
-            entry.life.crashed = entry.life.crashed or str(exc)
-            raise
-        finally:
-            self.release(entry)
+    def lease(self, name: str, version: int | None = None, *,
+              timeout: float | None = None) -> Lease:
+        """``async with``: hold ``name`` loaded while the block runs; a runtime that
+        crashes under it (``BackendCrashed``) is unloaded when its last request is
+        done."""
+        return Lease(self.leases, name, version, timeout)
 
     async def ensure_loaded(self, name: str, version: int | None = None) -> Entry:
         """Load without counting a request (repository load, warm restart, pins)."""

@@ -46,7 +46,7 @@ class GrpcForwarder:
             found = self._calls[(address, tls)] = (channel, channel.unary_unary(INFER_METHOD))
         return found[1]
 
-    async def infer(self, address: str, message: bytes, metadata: list[tuple[str, str]],
+    async def infer(self, address: str, message: Any, metadata: list[tuple[str, str]],
                     timeout: float, *, tls: bool = False) -> tuple[bytes, tuple]:
         """(the peer's answer as bytes, its trailing metadata). ``GrpcFailed`` for an
         answer the peer gave (an error status after it received the call);
@@ -60,7 +60,7 @@ class GrpcForwarder:
             code = exc.code()
             trailing = tuple(exc.trailing_metadata() or ())
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise PeerFailed(f"no answer within {timeout:.3g} s", timed_out=True) from None
+                raise PeerFailed(f"no answer within {timeout:.3g} s", late=True) from None
             if code == grpc.StatusCode.UNAVAILABLE and not trailing:  # never reached it
                 raise PeerFailed(f"unavailable: {exc.details()}") from None
             raise GrpcFailed(code, exc.details() or "", trailing) from None

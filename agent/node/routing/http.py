@@ -16,11 +16,11 @@ KEPT_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "Retry-After"
 
 class PeerFailed(Exception):
     """A forward that got no usable answer: the peer refused or dropped the connection,
-    or did not connect or answer in time (``timed_out``)."""
+    did not take it in time, or did not answer within the time it had (``late``)."""
 
-    def __init__(self, why: str, *, timed_out: bool = False) -> None:
+    def __init__(self, why: str, *, late: bool = False) -> None:
         super().__init__(why)
-        self.timed_out = timed_out
+        self.late = late
 
 
 class HttpForwarder:
@@ -42,11 +42,11 @@ class HttpForwarder:
         if self.session is not None:
             await self.session.close()
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str], *,
+    async def post(self, url: str, body: bytes | bytearray | memoryview, headers: dict[str, str], *,
                    connect_s: float, answer_s: float) -> tuple[int, dict[str, str], bytes]:
         """(status, the kept headers, body) of the peer's answer to ``body`` at ``url``;
         ``PeerFailed`` when it cannot be had: no connection within ``connect_s``, no
-        whole answer within ``answer_s``, or the connection failed."""
+        whole answer within ``answer_s`` (``late``), or the connection failed."""
         assert self.session is not None, "start() first"
         timeout = aiohttp.ClientTimeout(total=answer_s, sock_connect=connect_s)
         try:
@@ -58,10 +58,9 @@ class HttpForwarder:
                              if k.lower().startswith("edgeagent-")})
                 return answer.status, kept, data
         except aiohttp.ConnectionTimeoutError:
-            raise PeerFailed(f"no connection within {connect_s:.3g} s",
-                             timed_out=True) from None
+            raise PeerFailed(f"no connection within {connect_s:.3g} s") from None
         except asyncio.TimeoutError:
-            raise PeerFailed(f"no answer within {answer_s:.3g} s", timed_out=True) from None
+            raise PeerFailed(f"no answer within {answer_s:.3g} s", late=True) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise PeerFailed(f"{type(exc).__name__}: {exc}") from None
 

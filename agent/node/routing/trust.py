@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 from agent import tracing
 from agent.security.credentials import bearer
 from agent.errors import AgentError
-from agent.security.httpauth import Guard
+from agent.security.httpauth import Guard, certificate_name
+from agent.node.call import Mark
 from agent.wire import RoutingTable
 
 #: The mark of a forwarded request (HTTP header; gRPC metadata): the forwarding node.
@@ -99,38 +100,42 @@ class Trust:
         out.extend(tracing.outgoing())  # tracing
         return out
 
-    def sender(self, mark: str, authorization: str, certificate: str | None,
-               remote: str | None, table: RoutingTable | None) -> str:
-        """The fleet node a request marked ``mark`` comes from (its certificate's or
-        token's node when they name one, else the mark); ``MarkRefused`` when nothing
+    def sender(self, mark: Mark, table: RoutingTable | None) -> str:
+        """The fleet node a call marked ``mark`` comes from (its certificate's or
+        token's node when they name one, else the mark's); ``MarkRefused`` when nothing
         shows it is one."""
-        if certificate is not None:  # verified by tls.client_ca_file: the fleet's CA
-            return certificate
-        cred = self.guard.credentials.find(bearer(authorization or ""), time.time())
+        if mark.certificate is not None:  # verified by tls.client_ca_file: the fleet's CA
+            return mark.certificate
+        cred = self.guard.credentials.find(bearer(mark.authorization or ""), time.time())
         if cred is not None and cred.allows("peer"):
-            return cred.node or mark
+            return cred.node or mark.node
         if not self.guard.credentials and not self.checks_certificates and (
-                table is None or _address(remote) in fleet_hosts(table)):
-            return mark  # (no table: served here anyway, the mark skips nothing)
+                table is None or _address(mark.remote) in fleet_hosts(table)):
+            return mark.node  # (no table: served here anyway, the mark skips nothing)
         self.refused += 1
-        raise MarkRefused(f"this request is marked {MARK}: {mark!r}, a mark only fleet "
-                          "nodes may set (a token with scope peer, or a client "
+        raise MarkRefused(f"this request is marked {MARK}: {mark.node!r}, a mark only "
+                          "fleet nodes may set (a token with scope peer, or a client "
                           "certificate of the fleet's CA)")
 
-    def http_sender(self, request: Any, table: RoutingTable | None) -> str:
-        """``sender`` for an aiohttp request carrying the mark."""
-        from agent.security.httpauth import certificate_name
 
-        return self.sender(request.headers[MARK], request.headers.get("Authorization", ""),
-                           certificate_name(request.transport), request.remote, table)
+def http_mark(request: Any) -> Mark | None:
+    """The mark of an aiohttp request, with what shows who set it (None: unmarked)."""
+    node = request.headers.get(MARK)
+    if node is None:
+        return None
+    return Mark(node, request.headers.get("Authorization", ""),
+                certificate_name(request.transport), request.remote)
 
-    def grpc_sender(self, context: Any, mark: str, metadata: dict[str, str],
-                    table: RoutingTable | None) -> str:
-        """``sender`` for a gRPC call whose metadata carries the mark."""
-        auth = context.auth_context() or {}
-        names = auth.get("x509_subject_alternative_name") or auth.get("x509_common_name")
-        certificate = names[0].decode() if names else None
-        peer = context.peer() or ""  # ipv4:127.0.0.1:5000, ipv6:[::1]:5000
-        remote = peer.partition(":")[2].rpartition(":")[0].strip("[]")
-        return self.sender(mark, metadata.get("authorization", ""), certificate,
-                           remote, table)
+
+def grpc_mark(context: Any, metadata: dict[str, str]) -> Mark | None:
+    """The mark of a gRPC call (``metadata``: its invocation metadata), with what shows
+    who set it (None: unmarked)."""
+    node = metadata.get(MARK)
+    if node is None:
+        return None
+    auth = context.auth_context() or {}
+    names = auth.get("x509_subject_alternative_name") or auth.get("x509_common_name")
+    peer = context.peer() or ""  # ipv4:127.0.0.1:5000, ipv6:[::1]:5000
+    return Mark(node, metadata.get("authorization", ""),
+                names[0].decode() if names else None,
+                peer.partition(":")[2].rpartition(":")[0].strip("[]"))

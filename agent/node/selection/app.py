@@ -11,7 +11,7 @@ queued (``expires``) and cancelled where its backend can stop midway.
 
 A member that is not resident is not called (it would wait for a load): it counts as
 missing (``cold``) and is loaded in the background only when it is worth it
-(``_load_worth_it``: not yet seen enough, or weighing more than a resident member). Members that erred or missed the deadline learn a loss of 1;
+(``agent.node.selection.memberloads``). Members that erred or missed the deadline learn a loss of 1;
 members that were cold or shed are given their own recent loss (the mean, then a
 moving average, of what they lost when they answered; the answering members' weighted
 loss before they ever did: "sleeping experts"), so a member is judged by its answers, not its residence.
@@ -20,13 +20,12 @@ loss before they ever did: "sleeping experts"), so a member is judged by its ans
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
 import uuid
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -38,6 +37,7 @@ from agent.node.cache.lifecycle import State as Life
 from agent.node.call import Answer, Call, Decoded
 from agent.node.repository import ModelSpec
 from agent.node.selection.feedback import PendingLog, Prediction
+from agent.node.selection.memberloads import MemberLoads
 from agent.node.selection.policies import LearnedState, SelectionPolicy, loss_of
 from agent.node.selection.store import GLOBAL, SelectionStore
 
@@ -46,19 +46,19 @@ from agent.node.serving import resolve_settings
 if TYPE_CHECKING:
     from agent.node.serving import Serving
 
+
+class Elsewhere(Protocol):
+    """Where a member runs when not here: the servable of the peer node the plan runs
+    it on (``agent.node.frontdesk.PeerServable``), None where it runs here."""
+
+    def __call__(self, name: str, version: int | None) -> Any: ...
+
 log = logging.getLogger("edgeagent.selection")
 
 #: A context names a user or session: at most this many characters.
 MAX_CONTEXT = 256
-#: A cold member that answered fewer times than this is loaded whatever its weight.
-EXPLORE_ANSWERS = 20
 #: The weight of each new row in a member's moving average of its loss.
 USUAL_LOSS_RATE = 0.02
-#: A cold member displaces a resident one only when it weighs this many times more.
-SWAP_MARGIN = 1.5
-#: Seconds a swap waits for a lighter member in use to be done before it gives up (a
-#: later request tries again).
-SWAP_WAIT_S = 0.1
 #: Members are cut before the deadline by the time the app recently took from the cut
 #: to its answer (the loop waking up, combining; ``OVERRUN_PERCENTILE`` of the last
 #: ``OVERRUN_WINDOW`` cut requests), at least ``ANSWER_MARGIN_S`` (encoding and writing
@@ -105,13 +105,12 @@ class SelectionApp:
                                   clock)
         self.rng = random.Random(seed)
         self._validating = asyncio.Lock()
-        self._loading: set[asyncio.Task] = set()
+        self.loads = MemberLoads(self.name, options.load_min_weight)
         # counters (``describe``, ``/metrics``)
         self.requests = self.defaults = self.accepted = self.unmatched = 0
         self.selected: Counter[int] = Counter()
         self.answered: Counter[int] = Counter()
         self.missing: Counter[tuple[int, str]] = Counter()
-        self.background_loads: Counter[int] = Counter()
         #: Each member's recent loss (the mean of its first 1/``USUAL_LOSS_RATE`` rows,
         #: then a moving average): what a member that was cold or shed is taken to have
         #: lost. ``loss_rows``: the rows it has been judged on.
@@ -123,10 +122,11 @@ class SelectionApp:
         self.overruns = LatencyWindow(OVERRUN_WINDOW)  # cut to answer, of cut requests
 
     # -- validation ---------------------------------------------------------------------
-    async def ensure_valid(self, serving: Serving, router: Any = None) -> None:
+    async def ensure_valid(self, serving: Serving, elsewhere: Elsewhere | None = None
+                           ) -> None:
         """Check once that the members exist and agree on inputs and output (loading a
-        member never loaded before, to read its signature; with ``router``, a member
-        the plan runs on another node is asked there instead); ``ModelInvalid`` (400)
+        member never loaded before, to read its signature; a member the plan runs on a
+        peer node, ``elsewhere``, is asked there instead); ``ModelInvalid`` (400)
         naming the mismatch. Then read the learned global state."""
         if self.validated:
             return
@@ -139,11 +139,10 @@ class SelectionApp:
             for (name, version), text in zip(self.members, self.options.candidates):
                 try:
                     entry = cache.entry(name, version)
-                    peer = router.member_peer(name) \
-                        if router is not None and entry.metadata is None else None
+                    peer = elsewhere(name, version) \
+                        if elsewhere is not None and entry.metadata is None else None
                     if peer is not None:
-                        seen.append((entry.key, await router.member_metadata(
-                            peer, name, version)))
+                        seen.append((entry.key, await peer.metadata()))
                         continue
                     if entry.metadata is None:
                         entry = await cache.ensure_loaded(name, version)
@@ -269,12 +268,13 @@ class SelectionApp:
         return rows
 
     # -- serving ------------------------------------------------------------------------
-    async def infer(self, serving: Serving, call: Call, router: Any = None) -> Answer:
+    async def infer(self, serving: Serving, call: Call, elsewhere: Elsewhere | None = None
+                    ) -> Answer:
         """The app's answer to ``call``, by its deadline: the combined output with its
-        response parameters (confidence, members used and missing, default).
-        ``router``: the node's (``agent.node.routing``): a member the plan runs on
-        another node is called there, and counts as available."""
-        await self.ensure_valid(serving, router)
+        response parameters (confidence, members used and missing, default). A member
+        the plan runs on a peer node (``elsewhere``) is called there, and counts as
+        available."""
+        await self.ensure_valid(serving, elsewhere)
         inputs = call.inputs.against(self.inputs)
         context = self.context_of(call.parameters)
         rid = call.request_id if call.request_id is not None else uuid.uuid4().hex
@@ -282,8 +282,7 @@ class SelectionApp:
         budget = slo if call.timeout is None else min(slo, call.timeout)
         cut = call.arrived + budget - self._margin(budget)
         entries = [serving.cache.entry(n, v) for n, v in self.members]
-        peers = [router.member_peer(n) if router is not None else None
-                 for n, _ in self.members]
+        peers = [elsewhere(n, v) if elsewhere is not None else None for n, v in self.members]
         available = [e.state is Life.READY or peer is not None
                      for e, peer in zip(entries, peers)]
         state = self.state_for(context)
@@ -294,24 +293,14 @@ class SelectionApp:
         if rows == 0:
             raise InvalidInput(f"app {self.name!r}: a request needs at least one row")
         missing = {i: "cold" for i in asked if not available[i]}
-        calls = {}
-        for i in asked:
-            if not available[i]:
-                continue
-            name, version = self.members[i]
-            if peers[i] is not None:  # its node answers by the cut
-                calls[i] = asyncio.ensure_future(router.member(
-                    peers[i], name, version, inputs, self.options.output.name,
-                    max(cut - serving.clock(), 1e-3)))
-            else:
-                calls[i] = asyncio.ensure_future(serving.infer(  # the client's timeout only
-                    Call(name, entries[i].version, call.protocol, call.arrived,
-                         Decoded(inputs), timeout=call.timeout), expires=cut))
+        calls = {i: asyncio.ensure_future(self._call(serving, call, i, entries[i], peers[i],
+                                                     inputs, cut))
+                 for i in asked if available[i]}
         self.selected.update(asked)
         if calls:
             await asyncio.wait(calls.values(), timeout=max(cut - serving.clock(), 0.0))
         # after this request's member calls: a swap never unloads a member it is asking
-        self._load_worth_it(serving, entries, available, weights)
+        self.loads.consider(serving, entries, available, weights, self.answered)
         answers = self._collect(calls, entries, missing)
         outputs, answer = self._answer(rid, context, rows, asked, probs, answers, missing)
         now = serving.clock()
@@ -319,6 +308,19 @@ class SelectionApp:
         if "deadline" in missing.values():
             self.overruns.add(max(now - cut, 0.0))
         return Answer(outputs, self.name, 1, answer.pop("id"), answer)
+
+    async def _call(self, serving: Serving, call: Call, i: int, entry: Any, peer: Any,
+                    inputs: dict[str, np.ndarray], cut: float) -> dict[str, np.ndarray]:
+        """Member ``i``'s outputs: served here with the client's timeout (dropped while
+        queued past the cut), or by its peer node by the cut."""
+        name, version = self.members[i]
+        if peer is not None:
+            member = Call(name, version, call.protocol, call.arrived, Decoded(inputs),
+                          timeout=max(cut - serving.clock(), 1e-3))
+            return (await peer.infer(member)).outputs
+        member = Call(name, entry.version, call.protocol, call.arrived, Decoded(inputs),
+                      timeout=call.timeout)
+        return (await serving.infer(member, expires=cut))[1]
 
     def _collect(self, calls: dict[int, asyncio.Task], entries: list,
                  missing: dict[int, str]) -> dict[int, np.ndarray]:
@@ -328,7 +330,7 @@ class SelectionApp:
         for i, task in calls.items():
             reason = _outcome(task)
             if reason is None:
-                answers[i] = task.result()[1][self.options.output.name]
+                answers[i] = task.result()[self.options.output.name]
                 self.answered[i] += 1
             else:
                 missing[i] = reason
@@ -381,59 +383,6 @@ class SelectionApp:
                   "missing": ",".join(f"{self.keys[i]}:{r}" for i, r in sorted(missing.items())),
                   "default": used_default}
         return {out.name: np.ascontiguousarray(combined)}, {"id": rid, **params}
-
-    def _load_worth_it(self, serving: Serving, entries: list, available: list[bool],
-                       weights: list[float]) -> None:
-        """Start loading (one at a time per app) the cold member most worth it: one that
-        answered fewer than ``EXPLORE_ANSWERS`` times (it must be seen to be judged), or
-        one weighing at least ``load_min_weight`` and ``SWAP_MARGIN`` times a resident
-        member (it displaces one that matters less). Near-ties load nothing: no thrash."""
-        if self._loading:
-            return
-        resident = [weights[i] for i in range(len(entries)) if available[i]]
-        floor = min(resident) if resident else -1.0
-        worth = [i for i in range(len(entries)) if not available[i]
-                 and entries[i].state is Life.UNLOADED
-                 and (self.answered[i] < EXPLORE_ANSWERS
-                      or weights[i] >= max(self.options.load_min_weight,
-                                           SWAP_MARGIN * floor))]
-        if worth:
-            i = max(worth, key=lambda j: (self.answered[j] < EXPLORE_ANSWERS, weights[j]))
-            top = max(range(len(entries)), key=weights.__getitem__)
-            exploring = self.answered[i] < EXPLORE_ANSWERS
-            lighter = sorted((weights[j], j) for j in range(len(entries))
-                             if available[j] and j != top and (
-                                 weights[j] < weights[i] or exploring)
-                             # one being seen is not displaced by another: no round robin
-                             and not (exploring and self.answered[j] < EXPLORE_ANSWERS))
-            self._load_in_background(serving, i, entries[i], [entries[j] for _, j in lighter])
-
-    def _load_in_background(self, serving: Serving, i: int, entry: Any,
-                            lighter: list[Any]) -> None:
-        """Load member ``i``; where its pool lacks room, first unload the app's resident
-        members that weigh less (``lighter``, lightest first, each once its requests are
-        done, within ``SWAP_WAIT_S``), so that the load does not evict one that matters
-        more."""
-        self.background_loads[i] += 1
-        cache = serving.cache
-
-        async def load() -> None:
-            try:
-                for victim in lighter:
-                    if cache.has_room_for(entry):
-                        break
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(cache.unload_when_idle(victim), SWAP_WAIT_S)
-                if not cache.has_room_for(entry):  # the load would evict a member that
-                    self.background_loads[i] -= 1  # weighs more: not now
-                    return
-                await cache.ensure_loaded(entry.name, entry.version)
-            except CacheError as exc:
-                log.info("app %s: background load of %s failed: %s", self.name, entry.key, exc)
-
-        task = asyncio.get_running_loop().create_task(load(), name=entry.key)
-        self._loading.add(task)
-        task.add_done_callback(self._loading.discard)
 
     # -- feedback -----------------------------------------------------------------------
     def check_feedback(self, item: dict[str, Any], where: str
@@ -542,7 +491,7 @@ class SelectionApp:
             members.append({
                 "member": key, "weight": round(weights[i], 6),
                 "observed": state.observed[i], "selected": self.selected[i],
-                "answered": self.answered[i], "background_loads": self.background_loads[i],
+                "answered": self.answered[i], "background_loads": self.loads.started[i],
                 "missing": {r: n for (m, r), n in sorted(self.missing.items()) if m == i}})
         return {"app": self.name, "policy": self.policy.name, "context": context,
                 "frozen": self.frozen, "validated": self.validated, "error": self.error,
