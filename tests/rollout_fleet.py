@@ -208,6 +208,11 @@ class RolloutFleet:
         assert status == 200, (path, doc)
         return doc
 
+    def post(self, path: str, body: Any = None) -> Any:
+        status, doc, _ = request(self.url + path, "POST", body)
+        assert status in (200, 201), (path, doc)
+        return doc
+
     def served(self, name: str) -> str | None:
         """The version node ``name`` serves requests without a version with, once
         ready."""

@@ -143,6 +143,44 @@ def test_a_good_version_rolls_out_in_three_waves(fleet):
 
 
 @pytest.mark.slow
+def test_a_canary_carries_the_share_of_requests_its_rollout_sets(fleet):
+    """With ``traffic_share: 0.6`` the canary (two nodes of six: a third of the fleet
+    by count) answers about 60 % of every node's requests while it bakes: the
+    coordinator's routing table weighs m's nodes by the share, and every node forwards
+    by it. Aborted once measured; no failed request."""
+    since = time.monotonic()
+    version = _next(fleet, "good")
+    rollout_id = fleet.set_version(version, **{**ROLLOUT, "bake_s": 60},
+                                   traffic_share=0.6)["rollout_id"]
+    r = wait_for(lambda: (lambda r: r if r["phase"] == "baking" or r["state"] != "running"
+                          else None)(fleet.rollout(rollout_id)), 90, "the canary bakes",
+                 step=0.25)
+    assert r["state"] == "running", (r["reason"], r["figures"])
+    canary = r["waves"][0]
+
+    def weighed():  # every node holds the table that gives the canary its share
+        for agent in fleet.agents.values():
+            doc = agent.get("/v1/routing")
+            planned = doc["models"].get("m", {}).get("planned", {})
+            if not doc["trusted"] or set(planned) != set(fleet.agents):
+                return False
+            if abs(sum(planned[n] for n in canary) / sum(planned.values()) - 0.6) > 0.01:
+                return False
+        return True
+    wait_for(weighed, 30, "every node routes by the canary's share", step=0.25)
+    start = time.monotonic()
+    time.sleep(10.0)
+    window = [a for xs in fleet.answers().values() for a in xs
+              if start <= a.sent < start + 10.0 and a.status == 200]
+    share = sum(a.version == str(version) for a in window) / len(window)
+    assert len(window) >= 100 and abs(share - 0.6) <= 0.1, (share, len(window))
+    assert fleet.post(f"/v1/rollouts/{rollout_id}/abort")["state"] == "aborted"
+    fleet.wait_serving(fleet.version)
+    time.sleep(1.0)
+    _no_failed_requests(fleet, since)
+
+
+@pytest.mark.slow
 def test_a_version_that_fails_to_load_stops_at_the_canary(fleet):
     since = time.monotonic()
     version = _next(fleet, "broken")

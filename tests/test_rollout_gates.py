@@ -258,7 +258,7 @@ def test_a_wave_with_no_live_node_waits_for_one_then_for_its_timeout():
 def test_the_version_table_each_answer_is_made_from():
     """The catalog's version for every node, a rollout's per wave (the old one kept
     where the new one serves), bad versions everywhere; pulls carry the node's version;
-    the shares a routing table would weigh a wave's traffic by."""
+    a split for the routing table only where the rollout sets a traffic share."""
     from agent.coordinator.catalog import ModelSLO
     from agent.coordinator.versions import build_table
     from agent.wire import Directives, Pull
@@ -283,7 +283,34 @@ def test_the_version_table_each_answer_is_made_from():
     assert table.overlay(Directives(node="n3", ttl_s=5), held={"m"}).model_versions[
         "m"].serve == 1
     assert table.overlay(Directives(node="n3", ttl_s=5), held={"x"}).model_versions == {}
-    assert table.shares("m", NODES) == {2: 1 / 6, 1: 5 / 6}
+    assert table.splits() == {}  # no traffic_share: the plan's replicas weigh
+    shared = start(RolloutSettings(waves=(1, 2), bake_s=10, traffic_share=0.25))
+    assert build_table(5, catalog, [shared], []).splits() == {
+        "m": (frozenset(NODES), frozenset({"n1"}), 0.25)}
     done = build_table(4, catalog, [], [])
     assert done.overlay(Directives(node="n2", ttl_s=5, pull=pulls)).model_versions[
         "m"].to_json() == {"serve": 2, "keep": [], "bad": [], "rollout": None}
+
+
+def test_the_routing_table_gives_the_new_version_its_share():
+    """A rollout's split weighs a model's nodes: the canary carries the share (0.5 of
+    the requests from 1 of 4 nodes), the others the rest by the plan's replicas (1 for
+    a node the plan runs none of it on), and a node without an address is left out;
+    with every node on one side the weights are the replicas."""
+    import orjson
+
+    from agent.coordinator.routing import build_table as routing_table, weigh
+
+    addresses = {n: (f"http://{n}:8000", None) for n in ("n1", "n2", "n3", "n4")}
+    workers = [("n2", {"m": 2}), ("n3", {"m": 1, "x": 1})]
+    splits = {"m": (frozenset({"n1", "n2", "n3", "n4", "gone"}), frozenset({"n1"}), 0.5)}
+    _, table = routing_table(workers, addresses, 60.0, splits)
+    weights = orjson.loads(table)["models"]
+    assert weights["x"] == {"n3": 1}
+    m = weights["m"]
+    assert set(m) == {"n1", "n2", "n3", "n4"}
+    total = sum(m.values())
+    assert m["n1"] / total == pytest.approx(0.5, abs=0.002)
+    assert m["n2"] == 2 * m["n3"] == 2 * m["n4"]  # the old side by the plan's replicas
+    assert weigh({"n1": 2, "n2": 1}, frozenset({"n1", "n2"}), 0.1) == {"n1": 2, "n2": 1}
+    assert weigh({"n1": 1, "n2": 1}, frozenset(), 0.1) == {"n1": 1, "n2": 1}

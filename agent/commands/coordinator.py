@@ -435,18 +435,21 @@ def _rollout_lines(r: dict[str, Any]) -> list[str]:
 @click.option("--bake-s", type=float, help="Seconds each wave bakes before the next.")
 @click.option("--wave-timeout-s", type=float,
               help="Seconds a wave's node may take to serve the new version.")
+@click.option("--traffic-share", type=float,
+              help="The share (0.01-0.99) of the model's routed requests the nodes on "
+                   "the new version carry while others serve the old one.")
 @click.option("--gate", "gates", multiple=True, metavar="KEY=VALUE",
               help="A gate (max_error_rate, max_latency_ratio, min_latency_increase_ms, "
                    "max_load_failures, max_memory_ratio, min_requests); repeatable.")
 @_client_options
 def rollout_start(model: str, version: int, digest: str | None, waves: str | None,
                   bake_s: float | None, wave_timeout_s: float | None,
-                  gates: tuple[str, ...], url: str, as_json: bool,
+                  traffic_share: float | None, gates: tuple[str, ...], url: str, as_json: bool,
                   token_file: str | None) -> None:
     """Roll MODEL from the catalog's version to VERSION in waves."""
     body: dict[str, Any] = {"model": model, "version": version}
     for key, value in (("digest", digest), ("waves", _waves(waves)), ("bake_s", bake_s),
-                       ("wave_timeout_s", wave_timeout_s)):
+                       ("wave_timeout_s", wave_timeout_s), ("traffic_share", traffic_share)):
         if value is not None:
             body[key] = value
     if gates:

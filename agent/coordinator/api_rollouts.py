@@ -2,7 +2,8 @@
 
     POST   /v1/rollouts                     {"model": "m", "version": 2, "digest": null,
                                              "waves": [1, "50%"], "bake_s": 60,
-                                             "wave_timeout_s": 300, "gates": {...}}
+                                             "wave_timeout_s": 300, "traffic_share": 0.1,
+                                             "gates": {...}}
                                              -> 201, the rollout (its first wave started)
     GET    /v1/rollouts                     newest first (?model=NAME, ?active=1,
                                              ?limit=N, at most 1000)
@@ -27,7 +28,8 @@ from agent.coordinator.rollouts import RolloutNotFound
 from agent.errors import json_error
 from agent.validation import ascii_int, only
 
-_START_FIELDS = ("model", "version", "digest", "waves", "bake_s", "wave_timeout_s", "gates")
+_START_FIELDS = ("model", "version", "digest", "waves", "bake_s", "settle_s",
+                 "wave_timeout_s", "traffic_share", "gates")
 MAX_LISTED = 1000
 
 

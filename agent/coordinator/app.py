@@ -180,7 +180,8 @@ class Coordinator:
         silent = frozenset(n for n, state in self.fleet.nodes.items()
                            if state.last_seen < since)
         if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
-                                     self.config.directive_ttl_s, silent) \
+                                     self.config.directive_ttl_s, silent,
+                                     self.fleet.versions.splits()) \
                 and self.workers.workers:
             self.spawn(self.workers.push_routing(self.fleet.routing.version,
                                                  self.fleet.routing.table))

@@ -135,6 +135,11 @@ class RolloutSettings(Section):
     wave_timeout_s: Annotated[Positive, setting(
         "seconds a live node of a wave may take to serve the new version (pull and "
         "load) before the rollout is rolled back")] = 300.0
+    traffic_share: Annotated[Annotated[float, msgspec.Meta(ge=0.01, le=0.99)] | None,
+                             setting(
+        "the share of the model's routed requests the nodes on the new version carry "
+        "while others serve the old one, 0.01 to 0.99 (null: as the plan's replicas "
+        "weigh them; routing nodes only)", example=0.5, commented=True)] = None
     gates: Annotated[Gates, setting("the gates each wave is judged by")] = \
         msgspec.field(default_factory=Gates)
 

@@ -5,8 +5,8 @@ it is told to pull or reported holding, whether the plan assigned it or the node
 repository has it; and each pull's version and digest); report workers get the table
 as they get the plan.
 
-The table is also what a routing table needs to weigh a model's traffic between its
-versions during a wave (``shares``).
+The table is also what the routing table weighs a model's traffic by during a wave
+whose rollout sets a ``traffic_share`` (``splits``: ``agent.coordinator.routing``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class ModelEntry:
     keep: dict[str, tuple[int, ...]] = field(default_factory=dict)
     bad: tuple[int, ...] = ()
     rollout: int | None = None
+    #: the rollout's nodes and the share of the routed requests those on the new
+    #: version carry (None: no share set)
+    fleet: tuple[str, ...] = ()
+    share: float | None = None
 
     def version_for(self, node: str) -> tuple[int | None, str | None]:
         return self.nodes.get(node, self.default)
@@ -71,16 +75,11 @@ class VersionTable:
             return directives
         return structs.replace(directives, pull=tuple(pulls), model_versions=versions)
 
-    def shares(self, model: str, nodes: Iterable[str]) -> dict[int | None, float]:
-        """The share of ``nodes`` (those running ``model``) on each version: what a
-        routing table would weigh the model's traffic by during a wave."""
-        entry = self.models.get(model, ModelEntry())
-        nodes = list(nodes)
-        counts: dict[int | None, int] = {}
-        for node in nodes:
-            version = entry.version_for(node)[0]
-            counts[version] = counts.get(version, 0) + 1
-        return {version: n / len(nodes) for version, n in counts.items()}
+    def splits(self) -> dict[str, tuple[frozenset[str], frozenset[str], float]]:
+        """Model -> (its rollout's nodes, those of them on the new version, the share of
+        the routed requests they carry), for the rollouts that set a ``traffic_share``."""
+        return {m: (frozenset(e.fleet), frozenset(e.nodes), e.share)
+                for m, e in self.models.items() if e.share is not None and e.nodes}
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "models": {m: {
@@ -115,6 +114,7 @@ def build_table(table_id: int, catalog: Iterable[Any], rollouts: Iterable[Any],
                                       if r.version_for(n) != (r.from_version, r.from_digest)},
                                keep={n: r.keep_for(n) for n in sorted(nodes)
                                      if r.keep_for(n)},
-                               bad=entry.bad, rollout=r.id)
+                               bad=entry.bad, rollout=r.id, fleet=tuple(sorted(nodes)),
+                               share=r.settings.traffic_share)
         models[slo.name] = entry
     return VersionTable(table_id, models)
