@@ -35,10 +35,10 @@ provisioning); nodes without one are not counted there.
     "disk": [{"model": "resnet", "version": 2, "bytes": 102760448}],
     "pulling": [{"model": "bert", "version": 1, "bytes": 1048576, "total": 438000000}]
 
-``version_stats`` (optional; the rollouts' part, for the models the last answer's
-``model_versions`` names with a ``rollout``) gives each version the node has served or
-tried to load, with counters **cumulative since the agent started** (a gate takes the
-difference over its window; a restart, counters going down, starts them again)::
+``version_stats`` (optional; for the models the last answer's ``model_versions`` names
+with a ``rollout``) gives each version the node served or tried to load, with counters
+**cumulative since the agent started** (a gate takes the difference over its window; a
+restart, counters going down, starts them again)::
 
     "version_stats": {"resnet": [
         {"version": 2, "serving": true, "state": "ready", "size_bytes": 102760448,
@@ -46,11 +46,9 @@ difference over its window; a restart, counters going down, starts them again)::
          "latency_buckets": [[0.5, 10], [1.0, 400], [2.5, 1100]],
          "latency_ms": {"p50": 1.2, "p99": 2.4}, "error": null}]}
 
-``requests`` and ``errors`` (5xx answers) count the version's answers, ``ok`` its
-successes, ``latency_buckets`` their cumulative latency histogram (``[upper bound ms,
-count]``; the rest, up to ``ok``, above the last bound), ``latency_ms`` the last
-interval's percentiles (shown, not gated on); ``load_failures`` the loads of it that
-failed; ``error`` why the node cannot serve it (its last failed load or pull).
+``errors``: 5xx answers; ``latency_buckets``: the successes' (``ok``) cumulative
+histogram (``[upper bound ms, count]``); ``latency_ms``: the last interval's percentiles
+(shown, not gated on); ``error``: why it cannot serve (its failed load or pull).
 
 ``peer`` (optional) is where the other nodes reach this one (``coordinator.advertise_url``
 and its gRPC address); ``routing`` (optional, from nodes that route) names the routing
@@ -89,17 +87,13 @@ has its own). ``drop``: models the node holds from an earlier pull that the plan
 away (the node removes them once idle). A lapsed pull is not undone, just not renewed.
 Both sides keep directives in a ``DirectiveBook``.
 
-``model_versions`` (the rollouts' part, optional) pins, per model, the version the node
-serves: ``serve`` (exactly this one, rolled to as a new version is: loaded beside the
-one serving, switched to once ready), ``keep`` (versions kept on disk and, where memory
-allows, loaded: the one a rollout may switch back to), ``bad`` (versions never served
-by default, whatever the source lists: rolled back and marked bad in the catalog) and
-``rollout`` (the id of the rollout under way: report its ``version_stats``)::
+``model_versions`` (optional; the rollouts') pins per model the version served:
+``serve`` (exactly this one, rolled to as a new version is), ``keep`` (kept on disk and,
+where memory allows, loaded: what a rollback switches to), ``bad`` (never served by
+default: marked bad in the catalog), ``rollout`` (the one under way: report its
+``version_stats``); unlike the rest it does not lapse with ``ttl_s``, restarts included::
 
     "model_versions": {"resnet": {"serve": 2, "keep": [1], "bad": [3], "rollout": 7}}
-
-Unlike the rest, a version pin does not lapse with ``ttl_s``: a node keeps serving the
-version it was last told (a restart included) until an answer says otherwise.
 
 ``routing_version`` (to nodes that route) names the coordinator's routing table;
 ``routing`` carries the table itself when the node's report named another version::
@@ -112,11 +106,35 @@ version it was last told (a restart included) until an answer says otherwise.
 ``models``: per catalogued or planned model, the live nodes that run it under the plan
 and their replicas (the weights requests are spread by); none: served where it lands.
 ``max_age_s``: past this without a confirmation the node stops trusting the table.
+
+``answer`` (from coordinators that take leases) is the version of the whole answer, its
+directives and routing table together: the same directives and table, the same version.
+
+**Leases** (``POST /v1/nodes/{name}/lease``). A node whose coordinator's answers carry
+``answer`` sends its full report only when something the planner uses changed (or every
+``coordinator.full_report_s``: ``agent.node.lease``) and otherwise renews a lease at its
+interval, a few bytes naming its last full report that was answered (``report_id``, a
+number the node draws for each full report and sends in it) and the answer and routing
+table it holds::
+
+    {"report": 8412993001, "answer": 190734112, "routing": 4712}
+
+A node's first message is a lease naming no report (``{}``): a coordinator that takes
+leases answers ``{"report": true}``, and the node's full reports then carry the fields
+of leases; an older one refuses the path (404, or 403 where it needs an admin token for
+a path it does not know), and the node sends it plain full reports every interval, as
+before (trying a lease again every ``full_report_s``). Its answer is ``{"answer": 190734112}`` when that answer stands (the directives are
+renewed for their ``ttl_s``, the routing table confirmed), the whole new answer
+(directives as above, with ``answer``) when it changed, and ``{"report": true}`` when the
+coordinator does not hold that report (it restarted, or the lease reached a report
+worker that never saw it): the node then sends its full report at once. A full report
+from such a node carries per model ``rate``: requests per second over its last minute,
+what the coordinator takes it to go on receiving until its next full report (its
+``arrivals`` since the last full report come with that one).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Mapping
 from urllib.parse import urlsplit
@@ -125,7 +143,7 @@ from msgspec import Meta, Struct
 
 from agent.errors import AgentError
 from agent.schema import decode, expected
-from agent.validation import SchemaError
+from agent.validation import SchemaError, load_json
 
 #: Node and model names: 1-128 letters, digits, '_', '.' or '-', not starting with a sign.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")
@@ -142,11 +160,14 @@ MAX_SECONDS = 1e9           # ages, windows, load and busy times (about 31 years
 MAX_MS = 1e9                # latencies
 MAX_CORES = 1e6
 MAX_RATE = 1e9              # requests per second in one arrivals window
+MAX_ID = 2 ** 53            # report ids and answer versions: exact in every JSON reader
 
 Count = Annotated[float, Meta(ge=0, le=MAX_COUNT)]
 Bytes = Annotated[float, Meta(ge=0, le=MAX_BYTES)]
 Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Ms = Annotated[float, Meta(ge=0, le=MAX_MS)]
+Rate = Annotated[float, Meta(ge=0, le=MAX_RATE)]
+Id = Annotated[int, expected(f"whole numbers from 0 to {MAX_ID}", ge=0, le=MAX_ID)]
 NodeTypeName = Annotated[str, expected(_NAMED, pattern=NAME.pattern)]
 ModelName = Annotated[str, expected(f"model names of {_NAMED}", pattern=NAME.pattern)]
 BatchSize = Annotated[int, expected("batch sizes >= 1", ge=1, le=999_999_999)]
@@ -218,6 +239,7 @@ class ModelReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     requests: Count = 0.0
     drops: Count = 0.0
     state: Annotated[str, Meta(max_length=MAX_STATE)] = ""
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         if not _PERCENTILES.keys() >= self.latency_ms.keys():  # else look at each
@@ -259,8 +281,7 @@ MAX_BUCKETS = 64  # bounds of one version's latency histogram
 
 
 class VersionStat(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
-    """One model version on one node (``version_stats``): cumulative counters since the
-    agent started, its state and size, why it cannot be served (``error``)."""
+    """One model version on one node (``version_stats``; see the module docstring)."""
 
     version: Version
     serving: bool = False
@@ -301,6 +322,7 @@ class RoutedModel(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     errors: Count = 0.0
     arrivals: Annotated[tuple[Arrival, ...], Meta(max_length=MAX_ARRIVALS)] = ()
     latency_ms: dict[str, Ms | None] = {}
+    rate: Rate | None = None
 
     def __post_init__(self) -> None:
         if not _PERCENTILES.keys() >= self.latency_ms.keys():
@@ -330,6 +352,7 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
                                              Meta(max_length=MAX_VERSIONS)]] = {}
     peer: PeerAddress | None = None
     routing: RoutingReport | None = None
+    report_id: Id | None = None
 
     def held(self) -> set[str]:
         """Models whose files the node holds or is pulling, or that it serves."""
@@ -346,6 +369,27 @@ def parse_report(node: str, body: bytes | str | Any) -> NodeReport:
         raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
     try:
         return decode(NodeReport, body)
+    except SchemaError as exc:
+        raise ReportError(exc.key, exc.message) from None
+
+
+class NodeLease(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """A node's lease (``POST /v1/nodes/{name}/lease``): the id of its last full report
+    that was answered (None: none yet), the answer version it holds and its routing
+    table's."""
+
+    report: Id | None = None
+    answer: Id | None = None
+    routing: RoutingVersion | None = None
+
+
+def parse_lease(node: str, body: bytes | str | Any) -> NodeLease:
+    """``node``'s lease from ``body``; ``ReportError`` names the first bad field, a body
+    that is not JSON is a plain ``ValueError`` (as ``parse_report``)."""
+    if not isinstance(node, str) or not NAME.match(node):
+        raise ReportError(None, f"node name must be {_NAMED}, got {node!r}")
+    try:
+        return decode(NodeLease, body)
     except SchemaError as exc:
         raise ReportError(exc.key, exc.message) from None
 
@@ -367,35 +411,6 @@ def latency_at(points: tuple[tuple[float, float], ...], percentile: float) -> fl
         if p >= percentile - 1e-9:
             return ms
     return points[-1][1] if points else None
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets, linear
-    within a bucket; the highest finite bound for the +Inf bucket; None when empty."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for upper, cumulative in buckets:
-        if cumulative >= rank:
-            if math.isinf(upper):
-                return lower
-            inside = cumulative - below
-            return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = upper, cumulative
-    return lower
-
-
-#: The latency percentiles a node reports (``latency_ms``).
-REPORTED_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
-
-
-def percentiles_ms(buckets: list[tuple[float, float]]) -> dict[str, float]:
-    """A report's ``latency_ms`` (``{"p50": ms, ...}``) from cumulative ``(upper bound
-    seconds, count)`` buckets; empty when they count nothing."""
-    return {f"p{p:g}": round(v * 1000.0, 3) for p in REPORTED_PERCENTILES
-            for v in [histogram_quantile(p / 100.0, buckets)] if v is not None}
 
 
 # -- sources ------------------------------------------------------------------------------
@@ -471,7 +486,6 @@ class Pull(Struct, frozen=True, gc=False, kw_only=True):
                 "digest": self.digest, "config": dict(self.config), "load": self.load}
 
 
-
 class ModelVersions(Struct, frozen=True, gc=False, kw_only=True):
     """The version a node serves of one model (``model_versions``): exactly ``serve``
     (None: the newest its source lists that is not ``bad``), ``keep`` those at hand,
@@ -520,6 +534,7 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     model_versions: dict[str, ModelVersions] = {}
     routing_version: int | None = None
     routing: RoutingTable | None = None
+    answer: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"node": self.node, "plan_id": self.plan_id, "ttl_s": self.ttl_s,
@@ -532,6 +547,8 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
             out["routing_version"] = self.routing_version
         if self.routing is not None:
             out["routing"] = self.routing.to_json()
+        if self.answer is not None:
+            out["answer"] = self.answer
         return out
 
     @classmethod
@@ -539,6 +556,23 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
         """A coordinator's answer (JSON text or parsed); ValueError names what is
         malformed."""
         return decode(cls, body)
+
+
+class LeaseAnswer(Struct, frozen=True, gc=False, kw_only=True):
+    """The short answers to a lease: ``answer``, the version of the answer the node
+    holds, which stands (renewed); ``report``: send the full report now."""
+
+    answer: int | None = None
+    report: bool = False
+
+
+def parse_lease_answer(body: bytes | str) -> Directives | LeaseAnswer:
+    """A coordinator's answer to a lease: new directives (they have ``ttl_s``) or a
+    ``LeaseAnswer``; ValueError names what is malformed."""
+    doc = load_json(body)
+    if isinstance(doc, dict) and "ttl_s" in doc:
+        return Directives.from_json(doc)
+    return decode(LeaseAnswer, doc)
 
 
 class DirectiveBook:

@@ -12,7 +12,7 @@ bytes on its kept connection, its TLS session resumed, backing off as the agent 
 bottleneck shows. Half-way through each run ``POST /v1/plan`` is timed while ingestion
 goes on.
 
-Figures per fleet size: nodes | tree | TLS | offered/s | ingested/s (200 answers per
+Figures per fleet size: nodes | tree | mode (plain, tls, full) | offered/s | ingested/s (200 answers per
 second) | refused (503 or 429 with Retry-After) | bad (other errors, failed
 connections) | late (sends the client could not make on time) | report p50 | p99
 (send to last byte of the answer) | max | p99 of the reports sent while the plan was
@@ -28,6 +28,13 @@ before -> after (the box may be shared: a load above its cores starves the coord
 fly; every node's connection verifies it, one handshake per node as the reporter's
 kept connection; the warm-up is longer by a second per 100 nodes, for the handshakes);
 ``--modes plain,tls`` runs each fleet size both ways and prints TLS's p99 over plain's;
+the nodes renew leases as the agent does (``agent.node.lease``: a full report every
+``--full-report-s`` at a random phase, or when a node changes: ``--changing`` of them a
+minute, each then sending the arrivals of the intervals since its last one), and mode
+``full`` (``--modes full,plain``) has them send a full report every interval, as before
+leases, and prints the coordinator's cores per 10,000 nodes both ways (``--no-leases``:
+every mode so); each row says how many of its 200s were leases and how many were full
+reports, and, on SQLite, how many answered ones the store does not hold after the stop;
 ``--baseline-tree DIR`` also runs the coordinator of another checkout, alternating,
 under the same clients, and prints the ratios; ``--restart-at S`` restarts the
 coordinator S s into the window (same port and store) and says when every node had a
@@ -43,6 +50,7 @@ collection). Each row also gives the coordinator's own count of its CPU per repo
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes plain,tls --baseline-tree DIR
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --duration 80 --restart-at 10
+    .venv/bin/python bench/coordinator_scale.py --nodes 10000 --modes full,plain
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --store postgresql://...
 """
 
@@ -55,6 +63,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.backoff import backoff_cap, parse_retry_after, retry_delay  # noqa: E402
+from agent.node.reporter import MAX_PENDING_POINTS  # noqa: E402
 from agent.security.tls import ResumingContext  # noqa: E402
 from agent.wire import parse_report  # noqa: E402
 
@@ -97,6 +107,53 @@ def node_body(i: int, models: int, catalog: int, interval: float) -> bytes:
     return json.dumps(body).encode()
 
 
+def report_id(i: int) -> int:
+    """Node ``i``'s report id (one for all its full reports: the coordinator only checks
+    that a lease names the report it holds)."""
+    return 1_000_000_007 * (i + 1) % 2**53
+
+
+_ARRIVALS = re.compile(rb'"arrivals": \[\[[^\]]*\]\]')
+#: A node's first message: a lease naming no report (does the coordinator take them?)
+PROBE = b'{}'
+
+
+def leasing_report(i: int, request: bytes, interval: float, points: int) -> bytes:
+    """Node ``i``'s full report (``request``) as a node that renews leases sends it:
+    its report id, each model's rate, and ``points`` arrival intervals per model
+    instead of one (those since its last full report: every model's count repeated)."""
+    head, _, body = request.partition(b"\r\n\r\n")
+
+    def many(m: re.Match) -> bytes:
+        count = json.loads(m.group()[12:])[0][2]
+        return b'"rate": %.6f, "arrivals": ' % (count / interval) + json.dumps(
+            [[round(k * interval + 0.002, 3), interval, count]
+             for k in range(points)]).encode()
+    body = _ARRIVALS.sub(many, body)[:-1] + b', "report_id": %d}' % report_id(i)
+    head = re.sub(rb"Content-Length: \d+", b"Content-Length: %d" % len(body), head)
+    return head + b"\r\n\r\n" + body
+
+
+def lease_request(i: int, answer: int | None) -> bytes:
+    """Node ``i``'s lease naming its report and the answer it holds (None: the probe,
+    naming neither)."""
+    body = PROBE if answer is None else b'{"report":%d,"answer":%d}' % (report_id(i), answer)
+    return (f"POST /v1/nodes/node-{i}/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+def answer_version(body: bytes) -> int | None:
+    """The ``answer`` version in a coordinator's answer (None: it has none)."""
+    at = body.rfind(b'"answer":')
+    if at < 0:
+        return None
+    end = at + 9
+    while end < len(body) and body[end:end + 1].isdigit():
+        end += 1
+    return int(body[at + 9:end])
+
+
 # -- client processes ---------------------------------------------------------------------
 
 
@@ -114,12 +171,24 @@ class SimulatedNode(asyncio.Protocol):
     """One node on a connection of its own, kept alive as the agent's reporter keeps
     one: its report's request made once (head and body, raw bytes), sent at its due
     time, its answer parsed from the raw bytes (status, ``Content-Length``,
-    ``Retry-After``); no stream objects, no task per node. After a failure it backs off
-    as the agent does (``agent.backoff``: full jitter, ``Retry-After`` obeyed); after a
-    200 its next report is due one interval after the last, keeping its phase."""
+    ``Retry-After``, the answer's version); no stream objects, no task per node. After a
+    failure it backs off as the agent does (``agent.backoff``: full jitter,
+    ``Retry-After`` obeyed); after a 200 its next report is due one interval after the
+    last, keeping its phase. As the agent (``agent.node.lease``), where the answer to
+    its full report carries a version it renews a lease each interval instead, and
+    sends its full report again every ``full_report_s`` (at a random phase), when it
+    changes (each interval with the probability that makes ``changing`` of the nodes
+    change a minute), or when the coordinator asks; a coordinator without leases gets
+    a full report every interval."""
 
     def __init__(self, sim: "Simulation", i: int, request: bytes, due: float) -> None:
         self.sim, self.i, self.request, self.due = sim, i, request, due
+        #: its lease's request: the probe first, then one naming the answer's version
+        self.lease: bytes | None = lease_request(i, None) if sim.leases else None
+        self.full_due = due + sim.rng.uniform(0, sim.full_report_s)
+        self.leasing = False  # what is in flight is a lease
+        self.batching = False  # it renews leases: its full reports carry their fields
+        self.last_full = due  # when its last full report was answered (loop time)
         self.transport: Any = None
         self.connecting = self.waiting = False
         self.failures = 0
@@ -138,18 +207,21 @@ class SimulatedNode(asyncio.Protocol):
             if now - self.due > 0.05:
                 sim.stats["late"] += 1
         self.waiting = True
+        self.leasing = self.lease is not None and now < self.full_due \
+            and sim.rng.random() >= sim.change_per_interval
         self.sent_clock, self.sent_wall = time.perf_counter(), time.time()
         self.timer = sim.loop.call_later(sim.answer_timeout_s, self.give_up)
         if self.transport is not None:
-            self.transport.write(self.request)
+            self.transport.write(self.message())
         elif not self.connecting:
             self.connecting = True
             sim.loop.create_task(self.connect())
 
     async def connect(self) -> None:
         try:
-            await self.sim.loop.create_connection(lambda: self, "127.0.0.1", self.sim.port,
-                                                  ssl=self.sim.tls)
+            await self.sim.loop.create_connection(
+                lambda: self, "127.0.0.1", self.sim.port, ssl=self.sim.tls,
+                local_addr=(self.sim.source, 0) if self.sim.source else None)
         except (OSError, asyncio.TimeoutError):
             self.connecting = False
             self.finish(None)
@@ -161,7 +233,19 @@ class SimulatedNode(asyncio.Protocol):
             self.sim.stats["handshakes"] += 1
             self.sim.stats["resumed"] += bool(sslobj.session_reused)
         if self.waiting:
-            transport.write(self.request)
+            transport.write(self.message())
+
+    def message(self) -> bytes:
+        """What goes now: its lease, or its full report (once it renews leases, with
+        the arrivals of the intervals since its last full report)."""
+        if self.leasing:
+            return self.lease
+        if not self.batching:
+            return self.request
+        # the intervals since its last full report (the agent keeps at most 500)
+        return leasing_report(self.i, self.request, self.sim.interval, max(1, min(
+            MAX_PENDING_POINTS, round((self.sim.loop.time() - self.last_full)
+                                      / self.sim.interval))))
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -173,10 +257,12 @@ class SimulatedNode(asyncio.Protocol):
         length = int(_header(head, b"content-length:") or 0)
         if len(buf) < end + 4 + length:
             return
+        body = bytes(buf[end + 4:end + 4 + length])
         del buf[:end + 4 + length]
         retry_after = _header(head, b"retry-after:")
         self.finish(int(head[9:12]), None if retry_after is None
-                    else parse_retry_after(retry_after.decode("latin-1"), time.time()))
+                    else parse_retry_after(retry_after.decode("latin-1"), time.time()),
+                    body)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -192,9 +278,10 @@ class SimulatedNode(asyncio.Protocol):
         else:
             self.finish(None)
 
-    def finish(self, status: int | None, retry_after: float | None = None) -> None:
-        """The answer (``status``; None: no answer, the connection failed) counted, and
-        the next report scheduled."""
+    def finish(self, status: int | None, retry_after: float | None = None,
+               body: bytes = b"") -> None:
+        """The answer (``status``; None: no answer, the connection failed; its
+        ``body``) counted, and the next report scheduled."""
         if not self.waiting:
             return
         self.waiting = False
@@ -207,10 +294,30 @@ class SimulatedNode(asyncio.Protocol):
             self.failures = 0
             if self.in_window:
                 stats["ok"] += 1
-                stats["latency"].append((self.sent_wall, time.perf_counter() - self.sent_clock))
-            if sim.track_oks:
+                stats["leases" if self.leasing else "full"] += 1
+                stats["latency"].append((self.sent_wall, time.perf_counter() - self.sent_clock,
+                                         self.leasing))
+            asked = self.leasing and body == b'{"report":true}\n'
+            if sim.track_oks and not asked:
                 self.oks.append(time.time())
-            self.due = max(self.due + sim.interval, now)
+            if not self.leasing:
+                if self.i in sim.answered_full:  # (its first keeps its random phase)
+                    self.full_due = now + sim.full_report_s
+                self.last_full = now
+                sim.answered_full[self.i] = self.sent_wall
+            elif not asked:
+                sim.answered_lease[self.i] = self.sent_wall
+            if asked:  # the coordinator asks for the full report
+                stats["asked"] += self.in_window
+                self.lease, self.batching, self.due = None, True, now
+            else:
+                version = answer_version(body)
+                if version is not None:
+                    self.lease = lease_request(self.i, version)
+                self.due = max(self.due + (sim.lease_interval if self.batching
+                                           else sim.interval), now)
+        elif self.leasing and status in (403, 404, 405):  # a coordinator without leases
+            self.lease, self.batching, self.due = None, False, now
         else:
             self.failures += 1
             kind = "broken" if status is None else \
@@ -235,23 +342,35 @@ class Simulation:
     """One client process's nodes and what they saw (``stats``)."""
 
     def __init__(self, loop: Any, port: int, tls: Any, interval: float,
-                 measure: tuple[float, float], track_oks: bool) -> None:
+                 measure: tuple[float, float], track_oks: bool, leases: bool = True,
+                 full_report_s: float = 300.0, changing: float = 0.01,
+                 source: str | None = None, lease_interval: float | None = None) -> None:
         self.loop, self.port, self.tls, self.interval = loop, port, tls, interval
         self.measure, self.track_oks = measure, track_oks
+        self.leases, self.full_report_s, self.source = leases, full_report_s, source
+        #: a node changes (a full report instead of its lease) with this chance each
+        #: interval: ``changing`` of the nodes change a minute
+        self.lease_interval = lease_interval or interval
+        self.change_per_interval = changing * self.lease_interval / 60.0
+        #: node -> the send time of its last full report, and lease, answered 200
+        self.answered_full: dict[int, float] = {}
+        self.answered_lease: dict[int, float] = {}
         self.max_backoff = backoff_cap(interval)  # the reporter's
         self.answer_timeout_s = 30.0
         self.rng = random.Random(port)
         self.stats: dict[str, Any] = {
             "offered": 0, "ok": 0, "late": 0, "refused": 0, "bare_5xx": 0, "other": 0,
             "broken": 0, "statuses": {}, "handshakes": 0, "resumed": 0, "latency": [],
-            "failed_at": []}
+            "failed_at": [], "leases": 0, "full": 0, "asked": 0}
 
 
 def client(ids: list[int], port: int, models: int, catalog: int, interval: float,
            t0: float, warmup: float, duration: float, out: "mp.Queue",
-           ca_file: str | None = None, track_oks: bool = False) -> None:
+           ca_file: str | None = None, track_oks: bool = False,
+           fleet: dict | None = None) -> None:
     """One client process: its nodes' reports; puts its counts, latencies and CPU (and,
-    with ``track_oks``, every node's 200s)."""
+    with ``track_oks``, every node's 200s). ``fleet``: ``Simulation``'s lease settings
+    (``leases``, ``full_report_s``, ``changing``, ``source``)."""
     requests = {}
     for i in ids:
         body = node_body(i, models, catalog, interval)
@@ -264,7 +383,7 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
         loop = asyncio.get_running_loop()
         start = loop.time() + (t0 - time.time())
         measure = (start + warmup, start + warmup + duration)
-        sim = Simulation(loop, port, tls, interval, measure, track_oks)
+        sim = Simulation(loop, port, tls, interval, measure, track_oks, **(fleet or {}))
         for at, key in zip(measure, ("window_cpu0", "window_cpu1")):  # the steady state
             loop.call_at(at, lambda key=key: sim.stats.__setitem__(key, time.process_time()))
         nodes = [SimulatedNode(sim, i, requests[i], start + random.Random(i).uniform(
@@ -281,6 +400,8 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
                 node.transport.close()
         if track_oks:
             sim.stats["oks"] = [n.oks for n in nodes]
+        sim.stats["answered_full"] = sim.answered_full
+        sim.stats["answered_lease"] = sim.answered_lease
         return sim.stats
 
     gc.freeze()  # this client's own collector pauses (5,000 connections' objects, over
@@ -359,6 +480,11 @@ def database_cpu_seconds() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+#: Connections each listening process keeps (the coordinator's ``max_connections``):
+#: under this box's open-file limit (20,000), above a listener's share of the fleet.
+MAX_CONNECTIONS = 16_000
+
+
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
                       report_workers: int = 0, tls: dict | None = None,
                       ca_file: str | None = None, port: int = 0,
@@ -366,8 +492,12 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
     """The coordinator of ``tree`` (a checkout) on ``port`` (0: one the OS picks):
     (process, the URL it announced), ready; ``tls``: its ``tls:`` section, ``ca_file``
     what verifies it."""
+    # every simulated node comes from one address (a few, past 20,000 nodes): the
+    # per-peer bound (a quarter of the total, itself a quarter of the open-file
+    # limit) would close their kept connections as fast as they open
     config = {"port": port, "state_dir": str(state), "log_level": "warning",
-              "reactive_interval_s": reactive_s}
+              "reactive_interval_s": reactive_s, "max_connections": MAX_CONNECTIONS,
+              "max_connections_per_peer": MAX_CONNECTIONS}
     if tls:
         config["tls"] = tls
     if report_workers:  # (a tree before report workers refuses the key)
@@ -469,7 +599,7 @@ def print_timeline(results: list[dict], wall0: float, plan_span: tuple[float, fl
     from: periodic ones show their period)."""
     seconds: dict[int, list[float]] = {}
     for r in results:
-        for wall, x in r["latency"]:
+        for wall, x, _ in r["latency"]:
             seconds.setdefault(int(wall - wall0), []).append(x * 1000)
     print(f"  timeline: seconds with a report over {slow_ms:g} ms (t from the window's start)")
     for t in sorted(seconds):
@@ -490,7 +620,8 @@ def make_certificates(directory: Path) -> tuple[dict, str]:
         str(ca.cert_file)
 
 
-def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
+def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
+        leasing: bool = True) -> dict:
     """One fleet size against the coordinator of ``tree``, over TLS or not."""
     restart = args.restart_at is not None
     with tempfile.TemporaryDirectory() as tmp:
@@ -504,13 +635,22 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
             # everyone reported twice, connections open (with TLS, the whole fleet's
             # handshakes at once, as after a coordinator restart, settle first: the
             # window measures the steady state of kept connections)
-            warmup = args.interval * 2 + (nodes / 100 if tls_on else 0.0)
+            warmup = args.warmup if args.warmup is not None else \
+                args.interval * 2 + (nodes / 100 if tls_on else 0.0)
             t0 = time.time() + 2.0
             out: mp.Queue = mp.get_context("fork").Queue()
             procs = [mp.get_context("fork").Process(
                 target=client, args=(list(range(p, nodes, args.procs)), port, args.models,
                                      args.catalog, args.interval, t0, warmup,
-                                     args.duration, out, ca_file, restart))
+                                     args.duration, out, ca_file, restart, {
+                                         "leases": args.leases and leasing,
+                                         "full_report_s": args.full_report_s,
+                                         "changing": args.changing,
+                                         "lease_interval": args.lease_interval,
+                                         # past ~28,000 connections to one port, a
+                                         # source address of their own per process
+                                         "source": f"127.0.0.{2 + p}"
+                                         if nodes > 20_000 else None}))
                 for p in range(args.procs)]
             for p in procs:
                 p.start()
@@ -552,26 +692,31 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
                 p.join()
         finally:
             stop_coordinator(co)
-    latency = sorted(x for r in results for _, x in r["latency"])
+        lost = lost_answers(Path(tmp) / "coordinator.sqlite3", results) \
+            if args.store == "sqlite" else None
+    latency = sorted(x for r in results for _, x, _ in r["latency"])
+    leases = sorted(x for r in results for _, x, lease in r["latency"] if lease)
+    full = sorted(x for r in results for _, x, lease in r["latency"] if not lease)
     lo, hi = timed["span"]
-    planning = sorted(x for r in results for t, x in r["latency"] if lo <= t <= hi)
+    planning = sorted(x for r in results for t, x, _ in r["latency"] if lo <= t <= hi)
 
     def pct(q: float, values: list[float] = latency) -> float:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values \
             else float("nan")
     total = {k: sum(r[k] for r in results) for k in (
         "offered", "ok", "late", "refused", "bare_5xx", "other", "broken", "handshakes",
-        "resumed")}
+        "resumed", "leases", "full", "asked")}
     statuses: dict[int, int] = {}
     for r in results:
         for status, count in r["statuses"].items():
             statuses[status] = statuses.get(status, 0) + count
     if args.timeline:
         print_timeline(results, wall0, (lo, hi), args.timeline)
-    return {"nodes": nodes, "tls": tls_on, "tree": tree,
+    return {"nodes": nodes, "tls": tls_on, "tree": tree, "leasing": args.leases and leasing,
             "offered_s": total["offered"] / args.duration,
             "ingested_s": total["ok"] / args.duration, **total, "statuses": statuses,
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "lease_p99_ms": pct(0.99, leases),
+            "full_p99_ms": pct(0.99, full), "lost": lost,
             "max_ms": pct(1.0), "plan_s": timed["plan_s"], "replicas": timed["replicas"],
             "planning_p99_ms": pct(0.99, planning),
             "coordinator_cpu": co_cpu / wall, "database_cpu": db_cpu / wall,
@@ -586,13 +731,36 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path) -> dict:
             if restart else None}
 
 
+def lost_answers(database: Path, results: list[dict]) -> dict[str, int] | None:
+    """After the coordinator stopped: the nodes whose last full report, or lease,
+    answered 200 is not in its SQLite store (its row's ``reported``, or ``last_seen``,
+    older than when it was sent); None for a store without a ``reported`` column."""
+    import sqlite3
+
+    with sqlite3.connect(database) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(nodes)")}
+        if "reported" not in columns:
+            return None
+        stored = {int(name[5:]): (seen, reported) for name, seen, reported in
+                  db.execute("SELECT name, last_seen, reported FROM nodes")}
+    lost = {"reports": 0, "leases": 0}
+    for r in results:
+        for i, sent in r["answered_full"].items():
+            lost["reports"] += i not in stored or stored[i][1] < sent
+        for i, sent in r["answered_lease"].items():
+            lost["leases"] += i not in stored or stored[i][0] < sent
+    return lost
+
+
 def own_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
-    """CPU ms per report answered over the window, by part, as the coordinator counts
-    them in ``/metrics`` (None for a tree without them)."""
+    """CPU ms per report (or lease) answered over the window, by part, as the
+    coordinator counts them in ``/metrics`` (None for a tree without them)."""
     answered = 'edgeagent_coordinator_reports_total{answer="answered"}'
     if answered not in before or answered not in after:
         return None
-    reports = max(1.0, after[answered] - before[answered])
+    leases = "edgeagent_coordinator_leases_total"
+    reports = max(1.0, after[answered] - before[answered]
+                  + after.get(leases, 0.0) - before.get(leases, 0.0))
     return {part: (after[key] - before[key]) * 1000 / reports for part in
             ("main", "report_workers", "planner")
             for key in [f'edgeagent_coordinator_cpu_seconds_total{{part="{part}"}}']}
@@ -683,6 +851,21 @@ def main() -> None:
                              "last refresh took where that is longer; timed")
     parser.add_argument("--dashboard-paths", default=DASHBOARD_PATHS,
                         help=f"what one refresh asks for (default {DASHBOARD_PATHS})")
+    parser.add_argument("--no-leases", dest="leases", action="store_false",
+                        help="the simulated nodes send a full report every interval even "
+                             "to a coordinator that takes leases (as before them)")
+    parser.add_argument("--full-report-s", type=float, default=300.0,
+                        help="with leases: a node's full report at least this often "
+                             "(default 300, the agent's full_report_s)")
+    parser.add_argument("--changing", type=float, default=0.01,
+                        help="with leases: the share of nodes whose state changes a minute "
+                             "(each sends a full report then; default 0.01)")
+    parser.add_argument("--lease-interval", type=float, default=None,
+                        help="with leases: seconds between a node's leases (default "
+                             "--interval)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds before the window (default two intervals, and a "
+                             "second per 100 nodes with TLS)")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="run in a session of its own whose scheduler autogroup has "
                              "this nice value (Linux; negative needs root): with autogroups "
@@ -691,8 +874,9 @@ def main() -> None:
                              "one; -10 gives the bench the priority their nice meant")
     args = parser.parse_args()
     modes = (args.modes or ("tls" if args.tls else "plain")).split(",")
-    if not set(modes) <= {"plain", "tls"}:
-        parser.error(f"--modes: plain, tls or both, not {args.modes!r}")
+    if not set(modes) <= {"plain", "tls", "full"}:
+        parser.error(f"--modes: plain, tls, full (plain, full reports every interval: "
+                     f"as before leases), not {args.modes!r}")
     trees = [ROOT] + ([args.baseline_tree.resolve()] if args.baseline_tree else [])
     autogroup = Path("/proc/self/autogroup")
     if args.autogroup_nice is not None:
@@ -700,7 +884,10 @@ def main() -> None:
             os.execvp("setsid", ["setsid", "-w", sys.executable, *sys.argv])
         autogroup.write_text(str(args.autogroup_nice))
     groups = Path("/proc/sys/kernel/sched_autogroup_enabled")
-    print(f"store={args.store} interval={args.interval:g}s models/report={args.models} "
+    print(f"store={args.store} interval={args.interval:g}s leases={args.leases} "
+          f"lease_interval={args.lease_interval or args.interval:g}s "
+          f"full_report_s={args.full_report_s:g} changing={args.changing:g}/min "
+          f"models/report={args.models} "
           f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()} "
           f"reactive_interval_s={args.reactive_interval:g} report_workers="
           f"{args.report_workers} modes={','.join(modes)} autogroups="
@@ -708,7 +895,7 @@ def main() -> None:
           f"({autogroup.read_text().strip() if autogroup.exists() else '-'})")
     if args.baseline_tree:
         print(f"trees: this = {ROOT}, baseline = {trees[1]}")
-    print(f"{'nodes':>6} | {'tree':>8} | {'tls':>3} | {'offered/s':>9} | {'ingested/s':>10} | "
+    print(f"{'nodes':>6} | {'tree':>8} | {'mode':>5} | {'offered/s':>9} | {'ingested/s':>10} | "
           f"{'refused':>7} | {'bad':>5} | {'late':>5} | {'p50 ms':>7} | {'p99 ms':>7} | "
           f"{'max ms':>7} | {'p99 planning':>12} | {'plan s':>6} | "
           f"{'coord CPU':>9} | {'ms/report':>9} | {'own ms/rep':>10} | {'planner CPU':>11} | "
@@ -718,11 +905,11 @@ def main() -> None:
         for mode in modes:
             for tree in trees:
                 load0 = os.getloadavg()[0]
-                r = run(n, args, mode == "tls", tree)
+                r = run(n, args, mode == "tls", tree, leasing=mode != "full")
                 rows.append(r)
                 own = r["gauges"].get("edgeagent_coordinator_cpu_per_report_seconds")  # a minute
                 print(f"{r['nodes']:>6} | {'this' if tree == ROOT else 'baseline':>8} | "
-                      f"{'yes' if r['tls'] else 'no':>3} | {r['offered_s']:>9.0f} | "
+                      f"{mode:>5} | {r['offered_s']:>9.0f} | "
                       f"{r['ingested_s']:>10.0f} | {r['refused']:>7} | "
                       f"{r['bare_5xx'] + r['other'] + r['broken']:>5} | {r['late']:>5} | "
                       f"{r['p50_ms']:>7.1f} | {r['p99_ms']:>7.1f} | "
@@ -743,6 +930,10 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
         print(f"         bad: {r['bare_5xx']} 5xx without Retry-After, {r['other']} other "
               f"errors (statuses {r['statuses']}), {r['broken']} connections failed or "
               "lost", flush=True)
+    print(f"         {r['leases'] / args.duration:.0f} leases/s and {r['full'] / args.duration:.1f} "
+          f"full reports/s answered ({r['asked']} asked for); p99 leases {r['lease_p99_ms']:.1f} ms, full reports "
+          f"{r['full_p99_ms']:.1f} ms; answered but not in the store: "
+          f"{'-' if r['lost'] is None else r['lost']}", flush=True)
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
@@ -779,13 +970,20 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
 def print_ratios(rows: list[dict], trees: list[Path]) -> None:
     """TLS p99 over plain p99 per fleet size and tree; this tree's CPU per report over
     the baseline's."""
-    def find(n: int, tls: bool, tree: Path) -> dict | None:
-        return next((r for r in rows if (r["nodes"], r["tls"], r["tree"]) == (n, tls, tree)),
-                    None)
+    def find(n: int, tls: bool, tree: Path, leasing: bool | None = None) -> dict | None:
+        return next((r for r in rows if (r["nodes"], r["tls"], r["tree"]) == (n, tls, tree)
+                     and (leasing is None or r["leasing"] == leasing)), None)
 
     for n in sorted({r["nodes"] for r in rows}):
         for tree in trees:
-            plain, tls = find(n, False, tree), find(n, True, tree)
+            plain, tls = find(n, False, tree, True), find(n, True, tree)
+            full = find(n, False, tree, False)
+            if plain and full and plain is not full:
+                print(f"{n} nodes, {'this' if tree == ROOT else 'baseline'}: coordinator "
+                      f"cores per 10,000 nodes: leases {plain['coordinator_cpu'] * 1e4 / n:.3f}, "
+                      f"full reports {full['coordinator_cpu'] * 1e4 / n:.3f} (leases / full "
+                      f"reports = {plain['coordinator_cpu'] / full['coordinator_cpu']:.2f}); "
+                      f"p99 {plain['p99_ms']:.1f} ms vs {full['p99_ms']:.1f} ms")
             if plain and tls:
                 print(f"{n} nodes, {'this' if tree == ROOT else 'baseline'}: TLS p99 / plain "
                       f"p99 = {tls['p99_ms'] / plain['p99_ms']:.2f}")

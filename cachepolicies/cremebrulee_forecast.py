@@ -8,7 +8,10 @@ estimate (the running mean of the matching gaps) the model is *periodic*, and
 B̂ = last + period − now, shrinking as its next firing nears (never below a thousandth
 of the period); once it is more than ``tolerance`` of a period overdue (a skipped or
 stopped timer) and for every other model, B̂ = 1/λ with λ CremeBrulee's own rate
-estimate (``rate``, ``half_life``). Faro's forecaster (Holt-Winters over per-minute
+estimate (``rate``, ``half_life``), the decayed one scaled to be unbiased in its first
+half-lives (``rates.log_warmup``: early on it undercounts, and rate-ranked models would
+lose to forecast ones they should not; the order among rate-ranked models is
+CremeBrulee's, so without timers the two policies decide alike). Faro's forecaster (Holt-Winters over per-minute
 rates, ``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate
 series; an eviction needs the next arrival of one model seconds ahead, and the decayed
 count is already that forecaster's level term, so it is not used here.
@@ -145,7 +148,7 @@ def _first_candidate(s, now):
     """Utilities of the periodic residents as of ``now`` (those on time from their
     forecast, at once), then the lowest of both kinds."""
     n = s.pcount
-    s.shared = rates.log_shared(s.rates, now)
+    s.shared = rates.log_shared(s.rates, now) + rates.log_warmup(s.rates, now)
     if n > 0:
         ids = s.pids[:n]
         period = s.period[ids]
@@ -237,13 +240,15 @@ def _utility(s, i, now):
         ahead = s.last[i] + period - now
         if ahead >= -s.tolerance * period:
             return s.worth[i] / max(ahead, 1e-3 * period)
-    log_rate = rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+    log_rate = (rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+                + rates.log_warmup(s.rates, now))
     return math.exp(s.log_worth[i] + log_rate)
 
 
 @kernel
 def _rate(s, i, now):
-    return rates.rate(s.rates, i, now)
+    """The decayed rate, unbiased for the time the policy has run (``log_warmup``)."""
+    return rates.rate(s.rates, i, now) * math.exp(rates.log_warmup(s.rates, now))
 
 
 @kernel

@@ -46,7 +46,7 @@ class RatesType(types.StructRef):
 
 class Rates(structref.StructRefProxy):
     """Per id: ``count`` (requests seen) and ``log_sum`` (decayed: L); ``t0`` is the
-    first request's time once ``started`` (cumulative)."""
+    first request's time (of any id) once ``started``."""
 
 
 structref.define_proxy(Rates, RatesType, ["cumulative", "k", "started", "t0", "count", "log_sum"])
@@ -68,10 +68,10 @@ def record(r, i, now):
     """Count one request for id ``i`` at ``now``; return its new log score."""
     count = r.count  # (a field read once: each read costs a reference count)
     count[i] += 1
+    if not r.started:
+        r.started = True
+        r.t0 = now
     if r.cumulative:
-        if not r.started:
-            r.started = True
-            r.t0 = now
         return math.log(count[i])
     log_sum = r.log_sum
     x = now * r.k
@@ -103,6 +103,21 @@ def log_shared(r, now):
     if r.cumulative:
         return -math.log(max(now - r.t0, 1.0)) if r.started else 0.0
     return math.log(r.k) - now * r.k
+
+
+@kernel(inline="always")
+def log_warmup(r, now):
+    """log of the factor that makes a decayed rate unbiased this soon after ``t0``.
+
+    The decayed count of a steady Poisson stream of rate λ approaches λ / k only after a
+    few half-lives; ``now − t0`` after the first request it is λ (1 − e^(−k (now − t0)))
+    / k, so λ = rate / (1 − e^(−k (now − t0))) (one second floor, as the cumulative
+    one's). The same for every id, so it never changes their order: it matters where
+    rates are weighed against something else. 0 for ``cumulative``.
+    """
+    if r.cumulative or not r.started:
+        return 0.0
+    return -math.log(-math.expm1(-r.k * max(now - r.t0, 1.0)))
 
 
 @kernel(inline="always")

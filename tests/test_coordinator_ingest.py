@@ -77,11 +77,13 @@ class FlakyStore:
     def __init__(self) -> None:
         self.down = False
         self.written: list[ReportRecord] = []
+        self.renewed: dict[str, float] = {}
 
-    def write_reports(self, records):
+    def write_reports(self, records, renewed=None):
         if self.down:
             raise OSError("connection refused")
         self.written.extend(records)
+        self.renewed.update(renewed or {})
         return len(records)
 
     def prune(self, before):
@@ -92,15 +94,19 @@ def test_writer_keeps_reports_while_the_store_fails():
     store = FlakyStore()
     writer = ReportWriter(store, keep_s=60)
     writer.submit(ReportRecord("a", {}, {}, 1.0))
+    writer.renew("a", 1.5)
     store.down = True
     with pytest.raises(OSError):
         writer.flush()
     assert not writer.healthy and "connection refused" in writer.last_error
     writer.submit(ReportRecord("b", {}, {}, 2.0))
+    writer.renew("a", 1.2)  # older than the one kept: the newer lease stays
+    writer.renew("b", 2.5)
     assert writer.queued() == 2
     store.down = False
     assert writer.flush() == 2 and writer.healthy
     assert [r.node for r in store.written] == ["a", "b"]  # in order, none lost
+    assert store.renewed == {"a": 1.5, "b": 2.5}  # each node's newest lease, kept too
 
 
 def test_a_failing_store_answers_503_with_retry_after(start_coordinator):
@@ -109,7 +115,7 @@ def test_a_failing_store_answers_503_with_retry_after(start_coordinator):
     co = start_coordinator()
     assert co.request("POST", "/v1/nodes/n1/report", REPORT)[0] == 200
     real = co.co.store.write_reports
-    co.co.store.write_reports = lambda records: (_ for _ in ()).throw(
+    co.co.store.write_reports = lambda records, renewed=None: (_ for _ in ()).throw(
         sqlite3.OperationalError("disk I/O error at db.internal user=fleet"))
     with pytest.raises(sqlite3.OperationalError):
         co.co.writer.flush()

@@ -101,6 +101,29 @@ def test_an_older_report_never_replaces_a_newer_one(path):
     assert [row.report for row in s.nodes() if row.name == "n"] == [{"r": 3}]
 
 
+def test_leases_move_last_seen_on_and_an_older_report_stays_older(path):
+    """A lease moves a node's ``last_seen`` on, never back, and leaves its report; a
+    report older than the one held is ignored even where a lease since made
+    ``last_seen`` newer than both; a newer report replaces it, ``last_seen`` kept."""
+    s = Store(path, rate_step_s=10)
+    rec = store_module.ReportRecord
+    s.write_reports([rec("n", {"r": 2}, {}, 102.0)])
+    s.write_reports([], {"n": 110.0, "gone": 111.0})  # an unknown node's lease: nothing
+    s.write_reports([], {"n": 105.0})  # an older lease (another worker's, late)
+    [row] = s.nodes()
+    assert (row.report, row.reported, row.last_seen) == ({"r": 2}, 102.0, 110.0)
+    s.write_reports([rec("n", {"r": 1}, {}, 101.0)], {"n": 108.0})
+    [row] = s.nodes()
+    assert (row.report, row.reported, row.last_seen) == ({"r": 2}, 102.0, 110.0)
+    s.write_reports([rec("n", {"r": 3}, {}, 104.0)])  # newer than the report held
+    [row] = s.nodes()
+    assert (row.report, row.reported, row.last_seen) == ({"r": 3}, 104.0, 110.0)
+    assert [r[4] for r in s.live_nodes(109.0)] == [104.0]
+    s.close()
+    [row] = Store(path, rate_step_s=10).nodes()  # as written
+    assert (row.reported, row.last_seen) == (104.0, 110.0)
+
+
 def test_spread_matches_the_planners_series():
     points = [(10.0, 10.0, 10.0), (30.0, 5.0, 20.0), (12.5, 5.0, 10.0)]
     assert store_module.spread(points, 5.0) == {0.0: 5.0, 5.0: 10.0, 10.0: 5.0, 25.0: 20.0}

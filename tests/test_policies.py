@@ -250,6 +250,23 @@ def test_forecast_detects_jittered_periods_and_forgets_broken_ones():
     assert policy.choose_victims(5, due + 201.0) == ["t"]
 
 
+def test_forecast_rates_are_unbiased_while_the_decayed_count_warms_up():
+    # A steady model requested twice every 2 s from t = 0 (gaps 0.5 and 1.5 s: no
+    # period): the decayed count has seen 100 s of a 600 s half-life, so it holds
+    # 1 − 2^(−100/600) of the steady state's; the forecast scales that back to ~1
+    # request/s, CremeBrulee does not.
+    crm, forecast = make_policy("cremebrulee"), make_policy("cremebrulee-forecast")
+    for t in sorted([*range(0, 100, 2), *(t + 0.5 for t in range(0, 100, 2))]):
+        for policy in (crm, forecast):
+            policy.record_access("steady", float(t))
+    assert forecast.request_rate("steady", 100.0) == pytest.approx(1.0, rel=0.02)
+    assert crm.request_rate("steady", 100.0) == pytest.approx(1 - 2 ** (-100 / 600), rel=0.02)
+    for policy in (crm, forecast):
+        policy.admit("steady", 10, 2.0, 100.0)
+    assert forecast.priority("steady", 100.0) == pytest.approx(
+        2.0 * forecast.request_rate("steady", 100.0) / 10)
+
+
 def test_forecast_merges_periodic_and_rate_ranked_models_by_utility():
     policy = make_policy("cremebrulee-forecast:rate=cumulative")
     for t in range(5):  # p0, p1: period 10 s; r0..r2: 4 requests each, no period

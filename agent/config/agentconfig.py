@@ -66,7 +66,17 @@ class CoordinatorLink(Section):
 
     url: Annotated[str, setting("the coordinator's URL", check=http_url,
                                 example="http://10.0.0.5:8100")]
-    report_interval_s: Annotated[Positive, setting("seconds between reports")] = 5.0
+    report_interval_s: Annotated[Positive, setting(
+        "seconds between reports: a full report, or a lease renewed where the "
+        "coordinator takes leases and nothing the planner uses changed")] = 5.0
+    full_report_s: Annotated[Positive, setting(
+        "the longest between two full reports (the arrivals counted meanwhile go with "
+        "the next one); set it to report_interval_s for a full report every time")] = 300.0
+    change_threshold: Annotated[float, setting(
+        "a model's arrivals or 503s over the last minute that moved by more than this "
+        "share of what the last full report's rate predicts (and past Poisson noise), "
+        "its size by more, or a latency percentile by more than twice it, send a full "
+        "report before full_report_s", gt=0, le=10)] = 0.25
     token_file: Annotated[Path | None, setting(
         "file holding the bearer token reports carry: this node's report token (or the "
         "coordinator's admin token)", example="/etc/edgeagent/coordinator-token")] = None

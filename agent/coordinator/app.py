@@ -6,6 +6,7 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
     GET    /v1/health                     ok and whether this one plans; 503 while
                                           its store fails (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
+    POST   /v1/nodes/{name}/lease         its lease between full reports (api_lease)
     GET    /v1/nodes[/{name}], DELETE /v1/nodes/{name}   the nodes (api_nodes)
     GET    /v1/models[/{name}], PUT /v1/models/{name}, DELETE /v1/models/{name}
                                           the catalog (api_models)
@@ -47,9 +48,11 @@ import orjson
 import psutil
 from aiohttp import web
 
-from agent.coordinator import api_fleet, api_join, api_models, api_nodes, api_rollouts
+from agent.coordinator import (api_fleet, api_join, api_lease, api_models, api_nodes,
+                               api_rollouts)
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.cost import SAMPLE_S, CostMeter
+from agent.coordinator.lane import takes_lane
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
                                      refuse_new_node_past, refuse_while_store_fails, report_record,
                                      reported_models, reported_routing)
@@ -67,7 +70,7 @@ from agent.http.body import BodyMemory, body_timeout_middleware, request_body
 from agent.http.jsonnewline import json_newline
 from agent.security.credentials import Credential, Credentials, load_credentials, node_credential
 from agent.security.httpauth import (Guard, Need, carries_credential, host_check, is_forwarded,
-                            names_this_server, own_names, request_peer, scoped_auth)
+                            own_names, scoped_auth)
 from agent.security.tls import ServerTls
 from agent.units import iso_time
 
@@ -103,12 +106,14 @@ class Coordinator:
         self.follow_interval_s = 1.0
         self.loops = PlannerLoops(self.planner, prepare=self.writer.flush,
                                   adopt=self.adopt, leading=lambda: self.leader)
-        self.workers = ReportWorkers(config, apply=self.take_answered)
+        self.workers = ReportWorkers(config, apply=self.take_answered,
+                                     renew=lambda batch: api_lease.take_renewed(self, batch))
         self.rollouts = FleetRollouts(self)
         #: Refuses reports early while this process is overloaded (a herd).
         self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
                                config.report_retry_after_s)
         self.reports = 0  # answered by this process (its workers count theirs)
+        self.leases = 0  # ... and leases renewed
         self.cost = CostMeter()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
@@ -255,10 +260,10 @@ class Coordinator:
         nodes."""
         pid = os.getpid()
         self.cost.cpu("main", pid, time.process_time())
-        self.cost.tally(pid, self.reports, self.shedder.refused)
+        self.cost.tally(pid, self.reports, self.shedder.refused, self.leases)
         for worker_pid, load in list(self.workers.load.items()):
             self.cost.cpu("report_workers", worker_pid, load.cpu_s)
-            self.cost.tally(worker_pid, load.answered, load.refused)
+            self.cost.tally(worker_pid, load.answered, load.refused, load.leases)
         planner = self.planner.pid
         if planner is not None:
             try:
@@ -309,7 +314,8 @@ class Coordinator:
                   for name, m in (report.get("models") or {}).items()}
         directives, expires = self.fleet.issued(row.name, now)
         return {"name": row.name, "first_seen": iso_time(row.first_seen),
-                "last_seen": iso_time(row.last_seen),
+                "last_seen": iso_time(row.last_seen),  # a report or a lease
+                "last_report": iso_time(row.reported or row.last_seen),
                 "age_s": round(now - row.last_seen, 3),
                 "alive": now - row.last_seen <= self.config.node_timeout_s,
                 "capacity": report.get("capacity"), "models": models,
@@ -345,7 +351,7 @@ def coordinator_need(request: web.Request) -> Need | None:
     path = request.path
     if path == "/v1/health" or is_dashboard_path(path) or path == "/v1/join":
         return None
-    if request.match_info.handler is node_report:
+    if request.match_info.handler in _NODE_POSTS:
         return Need("report", request.match_info["name"])
     return _READ if request.method in ("GET", "HEAD") else _ADMIN
 
@@ -354,28 +360,15 @@ def _forward_key(request: web.Request) -> str:
     return request.app[COORDINATOR].workers.forward_key
 
 
-def _report_lane(request: web.Request) -> bool:
-    """Whether ``request`` is a report that may skip the rest of the middlewares
-    (thousands a second, each paying for the whole chain otherwise): its whole body has
-    arrived (no read timeout to watch) and its credential may post it, or none is
-    needed and it names this coordinator (no Origin, a Host of its own). Any other
-    request takes the chain, which answers 401, 403 and 408 as for every path (a refusal
-    is counted there, once)."""
-    if (request.match_info.handler is not node_report or not request.content.is_eof()
-            or "Content-Encoding" in request.headers):  # decoded by the chain
-        return False
+def _report_lane(request: web.Request) -> Any:
+    """A report's or lease's handler where it may skip the rest of the middlewares
+    (``lane.takes_lane``; not on the internal socket, whose guard is in the chain)."""
+    handler = request.match_info.handler
+    if handler not in _NODE_POSTS or _unforwarded_internal(request):
+        return None
     co = request.app[COORDINATOR]
-    if _unforwarded_internal(request):
-        return False  # the chain refuses it
-    peer = request_peer(request, _forward_key(request), certificates=True)
-    if not co.guard.checks(peer.name):
-        return "Origin" not in request.headers and names_this_server(
-            request.headers.get("Host"), co.names)
-    header = request.headers.get("Authorization", "")
-    if co.guard.holds_back(header, peer.address, peer.name):
-        return False  # a throttled peer's token is not judged: the chain answers 429
-    return co.guard.judge(header, coordinator_need(request), peer.name,
-                          peer.issued).status == 200
+    return handler if takes_lane(request, co.guard, co.names, coordinator_need(request),
+                                 _forward_key(request)) else None
 
 
 def _unforwarded_internal(request: web.Request) -> bool:
@@ -395,8 +388,7 @@ async def internal_socket_guard(request: web.Request, handler: Any) -> web.Strea
 
 
 # CatalogError, ReportError: 400; PlanError: 409; StoreUnavailable: 503
-errors_middleware = json_errors_middleware(
-    log, lane=lambda request: node_report if _report_lane(request) else None)
+errors_middleware = json_errors_middleware(log, lane=_report_lane)
 
 
 def _json_answer(body: bytes, headers: dict[str, str] | None = None) -> web.Response:
@@ -431,6 +423,10 @@ async def node_report(request: web.Request) -> web.Response:
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     co.reports += 1
     return _json_answer(body)
+
+
+#: The handlers of what nodes post: a node's own credential (or admin) posts them.
+_NODE_POSTS = (node_report, api_lease.node_lease)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -530,6 +526,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     api_nodes.add_routes(app, COORDINATOR)  # GET /v1/nodes[/{name}], DELETE
     api_models.add_routes(app, COORDINATOR)  # /v1/models: the catalog
     api_rollouts.add_routes(app, COORDINATOR)  # /v1/rollouts, bad versions
+    api_lease.add_routes(app, COORDINATOR)  # POST /v1/nodes/{name}/lease
     add_dashboard(app, "coordinator.html")
 
     async def on_startup(app: web.Application) -> None:

@@ -8,8 +8,8 @@ and the old one's CPU stays counted): the totals only grow. ``sample`` (every
 ``SAMPLE_S``) adds the live nodes' seconds and keeps the last ``WINDOW_S`` of samples,
 over which the two ratios are taken:
 
-* CPU per report: the coordinator's and its report workers' CPU per report answered
-  (idle costs included, as a fleet pays them);
+* CPU per report: the coordinator's and its report workers' CPU per report or lease
+  answered (idle costs included, as a fleet pays them);
 * CPU per node-second: every part's CPU (planning too) per live node and second, that
   is the cores one node costs: 1 / it is the nodes one core holds.
 """
@@ -38,7 +38,8 @@ class CostMeter:
 
     def __init__(self) -> None:
         self._cpu: dict[tuple[str, int], float] = {}  # (part, pid) -> CPU seconds
-        self._tally: dict[int, tuple[int, int]] = {}  # pid -> (answered, refused)
+        self._tally: dict[int, tuple[int, int, int]] = {}  # pid -> (answered, refused,
+        # leases)
         self.node_seconds = 0.0
         self.live_nodes = 0
         self._samples: deque[_Sample] = deque()
@@ -47,17 +48,22 @@ class CostMeter:
         """Process ``pid`` (of ``part``) has used ``seconds`` of CPU since it started."""
         self._cpu[(part, pid)] = seconds
 
-    def tally(self, pid: int, answered: int, refused: int) -> None:
-        """Process ``pid`` has answered and refused that many reports since it started."""
-        self._tally[pid] = (answered, refused)
+    def tally(self, pid: int, answered: int, refused: int, leases: int = 0) -> None:
+        """Process ``pid`` has answered and refused that many reports (and renewed that
+        many leases) since it started."""
+        self._tally[pid] = (answered, refused, leases)
 
     def cpu_total(self, part: str) -> float:
         return sum(s for (p, _), s in self._cpu.items() if p == part)
 
     def reports(self) -> tuple[int, int]:
         """(answered, refused) by every process."""
-        return (sum(a for a, _ in self._tally.values()),
-                sum(r for _, r in self._tally.values()))
+        return (sum(a for a, _, _ in self._tally.values()),
+                sum(r for _, r, _ in self._tally.values()))
+
+    def leases(self) -> int:
+        """Leases renewed by every process."""
+        return sum(n for _, _, n in self._tally.values())
 
     def sample(self, now: float, live_nodes: int) -> None:
         """Now (monotonic seconds) with ``live_nodes`` live: their seconds since the last
@@ -67,13 +73,13 @@ class CostMeter:
         self.live_nodes = live_nodes
         report_cpu = self.cpu_total("main") + self.cpu_total("report_workers")
         self._samples.append(_Sample(now, report_cpu, report_cpu + self.cpu_total("planner"),
-                                     self.reports()[0], self.node_seconds))
+                                     self.reports()[0] + self.leases(), self.node_seconds))
         while len(self._samples) > 2 and now - self._samples[1].at >= WINDOW_S:
             self._samples.popleft()
 
     def per_report(self) -> float | None:
-        """CPU seconds of the coordinator and its workers per report answered in the
-        window (None before two samples, or without a report)."""
+        """CPU seconds of the coordinator and its workers per report or lease answered
+        in the window (None before two samples, or without either)."""
         if len(self._samples) < 2:
             return None
         first, last = self._samples[0], self._samples[-1]
@@ -104,6 +110,9 @@ class CostMeter:
                   f"# TYPE {prefix}_reports_total counter",
                   f'{prefix}_reports_total{{answer="answered"}} {answered}',
                   f'{prefix}_reports_total{{answer="refused"}} {refused}',
+                  f"# HELP {prefix}_leases_total Node leases renewed (between full "
+                  "reports).", f"# TYPE {prefix}_leases_total counter",
+                  f"{prefix}_leases_total {self.leases()}",
                   f"# HELP {prefix}_live_nodes Nodes heard from within node_timeout_s.",
                   f"# TYPE {prefix}_live_nodes gauge",
                   f"{prefix}_live_nodes {self.live_nodes}",
@@ -112,7 +121,8 @@ class CostMeter:
                   f"{prefix}_node_seconds_total {self.node_seconds:.3f}"]
         for name, value, what in (
                 ("cpu_per_report_seconds", self.per_report(),
-                 "CPU of the coordinator and its report workers per report answered"),
+                 "CPU of the coordinator and its report workers per report or lease "
+                 "answered"),
                 ("cpu_per_node_second", self.per_node_second(),
                  "CPU of every part per live node and second (cores per node)")):
             if value is not None:

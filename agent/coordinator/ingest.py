@@ -4,10 +4,11 @@
   bytes, and its models with their reported latencies), the current plan (its per-node
   directive rows), the version table (``versions.VersionTable``: which version each
   node serves) and each node's last directives. A report is validated and answered
-  from here, without the database.
+  from here, without the database, and so is a lease (``agent.coordinator.leases``).
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
-  commit every ``interval_s``), and old history is pruned every ``prune_every_s`` by an
-  indexed range. ``close`` writes what is queued, so a report that was answered is not
+  commit every ``interval_s``), leases with them (each node's newest renewal since the
+  last commit: one row update however often it renewed), and old history is pruned
+  every ``prune_every_s`` by an indexed range. ``close`` writes what is queued, so a report that was answered is not
   lost on a clean stop. While the store fails (PostgreSQL down), the queue is kept and
   retried, and ``healthy`` is False: the coordinator then refuses new reports with 503.
 """
@@ -17,19 +18,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Collection, NamedTuple
 
 import orjson
 
 from agent.coordinator.catalog import CatalogError
+from agent.coordinator.leases import (SEND_REPORT, LeaseBook, basis_of, renewed,
+                                      with_version)
 from agent.coordinator.plan import directives_from_row, row_away
 from agent.coordinator.routing import RoutingBook
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
 from agent.coordinator.versions import VersionTable
 from agent.errors import AgentError
-from agent.wire import (Directives, NodeReport, ReportError, latency_at, latency_points,
-                        parse_report)
+from agent.wire import (Directives, NodeLease, NodeReport, ReportError, latency_at,
+                        latency_points, parse_lease, parse_report)
 
 log = logging.getLogger("edgeagent.coordinator.ingest")
 
@@ -69,8 +72,9 @@ def reported_routing(report: NodeReport) -> Routed | None:
 
 
 class NodeState(NamedTuple):
-    """A node as the request path knows it: when it was first and last heard from, its
-    last report as sent (bytes) and its models with their reported latencies. Few
+    """A node as the request path knows it: when it was first and last heard from (a
+    report or a lease), its last report as sent (bytes), its models with their reported
+    latencies, and when that report came (``reported``; None: at ``last_seen``). Few
     objects per node on purpose: 10,000 nodes' parsed reports would be millions of
     objects for the garbage collector to walk on every full collection (seconds of
     stalled event loop); here one object per node for it to walk (its fields: strings,
@@ -82,12 +86,19 @@ class NodeState(NamedTuple):
     raw: bytes
     models: ReportedModels
     routing: Routed | None = None
+    reported: float | None = None
 
     @property
     def row(self) -> NodeRow:
         """The stored row (the report parsed now: by orjson alone, as ``raw`` passed
         validation on its way in; validating it again would cost far more)."""
-        return NodeRow(self.name, self.first_seen, self.last_seen, orjson.loads(self.raw))
+        return NodeRow(self.name, self.first_seen, self.last_seen, orjson.loads(self.raw),
+                       self.report_time)
+
+    @property
+    def report_time(self) -> float:
+        """When its last report came."""
+        return self.last_seen if self.reported is None else self.reported
 
 
 class Fleet:
@@ -113,6 +124,8 @@ class Fleet:
         self._versions_of: dict[str, tuple[int, frozenset[str]]] = {}
         #: the routing table routing nodes get (``agent.coordinator.routing``)
         self.routing = RoutingBook()
+        #: the nodes' bases and answer versions, for their leases
+        self.leases = LeaseBook()
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
@@ -121,7 +134,7 @@ class Fleet:
         for row in rows:
             raw = orjson.dumps(row.report)
             self.nodes[row.name] = NodeState(row.name, row.first_seen, row.last_seen, raw,
-                                             *_stored_models(row, raw))
+                                             *_stored_models(row, raw), row.reported)
         if plan is not None:
             plan.rows  # noqa: B018 - made now, not at the first report
         self.adopt(plan)
@@ -161,25 +174,53 @@ class Fleet:
         """``node``'s directives for ``report`` and their JSON (the same objects as
         the last answer when neither the plan, the prefetch list nor the drop list
         changed), with the routing table's version, and the table itself where the
-        report names another (``RoutingBook.splice``)."""
-        directives, body = self._directives_answer(node, report)
-        return directives, self.routing.splice(body, report.routing)
+        report names another (``RoutingBook.splice``); for a report with a
+        ``report_id``, the answer's version too, and its basis noted for its leases."""
+        basis = basis_of(report)
+        self.leases.note(node, basis)
+        directives, body = self._directives_answer(
+            node, {m for m, r in report.models.items() if r.resident}, report.held)
+        if basis is not None:
+            body = self._versioned(node, body, basis.routes)
+        routing = report.routing
+        return directives, self.routing.splice(body, routing is not None,
+                                               routing.version if routing else None)
 
-    def _directives_answer(self, node: str, report: NodeReport) -> tuple[Directives, bytes]:
+    def answer_lease(self, node: str, lease: NodeLease) -> tuple[bytes, bool]:
+        """(The answer to ``node``'s ``lease``, whether it carries new directives):
+        ``{"answer": V}`` while the answer it holds stands, the new one where it
+        changed, ``SEND_REPORT`` where this process does not hold the report the lease
+        names (``agent.coordinator.leases``)."""
+        basis = self.leases.basis(node, lease.report) if lease.report is not None else None
+        if basis is None:
+            return SEND_REPORT, False
+        _, body = self._directives_answer(node, basis.resident, lambda: basis.held)
+        version = self.leases.version(node, body, self.routing.version if basis.routes
+                                      else None)
+        if lease.answer == version:
+            return renewed(version), False
+        return self.routing.splice(with_version(body, version), basis.routes,
+                                   lease.routing), True
+
+    def _versioned(self, node: str, body: bytes, routes: bool) -> bytes:
+        return with_version(body, self.leases.version(
+            node, body, self.routing.version if routes else None))
+
+    def _directives_answer(self, node: str, resident: Collection[str],
+                           held: Callable[[], Collection[str]]) -> tuple[Directives, bytes]:
+        """``resident``: the models the node has resident; ``held()``: those it holds
+        (``NodeReport.held``; asked only where the plan moves one away)."""
         plan_id = self.plan.id if self.plan is not None else None
-        models = report.models
         last = self._answers.get(node)
         away = self._away.get(node, ())
-        held = report.held() if away or self.versions.models else frozenset()
-        versions = (self.versions.id, self.versions.pinned(held))
+        holds = held() if away or self.versions.models else frozenset()
+        versions = (self.versions.id, self.versions.pinned(holds))
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
                 and self._versions_of.get(node) == versions \
-                and last[0].prefetch == tuple(m for m in last[0].pin
-                                              if m not in models or not models[m].resident) \
-                and last[0].drop == tuple(m for m in away if m in held):
+                and last[0].prefetch == tuple(m for m in last[0].pin if m not in resident) \
+                and last[0].drop == tuple(m for m in away if m in holds):
             return last
-        directives = self.directives(node, {m for m, r in models.items() if r.resident},
-                                     report.held())
+        directives = self.directives(node, set(resident), set(held()))
         self._away[node] = row_away(self.plan.rows.get(node) if self.plan else None)
         self._versions_of[node] = versions
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
@@ -191,10 +232,21 @@ class Fleet:
         ``now``; a report older than the one held (handed over late by another report
         worker) is ignored: whether it was recorded."""
         old = self.nodes.get(node)
-        if old is not None and now < old.last_seen:
+        if old is not None and now < old.report_time:
             return False
         first = old.first_seen if old is not None else now
-        self.nodes[node] = NodeState(node, first, now, raw, models, routing)
+        seen = now if old is None else max(now, old.last_seen)  # a lease may be newer
+        self.nodes[node] = NodeState(node, first, seen, raw, models, routing, now)
+        return True
+
+    def renew(self, node: str, now: float) -> bool:
+        """``node`` renewed its lease at ``now`` (never moving ``last_seen`` back);
+        whether the node is known here."""
+        old = self.nodes.get(node)
+        if old is None:
+            return False
+        if now > old.last_seen:
+            self.nodes[node] = old._replace(last_seen=now, reported=old.report_time)
         return True
 
     def answered(self, node: str, body: bytes) -> None:
@@ -205,6 +257,7 @@ class Fleet:
         self._answers.pop(node, None)
         self._away.pop(node, None)
         self._versions_of.pop(node, None)
+        self.leases.forget(node)
         return self.nodes.pop(node, None) is not None
 
     def by_model(self, since: float, percentiles: dict[str, float] | None = None
@@ -264,6 +317,16 @@ def _stored_models(row: NodeRow, raw: bytes) -> tuple[ReportedModels, Routed | N
     return reported_models(report), reported_routing(report)
 
 
+def parse_lease_body(name: str, raw: bytes) -> NodeLease:
+    """``raw`` validated as ``name``'s lease; errors as ``parse_report_body``'s."""
+    try:
+        return parse_lease(name, raw)
+    except ReportError as exc:
+        raise ReportError(None, f"lease from {name!r}: {exc}") from None
+    except ValueError as exc:
+        raise CatalogError(f"body is not valid JSON: {exc}") from None
+
+
 def parse_report_body(name: str, raw: bytes) -> NodeReport:
     """``raw`` validated as ``name``'s report (``wire.parse_report``: decoded straight
     from the bytes); the errors say whose report it was, or that it is not JSON."""
@@ -321,6 +384,7 @@ class ReportWriter:
         self.store, self.keep_s, self.interval_s = store, keep_s, interval_s
         self.prune_every_s, self.clock = prune_every_s, clock
         self._queue: list[ReportRecord] = []
+        self._renewed: dict[str, float] = {}  # node -> its newest lease not yet written
         self._queue_lock = threading.Lock()
         self._write_lock = threading.Lock()  # one batch at a time, in order
         self._stop = threading.Event()
@@ -340,13 +404,20 @@ class ReportWriter:
         with self._queue_lock:
             self._queue.append(record)
 
+    def renew(self, node: str, now: float) -> None:
+        """Queue ``node``'s lease renewed at ``now`` (a newer one replaces it)."""
+        with self._queue_lock:
+            if self._renewed.get(node, -1.0) < now:
+                self._renewed[node] = now
+
     def queued(self) -> int:
         return len(self._queue)
 
     def forget(self, node: str) -> None:
-        """Drop ``node``'s queued reports (it was deleted)."""
+        """Drop ``node``'s queued reports and lease (it was deleted)."""
         with self._queue_lock:
             self._queue = [r for r in self._queue if r.node != node]
+            self._renewed.pop(node, None)
 
     def flush(self) -> int:
         """Write everything queued now (any thread); the number written. On a store
@@ -354,13 +425,17 @@ class ReportWriter:
         with self._write_lock:
             with self._queue_lock:
                 batch, self._queue = self._queue, []
-            if not batch:
+                renewed, self._renewed = self._renewed, {}
+            if not batch and not renewed:
                 return 0
             try:
-                self.store.write_reports(batch)
+                self.store.write_reports(batch, renewed)
             except BaseException as exc:
                 with self._queue_lock:
                     self._queue[:0] = batch
+                    for node, t in renewed.items():
+                        if self._renewed.get(node, -1.0) < t:
+                            self._renewed[node] = t
                 self.healthy, self.last_error = False, f"{type(exc).__name__}: {exc}"
                 raise
             self.healthy, self.last_error = True, None

@@ -20,6 +20,11 @@ Decisions where the papers leave room:
   measured one: the catalog's ``proc_ms``, else ``DEFAULT_PROC_MS``.
 * Arrival points cover intervals; they are spread over the bins they overlap in
   proportion to the overlap, so any report interval gives the same series.
+* A node that renews leases between full reports (``agent.node.lease``) sends its
+  arrivals only with them: the store's bins hold its traffic up to its last full report.
+  From then on the forecast counts it at the rate that report gave (``ModelReport.rate``,
+  its last minute's; the node reports again when that changes beyond its threshold),
+  until the next full report brings the real points in its place.
 * Placement is on CPU memory: a model is held once per node that runs it
   (``resident_bytes``: its largest reported size) and may only go to nodes whose
   repository has it, preferring the last plan's nodes, then nodes where it is
@@ -136,18 +141,19 @@ class Planner:
     # -- inputs ----------------------------------------------------------------------
     def live_reports(self, now: float, since: float = -math.inf,
                      after: dict[str, float] | None = None
-                     ) -> dict[str, tuple[float, NodeReport]]:
-        """node -> (last_seen, report) for nodes heard from within the timeout (and at
-        or after ``since``; and after ``after[node]`` when given): built from each
-        node's stored summary (validated at ingestion), else its stored report,
-        validated now."""
+                     ) -> dict[str, tuple[float, NodeReport, float]]:
+        """node -> (last_seen, report, when that report came) for nodes heard from
+        within the timeout (and at or after ``since``; and after ``after[node]`` when
+        given): built from each node's stored summary (validated at ingestion), else its
+        stored report, validated now."""
         timeout = self.config.node_timeout_s
         out = {}
-        for name, seen, summary, raw in self.store.live_nodes(max(now - timeout - 1.0,
-                                                                    since)):
+        for name, seen, summary, raw, reported in self.store.live_nodes(
+                max(now - timeout - 1.0, since)):
             if now - seen <= timeout and (after is None or seen > after.get(name, -math.inf)):
                 out[name] = (seen, expand(summary) if summary is not None
-                             else parse_report(name, raw))
+                             else parse_report(name, raw),
+                             seen if reported is None else reported)
         return out
 
     def current_plan(self) -> StoredPlan | None:
@@ -166,17 +172,24 @@ class Planner:
         self._current = StoredPlan(plan_id, now, kind, doc)
         return self._current
 
-    def planning_rate(self, model: str, end: float) -> tuple[float, int]:
+    def planning_rate(self, model: str, end: float,
+                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
+                      ) -> tuple[float, int]:
         """(rate to plan for, history points used) for ``model`` from the store's bins
-        that end by ``end`` (when every node running it last reported: complete bins)."""
-        predicted, points = self.rate_forecast(model, end)
+        that end by ``end`` (when every node running it was last heard from) and the
+        ``tails`` of the nodes whose arrivals come with their next full report."""
+        predicted, points = self.rate_forecast(model, end, tails)
         if predicted is None:
             return 0.0, 0
         return predicted.window_quantile(self.config.rate_quantile), points
 
-    def rate_forecast(self, model: str, end: float) -> tuple[RateForecast | None, int]:
+    def rate_forecast(self, model: str, end: float,
+                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
+                      ) -> tuple[RateForecast | None, int]:
         """(forecast of ``model``'s rate per ``rate_step_s`` over the next
-        ``plan_window_s``, history points used); None without history."""
+        ``plan_window_s``, history points used); None without history. ``tails``:
+        ``(since, rate)`` of each node whose arrivals since ``since`` are not in the
+        store yet (it renews leases): counted at that rate up to ``end``."""
         cfg = self.config
         step = self.store.rate_step_s
         n = max(1, int(cfg.history_s // step))
@@ -193,6 +206,13 @@ class Planner:
             if 0 <= i <= n:
                 counts[i] += count
                 covered[i] = True
+        if len(tails):  # every node's tail over every bin at once
+            since, rate = np.asarray(tails, dtype=float).T
+            lo = start + np.arange(n + 1) * step
+            overlap = np.clip(np.minimum(lo + width, end)[None, :]
+                              - np.maximum(lo[None, :], since[:, None]), 0.0, None)
+            counts += rate @ overlap
+            covered |= overlap.any(axis=0)
         if width[n] < step / 10:
             width, counts, covered = width[:n], counts[:n], covered[:n]
         if not covered.any():
@@ -221,7 +241,7 @@ class Planner:
                                          dict[str, NodeReport]]:
         """The Faro problem for now, per-model plan details, and the live reports."""
         seen = self.live_reports(now)
-        live = {n: r for n, (_, r) in seen.items()}
+        live = {n: r for n, (_, r, _) in seen.items()}
         if not live:
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
@@ -233,19 +253,23 @@ class Planner:
             raise PlanError("no catalogued model is in a live node's repository or has a "
                             "source; add one with PUT /v1/models/{name} or 'edgeagent "
                             "coordinator models set'")
-        ends: dict[str, float] = {}  # model -> the earliest last report of its nodes
+        ends: dict[str, float] = {}  # model -> the earliest last word of its nodes
         holders: dict[str, list[NodeReport]] = {}  # model -> the reports that have it
-        for last_seen, r in seen.values():
+        tails: dict[str, list[tuple[float, float]]] = {}  # model -> (since, rate)
+        for last_seen, r, reported in seen.values():
             for m in r.models:
                 ends[m] = min(ends.get(m, last_seen), last_seen)
                 holders.setdefault(m, []).append(r)
+            for m, rate in _rates(r):
+                tails.setdefault(m, []).append((reported, rate))
         specs, details = [], {}
         for slo in nowhere:
             details[slo.name] = {"excluded": "no live node holds it and it has no source "
                                              "to pull it from"}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
-                rate, points = self.planning_rate(slo.name, ends.get(slo.name, now))
+                rate, points = self.planning_rate(slo.name, ends.get(slo.name, now),
+                                                  tails.get(slo.name, []))
                 proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
                 spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
@@ -418,10 +442,10 @@ class Planner:
                                    after=self._reactive_seen)
         if not recent:
             return None
-        fresh = {n: r for n, (_, r) in recent.items()}
-        self._reactive_seen.update({n: seen for n, (seen, _) in recent.items()})
+        fresh = {n: r for n, (_, r, _) in recent.items()}
+        self._reactive_seen.update({n: seen for n, (seen, _, _) in recent.items()})
         self._reactive_mark = max(self._reactive_mark,
-                                  max(seen for seen, _ in recent.values()))
+                                  max(seen for seen, _, _ in recent.values()))
         current = self.current_plan()
         if current is None:
             return None
@@ -450,7 +474,7 @@ class Planner:
         if not grown:
             return None
         live = self.live_reports(now)
-        return self._rescale(current, grown, {n: r for n, (_, r) in live.items()}, now)
+        return self._rescale(current, grown, {n: r for n, (_, r, _) in live.items()}, now)
 
     def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
         """The models with a source that ``previous`` ran (or had retired) and the
@@ -483,6 +507,13 @@ class Planner:
                            now, "reactive", plan.solver, None, live)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
+
+
+def _rates(report: NodeReport) -> list[tuple[str, float]]:
+    """``(model, rate)`` of each model a report gives a rate for (its own models and
+    those it only forwards)."""
+    routed = report.routing.models.items() if report.routing else ()
+    return [(m, r.rate) for m, r in (*report.models.items(), *routed) if r.rate is not None]
 
 
 class PlannerLoops:

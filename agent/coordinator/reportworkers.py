@@ -19,11 +19,16 @@ stays with one). A worker
   overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
   yet handed over plus those the coordinator says wait for its group commit past
   ``report_shed_queue``; with ``Retry-After``);
+* answers ``POST /v1/nodes/{name}/lease`` itself, from the basis of the node's last full
+  report it answered (``agent.coordinator.leases``; a lease naming a report it did not
+  see gets ``{"report": true}``); reports and leases whose credential may post them
+  skip the middleware chain (``agent.coordinator.lane``);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
-  directives issued (``GET /v1/nodes``) as for a report it answered itself; and every
-  ``LOAD_S`` its CPU, reports answered and refused and its loop's lag (``WorkerLoad``,
-  for the coordinator's ``/metrics``);
+  directives issued (``GET /v1/nodes``) as for a report it answered itself; then the
+  leases it renewed (node, when, and the new directives where they changed); and every
+  ``LOAD_S`` its CPU, reports answered and refused, leases renewed and its loop's lag
+  (``WorkerLoad``, for the coordinator's ``/metrics``);
 * forwards every other request to the coordinator, as it came, over a Unix socket of
   the coordinator's own that only this user's processes can open (the token is checked
   there), with the real peer address and certificate name and issue time in headers the
@@ -53,9 +58,11 @@ from typing import Any, Callable, NamedTuple
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
 
 from agent.coordinator.config import CoordinatorConfig
-from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_report_body,
-                                     refuse_while_store_fails, report_record, reported_models,
-                                     reported_routing)
+from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_lease_body,
+                                     parse_report_body, refuse_while_store_fails,
+                                     report_record, reported_models, reported_routing)
+from agent.coordinator.lane import takes_lane
+from agent.coordinator.leases import SEND_REPORT
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import ReportRecord, StoredPlan
@@ -76,6 +83,7 @@ BATCH_S = 0.25  # a worker hands its answered reports over this often
 LOAD_S = 1.0  # ... and tells its load this often
 RESTART_S = 1.0  # a dead worker is started again after this long
 REPORT_PATH = "/v1/nodes/{name}/report"
+LEASE_PATH = "/v1/nodes/{name}/lease"
 #: A worker's first message: it listens on the port.
 LISTENING = "listening"
 #: Seconds the coordinator waits for every worker to take new credentials.
@@ -90,12 +98,14 @@ _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "traile
 # one answered report as handed over: what to write, its models, the directives' JSON,
 # its routing (address and routed traffic)
 Answered = tuple[ReportRecord, ReportedModels, bytes, Routed | None]
+# one lease renewed: the node, when, and the directives' JSON where they changed
+Renewed = tuple[str, float, bytes | None]
 
 
 class WorkerLoad(NamedTuple):
     """What a worker last told of its load: its CPU seconds since it started, the reports
     it answered and refused, its loop's smoothed lag (seconds) and busy share
-    (``Shedder``)."""
+    (``Shedder``), the leases it renewed."""
 
     index: int
     cpu_s: float
@@ -103,6 +113,7 @@ class WorkerLoad(NamedTuple):
     refused: int
     lag_s: float
     busy: float
+    leases: int = 0
 
 
 class _Worker:
@@ -129,9 +140,11 @@ class ReportWorkers:
     """Starts, feeds and stops the report workers of one coordinator."""
 
     def __init__(self, config: CoordinatorConfig, *,
-                 apply: Callable[[list[Answered]], None]) -> None:
-        """``apply`` gets each batch of answered reports on the event loop."""
-        self.config, self.apply = config, apply
+                 apply: Callable[[list[Answered]], None],
+                 renew: Callable[[list[Renewed]], None] = lambda batch: None) -> None:
+        """``apply`` gets each batch of answered reports on the event loop, ``renew``
+        each batch of leases renewed."""
+        self.config, self.apply, self.renew = config, apply, renew
         self.workers = [_Worker(i) for i in range(config.report_workers)]
         self._port = 0
         self._internal = ""
@@ -206,6 +219,9 @@ class ReportWorkers:
                 self._loop.call_soon_threadsafe(self._applied, worker, message[1])
             if isinstance(message, tuple) and message[0] == "load":
                 self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
+                continue
+            if isinstance(message, tuple) and message[0] == "renewed":
+                self._loop.call_soon_threadsafe(self.renew, message[1])
                 continue
             self._loop.call_soon_threadsafe(self.apply, message)
         worker.closed.set()
@@ -330,12 +346,15 @@ class _WorkerState:
         self.tls = ServerTls(config.tls) if config.tls is not None else None
         self.guard = Guard(Credentials(), throttle=config.auth.throttle())
         self.internal_socket, self.forward_key = internal_socket, forward_key
+        self.names: frozenset[str] = frozenset()  # this server's (``own_names``)
         self.healthy, self.full = True, False
         self.writing = 0  # reports waiting for the coordinator's group commit, as told
         self.answered: list[Answered] = []
+        self.renewed: list[Renewed] = []
         self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
                                config.report_retry_after_s)
         self.reports = 0  # answered since the worker started
+        self.leases = 0  # renewed since the worker started
         self.session: ClientSession | None = None
 
     def take(self, message: tuple) -> tuple | None:
@@ -382,6 +401,19 @@ async def _report(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="application/json")
 
 
+async def _lease(request: web.Request) -> web.Response:
+    state = request.app[WORKER]
+    name = request.match_info["name"]
+    state.shedder.check(len(state.answered) + state.writing)
+    lease = parse_lease_body(name, bytes(await request_body(request)))
+    refuse_while_store_fails(state.healthy)
+    body, changed = state.fleet.answer_lease(name, lease)
+    if body is not SEND_REPORT:
+        state.renewed.append((name, time.time(), body if changed else None))
+        state.leases += 1
+    return web.Response(body=body, content_type="application/json")
+
+
 async def _forward(request: web.Request) -> web.StreamResponse:
     """Anything but a report: to the coordinator, and its answer back, as they are."""
     state = request.app[WORKER]
@@ -408,20 +440,34 @@ async def _forward(request: web.Request) -> web.StreamResponse:
 
 
 def _report_need(request: web.Request) -> Need | None:
-    """A report needs its node's credential; the rest is checked by the coordinator."""
-    if request.match_info.handler is _report:
+    """A report or lease needs its node's credential; the rest is checked by the
+    coordinator."""
+    if request.match_info.handler in (_report, _lease):
         return Need("report", request.match_info["name"])
     return None
 
 
+def _report_lane(request: web.Request) -> Any:
+    """A report's or lease's handler where it may skip the rest of the middlewares."""
+    need = _report_need(request)
+    if need is None:
+        return None
+    state = request.app[WORKER]
+    return request.match_info.handler if takes_lane(request, state.guard, state.names,
+                                                    need) else None
+
+
 def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Application:
-    names = own_names(config.host, config.allowed_hosts)  # what it forwards has its Host
+    state.names = own_names(config.host, config.allowed_hosts)  # what it forwards has
+    # its Host
     app = web.Application(client_max_size=config.max_request_size,
                           handler_args=handler_args(config.read_timeout_s),
                           middlewares=[
         json_newline,
-        json_errors_middleware(log),  # the coordinator's answers: 400s, 503s, 413, 500
-        host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True), lambda r: names),
+        # the coordinator's answers: 400s, 503s, 413, 500
+        json_errors_middleware(log, lane=_report_lane),
+        host_check(lambda r: carries_credential(r, r.app[WORKER].guard, True),
+                   lambda r: r.app[WORKER].names),
         scoped_auth(lambda r: r.app[WORKER].guard, _report_need, certificates=True,
                     open_tokens=False),  # what it forwards, the coordinator judges
         body_timeout_middleware(config.read_timeout_s, config.max_request_size,
@@ -429,6 +475,7 @@ def _worker_app(config: CoordinatorConfig, state: _WorkerState) -> web.Applicati
     ])
     app[WORKER] = state
     app.router.add_post(REPORT_PATH, _report)
+    app.router.add_post(LEASE_PATH, _lease)
     app.router.add_route("*", "/{tail:.*}", _forward)
     return app
 
@@ -493,6 +540,9 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
             batch, state.answered = state.answered, []
             if batch:
                 await loop.run_in_executor(sender, up.send, batch)
+            renewed, state.renewed = state.renewed, []
+            if renewed:
+                await loop.run_in_executor(sender, up.send, ("renewed", renewed))
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
                 await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
@@ -500,7 +550,8 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
                 told_load = loop.time()
                 await loop.run_in_executor(sender, up.send, (
                     "load", os.getpid(), time.process_time(), state.reports,
-                    state.shedder.refused, state.shedder.lag, state.shedder.busy))
+                    state.shedder.refused, state.shedder.lag, state.shedder.busy,
+                    state.leases))
 
     handing = loop.create_task(hand_over())
     watching = loop.create_task(state.shedder.watch())
@@ -511,7 +562,10 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
         watching.cancel()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
+        renewed, state.renewed = state.renewed, []
         last = [sender.submit(up.send, batch)] if batch else []
+        if renewed:
+            last.append(sender.submit(up.send, ("renewed", renewed)))
         last.append(sender.submit(up.send, None))
         for sent in last:
             try:

@@ -53,7 +53,7 @@ import msgspec
 from msgspec import structs
 
 from agent.schema import NonNegative, Positive, Section, setting
-from agent.wire import histogram_quantile
+from agent.percentiles import histogram_quantile
 
 RUNNING, PAUSED, COMPLETED, ROLLED_BACK, ABORTED = (
     "running", "paused", "completed", "rolled_back", "aborted")

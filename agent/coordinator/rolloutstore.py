@@ -1,5 +1,5 @@
 """The store's rollouts (``agent.coordinator.rollout``) and the versions they marked bad
-(migration 7): a part of ``Store`` (SQLite and PostgreSQL alike), which gives it its
+(migration 8): a part of ``Store`` (SQLite and PostgreSQL alike), which gives it its
 transactions (``_tx``), queries (``_query``) and catalog writes (``_put_model``).
 
 A model has at most one rollout under way (running or paused: a partial unique index),

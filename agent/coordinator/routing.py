@@ -30,7 +30,6 @@ from typing import Any, Iterable
 import orjson
 
 from agent.coordinator.store import StoredPlan
-from agent.wire import RoutingReport
 
 #: JSON bytes of an answer to a node that routes while there is no table.
 _NO_TABLE = b',"routing_version":null}'
@@ -150,15 +149,16 @@ class RoutingBook:
         """The nodes the plan behind the table runs models on (alive or not)."""
         return set(self._workers)
 
-    def splice(self, body: bytes, routing: RoutingReport | None) -> bytes:
-        """``body`` (directives' JSON) with the table's version for a node that routes
-        (``routing``: what its report said of it), and the table itself where the node
-        holds another version; as it is for a node that does not route."""
-        if routing is None:
+    def splice(self, body: bytes, routes: bool, held: int | None) -> bytes:
+        """``body`` (directives' JSON) with the table's version for a node that
+        ``routes``, and the table itself where the node holds another version
+        (``held``: the one its report or lease named); as it is for a node that does
+        not route."""
+        if not routes:
             return body
         if self.version is None or self.table is None:
             return body[:-1] + _NO_TABLE
-        if routing.version == self.version:
+        if held == self.version:
             return body[:-1] + b',"routing_version":%d}' % self.version
         return body[:-1] + b',"routing_version":%d,"routing":%s}' % (self.version,
                                                                     self.table)

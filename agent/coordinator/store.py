@@ -8,6 +8,10 @@ sum, so planning reads one row per model and bin whatever the fleet's size. Repo
 written in batches (``write_reports``: one transaction for many reports); old bins are
 pruned by ``prune`` (an indexed range), which the caller runs periodically.
 
+A node's row holds its last report and summary, when that report came (``reported``)
+and when the node was last heard from (``last_seen``: a report or a lease, which
+``write_reports`` moves on without touching the report).
+
 Schema changes are migrations by version (``PRAGMA user_version``): ``MIGRATIONS[i]``
 takes a database from version i to i + 1, each in one transaction, so an old state
 directory is upgraded in place on start. Times are the coordinator's wall clock,
@@ -128,7 +132,12 @@ MIGRATIONS: tuple[str, ...] = (
         issued_before REAL NOT NULL     -- a certificate issued at or before it is refused
     );
     """,
-    # 7: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
+    # 7: leases: last_seen moves with a node's leases, reported with its full reports.
+    """
+    ALTER TABLE nodes ADD COLUMN reported REAL;
+    UPDATE nodes SET reported = last_seen;
+    """,
+    # 8: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
     """
     CREATE TABLE rollouts (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -155,6 +164,8 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 PLANS_KEPT = 100
+#: A lease renewed: ``last_seen`` moves on, never back (``(when, node, when)``).
+_RENEW = "UPDATE nodes SET last_seen = ? WHERE name = ? AND last_seen < ?"
 
 
 class ReportRecord(NamedTuple):
@@ -234,6 +245,7 @@ class NodeRow:
     first_seen: float
     last_seen: float
     report: dict[str, Any]
+    reported: float | None = None  # when the report came (None: at last_seen)
 
 
 class StoredPlan:
@@ -328,13 +340,20 @@ class Store(RolloutRecords):
         return Leadership()
 
     # -- nodes and reports ----------------------------------------------------------
-    def write_reports(self, records: Iterable[ReportRecord]) -> int:
+    def write_reports(self, records: Iterable[ReportRecord],
+                      renewed: dict[str, float] | None = None) -> int:
         """Write many reports in one transaction: each node's latest report (by the time
         it was answered: batches of two report workers may come out of order, and an
-        older report never replaces a newer one, queued or stored), and every arrival
-        point added to the model's bins. The number of reports written."""
+        older report never replaces a newer one, queued or stored), every arrival
+        point added to the model's bins, and the leases ``renewed`` (node -> when:
+        ``last_seen`` moved on, never back, the report left as it is). The number of
+        reports written."""
         records = list(records)
+        renewals = [(t, node, t) for node, t in sorted((renewed or {}).items())]
         if not records:
+            if renewals:
+                with self._tx() as db:
+                    db.executemany(_RENEW, renewals)
             return 0
         latest: dict[str, ReportRecord] = {}
         bins: dict[str, dict[float, float]] = {}
@@ -349,13 +368,15 @@ class Store(RolloutRecords):
         for rec in records:
             first.setdefault(rec.node, rec.now)
         with self._tx() as db:
-            db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report, summary) "
-                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                           "last_seen = excluded.last_seen, report = excluded.report, "
-                           "summary = excluded.summary "
-                           "WHERE excluded.last_seen >= nodes.last_seen",
+            db.executemany("INSERT INTO nodes (name, first_seen, last_seen, report, summary, "
+                           "reported) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE "
+                           "SET report = excluded.report, summary = excluded.summary, "
+                           "reported = excluded.reported, last_seen = CASE WHEN "
+                           "excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
+                           "ELSE nodes.last_seen END WHERE excluded.reported >= "
+                           "COALESCE(nodes.reported, nodes.last_seen)",
                            [(r.node, first[r.node], r.now, _json_text(r.report),
-                             None if r.summary is None else r.summary.decode())
+                             None if r.summary is None else r.summary.decode(), r.now)
                             for r in sorted(latest.values(), key=lambda r: r.node)])
             db.executemany("INSERT INTO rate_bins (model, step, t, count) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT(model, step, t) DO UPDATE SET "
@@ -363,6 +384,7 @@ class Store(RolloutRecords):
                            sorted((model, self.rate_step_s, t, c)  # one lock order for
                                   for model, row in bins.items()  # concurrent writers
                                   for t, c in row.items()))
+            db.executemany(_RENEW, renewals)
         return len(records)
 
     def record_report(self, node: str, report: dict[str, Any],
@@ -380,20 +402,22 @@ class Store(RolloutRecords):
                               (before - self.rate_step_s,)).rowcount
 
     def nodes(self) -> list[NodeRow]:
-        return [NodeRow(n, f, s, orjson.loads(r)) for n, f, s, r in self._query(
-            "SELECT name, first_seen, last_seen, report FROM nodes ORDER BY name")]
+        return [NodeRow(n, f, s, orjson.loads(r), t) for n, f, s, r, t in self._query(
+            "SELECT name, first_seen, last_seen, report, reported FROM nodes ORDER BY name")]
 
-    def live_nodes(self, since: float) -> list[tuple[str, float, str | None, str | None]]:
-        """``(name, last_seen, summary, report)`` of the nodes heard from at or after
-        ``since``, by name; ``report`` (JSON text) only where there is no summary."""
+    def live_nodes(self, since: float
+                   ) -> list[tuple[str, float, str | None, str | None, float | None]]:
+        """``(name, last_seen, summary, report, reported)`` of the nodes heard from at
+        or after ``since``, by name; ``report`` (JSON text) only where there is no
+        summary; ``reported``: when the report came."""
         return self._query("SELECT name, last_seen, summary, CASE WHEN summary IS NULL "
-                           "THEN report END FROM nodes WHERE last_seen >= ? ORDER BY name",
-                           (since,))
+                           "THEN report END, reported FROM nodes WHERE last_seen >= ? "
+                           "ORDER BY name", (since,))
 
     def node(self, name: str) -> NodeRow | None:
-        rows = self._query("SELECT name, first_seen, last_seen, report FROM nodes "
+        rows = self._query("SELECT name, first_seen, last_seen, report, reported FROM nodes "
                            "WHERE name = ?", (name,))
-        return NodeRow(*rows[0][:3], json.loads(rows[0][3])) if rows else None
+        return NodeRow(*rows[0][:3], json.loads(rows[0][3]), rows[0][4]) if rows else None
 
     def delete_node(self, name: str) -> bool:
         """Forget ``name`` (its arrivals stay in the fleet's history)."""

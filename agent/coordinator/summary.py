@@ -11,10 +11,12 @@ the planner's ``NodeReport`` from it without validating the report again.
 The format is JSON: ``[cores, cpu_memory_bytes, node_type, [[model, device, resident,
 size_bytes, [[batch, [count, seconds]], ...], [[percentile, ms], ...]], ...], [[model,
 version, bytes], ...], [[model, version], ...], [[model, [[percentile, ms], ...]], ...],
-[url, grpc]]`` (the last four: what the node holds on disk and is pulling, the latency
-of the requests it forwarded per model, ``NodeReport.routing``, which the reactive loop
-watches too, and where its peers reach it, which plans keep; a summary written before
-them has fewer items); a percentile is its
+[url, grpc], [[model, rate], ...]]`` (the last five: what the node holds on disk and is
+pulling, the latency of the requests it forwarded per model, ``NodeReport.routing``,
+which the reactive loop watches too, where its peers reach it, which plans keep, and,
+from a node that renews leases, each model's recent rate, which the planner takes it
+to go on receiving until its next full report; a summary written before them has fewer
+items); a percentile is its
 report's key (``"p99"``; a summary written before the wire types kept the number, 99.0,
 read the same way).
 """
@@ -40,27 +42,39 @@ def summarize(report: NodeReport) -> bytes:
         [(name, [(q, ms) for q, ms in r.latency_ms.items() if ms is not None])
          for name, r in (report.routing.models if report.routing else {}).items()
          if r.latency_ms],
-        (report.peer.url, report.peer.grpc) if report.peer is not None else None])
+        (report.peer.url, report.peer.grpc) if report.peer is not None else None,
+        None if report.report_id is None else [
+            (name, m.rate) for name, m in (*report.models.items(),
+                                           *(report.routing.models.items()
+                                             if report.routing else ()))
+            if m.rate is not None]])
 
 
 def _model(name: str, device: str, resident: bool, size: float, batches: list,
-           latency: list) -> ModelReport:
+           latency: list, rate: float | None) -> ModelReport:
     """A ``ModelReport`` of trusted values."""
     return ModelReport(device=device, resident=resident, size_bytes=size,
                        batches={b: BatchCount(n, s) for b, (n, s) in batches},
                        latency_ms={q if type(q) is str else f"p{q:.15g}": ms
-                                   for q, ms in latency})
+                                   for q, ms in latency}, rate=rate)
 
 
 def expand(summary: bytes | str) -> NodeReport:
     """The planner's ``NodeReport`` from a ``summary`` (trusted: it was written from a
     validated report); fields the summary leaves out take their defaults."""
     cores, memory, node_type, models, *held = orjson.loads(summary)
-    disk, pulling, routed, peer = (held + [[], [], [], None])[:4]
-    routing = RoutingReport(models={name: RoutedModel(latency_ms=dict(latency))
-                                    for name, latency in routed}) if routed else None
+    disk, pulling, routed, peer, rates = (held + [[], [], [], None, None])[:5]
+    rates = dict(rates or ())
+    names = {m[0] for m in models}
+    routed = {name: RoutedModel(latency_ms=dict(latency),
+                                rate=None if name in names else rates.get(name))
+              for name, latency in routed}
+    routed.update((name, RoutedModel(rate=rate)) for name, rate in rates.items()
+                  if name not in names and name not in routed)
+    routing = RoutingReport(models=routed) if routed else None
     return NodeReport(capacity=NodeCapacity(cores, memory),
-                      models={m[0]: _model(*m) for m in models}, node_type=node_type,
+                      models={m[0]: _model(*m, rates.get(m[0])) for m in models},
+                      node_type=node_type,
                       disk=tuple(DiskHolding(*h) for h in disk),
                       pulling=tuple(Pulling(*p) for p in pulling), routing=routing,
                       peer=PeerAddress(*peer) if peer else None)

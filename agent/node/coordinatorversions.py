@@ -12,7 +12,8 @@ For the models under a rollout, the report carries ``version_stats``
 (``wire.VersionStat``): per version, cumulative counters read from the agent's
 Prometheus registry (requests, 5xx errors, successes and their latency histogram), its
 state and size, its failed loads, the last interval's latency percentiles and why it
-cannot serve (its failed load, its pull's error, a listing without it).
+cannot serve (its failed load, its pull's error, a listing without it). While it does,
+the node sends its full report every interval, not a lease (``agent.node.lease``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Collection
 from agent.node.cache.lifecycle import State
 from agent.node.cache.versionpins import VersionPin
 from agent.node.state import read_state, write_state
-from agent.wire import percentiles_ms
+from agent.percentiles import percentiles_ms
 
 if TYPE_CHECKING:
     from agent.node.node import Node

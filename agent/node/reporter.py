@@ -1,5 +1,8 @@
 """The agent's side of the coordinator: report capacity and per-model stats every
-``report_interval_s`` and apply the directives that come back.
+``report_interval_s`` and apply the directives that come back. Between full reports a
+node renews a lease instead, where its coordinator takes them (``agent.node.lease``
+decides which goes: a full report when something the planner uses changed, or every
+``full_report_s``).
 
 Reports and directives follow the wire schema in ``agent.wire``.
 Nothing here can stop the node serving: every failure (coordinator down, bad answer,
@@ -62,17 +65,19 @@ from typing import TYPE_CHECKING, Any, Callable
 import aiohttp
 from aiohttp import web
 
-from agent.backoff import backoff_cap, parse_retry_after, retry_delay
+from agent.backoff import backoff_cap, retry_delay
 from agent.config import CoordinatorLink
 from agent.node.assignments import Assignments
 from agent.node.cache import CacheError
 from agent.node.cache.lifecycle import State
+from agent.node.coordinatorcall import CoordinatorRefused, post
 from agent.node.coordinatorpins import CoordinatorPins
 from agent.node.coordinatorversions import CoordinatorVersions
 from agent.node.join import report_token
+from agent.node.lease import LeaseKeeper
+from agent.percentiles import histogram_quantile, percentiles_ms
 from agent.security.tls import ResumingContext, verify_failure
-from agent.validation import load_json
-from agent.wire import DirectiveBook, Directives, percentiles_ms
+from agent.wire import DirectiveBook, Directives, parse_lease_answer
 
 if TYPE_CHECKING:
     from agent.node.node import Node
@@ -117,15 +122,6 @@ class MetricsSampler:
         return out
 
 
-class CoordinatorRefused(RuntimeError):
-    """The coordinator answered a report with an error; ``retry_after``: the seconds its
-    ``Retry-After`` asked for (None without one)."""
-
-    def __init__(self, message: str, retry_after: float | None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 class Reporter:
     """Periodic reports to the coordinator and the directives they bring back."""
 
@@ -135,6 +131,9 @@ class Reporter:
         self.node, self.link, self.clock, self.rng = node, link, clock, rng
         self.name = node.config.node_name
         self.url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/report"
+        self.lease_url = link.url.rstrip("/") + f"/v1/nodes/{self.name}/lease"
+        self.lease = LeaseKeeper(link.full_report_s, link.change_threshold,
+                                 quantile=histogram_quantile, rng=rng)
         self.interval = float(link.report_interval_s)
         self.max_backoff = backoff_cap(self.interval)
         self.sampler = MetricsSampler(node.metrics.registry)
@@ -265,8 +264,10 @@ class Reporter:
             d["buckets"] = sorted((le, c - pb.get(le, 0.0)) for le, c in cur["buckets"].items())
             deltas[model] = d
             if seconds > 0 and (model in self.node.cache.specs or router.knows(model)):
+                arrivals = max(d["requests"] - received.get(model, 0.0), 0.0)
                 self._pending.setdefault(model, deque(maxlen=MAX_PENDING_POINTS)).append(
-                    (now, seconds, max(d["requests"] - received.get(model, 0.0), 0.0)))
+                    (now, seconds, arrivals))
+                self.lease.observe(model, now, seconds, arrivals, d["drops"], d["buckets"])
         self._previous, self._previous_at = current, now
         return deltas
 
@@ -378,30 +379,54 @@ class Reporter:
         return {str(size): {"count": rt.batches, "seconds": rt.batches * seconds}}
 
     async def report_once(self) -> Directives:
-        """Send one report; the directives in the answer (raises on any failure)."""
+        """Send one report, or renew the lease (``agent.node.lease``); the directives in
+        force after the answer (raises on any failure)."""
         assert self._session is not None, "start() first"
         body = self.build_report()
-        token = await report_token(self._session, self.link, self.name)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with self._session.post(self.url, json=body, headers=headers) as resp:
+        reason = self.lease.due(body, self.clock())
+        directives = None if reason else await self._renew()
+        if directives is None:  # a full report: due, or asked for
             try:
-                answer = await resp.json(content_type=None, loads=load_json)
-            except ValueError:
-                answer = None
-            if resp.status != 200:
-                message = answer.get("error") if isinstance(answer, dict) else resp.reason
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"), time.time()) \
-                    if resp.status in (429, 503) else None
-                raise CoordinatorRefused(f"coordinator answered {resp.status}: {message}", retry_after)
-        directives = Directives.from_json(answer)
+                directives = Directives.from_json(await self._post(
+                    self.url, self.lease.prepare(body)))
+            except CoordinatorRefused as exc:
+                if exc.status == 400 and "report_id" in body:  # it took a lease, not this
+                    self.lease.supported = None
+                raise
+            self.lease.reported(body, directives, self.clock(),
+                                reason or "asked by the coordinator")
+            for queue in self._pending.values():
+                queue.clear()  # delivered
+            self.reports += 1
         self.directives_at = self.clock()
         self.book.issue(directives, self.directives_at)
         self.node.router.take(directives)
-        for queue in self._pending.values():
-            queue.clear()  # delivered
         self.last_ok = self.clock()
-        self.reports += 1
         return directives
+
+    async def _renew(self) -> Directives | None:
+        """Renew the lease: the directives that stand, or new ones; None where the
+        coordinator wants the full report (or takes no leases after all)."""
+        router = self.node.router
+        try:
+            answer = parse_lease_answer(await self._post(self.lease_url, self.lease.lease(
+                self.directives, router.table.version if router.enabled else None)))
+        except CoordinatorRefused as exc:
+            if exc.status == 429 or exc.status >= 500:
+                raise
+            self.lease.refused(self.clock())  # a coordinator without leases: 404 (or
+            return None  # 403 for a path it does not know); a full report says more
+        asked = not isinstance(answer, Directives) and (
+            answer.report or self.directives is None or answer.answer != self.directives.answer)
+        self.lease.answered(asked)
+        if asked:
+            return None
+        return answer if isinstance(answer, Directives) else self.directives
+
+    async def _post(self, url: str, body: dict[str, Any]) -> bytes:
+        """POST ``body`` with this node's token (``coordinatorcall.post``)."""
+        token = await report_token(self._session, self.link, self.name)
+        return await post(self._session, url, body, token)
 
     # -- directives ------------------------------------------------------------------
     def apply(self, directives: Directives) -> None:
@@ -498,6 +523,7 @@ class Reporter:
                 or self.directives_at is None else round(now - self.directives_at, 3),
                 "directives_expire_in_s": None if self.directives is None or expires is None
                 else round(expires - now, 3),
+                **self.lease.status(now),
                 "pinned_by_coordinator": sorted(self.pinned_by_us),
                 "prefetching": sorted(self.loading),
                 **self.assignments.status(),
