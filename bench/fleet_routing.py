@@ -6,15 +6,18 @@ load balancer would). Prints, in one run:
 * routing on against ``routing.enabled: false`` on the same workload (fresh fleets,
   alternating): the fleet's loads after the plan, failures, mean response; with
   routing, how each model's requests split over its nodes against the plan's weights,
-  and the simulated fleet's loads (``cachepolicies.fleet``: the same trace spread
-  round robin and routed by the plan, each node's cache replayed through the agent's twin) against the live;
+  and the simulated fleet's loads against the live, per node and phase (warm-up, the
+  plan's prefetches, measured): ``cachepolicies.fleet`` replays each node's cache
+  through the agent's twin, the warm-up as it reached the node, then the plan's pins
+  and prefetches as the node applied them, then the measured trace spread round robin
+  and routed by the plan;
 * ``kill -9`` of one agent mid-run: requests failed among those sent to the others,
   and how long until a plan moves its models;
 * a hop's cost: a tiny model's p50 through another node against on its own node
   (kept-alive, plain HTTP, then mTLS between nodes).
 
     .venv/bin/python bench/fleet_routing.py [--requests 900] [--rounds 1] [--skip-kill]
-        [--skip-hop] [--hop-requests 2000]
+        [--skip-hop] [--hop-requests 2000] [--save-runs DIR]
 
 Targets (issue 34): loads with routing <= 0.4x without, mean response lower, 0 failed;
 each model's split within 10 % of the plan's weights; 0 failed across the kill and its
@@ -49,6 +52,7 @@ SHAPES = [(256, 2), (384, 3), (512, 3), (640, 3), (768, 3), (896, 3), (1024, 3),
 NODES = ("edge-0", "edge-1", "edge-2")
 NODE_TIMEOUT_S = 5.0
 PLAN_INTERVAL_S = 60.0
+REPORT_INTERVAL_S = 0.5  # each answer to a report repeats the plan's directives
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4],
                     "data": [0.5, -1.0, 2.0, 0.25]}]}
 
@@ -127,18 +131,20 @@ class Fleet:
             cfg = work / f"{name}.yaml"
             cfg.write_text(yaml.safe_dump({
                 "infer_threads": 2, "routing": {"enabled": routing, **(extra or {})},
-                "coordinator": {"url": self.co.url, "report_interval_s": 0.5,
+                "coordinator": {"url": self.co.url,
+                                "report_interval_s": REPORT_INTERVAL_S,
                                 "node_name": name, "cores": 4}}))
             self.agents[name] = Agent(repo, work / name, "--config", str(cfg),
                                       "--cpu-budget", str(budget))
         self.urls = [self.agents[n].url for n in NODES]
 
-    def loads(self) -> int:
-        return sum(m["loads"] for a in self.agents.values() if a.proc.poll() is None
-                   for m in a.get("/v1/cache"))
+    def caches(self) -> dict[str, list[dict]]:
+        """Each live node's ``GET /v1/cache`` (its loads so far, prefetches included)."""
+        return {name: a.get("/v1/cache") for name, a in self.agents.items()
+                if a.proc.poll() is None}
 
     def plan(self) -> dict:
-        status, plan = self.co.post("/v1/plan")[:2]
+        status, plan = request(f"{self.co.url}/v1/plan", "POST", timeout=120)[:2]
         assert status == 200, plan
 
         def applied():
@@ -153,6 +159,19 @@ class Fleet:
             return True
         wait_for(applied, 120, "every node follows the plan")
         return plan
+
+    def directives(self) -> dict[str, dict]:
+        """What each node applied of the plan: the models it pinned for the coordinator
+        and those its directives had it load (``pin``, then ``prefetch``)."""
+        out = {}
+        for name, agent in self.agents.items():
+            link = agent.get("/v1/coordinator")
+            orders = link["directives"]
+            out[name] = {"pinned": link["pinned_by_coordinator"],
+                         "prefetch": list(dict.fromkeys([*orders["pin"],
+                                                         *orders["prefetch"]])),
+                         "reports": link["reports"]}
+        return out
 
     def stop(self) -> None:
         for agent in self.agents.values():
@@ -178,53 +197,153 @@ def split_error(results: list[dict], plan: dict) -> tuple[float, dict]:
     return worst, seen
 
 
+PHASES = ("warmup", "plan", "measured")
+
+
+def live_phases(marks: list[dict[str, list[dict]]]) -> dict[str, dict[str, int]]:
+    """Each node's loads per phase from its caches at the phases' bounds."""
+    def loads(k, node):
+        return sum(m["loads"] for m in marks[k][node])
+    return {node: {phase: loads(k + 1, node) - loads(k, node)
+                   for k, phase in enumerate(PHASES)} for node in marks[0]}
+
+
 def simulated_loads(fleet: Fleet, warmup, measured, plan: dict, budget: int,
-                    routing: bool) -> tuple[int, int]:
-    """The fleet's loads as ``cachepolicies.fleet`` replays the run: the warm-up spread
-    round robin (no plan yet), then the measured trace routed by the plan (when routing),
-    each node's cache (its budget, the agent's policy, the twin of its defaults) on the
-    nodes' measured profiles;
-    (loads in all, loads of the warm-up)."""
+                    routing: bool, bounds: tuple[float, float], applied: dict[str, dict],
+                    wall_start: float, save: Path | None = None, marks: list | None = None
+                    ) -> tuple[dict[str, dict[str, int]], ...]:
+    """Each node's loads per phase as ``cachepolicies.fleet`` replays the run, three
+    times: the warm-up as each node's record says its requests reached it
+    (``wall_start``: the wall clock at the warm-up's start), then as the trace sent it
+    (spread round robin), no plan yet either way; then all of the run as the records
+    say each node served it. At ``bounds[0]`` (seconds from the warm-up's start, when
+    the plan was asked for) the directives as each node applied them (``applied``: its
+    pins, its prefetches), renewed as often as it reported (``renewal_s``); from
+    ``bounds[1]`` the measured trace spread round robin and routed by the plan (when
+    routing), in the first two. Each node's cache is the twin (its budget, the agent's
+    policy, the settings it recorded) on the profiles it measured (a model it never
+    loaded: another node's). ``save``: a file to keep what it read of the run in
+    (JSON), with ``marks`` (the nodes' caches at the phases' bounds)."""
     import csv
     import io
     import urllib.request
 
+    def text(url: str) -> str:
+        with urllib.request.urlopen(url) as answer:
+            return answer.read().decode()
+
+    rows = {node: list(csv.DictReader(io.StringIO(text(f"{agent.url}/v1/profiles"))))
+            for node, agent in fleet.agents.items()}
+    records = {n: text(f"{a.url}/v1/trace") for n, a in fleet.agents.items()}
+    if save is not None:
+        save.write_text(json.dumps({"warmup": warmup, "measured": measured, "plan": plan,
+                                    "budget": budget, "routing": routing,
+                                    "bounds": bounds, "applied": applied,
+                                    "profiles": rows, "marks": marks,
+                                    "memory": {n: a.get("/v1/memory")
+                                               for n, a in fleet.agents.items()},
+                                    "records": records, "wall_start": wall_start}))
+    run = (warmup, measured, plan, budget, routing, bounds, applied, rows)
+    return (replay_run(*run, records, wall_start), replay_run(*run),
+            replay_run(*run, records, wall_start, served=True))
+
+
+def replay_run(warmup, measured, plan, budget, routing, bounds, applied, rows,
+               records=None, wall_start=None, served=False):
+    """``simulated_loads`` from what it read of the run (``--save-runs`` keeps it);
+    with the nodes' request ``records`` (``GET /v1/trace``) and the wall clock at the
+    warm-up's start, each node's warm-up is the requests as they reached it, and
+    ``served``: its measured requests too (those it served: the routing as it went,
+    fallbacks included, instead of the plan's)."""
     from agent.config import AgentConfig
     from agent.config.twinsettings import recorded_settings, twin_settings
-    from cachepolicies.fleet import routing_weights, spread
-    from cachepolicies.simulator import simulate
-    from cachepolicies.traces import Trace, make_profiles, make_trace
+    from cachepolicies.fleet import replay_nodes, routing_weights, spread
+    from cachepolicies.traces import Trace, make_trace
+    from cachepolicies.twin import Directive
 
-    measured_profiles, rows = {}, []
-    for agent in fleet.agents.values():
-        if agent.proc.poll() is not None:
-            continue
-        with urllib.request.urlopen(f"{agent.url}/v1/profiles") as answer:
-            text = answer.read().decode()
-        for row in csv.DictReader(io.StringIO(text)):
-            measured_profiles.setdefault(row["model"].split(":")[0], row)
-            rows.append(row)
-    names = sorted(measured_profiles)
-    profiles = make_profiles(
-        names, np.array([int(measured_profiles[n]["size_bytes"]) for n in names]),
-        np.array([float(measured_profiles[n]["load_seconds"]) for n in names]),
-        np.array([float(measured_profiles[n]["exec_seconds"]) for n in names]))
-    gap = warmup[-1][0] + 1.0
-    trace_w = make_trace([t for t, _, _ in warmup], [m for _, m, _ in warmup], profiles)
-    trace_m = make_trace([gap + t for t, _, _ in measured], [m for _, m, _ in measured],
-                         profiles)
-    weights = routing_weights(plan) if routing else {}
-    first = spread(trace_w, profiles, list(NODES), {})
-    second = spread(trace_m, profiles, list(NODES), weights)
-    twin = twin_settings(AgentConfig(), recorded_settings(rows))  # as the nodes measured
-    total = warm = 0
-    for node in NODES:
-        ts = np.concatenate([first[node].timestamps, second[node].timestamps])
-        ids = np.concatenate([first[node].model_ids, second[node].model_ids])
-        total += simulate(Trace(ts, ids, node), profiles, budget, "cremebrulee",
-                          queueing=twin).misses
-        warm += simulate(first[node], profiles, budget, "cremebrulee", queueing=twin).misses
-    return total, warm
+    profiles = node_profiles(rows)
+    names = profiles[NODES[0]].names
+    first = next(iter(profiles.values()))
+    if records is None:
+        trace_w = make_trace([t for t, _, _ in warmup], [m for _, m, _ in warmup], first)
+        early = spread(trace_w, first, list(NODES), {})
+    else:
+        early = {n: arrived(records[n], wall_start, 0.0, bounds[0], first) for n in NODES}
+    if served:
+        late = {n: arrived(records[n], wall_start, bounds[1], np.inf, first) for n in NODES}
+    else:
+        trace_m = make_trace([bounds[1] + t for t, _, _ in measured],
+                             [m for _, m, _ in measured], first)
+        late = spread(trace_m, first, list(NODES), routing_weights(plan) if routing else {})
+    traces = {n: Trace(np.concatenate([early[n].timestamps, late[n].timestamps]),
+                       np.concatenate([early[n].model_ids, late[n].model_ids]), n)
+              for n in NODES}
+    # the plan's directives as each node applied them, again with every report's answer
+    # (a pinned model not resident is loaded again each time; one not pinned, once)
+    end = bounds[1] + measured[-1][0]
+    directives = {n: [Directive(float(at), frozenset(names.index(m)
+                                                     for m in applied[n]["pinned"]),
+                                tuple(names.index(m) for m in applied[n]["prefetch"]))
+                      for at in np.arange(bounds[0], end, applied[n].get(
+                          "renewal_s", REPORT_INTERVAL_S))] for n in NODES}
+    twins = {n: twin_settings(AgentConfig(), recorded_settings(rows[n]))  # as measured
+             for n in NODES}
+    outcomes = replay_nodes(traces, profiles, budget, "cremebrulee", twins,
+                            directives=directives, log_events=True)
+    out = {}
+    for node, outcome in outcomes.items():
+        times = np.array([t for t, what, _ in outcome.events if what == "load"])
+        out[node] = {"warmup": int(np.count_nonzero(times < bounds[0])),
+                     "plan": int(np.count_nonzero((times >= bounds[0]) & (times < bounds[1]))),
+                     "measured": int(np.count_nonzero(times >= bounds[1]))}
+    return out
+
+
+def arrived(record: str, wall_start: float, since: float, until: float, profiles):
+    """A node's requests that reached it from ``since`` until before ``until`` (seconds
+    from ``wall_start``), from its record (the simulator's trace CSV), on the trace's
+    clock."""
+    import csv
+    import io
+
+    from cachepolicies.traces import Trace, make_trace
+
+    rows = [r for r in csv.DictReader(io.StringIO(record))  # (a model never loaded
+            if since <= float(r["unix_time"]) - wall_start < until  # anywhere: no profile)
+            and r["model"].split(":")[0] in profiles.names]
+    if not rows:
+        return Trace(np.empty(0), np.empty(0, dtype=np.int64), "no requests")
+    return make_trace([max(0.0, float(r["unix_time"]) - wall_start) for r in rows],
+                      [r["model"].split(":")[0] for r in rows], profiles)
+
+
+def node_profiles(rows: dict[str, list[dict]]):
+    """Each node's profiles from its ``/v1/profiles`` rows (a model it never measured:
+    the first node's that did)."""
+    from cachepolicies.traces import make_profiles
+
+    columns = ("size_bytes", "load_seconds", "exec_seconds", "first_exec_seconds",
+               "exec_seconds_per_row", "load_slot_seconds")
+    measured = {node: {r["model"].split(":")[0]: r for r in node_rows
+                       if r.get("load_seconds") not in (None, "")}
+                for node, node_rows in rows.items()}
+    names = sorted({m for per in measured.values() for m in per})
+
+    def cell(row, column):
+        value = row.get(column)
+        return float("nan") if value in (None, "") else float(value)
+
+    out = {}
+    for node in rows:
+        chosen = [measured[node].get(m) or next(per[m] for per in measured.values()
+                                                 if m in per) for m in names]
+        values = {c: [cell(r, c) for r in chosen] for c in columns}
+        out[node] = make_profiles(
+            names, np.array(values["size_bytes"], dtype=np.int64), values["load_seconds"],
+            values["exec_seconds"], values["first_exec_seconds"],
+            exec_seconds_per_row=values["exec_seconds_per_row"],
+            load_slot_seconds=values["load_slot_seconds"], source=f"{node}'s profiles")
+    return out
 
 
 def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict:
@@ -237,15 +356,25 @@ def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict
             fleet = Fleet(work / f"{label.split(':')[0]}-{r}".replace(".", "-"), repo, names,
                           budget, routing=routing)
             try:
-                before = fleet.loads()
+                marks = [fleet.caches()]
+                start, wall_start = time.monotonic(), time.time()
                 asyncio.run(replay(fleet.urls, warmup))
-                warm_loads = fleet.loads() - before
-                before = fleet.loads()
+                marks.append(fleet.caches())
+                asked = time.monotonic() - start
                 plan = fleet.plan()  # its prefetches count as the plan's loads
+                applied = fleet.directives()
+                marks.append(fleet.caches())
+                begun = time.monotonic() - start
                 results = asyncio.run(replay(fleet.urls, measured))
-                loads = fleet.loads() - before
+                marks.append(fleet.caches())
+                ended, lasted = fleet.directives(), time.monotonic() - start - begun
+                for node, now in applied.items():  # how often the directives came again
+                    now["renewal_s"] = lasted / max(1, ended[node]["reports"] - now["reports"])
+                live = live_phases(marks)
+                loads = sum(x["plan"] + x["measured"] for x in live.values())
                 failed = sum(1 for x in results if x["status"] != 200)
-                row = {"round": r, "loads_after_plan": loads, "warmup_loads": warm_loads,
+                row = {"round": r, "loads_after_plan": loads,
+                       "warmup_loads": sum(x["warmup"] for x in live.values()),
                        "failed": failed,
                        "statuses": {str(s): sum(1 for x in results if x["status"] == s)
                                     for s in sorted({x["status"] for x in results})},
@@ -255,10 +384,20 @@ def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict
                     worst, seen = split_error(results, plan)
                     row["split_worst_error"] = round(worst, 3)
                     row["assignment"] = plan["assignment"]
-                sim, sim_warm = simulated_loads(fleet, warmup, measured, plan, budget, routing)
-                row["live_loads_total"] = warm_loads + loads
-                row["simulated_loads_total"] = sim
-                row["simulated_warmup_loads"] = sim_warm
+                save = None if args.save_runs is None else \
+                    args.save_runs / f"{label.split(':')[0]}-{r}.json"
+                sim, from_trace, as_served = simulated_loads(
+                    fleet, warmup, measured, plan, budget, routing, (asked, begun),
+                    applied, wall_start, save, marks)
+                row["live_loads_total"] = sum(sum(x.values()) for x in live.values())
+                row["simulated_loads_total"] = sum(sum(x.values()) for x in sim.values())
+                row["simulated_from_trace_total"] = sum(sum(x.values())
+                                                        for x in from_trace.values())
+                row["simulated_as_served_total"] = sum(sum(x.values())
+                                                       for x in as_served.values())
+                row["loads_by_node_phase"] = {n: {"live": live[n], "simulated": sim[n]}
+                                              for n in NODES}
+                row["pinned"] = {n: applied[n]["pinned"] for n in NODES}
                 print(f"{label}: " + json.dumps(row), flush=True)
                 out.setdefault(label, []).append(row)
                 if routing and r == 0 and not args.skip_kill:
@@ -274,9 +413,19 @@ def compare(args, work: Path, names: list[str], repo: Path, budget: int) -> dict
           f"{sum(x['failed'] for x in on)} vs {sum(x['failed'] for x in off)}", flush=True)
     for label, rows in out.items():
         for x in rows:
+            phases = {p: (sum(v["simulated"][p] for v in x["loads_by_node_phase"].values()),
+                          sum(v["live"][p] for v in x["loads_by_node_phase"].values()))
+                      for p in PHASES}
+            live = max(1, x["live_loads_total"])
             print(f"{label}: simulated fleet loads {x['simulated_loads_total']} vs live "
-                  f"{x['live_loads_total']} ({x['simulated_loads_total'] / max(1, x['live_loads_total']):.3f})",
-                  flush=True)
+                  f"{x['live_loads_total']} ({x['simulated_loads_total'] / live:.3f}; "
+                  f"target 0.9-1.1); per phase simulated/live "
+                  + ", ".join(f"{p} {s}/{v}" for p, (s, v) in phases.items())
+                  + f"; with the warm-up as sent (not as it arrived) "
+                  f"{x['simulated_from_trace_total']} "
+                  f"({x['simulated_from_trace_total'] / live:.3f}); every request where "
+                  f"it was served (the nodes' records) {x['simulated_as_served_total']} "
+                  f"({x['simulated_as_served_total'] / live:.3f})", flush=True)
     return out
 
 
@@ -336,7 +485,6 @@ def hop(args, work: Path) -> None:
     certs.mkdir()
     ca = make_ca(certs)
     for tls in (False, True):
-        extra = {}
         client = None
         if tls:
             for name in NODES[:2]:
@@ -437,7 +585,11 @@ def main() -> None:
     ap.add_argument("--skip-hop", action="store_true")
     ap.add_argument("--skip-compare", action="store_true")
     ap.add_argument("--hop-requests", type=int, default=2000)
+    ap.add_argument("--save-runs", type=Path, default=None,
+                    help="a folder to keep each run's simulator inputs in (JSON)")
     args = ap.parse_args()
+    if args.save_runs is not None:
+        args.save_runs.mkdir(parents=True, exist_ok=True)
     print("load average before:", open("/proc/loadavg").read().strip(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -10,6 +10,11 @@ landed. Each node's share of the trace is then replayed through its own cache
 
 Several nodes' own records (their traces and profiles, ``--from`` repeated) are a fleet
 already spread: each is replayed through its own cache, the same way.
+
+``replay_nodes`` replays each node's share through the twin with that node's own
+profiles and the coordinator's directives as the node applied them (its pins and
+prefetches, ``twin.Directive``): the pins shrink the room the rest of the traffic
+shares, the prefetches are loads no request asked for.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from cachepolicies import twin
+from cachepolicies.registry import make_policy
 from cachepolicies.simulator import SimulationResult
-from cachepolicies.traces import Profiles, Trace
+from cachepolicies.traces import Profiles, Trace, check_capacity
 
 
 def routing_weights(doc: Mapping[str, Any]) -> dict[str, dict[str, int]]:
@@ -110,3 +117,23 @@ def fleet_total(results: Sequence[SimulationResult]) -> SimulationResult:
         values["p95_response_seconds"] = max(r.p95_response_seconds or 0.0 for r in results)
         values["p99_response_seconds"] = max(r.p99_response_seconds or 0.0 for r in results)
     return replace(first, **values)
+
+
+def replay_nodes(traces: Mapping[str, Trace], profiles: Mapping[str, Profiles],
+                 capacity: int, policy_spec: str,
+                 settings: twin.Queueing | Mapping[str, twin.Queueing], *,
+                 directives: Mapping[str, Sequence[twin.Directive]] | None = None,
+                 log_events: bool = False) -> dict[str, twin.Outcome]:
+    """Each node's share (``traces``) through its own twin: ``capacity`` bytes under the
+    policy ``policy_spec`` names, on the node's ``profiles`` (the same model ids in
+    every one) and ``settings`` (one for all, or the node's own), with the node's
+    ``directives`` (none: no plan)."""
+    out = {}
+    for node, trace in traces.items():
+        check_capacity(trace, profiles[node], capacity)
+        policy = make_policy(policy_spec, future=trace.model_ids)
+        mine = settings if isinstance(settings, twin.Queueing) else settings[node]
+        out[node] = twin.replay(trace, profiles[node], capacity, policy, mine,
+                                directives=(directives or {}).get(node, ()),
+                                log_events=log_events)
+    return out

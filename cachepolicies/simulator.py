@@ -93,6 +93,7 @@ def simulate(
     disk_capacity: int | None = None,
     disk_policy: str | None = None,
     native: Mapping[str, ModuleType] | None = None,
+    directives: Sequence[twin.Directive] = (),
 ) -> SimulationResult:
     """Replay ``trace`` with the policy ``policy_spec`` names under ``capacity_bytes``.
 
@@ -101,11 +102,16 @@ def simulate(
     empty, under ``disk_policy`` (default: ``policy_spec``); None: every model's files
     are on disk throughout. ``native`` maps policy names to their ahead-of-time replays
     (``cachepolicies.native.ensure``), which a plain replay of those policies runs.
+    ``directives``: a coordinator's pins and prefetches at their times (the twin only:
+    ``queueing`` given; ValueError otherwise).
     Raises ``SimulationInputError`` before the run when a requested model is larger
     than the whole capacity (or disk).
     """
     capacity_bytes = int(capacity_bytes)
     check_capacity(trace, profiles, capacity_bytes)
+    if directives and queueing is None:
+        raise ValueError("directives (pins, prefetches) are replayed by the twin only: "
+                         "give queueing settings")
     plain = queueing is None and disk_capacity is None
     ahead = (native or {}).get(parse_policy_spec(policy_spec)[0]) if plain else None
     # A native replay builds its own state: the policy object only gives its parameters.
@@ -125,7 +131,7 @@ def simulate(
         outcome = None
         if queueing is not None:
             outcome = twin.replay(trace, profiles, capacity_bytes, policy, queueing,
-                                  disk=disk)
+                                  disk=disk, directives=directives)
             counts = _totals(outcome.loads, profiles, resident_count=len(policy))
         elif ahead is not None:
             counts = _replay_native(ahead, trace, profiles, capacity_bytes, policy)

@@ -13,12 +13,18 @@ It follows ``agent.node.cache`` and ``agent.node.batching`` step by step:
   takes one of ``load_concurrency`` load slots (FIFO), then waits in the *room
   queue* (``cachepolicies.roomqueue``, the agent's own, with the same verbs: deadline
   then arrival, head-of-line: a later load never overtakes the head)
-  until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size) among idle
-  models; it runs for the model's penalty (load + cold first run; or the slot time a
-  node measured, the profiles' ``load_slot_seconds``), then commits its steady size,
-  frees its slot and wakes the next loads;
-- a load that has waited ``load_wait_max_s`` (for a slot or room) gives up: its
-  requests fail (the agent's 503);
+  until ``MemoryPool.reserve`` finds room for its peak (``load_peak`` × size, at most
+  what could ever be freed for it: the capacity less the other pinned resident models)
+  among idle unpinned models; it runs for the model's penalty (load + cold first run;
+  or the slot time a node measured, the profiles' ``load_slot_seconds``), then commits
+  its steady size, frees its slot and wakes the next loads;
+- a coordinator's directives (``Directive``), at their time: the models they pin are
+  never victims from then on (until the next directives), and those they prefetch
+  that are neither resident nor loading start a load with no request waiting, as the
+  agent's reporter applies them (``ModelCache.ensure_loaded`` of each, at once);
+- a load that has waited ``load_wait_max_s`` (for a slot or room) gives up, and one
+  that only pinned models keep from room while nothing under way could free any is
+  refused at once: its requests fail (the agent's 503);
 - with ``cold_start="reject"`` a request for a model not loaded whose known penalty
   (from an earlier load) outlasts the SLO fails at once and starts the load, as the
   agent's ``Serving._check_cold`` does;
@@ -39,6 +45,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +99,19 @@ class Queueing:
             raise ValueError(f"pull_bandwidth must be > 0 bytes/s, got {self.pull_bandwidth}")
 
 
+@dataclass(frozen=True)
+class Directive:
+    """What a coordinator's directives made a node do at ``at`` (the trace's seconds):
+    keep ``pinned`` resident from then on (never victims; the pins before are lifted),
+    and load those of ``prefetch`` (model ids, in order) that are not resident or
+    loading, each not pinned only until it has been loaded once under these directives
+    (renewed directives do not load again a model its use evicted), as the agent does."""
+
+    at: float
+    pinned: frozenset[int] = frozenset()
+    prefetch: tuple[int, ...] = ()
+
+
 @dataclass
 class Outcome:
     """What one twin replay measured: per-request response seconds (NaN: failed), the
@@ -117,26 +137,36 @@ class Outcome:
                     slo_violations=int(np.count_nonzero(served > slo_seconds)) + failed)
 
 
-# Event kinds, in the order ties are handled (an arrival before a load's end, as the
-# existing queueing replay did; give-ups last; downloads done after them).
-_ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = 0, 1, 2, 3, 4
+# Event kinds, in the order ties are handled (directives first, then an arrival before
+# a load's end, as the existing queueing replay did; give-ups last; downloads done
+# after them).
+_DIRECT, _ARRIVE, _LOADED, _BATCH_DONE, _GIVE_UP, _PULLED = -1, 0, 1, 2, 3, 4
 
 
 def replay(trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
            settings: Queueing, *, disk: DiskBooks | None = None,
-           log_events: bool = False) -> Outcome:
+           directives: Sequence[Directive] = (), log_events: bool = False) -> Outcome:
     """Replay ``trace`` through the twin (the module docstring's model); ``disk``: the
     disk tier a miss pulls its files into first (None: every model's files on disk),
-    made with ``settings.pull_bandwidth``."""
-    return _Twin(trace, profiles, capacity, policy, settings, disk, log_events).run()
+    made with ``settings.pull_bandwidth``; ``directives``: the coordinator's pins and
+    prefetches, each at its time."""
+    return _Twin(trace, profiles, capacity, policy, settings, disk, directives,
+                 log_events).run()
 
 
 class _Twin:
     """The replay's state and its event handlers (one instance per replay)."""
 
     def __init__(self, trace: Trace, profiles: Profiles, capacity: int, policy: Policy,
-                 settings: Queueing, disk: DiskBooks | None, log_events: bool) -> None:
+                 settings: Queueing, disk: DiskBooks | None,
+                 directives: Sequence[Directive], log_events: bool) -> None:
         self.s = settings
+        self.directives = list(directives)
+        self.pinned: frozenset[int] = frozenset()
+        #: the last directives' (pins, prefetches), and the models loaded since they
+        #: came: a model not pinned is loaded for a plan once, then kept by use
+        self.plan: tuple[frozenset[int], tuple[int, ...]] | None = None
+        self.prefetched: set[int] = set()
         self.disk = disk
         self.sizes = profiles.size_bytes.tolist()
         self.penalties = profiles.penalty_seconds.tolist()
@@ -157,7 +187,8 @@ class _Twin:
         n = len(self.sizes)
         self.pool = MemoryPool(capacity, policy)
         self.policy = policy
-        self.need = [min(int(size * settings.load_peak), capacity) for size in self.sizes]
+        self.peak = [int(size * settings.load_peak) for size in self.sizes]
+        self.need = list(self.peak)               # what the current load reserves
         self.in_flight = [0] * n
         self.waiters: dict[int, list[int]] = {}  # model loading -> its requests
         self.load_id = [0] * n                    # the current load's token per model
@@ -180,6 +211,7 @@ class _Twin:
         self.response = np.full(len(trace), np.nan)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
+        self.now = 0.0                             # the event being handled's time
         self.log: list[tuple[float, str, int]] | None = [] if log_events else None
 
     def schedule(self, at: float, kind: int, what: object) -> None:
@@ -193,9 +225,14 @@ class _Twin:
     def run(self) -> Outcome:
         for i, arrival in enumerate(self.arrivals):
             self.schedule(arrival, _ARRIVE, i)
+        for directive in self.directives:
+            self.schedule(directive.at, _DIRECT, directive)
         while self.events:
             now, kind, _, what = heapq.heappop(self.events)
-            if kind == _ARRIVE:
+            self.now = now
+            if kind == _DIRECT:
+                self.direct(what, now)
+            elif kind == _ARRIVE:
                 self.arrive(what, now)
             elif kind == _LOADED:
                 self.loaded(what, now)
@@ -230,6 +267,22 @@ class _Twin:
             return
         self.waiters[m] = [i]
         self.fetch(m, now)
+
+    def direct(self, directive: Directive, now: float) -> None:
+        """The coordinator's directives: its pins replace the last, its prefetches of
+        models neither resident nor loading start a load that no request waits on."""
+        self.pinned = directive.pinned
+        plan = (directive.pinned, directive.prefetch)
+        if plan != self.plan:  # a new plan: each of its models is loaded once again
+            self.plan, self.prefetched = plan, set()
+        for m in directive.prefetch:
+            if m in self.pool or m in self.waiters \
+                    or (m in self.prefetched and m not in self.pinned):
+                continue
+            self.note(now, "prefetch", m)
+            self.waiters[m] = []
+            self.fetch(m, now)
+        self.rooms.changed(now)  # a pin lifted may have made room
 
     def dispatch(self, m: int, now: float) -> None:
         """Free workers of ``m`` take batches from its queue."""
@@ -317,12 +370,18 @@ class _Twin:
         self.start_load(m, now)
 
     def start_load(self, m: int, now: float) -> None:
+        """A load prices itself (its peak, capped at what could ever be freed for it:
+        the capacity less the other pinned resident models, as the agent's ``_price``)
+        and asks for a load slot."""
+        pinned = sum(self.pool.sizes[k] for k in self.pinned if k != m and k in self.pool)
+        self.need[m] = min(self.peak[m], self.pool.capacity - pinned)
         self.load_id[m] += 1
         self.asked[m] = now
         self.stage[m] = "slot"
         self.slot_queue.append(m)
         if math.isfinite(self.s.load_wait_max_s):
-            self.schedule(now + self.s.load_wait_max_s, _GIVE_UP, (m, self.load_id[m]))
+            self.schedule(now + self.s.load_wait_max_s, _GIVE_UP,
+                          (m, self.load_id[m], "gave up"))
         self.take_slots(now)
 
     def take_slots(self, now: float) -> None:
@@ -336,7 +395,7 @@ class _Twin:
         self.rooms.changed(now)
 
     def evictable(self, key: int) -> bool:
-        return self.in_flight[key] == 0
+        return self.in_flight[key] == 0 and key not in self.pinned
 
     # -- the room queue's Room: the memory pool as the agent's memory tier keeps it ------
     def take(self, waiter: Waiter, now: float) -> list | None:
@@ -353,8 +412,20 @@ class _Twin:
         self.schedule(now + self.hold[m], _LOADED, m)
         return victims
 
-    def futile(self, waiter: Waiter) -> None:
-        return None  # a load under way or a request in flight always ends
+    def futile(self, waiter: Waiter) -> Exception | None:
+        """Refuse a load only the pinned models stand in the way of, as the agent's
+        pool does: nothing under way (a load running or waiting for its slot, an
+        unpinned model in use) could ever free its room. Its requests fail at once
+        (the refusal is settled as an event at this instant)."""
+        m = waiter.key
+        if self.pool.reserved or any(
+                k != m and ((k in self.waiters and self.stage[k] != "room")
+                            or (self.in_flight[k] and k in self.pool
+                                and k not in self.pinned))
+                for k in range(len(self.sizes))):
+            return None
+        self.schedule(self.now, _GIVE_UP, (m, self.load_id[m], "refused"))
+        return RuntimeError(f"no room for model {m}: the pinned models hold it")
 
     def give_back(self, waiter: Waiter) -> None:
         raise AssertionError("a granted load of the twin always runs")
@@ -364,22 +435,25 @@ class _Twin:
         self.note(now, "loaded", m)
         self.stage[m] = ""
         self.loaded_once[m] = True
+        self.prefetched.add(m)  # (whoever asked: the plan's model is in memory once)
         self.slots += 1
         self.queue[m].extend(self.waiters.pop(m))
         self.dispatch(m, now)
         self.take_slots(now)  # the pool changed: ``rooms.changed`` there
 
-    def give_up(self, what: tuple[int, int], now: float) -> None:
-        m, load = what
+    def give_up(self, what: tuple[int, int, str], now: float) -> None:
+        """A load waited past ``load_wait_max_s`` ("gave up") or was refused by the room
+        ("refused": already out of its queue): its requests fail."""
+        m, load, why = what
         if load != self.load_id[m] or self.stage[m] not in ("slot", "room"):
             return  # that load got its room
         if self.stage[m] == "slot":
             self.slot_queue.remove(m)
         else:
-            self.rooms.withdraw(self.waiter.pop(m))
+            self.rooms.withdraw(self.waiter.pop(m))  # (refused: no longer queued)
             self.slots += 1
         self.stage[m] = ""
         self.load_wait += now - self.asked[m]
-        self.note(now, "gave up", m)
+        self.note(now, why, m)
         self.in_flight[m] -= len(self.waiters.pop(m))  # their requests fail (NaN)
         self.take_slots(now)

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from agent.cli import main
-from cachepolicies.fleet import fleet_nodes, fleet_total, routing_weights, spread
+from cachepolicies import twin
+from cachepolicies.fleet import fleet_nodes, fleet_total, replay_nodes, routing_weights, spread
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import make_profiles, make_trace
 
@@ -60,6 +61,28 @@ def test_the_fleet_is_the_sum_of_its_nodes(workload):
     assert total.misses == sum(r.misses for r in results)
     assert total.capacity_bytes == 300
     assert total.mean_load_delay_seconds == pytest.approx(total.load_delay_seconds / 300)
+
+
+def test_each_node_replays_its_share_with_its_own_settings_and_directives(workload):
+    # 3 models of 100 B round robin over two nodes of 200 B: a pinned on x is loaded
+    # once (prefetched) and b and c take turns in the other slot; y keeps what its LRU
+    # keeps
+    trace, profiles, _ = workload
+    parts = spread(trace, profiles, ["x", "y"], {})
+    pin_a = [twin.Directive(0.0, frozenset({0}), (0,))]
+    plain = replay_nodes(parts, {"x": profiles, "y": profiles}, 200, "lru",
+                         twin.Queueing())
+    pinned = replay_nodes(parts, {"x": profiles, "y": profiles}, 200, "lru",
+                          {"x": twin.Queueing(), "y": twin.Queueing(workers=2)},
+                          directives={"x": pin_a})
+    assert pinned["x"].loads[0] == 1 < plain["x"].loads[0]  # prefetched, never evicted
+    assert pinned["x"].loads[1:] != plain["x"].loads[1:]  # b and c share one slot
+    assert pinned["y"].loads == plain["y"].loads  # no directives on y
+    one = simulate(parts["x"], profiles, 200, "lru", queueing=twin.Queueing(),
+                   directives=pin_a)
+    assert one.misses == sum(pinned["x"].loads)  # prefetches are loads too
+    with pytest.raises(ValueError, match="twin only"):
+        simulate(parts["x"], profiles, 200, "lru", directives=pin_a)
 
 
 def test_routing_weights_read_every_form():

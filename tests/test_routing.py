@@ -405,6 +405,20 @@ def test_pins_leave_room_for_any_model(tmp_path, fleet):
     assert status == 200 and headers["edgeagent-served-by"] == "edge-a", doc
     assert node.cache("c")["state"] == "unloaded"  # the unpinned one made room
 
+    async def renew(prefetch=()):
+        node.agent.app[REPORTER].apply(Directives(
+            ttl_s=60, pin=("a", "b", "c"), prefetch=prefetch,
+            workers={"a": 1, "b": 1, "c": 1}))
+    # the same directives renewed: c, loaded once for this plan, is kept by use (d
+    # stays); the two pinned ones stay in memory whatever happens
+    for _ in range(3):
+        node.agent.call(renew())
+    assert node.cache("c")["state"] == "unloaded" and node.cache("d")["state"] == "ready"
+    assert node.cache("c")["loads"] == 1
+    node.agent.call(renew(prefetch=("c",)))  # new directives: c is loaded once again
+    node.agent.call(_ready(node, "c"))
+    assert node.cache("c")["loads"] == 2
+
 
 async def _ready(node, name):
     import asyncio

@@ -135,6 +135,70 @@ def test_cold_start_reject_fails_a_request_the_known_load_makes_late():
     assert served[2] == pytest.approx(2.1)
 
 
+def directed(names, sizes, times, models, capacity, directives, **settings):
+    """(loads per model, responses, events) of a twin replay with ``directives``
+    (model names in them), every load 0.1 s and every run 0.01 s."""
+    from cachepolicies import twin
+    from cachepolicies.registry import make_policy
+
+    profiles = make_profiles(names, sizes, [0.1] * len(names), [0.01] * len(names))
+    trace = make_trace(times, models, profiles)
+    ids = {n: i for i, n in enumerate(names)}
+    plan = [twin.Directive(at, frozenset(ids[m] for m in pinned),
+                           tuple(ids[m] for m in prefetch))
+            for at, pinned, prefetch in directives]
+    out = twin.replay(trace, profiles, capacity, make_policy("lru"), Queueing(**settings),
+                      directives=plan, log_events=True)
+    return out.loads, out.response.tolist(), out.events
+
+
+def test_a_pinned_model_is_never_a_victim_and_a_prefetch_loads_it_unasked():
+    # 20 B, three models of 10 B: a pinned and prefetched at 0 leaves one slot for b and
+    # c, which then take turns; unpinned, b and c fit and a is loaded once, when asked
+    names, sizes = ["a", "b", "c"], [10, 10, 10]
+    times, models = [1.0, 2.0, 3.0, 4.0, 5.0], ["b", "c", "b", "c", "a"]
+    loads, response, events = directed(names, sizes, times, models, 20,
+                                       [(0.0, {"a"}, ["a"])])
+    assert loads == [1, 2, 2]
+    assert (0.0, "prefetch", 0) in events and response[4] == pytest.approx(0.01)  # a hit
+    loads, response, _ = directed(names, sizes, times, models, 20, [])
+    assert loads == [1, 1, 1] and response[4] == pytest.approx(0.11)  # a missed
+
+
+def test_renewed_directives_load_a_model_not_pinned_once_and_new_ones_again():
+    # 20 B, three models of 10 B, a pinned: b planned (prefetched at 0) and evicted by c
+    # at 2; the same directives renewed at 3 and 4 do not load b again, new ones (b
+    # pinned too) at 6 do
+    names, sizes = ["a", "b", "c"], [10, 10, 10]
+    same = (frozenset({"a"}), ["a", "b"])
+    plan = [(0.0, *same), (3.0, *same), (4.0, *same), (6.0, {"a", "b"}, ["a", "b"])]
+    loads, _, events = directed(names, sizes, [2.0], ["c"], 20, plan)
+    assert [t for t, what, m in events if what == "prefetch" and m == 1] == [0.0, 6.0]
+    assert loads == [1, 2, 1]
+
+
+def test_the_pins_cap_what_a_load_reserves():
+    # a (8 B) pinned in 20 B; b's load peaks at 1.5 x 10 = 15 B, more than the 12 B the
+    # pins leave: it reserves those 12 (as the agent prices it) and loads
+    loads, response, _ = directed(["a", "b"], [8, 10], [1.0, 2.0], ["a", "b"], 20,
+                                  [(0.0, {"a"}, [])], load_peak=1.5, load_wait_max_s=5.0)
+    assert loads == [1, 1] and response[1] == pytest.approx(0.11)
+
+
+def test_a_load_only_pins_stand_in_the_way_of_is_refused_and_renewed_directives_retry():
+    # a, b (10 B each) pinned and c (8 B, peak 12 B) prefetched at once, one load slot:
+    # c is priced before a and b are resident (12 B), then only the pins keep it from
+    # room and nothing under way frees any: refused at once, not after load_wait_max_s;
+    # the directives renewed at 1 s price it anew (the 10 B the pins leave) and it loads
+    names, sizes = ["a", "b", "c"], [10, 10, 8]
+    plan = [(0.0, {"a", "b"}, ["a", "b", "c"]), (1.0, {"a", "b"}, ["a", "b", "c"])]
+    loads, _, events = directed(names, sizes, [5.0], ["c"], 30, plan, load_peak=1.5,
+                                load_concurrency=1, load_wait_max_s=30.0)
+    assert loads == [1, 1, 1]
+    refused = [t for t, what, m in events if what == "refused"]
+    assert refused == [pytest.approx(0.2)] and (1.0, "load", 2) in events
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="load_concurrency"):
         Queueing(load_concurrency=0)

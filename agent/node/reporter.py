@@ -22,7 +22,10 @@ What applying means:
   kept by use; only the coordinator's pins are ever unpinned, and they are kept across
   restarts (``agent.node.coordinatorpins``).
 * ``prefetch``: ``ModelCache.ensure_loaded`` in the background, one load per model at
-  a time; a load that does not fit is logged and retried on the next directives.
+  a time; a load that does not fit is logged and retried on the next directives. A
+  planned model that is not pinned is loaded once per plan (until the directives'
+  ``pin`` or ``prefetch`` change): renewed directives do not load again what its use
+  evicted, so a node whose planned models do not all fit lets its cache choose.
 * ``workers``: set through the batching layer (``Serving.set_workers``, as
   ``POST /v1/cache/{name}/workers`` does); the count a model had before is restored
   when the directives drop it or lapse.
@@ -145,6 +148,9 @@ class Reporter:
         self.directives: Directives | None = None
         self.directives_at: float | None = None  # clock() when they came
         self.loading: dict[str, asyncio.Task] = {}
+        #: the directives' (pin, prefetch) and their models in memory since they came
+        self._plan: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self.prefetched: set[str] = set()
         #: The models the coordinator moves here (pull) and away (drop).
         self.assignments = Assignments(node)
         #: The versions the coordinator's rollouts pin, and their figures.
@@ -435,11 +441,12 @@ class Reporter:
         self.directives = directives
         # a model whose source is still being listed is pinned by the next directives
         planned = [m for m in directives.pin if m in cache.specs and not cache.specs[m].pending]
-        for name in planned:  # pinned models belong in memory even if not asked to fetch
-            self._prefetch(name)
+        plan = (tuple(directives.pin), tuple(directives.prefetch))
+        if plan != self._plan:  # a new plan: each of its models is loaded once again
+            self._plan, self.prefetched = plan, set()
         self.pins.hold(planned, directives.workers)
-        for name in directives.prefetch:
-            self._prefetch(name)
+        for name in [*planned, *directives.prefetch]:  # pinned ones: in memory even if
+            self._prefetch(name)                       # not asked to fetch
         self.workers = {m: n for m, n in directives.workers.items() if m in cache.specs}
         self._apply_workers()
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
@@ -492,12 +499,16 @@ class Reporter:
             entry = cache.entry(name)
         except CacheError:
             return
-        if entry.state is State.READY or name in self.loading:
+        if entry.state is State.READY:
+            self.prefetched.add(name)  # in memory under this plan, whoever loaded it
             return
+        if name in self.loading or (name in self.prefetched and name not in self.pins.pinned):
+            return  # a model not pinned is loaded for a plan once, then kept by use
 
         async def load() -> None:
             try:
                 await cache.ensure_loaded(name)
+                self.prefetched.add(name)
                 log.info("prefetched %s for the coordinator", name)
             except CacheError as exc:
                 log.warning("prefetch %s: %s", name, exc)
