@@ -38,16 +38,26 @@ def mlp_weights(
 
 
 def mlp_forward(x: np.ndarray, *, inputs: int, hidden: int, layers: int, outputs: int,
-                seed: int) -> np.ndarray:
+                seed: int, repeat: int = 1) -> np.ndarray:
     """Reference output of the MLP for ``x`` ([N, inputs] float32), computed in numpy."""
     h = np.asarray(x, dtype=np.float32)
     weights = mlp_weights(inputs=inputs, hidden=hidden, layers=layers, outputs=outputs,
                           seed=seed)
-    for i, (w, b) in enumerate(weights):
+    for i, (w, b) in _layer_order(len(weights), repeat, weights):
         h = h @ w + b
         if i < len(weights) - 1:
             h = np.maximum(h, 0)
     return h
+
+
+def _layer_order(count: int, repeat: int, items: list) -> list:
+    """(index, item) of each layer run, in order: the first, the hidden-to-hidden ones
+    ``repeat`` times over, the output one."""
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    middle = list(range(1, count - 1))
+    order = [0] * (count > 1) + middle * repeat + [count - 1]
+    return [(i, items[i]) for i in order]
 
 
 def mlp_param_bytes(*, inputs: int, hidden: int, layers: int, outputs: int) -> int:
@@ -57,24 +67,29 @@ def mlp_param_bytes(*, inputs: int, hidden: int, layers: int, outputs: int) -> i
 
 
 def write_mlp(path: str | Path, *, inputs: int, hidden: int, layers: int, outputs: int,
-              seed: int = 0) -> Path:
+              seed: int = 0, repeat: int = 1) -> Path:
     """Write an MLP ``X [N, inputs] float32 -> Y [N, outputs] float32`` to ``path``.
 
-    ``layers`` hidden layers of width ``hidden`` with ReLU, then a linear output layer.
-    Parents of ``path`` are created. Same arguments, same bytes.
+    ``layers`` hidden layers of width ``hidden`` with ReLU, then a linear output layer;
+    ``repeat``: the hidden-to-hidden layers run that many times over with the same
+    weights (a model as large, about that many times slower). Parents of ``path`` are
+    created. Same arguments, same bytes.
     """
     weights = mlp_weights(inputs=inputs, hidden=hidden, layers=layers, outputs=outputs,
                           seed=seed)
-    nodes, inits = [], []
+    inits = [t for i, (w, b) in enumerate(weights)
+             for t in (onnxfile.tensor(f"W{i}", w), onnxfile.tensor(f"B{i}", b))]
+    nodes = []
     current = "X"
-    for i, (w, b) in enumerate(weights):
-        inits += [onnxfile.tensor(f"W{i}", w), onnxfile.tensor(f"B{i}", b)]
-        last = i == len(weights) - 1
-        out = "Y" if last else f"G{i}"
-        nodes.append(onnxfile.node("Gemm", [current, f"W{i}", f"B{i}"], [out], name=f"gemm{i}"))
+    order = _layer_order(len(weights), repeat, weights)
+    for step, (i, _) in enumerate(order):
+        last = step == len(order) - 1
+        out = "Y" if last else f"G{step}"
+        nodes.append(onnxfile.node("Gemm", [current, f"W{i}", f"B{i}"], [out],
+                                   name=f"gemm{step}"))
         if not last:
-            nodes.append(onnxfile.node("Relu", [out], [f"H{i}"], name=f"relu{i}"))
-            current = f"H{i}"
+            nodes.append(onnxfile.node("Relu", [out], [f"H{step}"], name=f"relu{step}"))
+            current = f"H{step}"
     return _write(path, graph_name="mlp", nodes=nodes, initializers=inits,
                   inputs=[onnxfile.value_info("X", _FLOAT, ["N", inputs])],
                   outputs=[onnxfile.value_info("Y", _FLOAT, ["N", outputs])])

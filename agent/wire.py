@@ -35,6 +35,21 @@ provisioning); nodes without one are not counted there.
     "disk": [{"model": "resnet", "version": 2, "bytes": 102760448}],
     "pulling": [{"model": "bert", "version": 1, "bytes": 1048576, "total": 438000000}]
 
+``version_stats`` (optional; for the models the last answer's ``model_versions`` names
+with a ``rollout``) gives each version the node served or tried to load, with counters
+**cumulative since the agent started** (a gate takes the difference over its window; a
+restart, counters going down, starts them again)::
+
+    "version_stats": {"resnet": [
+        {"version": 2, "serving": true, "state": "ready", "size_bytes": 102760448,
+         "requests": 1200, "errors": 3, "load_failures": 0, "ok": 1190,
+         "latency_buckets": [[0.5, 10], [1.0, 400], [2.5, 1100]],
+         "latency_ms": {"p50": 1.2, "p99": 2.4}, "error": null}]}
+
+``errors``: 5xx answers; ``latency_buckets``: the successes' (``ok``) cumulative
+histogram (``[upper bound ms, count]``); ``latency_ms``: the last interval's percentiles
+(shown, not gated on); ``error``: why it cannot serve (its failed load or pull).
+
 ``peer`` (optional) is where the other nodes reach this one (``coordinator.advertise_url``
 and its gRPC address); ``routing`` (optional, from nodes that route) names the routing
 table the node holds and its routed traffic over the last interval, per model::
@@ -71,6 +86,14 @@ config to serve them with, and whether to load them now; never credentials (the 
 has its own). ``drop``: models the node holds from an earlier pull that the plan moved
 away (the node removes them once idle). A lapsed pull is not undone, just not renewed.
 Both sides keep directives in a ``DirectiveBook``.
+
+``model_versions`` (optional; the rollouts') pins per model the version served:
+``serve`` (exactly this one, rolled to as a new version is), ``keep`` (kept on disk and,
+where memory allows, loaded: what a rollback switches to), ``bad`` (never served by
+default: marked bad in the catalog), ``rollout`` (the one under way: report its
+``version_stats``); unlike the rest it does not lapse with ``ttl_s``, restarts included::
+
+    "model_versions": {"resnet": {"serve": 2, "keep": [1], "bad": [3], "rollout": 7}}
 
 ``routing_version`` (to nodes that route) names the coordinator's routing table;
 ``routing`` carries the table itself when the node's report named another version::
@@ -253,6 +276,26 @@ class Pulling(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     total: Bytes | None = None
 
 
+MAX_VERSIONS = 64  # versions of one model in ``version_stats``
+MAX_BUCKETS = 64  # bounds of one version's latency histogram
+
+
+class VersionStat(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_only=True):
+    """One model version on one node (``version_stats``; see the module docstring)."""
+
+    version: Version
+    serving: bool = False
+    state: Annotated[str, Meta(max_length=MAX_STATE)] = ""
+    size_bytes: Bytes = 0.0
+    requests: Count = 0.0
+    errors: Count = 0.0
+    ok: Count = 0.0
+    load_failures: Count = 0.0
+    latency_buckets: Annotated[tuple[tuple[Ms, Count], ...], Meta(max_length=MAX_BUCKETS)] = ()
+    latency_ms: dict[str, Ms | None] = {}
+    error: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 MAX_ADDRESS = 512  # characters of a node's advertised URL or gRPC address
 RoutingVersion = Annotated[int, expected("versions >= 0", ge=0, le=2 ** 53)]
 
@@ -305,6 +348,8 @@ class NodeReport(Struct, frozen=True, forbid_unknown_fields=True, gc=False, kw_o
     node_type: NodeTypeName | None = None
     disk: Annotated[tuple[DiskHolding, ...], Meta(max_length=MAX_HELD)] = ()
     pulling: Annotated[tuple[Pulling, ...], Meta(max_length=MAX_HELD)] = ()
+    version_stats: dict[ModelName, Annotated[tuple[VersionStat, ...],
+                                             Meta(max_length=MAX_VERSIONS)]] = {}
     peer: PeerAddress | None = None
     routing: RoutingReport | None = None
     report_id: Id | None = None
@@ -441,6 +486,21 @@ class Pull(Struct, frozen=True, gc=False, kw_only=True):
                 "digest": self.digest, "config": dict(self.config), "load": self.load}
 
 
+class ModelVersions(Struct, frozen=True, gc=False, kw_only=True):
+    """The version a node serves of one model (``model_versions``): exactly ``serve``
+    (None: the newest its source lists that is not ``bad``), ``keep`` those at hand,
+    never ``bad`` by default; ``rollout``: the rollout under way, whose figures the
+    node reports (``version_stats``)."""
+
+    serve: Version | None = None
+    keep: tuple[Version, ...] = ()
+    bad: tuple[Version, ...] = ()
+    rollout: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"serve": self.serve, "keep": list(self.keep), "bad": list(self.bad),
+                "rollout": self.rollout}
+
 
 class RoutingTable(Struct, frozen=True, gc=False, kw_only=True):
     """The coordinator's routing table (see the module docstring): per model the live
@@ -471,6 +531,7 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
     drop_rate: dict[str, Annotated[float, Meta(ge=0, le=1)]] = {}
     pull: tuple[Pull, ...] = ()
     drop: tuple[str, ...] = ()
+    model_versions: dict[str, ModelVersions] = {}
     routing_version: int | None = None
     routing: RoutingTable | None = None
     answer: int | None = None
@@ -480,6 +541,8 @@ class Directives(Struct, frozen=True, gc=False, kw_only=True):
                "workers": dict(self.workers), "pin": list(self.pin),
                "prefetch": list(self.prefetch), "drop_rate": dict(self.drop_rate),
                "pull": [p.to_json() for p in self.pull], "drop": list(self.drop)}
+        if self.model_versions:  # only when there is something to say (older nodes)
+            out["model_versions"] = {m: v.to_json() for m, v in self.model_versions.items()}
         if self.routing_version is not None:
             out["routing_version"] = self.routing_version
         if self.routing is not None:

@@ -66,3 +66,42 @@ def test_nodes_and_plan(start_coordinator, tmp_path):
     assert code == 0 and out.startswith("plan 1 (manual") and "n1=" in out
     code, out = run("plan", "--json", *auth)
     assert code == 0 and json.loads(out)["id"] == 1
+
+
+def test_rollout_commands(start_coordinator, tmp_path):
+    """``rollout start|status|pause|resume|abort|clear`` against a real coordinator (the
+    waves themselves: tests/test_rollout_*.py)."""
+    from agent.coordinator.catalog import ModelSLO
+    from agent.coordinator.rollout import RolloutSettings, new_rollout
+
+    co = start_coordinator()
+    url = ["--url", co.url]
+    code, out = run("rollout", "start", "m", "--version", "2", *url)
+    assert code == 1 and "404: model 'm' is not in the catalog" in out
+    assert run("models", "set", "m", "--slo-ms", "100", "--source", f"file://{tmp_path}",
+               "--version", "1", *url)[0] == 0
+    # no node runs it: the rollout is over as it starts
+    code, out = run("rollout", "start", "m", "--version", "2", "--waves", "1,50%",
+                    "--bake-s", "5", "--gate", "min_requests=5", *url)
+    assert code == 0 and out.startswith("rollout 1 of m: version 1 -> 2, completed"), out
+    code, out = run("rollout", "start", "m", "--version", "3", "--gate", "colour=1", *url)
+    assert code == 1 and "400: field rollout.gates.colour: unknown key" in out
+    code, out = run("rollout", "status", "1", "--json", *url)
+    assert code == 0 and json.loads(out)["settings"]["waves"] == [1, "50%"]
+    code, out = run("rollout", "pause", "1", *url)
+    assert code == 1 and "409: rollout 1 is completed" in out
+    store = co.co.store  # one under way, over nodes that have not reported yet
+    store.start_rollout(lambda i: new_rollout(i, "m", (2, None), (3, None),
+                                              RolloutSettings(), ["a", "b"], {}, 99.0, 1.0),
+                        ModelSLO("m", slo_ms=100, source=f"file://{tmp_path}", version=3), 1.0)
+    code, out = run("rollout", "status", "--active", *url)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["ID", "MODEL", "FROM", "TO", "STATE", "WAVE",
+                                              "PHASE", "REASON"]
+    assert lines[1].split()[:7] == ["2", "m", "2", "3", "running", "1/2", "switching"]
+    assert "paused" in run("rollout", "pause", "2", *url)[1]
+    assert "running" in run("rollout", "resume", "2", *url)[1]
+    code, out = run("rollout", "abort", "2", *url)
+    assert code == 0 and "aborted: aborted by an operator" in out
+    code, out = run("rollout", "clear", "m", "3", *url)
+    assert code == 1 and "404: version 3 of 'm' is not marked bad" in out

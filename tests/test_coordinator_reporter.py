@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent.config import AgentConfig, CoordinatorLink
-from agent.node.reporter import histogram_quantile
+from agent.percentiles import histogram_quantile
 from tests.helpers import BODY, AgentServer, add_synthetic, wait_for
 
 UNREACHABLE = "http://127.0.0.1:9"

@@ -397,6 +397,46 @@ def test_a_slow_server_is_refreshed_less_often(start_coordinator, tmp_path):
     run(scenario())
 
 
+def test_coordinator_page_shows_the_rollouts(start_coordinator, tmp_path):
+    """A rollout under way, then rolled back: its row shows the versions, the wave and
+    its phase, the window's figures and the reason."""
+    from agent.coordinator.catalog import ModelSLO
+    from agent.coordinator.rollout import ROLLED_BACK, RolloutSettings, new_rollout
+
+    co = start_coordinator(rollout_check_s=3600)  # the test moves the rollout itself
+    store = co.co.store
+    store.put_model(ModelSLO("m", slo_ms=100, source=f"file://{tmp_path}", version=1), 0.0)
+    rollout = store.start_rollout(
+        lambda i: new_rollout(i, "m", (1, None), (2, None), RolloutSettings(), ["a", "b"],
+                              {}, 99.0, 1.0),
+        ModelSLO("m", slo_ms=100, source=f"file://{tmp_path}", version=2), 1.0)
+    cell = "document.querySelector('#rollouts tr[data-rollout=\"{}\"] td.{}')?.textContent"
+
+    async def scenario():
+        async with Browser(BINARY, tmp_path) as browser:
+            await browser.open(co.url + "/?refresh=300")
+            await browser.wait_for(cell.format(rollout.id, "wave") + " === '1/2 switching'")
+            ended = rollout.aborted(2.0, "x")
+            from dataclasses import replace
+
+            ended = replace(ended, state=ROLLED_BACK, reason="latency: p99 3.10x",
+                            figures={"new": {"requests": 40, "error_rate": 0.0,
+                                             "latency_ms": 31.0},
+                                     "old": {"requests": 90, "error_rate": 0.0,
+                                             "latency_ms": 10.0}})
+            assert store.save_rollout(ended, was=rollout.updated)
+            await browser.wait_for(cell.format(rollout.id, "reason")
+                                   + " === 'latency: p99 3.10x'")
+            assert await browser.evaluate(cell.format(rollout.id, "wave")) == "1/2"
+            row = await browser.evaluate(
+                f"document.querySelector('#rollouts tr[data-rollout=\"{rollout.id}\"]')"
+                ".textContent")
+            assert "1 → 2" in row and "rolled_back" in row and "31.0 ms" in row, row
+            assert page_errors(browser) == []
+
+    run(scenario())
+
+
 def test_agent_page_shows_what_it_routed(repo, tmp_path):
     """Two agents that route (a table given as a coordinator's answer gives it): the
     page of the one a request landed on shows its model, the peer, the forward."""

@@ -210,9 +210,12 @@ def test_a_published_version_rolls_out_with_no_failed_request(start_coordinator,
                                                                 tmp_path):
     """A client at 50 req/s throughout; version 2 is published in the source and the
     catalog entry names it: the node pulls it, loads it beside version 1, switches when
-    it is ready and unloads version 1. 0 failed requests; version 2 serves after."""
+    it is ready and unloads version 1 once the rollout (one wave, a second's bake)
+    completes. 0 failed requests; version 2 serves after."""
+    from agent.coordinator.rollout import RolloutSettings
+
     src = publish_dir(tmp_path / "src", "m", 1)
-    co = start_coordinator(**FAST)
+    co = start_coordinator(**FAST, rollout=RolloutSettings(bake_s=1.0))
     [agent] = agents(co, ["edge-1"]).values()
     entry = {"slo_ms": 200, "proc_ms": 5, "source": f"file://{src}", "version": 1}
     assert co.request("PUT", "/v1/models/m", entry)[0] == 201
@@ -223,10 +226,12 @@ def test_a_published_version_rolls_out_with_no_failed_request(start_coordinator,
     try:
         time.sleep(1.0)
         publish_dir(tmp_path / "src", "m", 2, hidden=8)
-        assert co.request("PUT", "/v1/models/m", {**entry, "version": 2})[0] == 200
-        co.request("POST", "/v1/plan")  # the new entry reaches the directives
+        status, doc = co.request("PUT", "/v1/models/m", {**entry, "version": 2})
+        assert status == 200 and doc["rollout_id"] >= 1, doc
         wait_for(lambda: client.answers and client.answers[-1][1] == "2", 30,
                  "version 2 serves")
+        wait_for(lambda: co.request("GET", f"/v1/rollouts/{doc['rollout_id']}")[1][
+            "state"] == "completed", 30, "the rollout completes")
         wait_for(lambda: agent.node.cache.entries[("m", 1)].state.value == "unloaded", 30,
                  "version 1 is unloaded")
         time.sleep(1.0)

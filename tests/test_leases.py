@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from agent.node.lease import WINDOW_S, LeaseKeeper
-from agent.node.reporter import histogram_quantile
+from agent.percentiles import histogram_quantile
 from agent.wire import Directives
 from tests.helpers import BODY, Agent, CoordinatorProcess, add_synthetic, request, wait_for
 
@@ -243,6 +243,9 @@ def test_what_the_planner_uses_changed_or_the_longest_wait_passed():
     disk = {**json.loads(json.dumps(REPORT_BODY)), "disk": [{"model": "x", "version": "1",
                                                              "bytes": 5}]}
     assert k.due(disk, 10.0) == "disk changed"
+    watched = {**json.loads(json.dumps(REPORT_BODY)), "version_stats": {"m": [
+        {"version": 2, "serving": True, "requests": 10}]}}
+    assert k.due(watched, 10.0) == "a rollout under way"  # every interval, in full
     assert k.due(same, 300.0) == "every 300 s"
     k.answered(asked=True)  # the coordinator asked for it
     assert k.due(same, 11.0) == "asked by the coordinator"

@@ -119,3 +119,77 @@ def test_a_new_version_that_does_not_load_leaves_the_old_one_serving(repo, tmp_p
         assert agent.node.cache.rollouts.done == 0
     finally:
         agent.close()
+
+
+def test_the_coordinators_version_pins_move_the_served_version_both_ways(repo, tmp_path):
+    """``model_versions`` in an answer pin the version served (down as well as up) with
+    a client at 50 req/s and no failed request; the version kept stays loaded and is
+    switched back to at once; a bad version is not served though it is the newest; the
+    reports carry each version's cumulative figures, a broken version's failed load
+    among them; the pins outlive a restart."""
+    from agent.config import CoordinatorLink
+    from agent.node.reporter import REPORTER
+    from agent.wire import Directives
+
+    for version in (1, 2, 3):
+        write_mlp(repo / "m" / str(version) / "model.onnx", **{**TINY_MLP, "seed": version})
+    (repo / "m" / "4").mkdir()
+    (repo / "m" / "4" / "model.onnx").write_bytes(b"not an onnx model")
+    link = CoordinatorLink(url="http://127.0.0.1:9", report_interval_s=3600, node_name="n")
+
+    def start():
+        return start_agent(repo, tmp_path, coordinator=link, load_retry_s=60)
+
+    def pin(agent, **versions):
+        async def apply():
+            agent.app[REPORTER].apply(Directives.from_json(
+                {"ttl_s": 60, "model_versions": {"m": {"rollout": 1, **versions}}}))
+        agent.call(apply())
+
+    def entries(agent):
+        return {v: e.state.value for (n, v), e in agent.node.cache.entries.items()}
+
+    agent = start()
+    try:
+        pin(agent, serve=3, bad=[4])  # the newest is bad: 3 serves
+        client = SteadyClient(agent, "m")
+        wait_for(lambda: len(client.answers) > 10 and client.answers[-1][1] == "3", 30,
+                 "version 3 serves")
+        pin(agent, serve=1)  # down: loaded beside, switched, 3 unloaded
+        wait_for(lambda: client.answers[-1][1] == "1" and entries(agent)[3] == "unloaded",
+                 30, "version 1 serves, 3 unloaded")
+        pin(agent, serve=2, keep=[1])  # up, 1 kept at hand
+        wait_for(lambda: client.answers[-1][1] == "2", 30, "version 2 serves")
+        time.sleep(0.5)
+        assert entries(agent)[1] == "ready"  # kept
+        switched = time.monotonic()
+        pin(agent, serve=1, bad=[2, 4])  # a rollback: 1 is loaded, the switch is at once
+        wait_for(lambda: client.answers[-1][1] == "1", 5, "version 1 serves again")
+        assert time.monotonic() - switched < 2.0
+        wait_for(lambda: entries(agent)[2] == "unloaded", 30, "version 2 unloaded")
+        pin(agent, serve=4, keep=[1])  # a version that does not load: 1 goes on
+        wait_for(lambda: entries(agent).get(4) == "failed", 30, "version 4 fails")
+        time.sleep(0.5)
+        answers = client.stop()
+        assert [a for a in answers if a[0] != 200] == []
+        assert answers[-1][1] == "1"
+        stats = {s["version"]: s for s in agent.app[REPORTER].build_report()
+                 ["version_stats"]["m"]}
+        served = {v: sum(1 for _, x in answers if x == str(v)) for v in (1, 2, 3)}
+        for version in (1, 2, 3):  # cumulative, each version's own (a request without
+            # a version is labelled with the one serving when it ends: those in flight at
+            # a switch may count for the other)
+            assert stats[version]["requests"] == stats[version]["ok"]
+            assert abs(stats[version]["requests"] - served[version]) <= 3, (stats, served)
+            assert stats[version]["latency_buckets"][-1][1] <= stats[version]["ok"]
+        assert stats[1]["serving"] and not stats[4]["serving"]
+        assert stats[4]["load_failures"] == 1 and "4" in stats[4]["error"]
+        pin(agent, serve=1, bad=[2, 4])  # rolled back
+    finally:
+        agent.close()
+    agent = start()  # a restart starts from the pins (they do not lapse)
+    try:
+        status, _, body = agent.request("POST", "/v2/models/m/infer", ROW)
+        assert status == 200 and body["model_version"] == "1"
+    finally:
+        agent.close()

@@ -1,5 +1,6 @@
 """``edgeagent coordinator serve`` and the catalog/plan client commands
-(``models ls|set|rm``, ``nodes``, ``plan [--now]``, ``size``, ``provision``)."""
+(``models ls|set|rm``, ``nodes``, ``plan [--now]``, ``size``, ``provision``,
+``rollout start|status|pause|resume|abort|clear``)."""
 
 from __future__ import annotations
 
@@ -219,8 +220,8 @@ def models_ls(url: str, as_json: bool, token_file: str | None) -> None:
               help="An option of the source (repeatable; a JSON value or a string); "
                    "never a credential: nodes use their own.")
 @click.option("--version", "version", type=int,
-              help="The version nodes must serve at least (a newer one makes them list "
-                   "the source again: how a publish is pushed).")
+              help="The version nodes serve; a new one rolls out in waves (edgeagent "
+                   "coordinator rollout status).")
 @click.option("--digest", help="sha256:<hex> of the version, carried to the nodes.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="A model config.yaml whose keys the nodes serve it with.")
@@ -242,7 +243,8 @@ def models_set(name: str, url: str, as_json: bool, token_file: str | None,
     click.echo(json.dumps(doc, indent=2) if as_json else
                f"{name}: SLO {doc['slo_ms']:g} ms at p{doc['percentile']:g}, "
                f"priority {doc['priority']:g}"
-               + (f", from {doc['source']}" if doc.get("source") else ""))
+               + (f", from {doc['source']}" if doc.get("source") else "")
+               + (f"; rollout {doc['rollout_id']} started" if doc.get("rollout_id") else ""))
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -376,3 +378,137 @@ def provision(url: str, as_json: bool, token_file: str | None) -> None:
     if doc["unpriced_running"]:
         click.echo(f"running kinds without a price (not counted): "
                    f"{', '.join(doc['unpriced_running'])}")
+
+
+# -- rollouts ----------------------------------------------------------------------------
+
+
+@coordinator.group("rollout")
+def rollout() -> None:
+    """Roll a model's new version out in waves, watch it, pause, resume or abort it."""
+
+
+def _waves(text: str | None) -> list[Any] | None:
+    """``--waves 1,25%``: counts and shares."""
+    if text is None:
+        return None
+    out: list[Any] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        out.append(int(part) if part.isdigit() else part)
+    return out
+
+
+def _ago(seconds: Any, since: Any) -> str:
+    return "-" if seconds is None or since is None else f"+{seconds - since:.1f}s"
+
+
+def _rollout_lines(r: dict[str, Any]) -> list[str]:
+    """One rollout for people: its state, then each wave's start and completion."""
+    frm, to = r["from"], r["to"]
+    lines = [f"rollout {r['id']} of {r['model']}: version {frm['version']} -> "
+             f"{to['version']}, {r['state']}"
+             + (f", wave {r['wave']}/{len(r['waves'])} {r['phase']}"
+                if r["state"] in ("running", "paused") else "")
+             + (f": {r['reason']}" if r.get("reason") else "")]
+    for wave in r["history"]:
+        lines.append(f"  wave {wave['wave']} ({', '.join(wave['nodes'])}): started "
+                     f"{_ago(wave.get('started'), r['created'])}, serving "
+                     f"{_ago(wave.get('serving'), r['created'])}, completed "
+                     f"{_ago(wave.get('completed'), r['created'])}")
+    figures = r.get("figures") or {}
+    for side in ("new", "old"):
+        f = figures.get(side)
+        if f:
+            lines.append(f"  {side}: {_fmt(f['requests'])} answers, error rate "
+                         f"{_fmt(f['error_rate'])}, p{r['percentile']:g} "
+                         f"{_fmt(f['latency_ms'], '.1f')} ms, size "
+                         f"{_fmt(f['size_bytes'], '.3g')} B")
+    return lines
+
+
+@rollout.command("start")
+@click.argument("model")
+@click.option("--version", "version", type=int, required=True, help="The version to roll out.")
+@click.option("--digest", help="sha256:<hex> the version must have.")
+@click.option("--waves", help="Wave sizes in order, the first the canary: counts or shares "
+                              "(1,25%); the rest of the nodes form a last wave.")
+@click.option("--bake-s", type=float, help="Seconds each wave bakes before the next.")
+@click.option("--wave-timeout-s", type=float,
+              help="Seconds a wave's node may take to serve the new version.")
+@click.option("--traffic-share", type=float,
+              help="The share (0.01-0.99) of the model's routed requests the nodes on "
+                   "the new version carry while others serve the old one.")
+@click.option("--gate", "gates", multiple=True, metavar="KEY=VALUE",
+              help="A gate (max_error_rate, max_latency_ratio, min_latency_increase_ms, "
+                   "max_load_failures, max_memory_ratio, min_requests); repeatable.")
+@_client_options
+def rollout_start(model: str, version: int, digest: str | None, waves: str | None,
+                  bake_s: float | None, wave_timeout_s: float | None,
+                  traffic_share: float | None, gates: tuple[str, ...], url: str, as_json: bool,
+                  token_file: str | None) -> None:
+    """Roll MODEL from the catalog's version to VERSION in waves."""
+    body: dict[str, Any] = {"model": model, "version": version}
+    for key, value in (("digest", digest), ("waves", _waves(waves)), ("bake_s", bake_s),
+                       ("wave_timeout_s", wave_timeout_s), ("traffic_share", traffic_share)):
+        if value is not None:
+            body[key] = value
+    if gates:
+        body["gates"] = dict(_option(g) for g in gates)
+    doc = _call(url, token_file, "POST", "/v1/rollouts", body)
+    click.echo(json.dumps(doc, indent=2) if as_json else "\n".join(_rollout_lines(doc)))
+
+
+@rollout.command("status")
+@click.argument("rollout_id", required=False, type=int)
+@click.option("--model", help="Only this model's rollouts.")
+@click.option("--active", is_flag=True, help="Only the rollouts under way.")
+@_client_options
+def rollout_status(rollout_id: int | None, model: str | None, active: bool, url: str,
+                   as_json: bool, token_file: str | None) -> None:
+    """Show one rollout (its waves' times and figures) or list them, newest first."""
+    if rollout_id is not None:
+        doc = _call(url, token_file, "GET", f"/v1/rollouts/{rollout_id}")
+        click.echo(json.dumps(doc, indent=2) if as_json else "\n".join(_rollout_lines(doc)))
+        return
+    from urllib.parse import urlencode
+
+    query = urlencode({k: v for k, v in (("model", model), ("active", "1" if active else None))
+                       if v is not None})
+    doc = _call(url, token_file, "GET", "/v1/rollouts" + (f"?{query}" if query else ""))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(_table(
+        ["ID", "MODEL", "FROM", "TO", "STATE", "WAVE", "PHASE", "REASON"],
+        [[str(r["id"]), r["model"], str(r["from"]["version"]), str(r["to"]["version"]),
+          r["state"], f"{r['wave']}/{len(r['waves'])}",
+          r["phase"] if r["state"] in ("running", "paused") else "-",
+          (r.get("reason") or "-")[:60]] for r in doc]))
+
+
+def _mover(move: str, doc: str) -> Any:
+    @rollout.command(move, help=doc)
+    @click.argument("rollout_id", type=int)
+    @_client_options
+    def command(rollout_id: int, url: str, as_json: bool, token_file: str | None) -> None:
+        found = _call(url, token_file, "POST", f"/v1/rollouts/{rollout_id}/{move}")
+        click.echo(json.dumps(found, indent=2) if as_json
+                   else "\n".join(_rollout_lines(found)))
+    return command
+
+
+_mover("pause", "Pause ROLLOUT_ID: no wave starts, no gate is judged until resumed.")
+_mover("resume", "Resume ROLLOUT_ID: its current wave switches and bakes again from now.")
+_mover("abort", "Abort ROLLOUT_ID: every node goes back to the old version (not marked "
+                "bad).")
+
+
+@rollout.command("clear")
+@click.argument("model")
+@click.argument("version", type=int)
+@_client_options
+def rollout_clear(model: str, version: int, url: str, as_json: bool,
+                  token_file: str | None) -> None:
+    """Clear MODEL's VERSION marked bad by a rollback: offered to the nodes again."""
+    doc = _call(url, token_file, "DELETE", f"/v1/models/{model}/bad-versions/{version}")
+    click.echo(json.dumps(doc) if as_json else f"{model} version {version}: cleared")

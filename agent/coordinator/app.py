@@ -7,13 +7,11 @@ API (JSON; errors are ``{"error": "..."}`` with a 4xx naming the problem)::
                                           its store fails (no token)
     POST   /v1/nodes/{name}/report        a node's report (agent.wire) -> its directives
     POST   /v1/nodes/{name}/lease         its lease between full reports (api_lease)
-    GET    /v1/nodes[/{name}]             nodes, capacity, last report, directives
-                                          (?limit=N&after=NAME: a page)
-    DELETE /v1/nodes/{name}               forget a node (and revoke its credential)
-    GET    /v1/models[/{name}]            catalog with planned replicas, live nodes
-                                          and the latency they measured
-    PUT    /v1/models/{name}              set a model's SLO (catalog.py)
-    DELETE /v1/models/{name}              remove it from the catalog
+    GET    /v1/nodes[/{name}], DELETE /v1/nodes/{name}   the nodes (api_nodes)
+    GET    /v1/models[/{name}], PUT /v1/models/{name}, DELETE /v1/models/{name}
+                                          the catalog (api_models)
+    POST   /v1/rollouts, GET /v1/rollouts[/{id}], POST /v1/rollouts/{id}/pause|resume|abort,
+    DELETE /v1/models/{name}/bad-versions/{version}   rollouts (api_rollouts)
     GET    /v1/plan                       current allocation and placement
     POST   /v1/plan                       re-plan now
     POST   /v1/sizing, GET /v1/provisioning   fleet sizing and provisioning (api_fleet)
@@ -45,14 +43,13 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlencode
 
 import orjson
 import psutil
 from aiohttp import web
 
-from agent.coordinator import api_fleet, api_join, api_lease
-from agent.coordinator.catalog import CatalogError, check_name, parse_slo
+from agent.coordinator import (api_fleet, api_join, api_lease, api_models, api_nodes,
+                               api_rollouts)
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.cost import SAMPLE_S, CostMeter
 from agent.coordinator.lane import takes_lane
@@ -62,6 +59,7 @@ from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
 from agent.coordinator.planner import PlanError, PlannerLoops
 from agent.coordinator.planworker import PlanWorker
 from agent.coordinator.reportworkers import Answered, ReportWorkers
+from agent.coordinator.rollouts import FleetRollouts
 from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import StoredPlan
 from agent.coordinator.stores import open_store
@@ -75,7 +73,6 @@ from agent.security.httpauth import (Guard, Need, carries_credential, host_check
                             own_names, scoped_auth)
 from agent.security.tls import ServerTls
 from agent.units import iso_time
-from agent.validation import ascii_int, load_json, only
 
 log = logging.getLogger("edgeagent.coordinator")
 
@@ -111,6 +108,7 @@ class Coordinator:
                                   adopt=self.adopt, leading=lambda: self.leader)
         self.workers = ReportWorkers(config, apply=self.take_answered,
                                      renew=lambda batch: api_lease.take_renewed(self, batch))
+        self.rollouts = FleetRollouts(self)
         #: Refuses reports early while this process is overloaded (a herd).
         self.shedder = Shedder(config.report_shed_lag_ms / 1000.0, config.report_shed_queue,
                                config.report_retry_after_s)
@@ -187,7 +185,8 @@ class Coordinator:
         silent = frozenset(n for n, state in self.fleet.nodes.items()
                            if state.last_seen < since)
         if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
-                                     self.config.directive_ttl_s, silent) \
+                                     self.config.directive_ttl_s, silent,
+                                     self.fleet.versions.splits()) \
                 and self.workers.workers:
             self.spawn(self.workers.push_routing(self.fleet.routing.version,
                                                  self.fleet.routing.table))
@@ -238,6 +237,7 @@ class Coordinator:
             try:
                 leading, plan = await loop.run_in_executor(None, self._follow_step)
                 await self.refresh_node_credentials()
+                await self.rollouts.refresh()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the store is down: try again
@@ -391,14 +391,6 @@ async def internal_socket_guard(request: web.Request, handler: Any) -> web.Strea
 errors_middleware = json_errors_middleware(log, lane=_report_lane)
 
 
-async def _json_body(request: web.Request) -> Any:
-    raw = await request_body(request)
-    try:
-        return load_json(raw)
-    except ValueError as exc:  # not JSON, nested too deep, an integer past the limit
-        raise CatalogError(f"body is not valid JSON: {exc}") from None
-
-
 def _json_answer(body: bytes, headers: dict[str, str] | None = None) -> web.Response:
     """A 200 whose JSON is already encoded (by orjson, or a stored plan's text)."""
     return web.Response(body=body, content_type="application/json", headers=headers)
@@ -435,122 +427,6 @@ async def node_report(request: web.Request) -> web.Response:
 
 #: The handlers of what nodes post: a node's own credential (or admin) posts them.
 _NODE_POSTS = (node_report, api_lease.node_lease)
-
-#: The most nodes one page of ``GET /v1/nodes`` holds.
-MAX_NODES_PAGE = 10_000
-
-
-def _nodes_page(query: Any) -> tuple[str, int | None]:
-    """``GET /v1/nodes``'s ``after`` (a node name: the page starts after it) and
-    ``limit`` (1..MAX_NODES_PAGE; None: every node); CatalogError (400) naming a bad one."""
-    try:
-        only(query, ("after", "limit"), noun="query parameter")
-        limit = ascii_int(query["limit"], "limit", 6) if "limit" in query else None
-    except ValueError as exc:
-        raise CatalogError(str(exc)) from None
-    if limit is not None and not 1 <= limit <= MAX_NODES_PAGE:
-        raise CatalogError(f"limit must be 1 to {MAX_NODES_PAGE}, got {limit}")
-    return query.get("after", ""), limit
-
-
-async def nodes_list(request: web.Request) -> web.Response:
-    """The nodes by name, a page at a time with ``?limit=N`` (``&after=NAME`` for the
-    next): ``X-Total-Count`` says how many there are, and ``Link: <...>; rel="next"``
-    where more follow."""
-    co = request.app[COORDINATOR]
-    after, limit = _nodes_page(request.query)
-    now = co.clock()
-    rows = co.fleet.rows(after, None if limit is None else limit + 1)
-    headers = {"X-Total-Count": str(len(co.fleet.nodes))}
-    if limit is not None and len(rows) > limit:
-        rows = rows[:limit]
-        query = urlencode({"after": rows[-1].name, "limit": limit})
-        headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
-    return _json_answer(orjson.dumps([co.node_summary(row, now) for row in rows]), headers)
-
-
-async def node_get(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    state = co.fleet.nodes.get(request.match_info["name"])
-    row = state.row if state is not None else None
-    if row is None:
-        return json_error(404, f"unknown node {request.match_info['name']!r}")
-    return web.json_response(co.node_summary(row, co.clock()))
-
-
-async def node_delete(request: web.Request) -> web.Response:
-    """Forget a node and end its trust: its token is revoked (it must join again) and
-    every client certificate naming it issued until now is refused, here and in every
-    report worker before the answer (other coordinators on the store follow within
-    ``follow_interval_s``)."""
-    co = request.app[COORDINATOR]
-    name = request.match_info["name"]
-    co.writer.forget(name)
-    stored = co.store.delete_node(name)
-    revoked = co.store.revoke_node_credential(name)  # a deleted node must join again
-    if not co.fleet.forget(name) and not stored and not revoked:
-        return json_error(404, f"unknown node {name!r}")
-    co.store.revoke_certificates(name, co.clock())
-    await co.refresh_node_credentials()
-    log.info("node %s deleted: its credential and certificates revoked", name)
-    return web.json_response({"deleted": name})
-
-
-def _models_json(co: Coordinator, slos: list[Any]) -> list[dict[str, Any]]:
-    """Each of ``slos`` with its replicas and predicted latency under the current plan
-    (its JSON form: a typed ``Plan`` of 10,000 nodes would take the loop seconds to
-    build), the live nodes it is on, the worst latency they measured for it at its
-    SLO's percentile (``measured_latency_ms``), and which node served how much of it
-    over their last report interval (``routed``: per node ``served``, ``forwarded``,
-    ``received``, ``fallbacks``, ``errors``; nodes that route only)."""
-    since = co.clock() - co.config.node_timeout_s
-    on, measured = co.fleet.by_model(since, {slo.name: slo.percentile for slo in slos})
-    routed = co.fleet.routed_by_model(since)
-    planned_models = (co.fleet.plan.plan.get("models") or {}) if co.fleet.plan else {}
-    out = []
-    for slo in slos:
-        planned = planned_models.get(slo.name) or {}
-        out.append({**slo.to_json(), "nodes": on.get(slo.name, []),
-                    "replicas": planned.get("replicas"),
-                    "predicted_latency_ms": planned.get("predicted_latency_ms"),
-                    "measured_latency_ms": measured.get(slo.name),
-                    "routed": routed.get(slo.name, {})})
-    return out
-
-
-async def models_list(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    return _json_answer(orjson.dumps(_models_json(co, co.store.models())))
-
-
-async def model_get(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = check_name(request.match_info["name"])
-    slo = co.store.model(name)
-    if slo is None:
-        return json_error(404, f"model {name!r} is not in the catalog")
-    return _json_answer(orjson.dumps(_models_json(co, [slo])[0]))
-
-
-async def model_put(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    slo = parse_slo(request.match_info["name"], await _json_body(request))
-    created = co.store.put_model(slo, co.clock())
-    log.info("catalog: %s %s", "added" if created else "updated", slo)
-    return web.json_response(slo.to_json(), status=201 if created else 200)
-
-
-async def model_delete(request: web.Request) -> web.Response:
-    co = request.app[COORDINATOR]
-    name = check_name(request.match_info["name"])
-    slo = co.store.model(name)
-    if slo is None or not co.store.delete_model(name):
-        return json_error(404, f"model {name!r} is not in the catalog")
-    log.info("catalog: deleted %s", name)
-    if slo.source is not None and co.leader and co.start_loops:
-        # plan now: the plan's directives stop its pulls and drop the nodes' copies
-        co.spawn(co.replan_quietly(f"catalog delete of {name}"))
-    return web.json_response({"deleted": name})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -609,6 +485,7 @@ async def start_report_workers(app: web.Application, runner: web.AppRunner,
     os.chmod(internal, 0o600)
     if co.fleet.plan is not None:  # the plan loaded from the store, for them to start with
         await co.workers.push_plan(co.fleet.plan)
+    await co.workers.push_versions(co.rollouts.table)
     await co.workers.push_credentials(co.guard.credentials)
     if await co.workers.start(port, str(internal)):
         for listener in public:
@@ -641,18 +518,14 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
     r = app.router
     r.add_get("/v1/health", health)
     r.add_post("/v1/nodes/{name}/report", node_report)
-    r.add_get("/v1/nodes", nodes_list)
-    r.add_get("/v1/nodes/{name}", node_get)
-    r.add_delete("/v1/nodes/{name}", node_delete)
-    r.add_get("/v1/models", models_list)
-    r.add_get("/v1/models/{name}", model_get)
-    r.add_put("/v1/models/{name}", model_put)
-    r.add_delete("/v1/models/{name}", model_delete)
     r.add_get("/v1/plan", plan_get)
     r.add_get("/metrics", metrics)
     r.add_post("/v1/plan", plan_post)
     api_fleet.add_routes(app, COORDINATOR)  # POST /v1/sizing, GET /v1/provisioning
     api_join.add_routes(app, COORDINATOR)  # POST /v1/join-tokens, /v1/join
+    api_nodes.add_routes(app, COORDINATOR)  # GET /v1/nodes[/{name}], DELETE
+    api_models.add_routes(app, COORDINATOR)  # /v1/models: the catalog
+    api_rollouts.add_routes(app, COORDINATOR)  # /v1/rollouts, bad versions
     api_lease.add_routes(app, COORDINATOR)  # POST /v1/nodes/{name}/lease
     add_dashboard(app, "coordinator.html")
 
@@ -662,6 +535,7 @@ def create_app(config: CoordinatorConfig, *, clock: Callable[[], float] = time.t
         app[COORDINATOR].spawn(app[COORDINATOR].keep_routing())
         app[COORDINATOR].spawn(app[COORDINATOR].shedder.watch())
         app[COORDINATOR].spawn(app[COORDINATOR].measuring())
+        app[COORDINATOR].spawn(app[COORDINATOR].rollouts.run())
         if app[COORDINATOR].start_loops:
             app[COORDINATOR].planner.start()
             app[COORDINATOR].loops.start()

@@ -7,7 +7,9 @@ JSON (every field but ``slo_ms`` optional)::
     {"slo_ms": 200, "percentile": 99, "priority": 1, "cpu_per_replica": 1,
      "memory_per_replica_bytes": 0, "proc_ms": null,
      "source": "s3://models/resnet", "source_options": {"endpoint_url": "http://10.0.0.9:9000"},
-     "version": 2, "digest": "sha256:<64 hex>", "config": {"backend": "onnx", "max_batch_size": 8}}
+     "version": 2, "digest": "sha256:<64 hex>",
+     "config": {"backend": "onnx", "max_batch_size": 8},
+     "rollout": {"waves": [1, "25%"], "bake_s": 120, "gates": {"max_latency_ratio": 1.3}}}
 
 ``proc_ms`` is the processing time used until nodes have measured one. ``source`` makes
 the model placeable on any live node (the plan's pull directives carry it, its options,
@@ -15,6 +17,10 @@ the pinned ``version`` and ``digest`` when given, and ``config``: the model's co
 keys, checked by the node's own model-config validation). ``source_options`` never hold
 credentials: a key that looks like one is refused, as is a URL with a user, a password
 or a query string (nodes take credentials from their own environment).
+
+``version`` is the one version the nodes serve (``digest``: its content); a new one
+rolls out in waves (``agent.coordinator.rollout``), with the entry's ``rollout``
+settings over the coordinator config's.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class ModelSLO:
     version: int | None = None
     digest: str | None = None
     config: dict[str, Any] | None = None
+    #: how a new version of it rolls out (``rollout.RolloutSettings`` keys, over the
+    #: coordinator config's ``rollout:``); None: the config's
+    rollout: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,10 +105,10 @@ def parse_slo(name: str, data: Any) -> ModelSLO:
     check_name(name)
     if not isinstance(data, dict):
         raise CatalogError("body must be a JSON object such as {\"slo_ms\": 200}")
-    unknown = sorted(set(data) - set(_FIELDS) - set(_SOURCE_FIELDS) - {"name"})
+    unknown = sorted(set(data) - set(_FIELDS) - set(_SOURCE_FIELDS) - {"name", "rollout"})
     if unknown:
         raise CatalogError(f"unknown field {unknown[0]!r} (expected: "
-                           f"{', '.join((*_FIELDS, *_SOURCE_FIELDS))})")
+                           f"{', '.join((*_FIELDS, *_SOURCE_FIELDS, 'rollout'))})")
     if "name" in data and data["name"] != name:
         raise CatalogError(f"field 'name' is {data['name']!r} but the URL names {name!r}")
     if "slo_ms" not in data:
@@ -112,7 +121,34 @@ def parse_slo(name: str, data: Any) -> ModelSLO:
             values[key] = float(check(data[key]))
         except ValueError as exc:
             raise CatalogError(f"field {key!r} {exc}") from None
-    return ModelSLO(name=name, **values, **parse_source(data))
+    rollout = data.get("rollout")
+    if rollout is not None:
+        rollout_settings(rollout, "rollout")  # checked; kept as given
+    return ModelSLO(name=name, **values, **parse_source(data), rollout=rollout)
+
+
+def rollout_settings(data: Any, where: str, base: Any = None) -> Any:
+    """``data`` (``RolloutSettings`` keys) over ``base`` (a ``RolloutSettings``; None:
+    the defaults), checked: ``CatalogError`` names the bad key under ``where``."""
+    from msgspec import structs
+
+    from agent.coordinator.rollout import RolloutSettings
+    from agent.schema import load
+
+    if not isinstance(data, dict):
+        raise CatalogError(f"field {where!r} must be an object of rollout settings "
+                           f"(waves, bake_s, wave_timeout_s, gates), got {data!r}")
+    merged = dict(data)
+    if base is not None:  # the keys given over base's, gates key by key
+        gates = data.get("gates", {})
+        merged = {**structs.asdict(base), "waves": list(base.waves), **data,
+                  "gates": {**structs.asdict(base.gates), **gates}
+                  if isinstance(gates, dict) else gates}
+    try:
+        return load(RolloutSettings, merged)
+    except ConfigError as exc:
+        raise CatalogError(f"field {where}.{exc.key}: {exc.message}" if exc.key
+                           else f"field {where!r}: {exc.message}") from None
 
 
 def check_source(url: str, options: dict[str, Any]) -> None:

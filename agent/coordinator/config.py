@@ -18,6 +18,7 @@ from msgspec import field, structs
 
 from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTIVES
 from agent.coordinator.nodetypes import NodeType, node_types_option
+from agent.coordinator.rollout import RolloutSettings
 from agent.security.authconfig import AuthSettings
 from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
                           Positive, Section, Text, load, setting)
@@ -135,6 +136,12 @@ class CoordinatorConfig(Section):
         "coordinators, one of which plans at a time (pip install 'edgeagent[postgres]'; "
         "a password from ~/.pgpass or $PGPASSWORD)", check=postgresql_url,
         example="postgresql://edge@db.internal:5432/fleet")] = None
+    rollout: Annotated[RolloutSettings, setting(
+        "how a new catalog version reaches the nodes: in waves, each judged against the "
+        "old version (a catalog entry's own rollout: keys override these)")] = field(
+        default_factory=RolloutSettings)
+    rollout_check_s: Annotated[Positive, setting(
+        "the planning coordinator looks at the rollouts under way this often")] = 1.0
     report_workers: Annotated[int, setting(
         "processes beside the coordinator that answer node reports on its port (one core "
         "each): 1 or 2 for fleets of thousands of nodes", ge=0, le=64)] = 0

@@ -2,7 +2,8 @@
 
 * ``Fleet``: what the request path needs, in memory: each node's last report (as sent,
   bytes, and its models with their reported latencies), the current plan (its per-node
-  directive rows) and each node's last directives. A report is validated and answered
+  directive rows), the version table (``versions.VersionTable``: which version each
+  node serves) and each node's last directives. A report is validated and answered
   from here, without the database, and so is a lease (``agent.coordinator.leases``).
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), leases with them (each node's newest renewal since the
@@ -28,6 +29,7 @@ from agent.coordinator.plan import directives_from_row, row_away
 from agent.coordinator.routing import RoutingBook
 from agent.coordinator.store import NodeRow, ReportRecord, StoredPlan, StoreUnavailable
 from agent.coordinator.summary import summarize
+from agent.coordinator.versions import VersionTable
 from agent.errors import AgentError
 from agent.wire import (Directives, NodeLease, NodeReport, ReportError, latency_at,
                         latency_points, parse_lease, parse_report)
@@ -117,6 +119,9 @@ class Fleet:
         # node -> the models with a source its last answer's plan runs elsewhere (a
         # change in what it holds of them changes its drop list)
         self._away: dict[str, tuple[str, ...]] = {}
+        self.versions = VersionTable()
+        #: node -> (the table's id, the models it pinned) of its last answer
+        self._versions_of: dict[str, tuple[int, frozenset[str]]] = {}
         #: the routing table routing nodes get (``agent.coordinator.routing``)
         self.routing = RoutingBook()
         #: the nodes' bases and answer versions, for their leases
@@ -140,15 +145,20 @@ class Fleet:
             return
         self.plan = plan
 
+    def set_versions(self, table: VersionTable) -> None:
+        """Answer with ``table``'s versions from now on (unless a newer one is used)."""
+        if table.id >= self.versions.id:
+            self.versions = table
+
     def directives(self, node: str, resident: set[str],
                    held: set[str] = frozenset()) -> Directives:  # type: ignore[assignment]
-        """``node``'s directives under the current plan (empty without one); ``held``:
-        the models it reported holding (``NodeReport.held``)."""
+        """``node``'s directives under the current plan (empty without one) and the
+        version table; ``held``: the models it reported holding (``NodeReport.held``)."""
         plan = self.plan
         if plan is None:
-            return Directives(node=node, ttl_s=self.ttl_s)
-        return directives_from_row(plan.rows.get(node), node, resident, self.ttl_s, plan.id,
-                                   held)
+            return self.versions.overlay(Directives(node=node, ttl_s=self.ttl_s), held)
+        return self.versions.overlay(directives_from_row(
+            plan.rows.get(node), node, resident, self.ttl_s, plan.id, held), held)
 
     def issued(self, node: str, now: float) -> tuple[Directives | None, float | None]:
         """(``node``'s directives, when they lapse): those of its last answer, issued
@@ -203,13 +213,16 @@ class Fleet:
         plan_id = self.plan.id if self.plan is not None else None
         last = self._answers.get(node)
         away = self._away.get(node, ())
-        holds = held() if away else frozenset()
+        holds = held() if away or self.versions.models else frozenset()
+        versions = (self.versions.id, self.versions.pinned(holds))
         if last is not None and last[0] is not None and last[0].plan_id == plan_id \
+                and self._versions_of.get(node) == versions \
                 and last[0].prefetch == tuple(m for m in last[0].pin if m not in resident) \
                 and last[0].drop == tuple(m for m in away if m in holds):
             return last
         directives = self.directives(node, set(resident), set(held()))
         self._away[node] = row_away(self.plan.rows.get(node) if self.plan else None)
+        self._versions_of[node] = versions
         self._answers[node] = last = (directives, orjson.dumps(directives.to_json()))
         return last
 
@@ -243,6 +256,7 @@ class Fleet:
     def forget(self, node: str) -> bool:
         self._answers.pop(node, None)
         self._away.pop(node, None)
+        self._versions_of.pop(node, None)
         self.leases.forget(node)
         return self.nodes.pop(node, None) is not None
 

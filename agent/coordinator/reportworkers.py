@@ -13,7 +13,8 @@ stays with one). A worker
   when a node is deleted, which waits until every worker has them), throttles failures
   per peer, validates
   the report (the coordinator's 400s), answers the node's directives under the current
-  plan, which the coordinator pushes to every worker when it adopts one, and answers
+  plan, version table (``push_versions``) and routing table, which the coordinator
+  pushes to every worker when it adopts one, and answers
   503 while the coordinator says its store is failing, or while it is itself
   overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
   yet handed over plus those the coordinator says wait for its group commit past
@@ -152,6 +153,7 @@ class ReportWorkers:
         self._credentials: tuple = ("credentials", (), {}, 0)
         self._applied_waiters: list[tuple[int, asyncio.Future]] = []
         self._routing: tuple = ("routing", None, None)
+        self._versions: tuple | None = None  # the message of the current version table
         #: Vouches for the peer a worker forwards (never leaves this machine's processes).
         self.forward_key = secrets.token_urlsafe(32)
         #: Each worker's failed-auth counts, as it last told.
@@ -187,7 +189,8 @@ class ReportWorkers:
         worker.proc = ctx.Process(
             target=_serve, name=f"edgeagent-report-worker-{worker.index}", daemon=True,
             args=(self.config, self._port, self._internal, up_child, down_child,
-                  (self._plan, self._health, self._credentials, self._routing),
+                  (self._plan, self._health, self._credentials, self._routing,
+                   self._versions),
                   self.forward_key,
                   os.getpid()))
         worker.proc.start()
@@ -242,6 +245,12 @@ class ReportWorkers:
         if self._plan is None or plan.id > self._plan[1]:  # what a new worker starts with
             self._plan = message
         await self._broadcast(message)  # a worker keeps the newest it was told
+
+    async def push_versions(self, table: Any) -> None:
+        """Tell every worker the version table (``versions.VersionTable``) answers use
+        now."""
+        self._versions = ("versions", table)
+        await self._broadcast(self._versions)
 
     async def push_health(self, healthy: bool, full: bool = False, queued: int = 0) -> None:
         """Tell every worker whether the store takes writes (503s while it does not;
@@ -362,6 +371,8 @@ class _WorkerState:
             return ("applied", number)
         elif message[0] == "routing":
             self.fleet.routing.adopt(message[1], message[2])
+        elif message[0] == "versions":
+            self.fleet.set_versions(message[1])
         elif message[0] == "reload" and self.tls is not None:
             try:
                 self.tls.reload()
@@ -480,7 +491,8 @@ def _serve(config: CoordinatorConfig, port: int, internal_socket: str, up: Any, 
 
 async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: str, up: Any,
                        down: Any, told: tuple, forward_key: str) -> None:
-    """``told``: the plan, store health and credentials messages to start with."""
+    """``told``: the plan, store health, credentials, routing table and version table
+    messages to start with."""
     loop = asyncio.get_running_loop()
     state = _WorkerState(config, internal_socket, forward_key)
     for message in told:

@@ -38,6 +38,7 @@ import orjson
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan, directive_rows
+from agent.coordinator.rolloutstore import RolloutRecords
 from agent.errors import AgentError
 
 log = logging.getLogger("edgeagent.coordinator.store")
@@ -135,6 +136,30 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE nodes ADD COLUMN reported REAL;
     UPDATE nodes SET reported = last_seen;
+    """,
+    # 8: rollouts (rollout.py: a version moved in waves) and the versions they marked bad.
+    """
+    CREATE TABLE rollouts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        model TEXT NOT NULL,
+        state TEXT NOT NULL,            -- running, paused, completed, rolled_back, aborted
+        doc TEXT NOT NULL,              -- JSON, rollout.Rollout.to_json
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE INDEX rollouts_by_model ON rollouts (model, id);
+    CREATE UNIQUE INDEX rollouts_one_active ON rollouts (model)
+        WHERE state IN ('running', 'paused');
+    CREATE TABLE bad_versions (
+        model TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        digest TEXT,
+        reason TEXT NOT NULL,
+        rollout INTEGER,                -- the rollout that rolled it back
+        marked REAL NOT NULL,
+        PRIMARY KEY (model, version)
+    );
+    ALTER TABLE models ADD COLUMN rollout TEXT;         -- JSON: the entry's rollout settings
     """,
 )
 
@@ -261,7 +286,7 @@ class StoredPlan:
         return directive_rows(self.plan)
 
 
-class Store:
+class Store(RolloutRecords):
     """One SQLite database; safe to share between threads (one connection, a lock).
     ``rate_step_s``: the width of the arrival-history bins (the planner's step; a new
     step starts a new series)."""
@@ -465,32 +490,38 @@ class Store:
     def put_model(self, slo: ModelSLO, now: float) -> bool:
         """Insert or replace; True when the model is new."""
         with self._tx() as db:
-            new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
-            db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
-                       "cpu_per_replica, memory_per_replica_bytes, proc_ms, source, "
-                       "source_options, version, digest, config, updated) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                       "ON CONFLICT(name) DO UPDATE SET "
-                       "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
-                       "priority = excluded.priority, "
-                       "cpu_per_replica = excluded.cpu_per_replica, "
-                       "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
-                       "proc_ms = excluded.proc_ms, source = excluded.source, "
-                       "source_options = excluded.source_options, "
-                       "version = excluded.version, digest = excluded.digest, "
-                       "config = excluded.config, updated = excluded.updated",
-                       (slo.name, slo.slo_ms, slo.percentile, slo.priority,
-                        slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms,
-                        slo.source, _json_or_none(slo.source_options), slo.version,
-                        slo.digest, _json_or_none(slo.config), now))
-            return new
+            return self._put_model(db, slo, now)
+
+    @staticmethod
+    def _put_model(db: Any, slo: ModelSLO, now: float) -> bool:
+        new = db.execute("SELECT 1 FROM models WHERE name = ?", (slo.name,)).fetchone() is None
+        db.execute("INSERT INTO models (name, slo_ms, percentile, priority, "
+                   "cpu_per_replica, memory_per_replica_bytes, proc_ms, source, "
+                   "source_options, version, digest, config, rollout, updated) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                   "ON CONFLICT(name) DO UPDATE SET "
+                   "slo_ms = excluded.slo_ms, percentile = excluded.percentile, "
+                   "priority = excluded.priority, "
+                   "cpu_per_replica = excluded.cpu_per_replica, "
+                   "memory_per_replica_bytes = excluded.memory_per_replica_bytes, "
+                   "proc_ms = excluded.proc_ms, source = excluded.source, "
+                   "source_options = excluded.source_options, "
+                   "version = excluded.version, digest = excluded.digest, "
+                   "config = excluded.config, rollout = excluded.rollout, "
+                   "updated = excluded.updated",
+                   (slo.name, slo.slo_ms, slo.percentile, slo.priority,
+                    slo.cpu_per_replica, slo.memory_per_replica_bytes, slo.proc_ms,
+                    slo.source, _json_or_none(slo.source_options), slo.version,
+                    slo.digest, _json_or_none(slo.config), _json_or_none(slo.rollout), now))
+        return new
 
     def models(self) -> list[ModelSLO]:
-        return [ModelSLO(*row[:8], _object(row[8]), row[9], row[10], _object(row[11]))
+        return [ModelSLO(*row[:8], _object(row[8]), row[9], row[10], _object(row[11]),
+                         _object(row[12]))
                 for row in self._query(
                     "SELECT name, slo_ms, percentile, priority, cpu_per_replica, "
                     "memory_per_replica_bytes, proc_ms, source, source_options, version, "
-                    "digest, config FROM models ORDER BY name")]
+                    "digest, config, rollout FROM models ORDER BY name")]
 
     def model(self, name: str) -> ModelSLO | None:
         found = [m for m in self.models() if m.name == name]
@@ -499,6 +530,16 @@ class Store:
     def delete_model(self, name: str) -> bool:
         with self._tx() as db:
             return db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount > 0
+
+    def node_reports(self, names: Iterable[str]) -> list[tuple[str, float, str]]:
+        """``(name, last_seen, report JSON)`` of the named nodes the store holds."""
+        names = sorted(set(names))
+        out: list[tuple[str, float, str]] = []
+        for at in range(0, len(names), 500):
+            chunk = names[at:at + 500]
+            out += self._query("SELECT name, last_seen, report FROM nodes WHERE name IN "
+                               f"({', '.join('?' * len(chunk))})", tuple(chunk))
+        return out
 
     # -- plans -----------------------------------------------------------------------
     def save_plan(self, plan: dict[str, Any], kind: str, now: float) -> int:

@@ -8,7 +8,8 @@ logged), its source listed, its files pulled by the disk tier (``DiskTier.ensure
 with ``load``, loaded. A pull with a ``digest`` pins it in the config (with its
 ``version``, the one version served): the disk tier refuses a version of another digest.
 A pull naming a version (or digest) the node has not seen lists the source again: a newer
-version found is rolled out (``agent.node.cache.rollout``). A dropped model is unloaded
+version found is rolled out (``agent.node.cache.rollout``); a version a rollout pins
+(``agent.node.coordinatorversions``) is the one pulled. A dropped model is unloaded
 once idle (``ModelCache.unload_when_idle``; not while pinned, loading or unloading: the
 next directives try again), then its directory is removed and its files left to the disk
 tier (``DiskTier.drop``).
@@ -114,15 +115,26 @@ class Assignments:
         spec = node.cache.specs[name]
         if spec.error or spec.pending:
             raise ValueError(spec.error or spec.pending)
-        version = spec.default_version if pull.version is None \
-            else max(pull.version, spec.default_version or 0)
+        version = self._version(name, pull)
         if version not in spec.versions:
-            raise ValueError(f"model {name!r}: its source lists no version {pull.version} "
+            raise ValueError(f"model {name!r}: its source lists no version {version} "
                              f"(versions: {', '.join(map(str, spec.versions)) or 'none'})")
         self._pulled[name] = (pull.version, pull.digest)
         await node.disk.ensure(name, version)
         if pull.load:
             await node.cache.ensure_loaded(name)
+
+    def _version(self, name: str, pull: Pull) -> int | None:
+        """The version a pull's files are for: the one a rollout pins (exactly: the one
+        below serves meanwhile), else the default, at least the pull's ``version``."""
+        cache = self.node.cache
+        pin = cache.version_pins.get(name)
+        if pin is not None and pin.serve is not None:
+            return pin.serve
+        version = cache.default_version(name)
+        if pin is None and pull.version is not None:
+            version = max(pull.version, version or 0)
+        return version
 
     def drop(self, name: str) -> None:
         """Unload assigned ``name`` once idle, remove its directory, free its files."""

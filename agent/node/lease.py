@@ -11,6 +11,8 @@ to send it (and why) or to renew the lease instead. A full report goes when:
 * the coordinator asks for one (``{"report": true}``: it restarted, or the lease
   reached a process that never saw the last full report);
 * ``full_report_s`` passed since the last one (the arrivals queued since go with it);
+* a rollout watches the node's versions (the report carries ``version_stats``,
+  ``agent.node.coordinatorversions``): its waves and gates read every interval's;
 * something the planner uses changed: capacity, node type, where peers reach the node,
   the models it serves, their device or residency, a model's size by more than the
   threshold, what it holds on disk or is pulling;
@@ -169,6 +171,8 @@ class LeaseKeeper:
             return "asked by the coordinator"
         if self.reported_at is None or now - self.reported_at >= self.full_report_s:
             return f"every {self.full_report_s:g} s"
+        if report.get("version_stats"):
+            return "a rollout under way"  # its gates read every interval's figures
         facts = planner_facts(report)
         for key, value in facts.items():
             if value != self.facts.get(key):

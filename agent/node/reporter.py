@@ -40,6 +40,9 @@ What applying means:
 * ``routing``: the routing table (or its version alone, confirming the one held) goes
   to the node's router (``agent.node.routing``); the report says where peers reach
   this node, the table it holds, and per model its routed traffic.
+* ``model_versions`` (the coordinator's rollouts): the version each model serves, the
+  ones kept at hand and the bad ones (``agent.node.coordinatorversions``: they do not
+  lapse); for the models under a rollout the report carries ``version_stats``.
 
 Stats come from the agent's Prometheus registry (``Metrics``), as deltas between
 samples: arrivals (requests of any outcome that reached the fleet here: those a peer
@@ -57,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import random
 import time
@@ -74,8 +76,10 @@ from agent.node.cache import CacheError
 from agent.node.cache.lifecycle import State
 from agent.node.coordinatorcall import CoordinatorRefused, post
 from agent.node.coordinatorpins import CoordinatorPins
+from agent.node.coordinatorversions import CoordinatorVersions
 from agent.node.join import report_token
 from agent.node.lease import LeaseKeeper
+from agent.percentiles import histogram_quantile, percentiles_ms
 from agent.security.tls import ResumingContext, verify_failure
 from agent.wire import DirectiveBook, Directives, parse_lease_answer
 
@@ -84,26 +88,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeagent.reporter")
 
-PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 MAX_PENDING_POINTS = 500  # arrival intervals kept per model while the coordinator is away
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets, linear
-    within a bucket; the highest finite bound for the +Inf bucket; None when empty."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    total = buckets[-1][1]
-    rank = q * total
-    lower, below = 0.0, 0.0
-    for upper, cumulative in buckets:
-        if cumulative >= rank:
-            if math.isinf(upper):
-                return lower
-            inside = cumulative - below
-            return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
-        lower, below = upper, cumulative
-    return lower
 
 
 class MetricsSampler:
@@ -169,6 +154,8 @@ class Reporter:
         self.prefetched: set[str] = set()
         #: The models the coordinator moves here (pull) and away (drop).
         self.assignments = Assignments(node)
+        #: The versions the coordinator's rollouts pin, and their figures.
+        self.versions = CoordinatorVersions(node, self.assignments.assign_errors)
         self.failures = 0
         self.last_error: str | None = None
         self.last_ok: float | None = None  # clock() of the last successful report
@@ -189,6 +176,7 @@ class Reporter:
 
     async def start(self) -> None:
         self.pins.revert_saved()
+        self.versions.restore()
         self._previous, self._previous_at = self.sampler.sample(), self.clock()
         link = self.link
         ssl_context = ResumingContext.for_client(link.ca_file, link.cert_file,
@@ -206,7 +194,8 @@ class Reporter:
                  self.name)
 
     async def stop(self) -> None:
-        for task in [self._task, *self.loading.values(), *self.assignments.tasks()]:
+        for task in [self._task, *self.loading.values(), *self.assignments.tasks(),
+                     *self.versions.tasks()]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -337,6 +326,7 @@ class Reporter:
                                  for p in pulling]
         if self.link.node_type:
             report["node_type"] = self.link.node_type
+        report.update(self.versions.report_fields())  # while a rollout runs
         return report
 
     def _routed(self, routed: dict[str, dict[str, int]], deltas: dict[str, dict[str, Any]],
@@ -356,10 +346,7 @@ class Reporter:
                 row["arrivals"] = [[round(now - t, 6), round(s, 6), c]
                                    for t, s, c in self._pending.get(name, ())]
                 if d and d["ok"] > 0:
-                    row["latency_ms"] = {
-                        f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
-                        for v in [histogram_quantile(p / 100.0, d["buckets"])]
-                        if v is not None}
+                    row["latency_ms"] = percentiles_ms(d["buckets"])
             out[name] = row
         return out
 
@@ -380,9 +367,7 @@ class Reporter:
             # processing)
             m["batches"] = {"1": {"count": total["ok"], "seconds": total["ok_seconds"]}}
         if d and d["ok"] > 0:
-            m["latency_ms"] = {f"p{p:g}": round(v * 1000.0, 3) for p in PERCENTILES
-                               for v in [histogram_quantile(p / 100.0, d["buckets"])]
-                               if v is not None}
+            m["latency_ms"] = percentiles_ms(d["buckets"])
 
     def _runtime(self, entry: Any) -> Any:
         """The batching layer's runtime for ``entry`` (None without a batching layer)."""
@@ -467,6 +452,7 @@ class Reporter:
         self._apply_workers()
         self.drop_rate = {m: r for m, r in directives.drop_rate.items() if m in cache.specs}
         self.pins.save()
+        self.versions.apply(directives.model_versions)
         for pull in directives.pull:
             self.assignments.assign(pull)
         for name in directives.drop:

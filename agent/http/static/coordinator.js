@@ -1,13 +1,15 @@
 // The coordinator's dashboard: the first NODES_SHOWN nodes by name of GET /v1/nodes
-// (a page: a fleet of 10,000 is 30 MB), /v1/plan (404 until a first plan) and
+// (a page: a fleet of 10,000 is 30 MB), /v1/plan (404 until a first plan),
 // /v1/models (with the worst latency its live nodes measured at the model's SLO
-// percentile), refreshed every ?refresh= ms.
+// percentile) and the last ROLLOUTS_SHOWN /v1/rollouts, refreshed every ?refresh= ms.
+// PANELS below: what each part of the page draws from which paths.
 "use strict";
 
 (() => {
   const { api, el, bytes, ms, pct, bar, replaceRows, poll } = Dash;
   const NODES_SHOWN = 100;
   const PLACEMENT_SHOWN = 8;
+  const ROLLOUTS_SHOWN = 10;
 
   function nodeRow(n) {
     const cap = n.capacity || {};
@@ -83,23 +85,64 @@
     return shown.join(", ") + (hidden > 0 ? `, … ${hidden} more` : "");
   }
 
-  async function update() {
-    const [[nodes, headers], catalog, plan] = await Promise.all([
-      api(`/v1/nodes?limit=${NODES_SHOWN}`, true), api("/v1/models"),
-      api("/v1/plan").catch((error) => { if (error.status === 404) return null; throw error; }),
-    ]);
-    document.getElementById("server").textContent = location.host;
+  function rolloutRow(r) {
+    const f = r.figures || {};
+    const side = (x) => [
+      el("td", { class: "num" }, x ? Number(x.requests).toFixed(0) : "–"),
+      el("td", { class: "num" }, x ? pct(x.error_rate) : "–"),
+      el("td", { class: "num" }, ms(x ? x.latency_ms : null))];
+    const active = r.state === "running" || r.state === "paused";
+    const wave = `${r.wave}/${r.waves.length}` + (active ? ` ${r.phase}` : "");
+    return el("tr", { "data-rollout": r.id },
+      el("td", { class: "num" }, "#" + r.id),
+      el("td", { class: "name" }, r.model),
+      el("td", {}, `${r.from.version} → ${r.to.version}`),
+      el("td", {}, el("span", { class: "badge " + (r.state === "rolled_back" ? "down" : "alive") }, r.state)),
+      el("td", { class: "wave" }, wave),
+      ...side(f.new), ...side(f.old),
+      el("td", { class: "reason" }, r.reason || "–"));
+  }
+
+  function drawNodes(nodes, headers) {
     const total = Number(headers.get("X-Total-Count") ?? nodes.length);
     document.getElementById("nodes-shown").textContent = total > nodes.length
       ? `the first ${nodes.length} of ${total.toLocaleString()} by name` : `${total}`;
     replaceRows(document.querySelector("#nodes tbody"), nodes.map(nodeRow), 8,
                 "no node has reported yet");
-    document.getElementById("plan-summary").replaceChildren(...planTiles(plan));
+  }
+
+  function drawModels(catalog, plan) {
     const byName = Object.fromEntries(catalog.map((m) => [m.name, m]));
     const names = [...new Set([...Object.keys((plan && plan.models) || {}), ...Object.keys(byName)])].sort();
     replaceRows(document.querySelector("#models tbody"),
                 names.map((name) => modelRow(name, plan && plan.models ? plan.models[name] : null, byName[name])),
                 11, "no models in the catalog or the plan");
+  }
+
+  const NODES = `/v1/nodes?limit=${NODES_SHOWN}`;
+  const ROLLOUTS = `/v1/rollouts?limit=${ROLLOUTS_SHOWN}`;
+  const FETCH = {
+    [NODES]: () => api(NODES, true),
+    "/v1/plan": () => api("/v1/plan").catch((error) => { if (error.status === 404) return null; throw error; }),
+  };
+  const PANELS = [
+    { paths: [NODES], draw: (d) => drawNodes(...d[NODES]) },
+    { paths: ["/v1/plan"], draw: (d) => document.getElementById("plan-summary").replaceChildren(...planTiles(d["/v1/plan"])) },
+    { paths: ["/v1/models", "/v1/plan"], draw: (d) => drawModels(d["/v1/models"], d["/v1/plan"]) },
+    { paths: [ROLLOUTS], draw: (d) => {
+      document.getElementById("rollouts-shown").textContent = d[ROLLOUTS].length
+        ? `the last ${d[ROLLOUTS].length}` : "";
+      replaceRows(document.querySelector("#rollouts tbody"), d[ROLLOUTS].map(rolloutRow), 12,
+                  "no rollout yet");
+    } },
+  ];
+
+  async function update() {
+    document.getElementById("server").textContent = location.host;
+    const paths = [...new Set(PANELS.flatMap((p) => p.paths))];
+    const bodies = await Promise.all(paths.map((path) => (FETCH[path] || (() => api(path)))()));
+    const data = Object.fromEntries(paths.map((path, i) => [path, bodies[i]]));
+    for (const panel of PANELS) panel.draw(data);
   }
 
   poll(update);

@@ -1,12 +1,14 @@
 """The models the cache knows: the repository's specs, an entry per version asked for or
-loaded, and the version that serves requests naming none (the default, or the old one
-held while a new one rolls out: ``agent.node.cache.rollout``)."""
+loaded, and the version that serves requests naming none (the default: the newest, or
+the one the coordinator's version pins name, ``agent.node.cache.versionpins``; or the old
+one held while a new one rolls out: ``agent.node.cache.rollout``)."""
 
 from __future__ import annotations
 
 from agent.node.cache.entry import Entry, EntryWatcher
 from agent.node.cache.errors import ModelInvalid, NotListed, UnknownModel
 from agent.node.cache.lifecycle import AT_REST, State
+from agent.node.cache.versionpins import VersionPins
 from agent.node.repository import ModelSpec
 
 Key = tuple[str, int]
@@ -15,15 +17,21 @@ Key = tuple[str, int]
 class Catalog:
     """Specs by name, entries by ``(name, version)``, held serving versions by name."""
 
-    def __init__(self, entries: dict[Key, Entry], watcher: EntryWatcher) -> None:
-        self.entries, self.watcher = entries, watcher
+    def __init__(self, entries: dict[Key, Entry], watcher: EntryWatcher,
+                 pins: VersionPins) -> None:
+        self.entries, self.watcher, self.pins = entries, watcher, pins
         self.specs: dict[str, ModelSpec] = {}
         self.held: dict[str, int] = {}  # name -> the old version serving during a rollout
+
+    def default(self, spec: ModelSpec) -> int | None:
+        """The version of ``spec`` served once any rollout to it is done: the newest, or
+        the one the pins name."""
+        return self.pins.served(spec.name, spec.versions)
 
     def serving(self, name: str) -> int | None:
         """The version requests without one go to."""
         spec = self.specs.get(name)
-        default = spec.default_version if spec is not None else None
+        default = self.default(spec) if spec is not None else None
         return self.held.get(name, default)
 
     def entry_for(self, spec: ModelSpec, version: int) -> Entry:
@@ -39,7 +47,7 @@ class Catalog:
         if spec is None:
             raise UnknownModel(f"Request for unknown model {name!r}")
         if version is None:
-            version = self.held.get(name, spec.default_version)  # ``serving``, per request
+            version = self.held.get(name, self.default(spec))  # ``serving``, per request
             if version is None and spec.pending and not spec.error:
                 raise NotListed(spec.pending)
             if version is None:
@@ -57,7 +65,7 @@ class Catalog:
             if spec is None:
                 if entry.state is not State.UNLOADED:
                     out.append(entry)
-            elif (version == spec.default_version or entry.stats.loads
+            elif (version == self.default(spec) or entry.stats.loads
                   or entry.state is not State.UNLOADED):
                 out.append(entry)
         return out
@@ -80,9 +88,14 @@ class Catalog:
                 del self.entries[(name, version)]
             elif entry.state is State.READY and entry.account.in_flight == 0:
                 gone.append(entry)
-        for spec in specs.values():
-            if spec.default_version is not None:
-                self.entry_for(spec, spec.default_version)
+        self.add_defaults()
         for name in set(self.held) - set(specs):
             del self.held[name]
         return gone
+
+    def add_defaults(self) -> None:
+        """An entry for each model's default version (listed, loaded or not)."""
+        for spec in self.specs.values():
+            version = self.default(spec)
+            if version is not None:
+                self.entry_for(spec, version)

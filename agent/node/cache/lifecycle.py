@@ -90,6 +90,7 @@ class Lifecycle:
     failed_at: float | None = None  # cache clock of the last failed load (None: none)
     crashed: str | None = None      # why its runtime failed while running: reload it
     load_attempts: int = 0          # loads started, failed ones included
+    failed_loads: int = 0           # loads that failed, since the agent started
     load_started: float | None = None  # cache clock at the start of the last load
     phase: Phase | None = None      # within LOADING (``Phase``), or None
     failed_status: int = 503        # the HTTP status of the last failed load
@@ -122,6 +123,7 @@ class Lifecycle:
         tried again by the next request) and the status a request gets meanwhile."""
         transition(self, State.FAILED, expected_from=State.LOADING)
         self.error, self.failed_at, self.failed_status = error, at, status
+        self.failed_loads += 1
         self.on_move()
 
     def gave_up(self, error: str | None) -> None:

@@ -14,6 +14,7 @@ of the package ``agent.node.cache``, whose parts each do one job:
 - ``tiers``: the memory and disk tiers and what each tells the other (the penalty);
 - ``disktier`` and ``sourcelistings``: the sourced models' files on disk;
 - ``rollout``: a new version loaded beside the old one (``next_action``);
+- ``versionpins``: the coordinator's pins of the version each model serves (rollouts);
 - ``views``: ``/v1/cache`` and the pools' figures.
 
 The cache drives the simulator's miss path, ``MemoryPool``: every request records its
@@ -58,6 +59,7 @@ from agent.node.cache.rollout import Rollouts
 from agent.node.cache.settings import CacheSettings
 from agent.node.cache.tiers import DiskFactory, Tiers
 from agent.node.cache.unloads import Unloads
+from agent.node.cache.versionpins import VersionPin, VersionPins
 from agent.node.cache import views
 from agent.node.repository import ModelSpec
 
@@ -118,9 +120,11 @@ class ModelCache:
         for name, budget in budgets.items():
             self.pools[name] = DevicePool(name, MemoryPool(budget, make_policy(policy)),
                                           self.unloads, clock)
+        #: the coordinator's: the version each model serves by default (rollouts)
+        self.version_pins = VersionPins()
         self.tiers = Tiers(self.entries, self.pools, self.unloads, self.settings, clock,
-                           self.meter, disk)
-        self.catalog = Catalog(self.entries, self.tiers)
+                           self.meter, disk, self.version_pins)
+        self.catalog = Catalog(self.entries, self.tiers, self.version_pins)
         self.loads = Loads(self.tiers, self.settings, backend_factory=backend_factory,
                            footprints=self.footprints, meter=self.meter,
                            load_concurrency=load_concurrency, clock=clock, listener=listener)
@@ -152,6 +156,28 @@ class ModelCache:
         for entry in self.catalog.adopt(specs):
             self.unloads.start(entry, "removed from the repository")
         self.rollouts.rescanned(serving)
+
+    def set_version_pins(self, pins: dict[str, VersionPin]) -> None:
+        """Adopt the coordinator's version pins (model -> ``VersionPin``; the models left
+        out are unpinned): a model whose default version changes rolls to it as to a new
+        version found by a rescan (``rollout``); versions no longer kept are unloaded
+        once idle, unless they serve."""
+        serving = {name: self.catalog.serving(name) for name in self.catalog.specs}
+        before = self.version_pins.pins
+        self.version_pins.pins = dict(pins)
+        self.catalog.add_defaults()
+        self.rollouts.rescanned(serving)
+        for name, pin in before.items():
+            released = set(pin.keep) - set(pins[name].keep if name in pins else ())
+            if released:
+                self.rollouts.release(name, released)
+        if self.tiers.disk is not None:
+            self.tiers.disk.usage_changed()
+
+    def default_version(self, name: str) -> int | None:
+        """The version ``name`` serves once any rollout to it is done (None: unknown)."""
+        spec = self.catalog.specs.get(name)
+        return self.catalog.default(spec) if spec is not None else None
 
     def entry(self, name: str, version: int | None = None) -> Entry:
         """The entry for ``name`` (default: the highest version, or the one still serving

@@ -9,6 +9,12 @@ What to do is decided by ``next_action``, a pure function of the versions it see
 Serving's ``AvailabilityPreservingPolicy::GetNextAction``); ``Rollouts`` carries it out,
 one rollout per model at a time, started by a rescan (``ModelCache.update_specs``): a
 local version directory, a source's new listing, a coordinator's pull of a new version.
+
+The coordinator's version pins (``agent.node.cache.versionpins``) move the default
+version either way (a rollout's wave, or its rollback) the same way
+(``ModelCache.set_version_pins``); a version they keep is not unloaded after the switch
+away from it (``release`` unloads it once no longer kept). A rollout whose target changed
+while it loaded looks again once done, and unloads what no longer serves.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 from collections.abc import Collection, Mapping
 
 from agent.node.cache.catalog import Catalog
+from agent.node.cache.entry import Entry
 from agent.node.cache.errors import CacheError
 from agent.node.cache.leases import Leases
 from agent.node.cache.lifecycle import State
@@ -57,6 +64,7 @@ class Rollouts:
     def __init__(self, catalog: Catalog, leases: Leases, unloads: Unloads) -> None:
         self.catalog, self.leases, self.unloads = catalog, leases, unloads
         self.tasks: dict[str, asyncio.Task] = {}
+        self.releasing: set[asyncio.Task] = set()  # unloads of versions no longer kept
         self.done = 0
 
     def _action(self, name: str, old: int | None) -> Action:
@@ -64,19 +72,22 @@ class Rollouts:
         if spec is None:
             return Action.SERVE_NEW
         states = {v: e.state for (n, v), e in self.catalog.entries.items() if n == name}
-        return next_action(old, spec.default_version, spec.versions, states)
+        return next_action(old, self.catalog.default(spec), spec.versions, states)
 
     def rescanned(self, serving: dict[str, int | None]) -> None:
-        """After a rescan, ``serving``: the version each model served before it. A model
-        with a new default keeps its old version serving while a rollout runs."""
+        """After a rescan (or new version pins), ``serving``: the version each model
+        served before it. A model with a new default keeps its old version serving while
+        a rollout runs."""
+        for name in self.catalog.specs:
+            self._look(name, serving.get(name))
+
+    def _look(self, name: str, old: int | None) -> None:
         held = self.catalog.held
-        for name, spec in self.catalog.specs.items():
-            old = serving.get(name)
-            if self._action(name, old) is Action.SERVE_NEW:
-                held.pop(name, None)
-            else:
-                held[name] = old
-                self._start(name, old, spec.default_version)
+        if self._action(name, old) is Action.SERVE_NEW:
+            held.pop(name, None)
+        else:
+            held[name] = old
+            self._start(name, old, self.catalog.default(self.catalog.specs[name]))
 
     def _start(self, name: str, old: int, new: int) -> None:
         task = self.tasks.get(name)
@@ -101,9 +112,10 @@ class Rollouts:
         log.info("rollout %s: loading version %d beside %d", name, new, old)
         with contextlib.suppress(CacheError):
             await self.leases.ensure_loaded(name, new)
-        if catalog.held.get(name) != old:
+        if catalog.held.get(name) != old or self._default(name) != new:
             old_entry.pin(was_pinned)
-            return  # superseded (a rescan changed the versions meanwhile)
+            self._superseded(name, new)
+            return
         if self._action(name, old) in (Action.LOAD_NEW, Action.KEEP_OLD):
             old_entry.pin(was_pinned)
             log.warning("rollout %s: version %d did not load, %d keeps serving: %s",
@@ -113,14 +125,52 @@ class Rollouts:
         new_entry.pin(new_entry.account.pinned or was_pinned)
         del catalog.held[name]  # requests without a version now get ``new``
         old_entry.pin(False)
-        log.info("rollout %s: version %d serves; unloading %d once idle", name, new, old)
-        await self.unloads.when_idle(old_entry,
-                                     keep=lambda e: catalog.serving(name) == e.version)
+        if catalog.pins.kept(name, old):
+            log.info("rollout %s: version %d serves; %d kept at hand", name, new, old)
+        else:
+            log.info("rollout %s: version %d serves; unloading %d once idle", name, new,
+                     old)
+            await self.unloads.when_idle(old_entry, keep=self._keeps)
         self.done += 1
 
+    def _default(self, name: str) -> int | None:
+        spec = self.catalog.specs.get(name)
+        return self.catalog.default(spec) if spec is not None else None
+
+    def _keeps(self, entry: Entry) -> bool:
+        """``entry`` serves, is the default or is kept at hand: not to be unloaded."""
+        name = entry.name
+        return entry.version in (self.catalog.serving(name), self._default(name)) \
+            or self.catalog.pins.kept(name, entry.version)
+
+    def _superseded(self, name: str, new: int) -> None:
+        """A rescan or new pins changed ``name``'s versions while ``new`` loaded: look
+        again once this rollout's task is done, and unload ``new`` once idle unless it
+        still serves."""
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: name in self.catalog.specs
+                       and self._look(name, self.catalog.serving(name)))
+        self.release(name, {new})
+
+    def release(self, name: str, versions: set[int]) -> None:
+        """Unload ``name``'s READY ``versions`` once idle, unless one serves, is the
+        default or is kept at hand."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the event loop (no node running): nothing to do
+            return
+        for version in sorted(versions):
+            entry = self.catalog.entries.get((name, version))
+            if entry is not None and entry.state is State.READY and not self._keeps(entry):
+                task = loop.create_task(
+                    self.unloads.when_idle(entry, keep=self._keeps))
+                self.releasing.add(task)
+                task.add_done_callback(self.releasing.discard)
+
     async def close(self) -> None:
-        for task in self.tasks.values():
+        tasks = [*self.tasks.values(), *self.releasing]
+        for task in tasks:
             task.cancel()
-        for task in self.tasks.values():
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task

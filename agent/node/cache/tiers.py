@@ -25,6 +25,7 @@ from agent.node.cache.lifecycle import State
 from agent.node.cache.pools import DevicePool
 from agent.node.cache.settings import CacheSettings
 from agent.node.cache.unloads import Unloads
+from agent.node.cache.versionpins import VersionPins
 
 log = logging.getLogger("edgeagent.cache")
 
@@ -38,8 +39,8 @@ class Tiers:
 
     def __init__(self, entries: dict[Key, Entry], pools: dict[str, DevicePool],
                  unloads: Unloads, settings: CacheSettings, clock: Callable[[], float],
-                 meter: MemoryMeter, disk: DiskFactory | None) -> None:
-        self.entries, self.pools, self.unloads = entries, pools, unloads
+                 meter: MemoryMeter, disk: DiskFactory | None, pins: VersionPins) -> None:
+        self.entries, self.pools, self.unloads, self.pins = entries, pools, unloads, pins
         self.settings, self.clock = settings, clock
         view: MemoryView = self
         self.disk = disk(memory=view, meter=meter) if disk is not None else None
@@ -66,8 +67,11 @@ class Tiers:
 
     # -- MemoryView (what the disk tier asks) ------------------------------------------
     def usage(self, key: Key) -> str:
-        """Pinned, reading (loading, or a TF Serving model, whose server reads its
-        directory), resident (in memory, files not needed), or idle."""
+        """Pinned (or kept at hand by a rollout: ``VersionPins.kept``), reading (loading,
+        or a TF Serving model, whose server reads its directory), resident (in memory,
+        files not needed), or idle."""
+        if self.pins.kept(*key):
+            return "pinned"
         entry = self.entries.get(key)
         if entry is None:
             return "idle"
