@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile

@@ -169,7 +169,6 @@ async def test_a_download_is_the_downloading_phase_of_loading(repo, tmp_path):
     """A sourced model's pull (remote -> disk) is LOADING in phase ``downloading``, then
     LOADING without a phase (disk -> memory), then READY; a failed pull is FAILED with
     the pull's status remembered and no phase left over."""
-    import threading
 
     from agent.node.cache.disktier import DiskTier, PullError
     from agent.node.cache.lifecycle import Phase

@@ -10,7 +10,6 @@ import asyncio
 import os
 import shutil
 import struct
-from pathlib import Path
 
 import pytest
 
