@@ -170,7 +170,13 @@ def test_leases_through_report_workers_are_counted_and_written(tmp_path, repo):
         assert status["full_reports"] <= 3 and status["failures"] == 0, status
         wait_for(lambda: metric(co, LEASES) >= 15, 10, "the workers' leases counted")
         agent.stop()
-        seen = co.get("/v1/nodes/edge-w")[1]
+
+        def settled() -> dict | None:  # the last renewals handed over and written
+            first = co.get("/v1/nodes/edge-w")[1]
+            time.sleep(1.0)
+            second = co.get("/v1/nodes/edge-w")[1]
+            return second if second["last_seen"] == first["last_seen"] else None
+        seen = wait_for(settled, 20, "the last lease written")
         assert seen["last_seen"] > seen["last_report"]
     finally:
         if agent.proc.poll() is None:

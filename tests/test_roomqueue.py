@@ -132,7 +132,7 @@ async def test_the_memory_tier_the_disk_tier_and_the_twin_share_the_one_queue(re
                        disk=functools.partial(DiskTier, tmp_path / "disk", 10**6))
     profiles = make_profiles(["m"], [1], [0.1], [0.01])
     twin = _Twin(make_trace([0.0], ["m"], profiles), profiles, 10, make_policy("lru"),
-                 Queueing(), None, False)
+                 Queueing(), None, (), False)
     assert {type(x) for x in (cache.pools["cpu"].rooms, cache.disk.rooms, twin.rooms)} \
         == {RoomQueue}
     assert isinstance(cache.pools["cpu"].memory, MemoryPool)
