@@ -268,15 +268,18 @@ def test_the_pages_commands_run_as_pasted(box, page):
     script, left_out = box.script(blocks)
     (box.tmp / f"{Path(page).stem}.sh").write_text(script)
     started = time.monotonic()
-    proc = subprocess.Popen(["bash", "-c", script], cwd=box.checkout, env=box.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=1500)
-    finally:
-        _stop(proc)  # and what its blocks left in the background
     log = box.tmp / f"{Path(page).stem}.log"
-    log.write_text(output)
+    # the output to a file, not a pipe: what a failed block leaves in the background
+    # (a server started with &) holds the file, so the test waits for the script alone
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", "-c", script], cwd=box.checkout, env=box.env,
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=1500)
+        finally:
+            _stop(proc)  # and what its blocks left in the background
+    output = log.read_text()
     print(f"{page}: {time.monotonic() - started:.0f} s; left out: {left_out}")
     assert proc.returncode == 0, f"{page} (whole output in {log}):\n{output[-6000:]}"
     assert "Traceback (most recent call last)" not in output, output[-6000:]
