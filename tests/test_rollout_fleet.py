@@ -203,9 +203,12 @@ def test_a_slow_version_is_caught_by_the_latency_gate(fleet):
     rollout_id = fleet.set_version(version, **ROLLOUT)["rollout_id"]
     r = fleet.wait_rollout(rollout_id, ("completed", "rolled_back"))
     assert r["state"] == "rolled_back" and r["reason"].startswith("latency"), r
-    assert r["wave"] == 1  # within the canary's bake
+    # caught before the last wave: in the canary's bake, or (where the canary's window
+    # closed with too few answers to judge its latency: a loaded box) in the next one's
+    assert r["wave"] < len(r["waves"]), r
     canary = r["history"][0]
-    assert canary["serving"] is not None and "completed" not in canary
+    assert canary["serving"] is not None
+    assert "completed" not in r["history"][r["wave"] - 1]
     fleet.wait_serving(fleet.version)
     time.sleep(1.0)
     _no_failed_requests(fleet, since)
