@@ -7,14 +7,28 @@ body memory to hold), it is not compressed (the chain decodes that), and either 
 credential may post it or none is needed and it names this server (no ``Origin``, a
 ``Host`` of its own: the DNS rebinding guard's rule). Any other request takes the chain,
 which answers 401, 403, 408 and 429 as for every path (a refusal is counted there,
-once). The coordinator and its report workers use it alike.
+once). The coordinator and its report workers use it alike; a report worker also takes
+it below aiohttp's web layer (``raw_take``, for ``agent.http.rawlane``): the same rule,
+the same answers and errors, any other request left to aiohttp on the same connection.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
 from aiohttp import web
 
-from agent.security.httpauth import Guard, Need, names_this_server, request_peer
+from agent.errors import AgentError, error_response, json_error
+from agent.http.rawlane import RawAnswer, RawLane, RawRequest, Take
+from agent.security.httpauth import (Guard, Need, Peer, certificate_issued, certificate_name,
+                                     names_this_server, request_peer)
+
+#: A report's or lease's target as the raw lane takes it (a name aiohttp's router would
+#: decode or normalise, a query: left to aiohttp).
+LANE_TARGET = re.compile(r"/v1/nodes/([^/%?#.][^/%?#]*)/(report|lease)")
 
 
 def takes_lane(request: web.Request, guard: Guard, names: frozenset[str], need: Need,
@@ -23,11 +37,72 @@ def takes_lane(request: web.Request, guard: Guard, names: frozenset[str], need: 
     ``guard`` judges its credential, ``names`` are this server's (``own_names``)."""
     if not request.content.is_eof() or "Content-Encoding" in request.headers:
         return False
-    peer = request_peer(request, forward_key, certificates=True)
+    headers = request.headers
+    return lane_allows(guard, names, need, request_peer(request, forward_key,
+                                                        certificates=True),
+                       headers.get("Authorization", ""), headers.get("Host"),
+                       "Origin" in headers)
+
+
+def lane_allows(guard: Guard, names: frozenset[str], need: Need, peer: Peer,
+                authorization: str, host: str | None, origin: bool) -> bool:
+    """The lane's rule for a whole, uncompressed request from ``peer`` with these
+    ``Authorization`` and ``Host`` headers (``origin``: it has an ``Origin``)."""
     if not guard.checks(peer.name):
-        return "Origin" not in request.headers and names_this_server(
-            request.headers.get("Host"), names)
-    header = request.headers.get("Authorization", "")
-    if guard.holds_back(header, peer.address, peer.name):
+        return not origin and names_this_server(host, names)
+    if guard.holds_back(authorization, peer.address, peer.name):
         return False  # a throttled peer's token is not judged: the chain answers 429
-    return guard.judge(header, need, peer.name, peer.issued).status == 200
+    return guard.judge(authorization, need, peer.name, peer.issued).status == 200
+
+
+def transport_peer(transport: Any) -> Peer:
+    """A connection's peer as ``request_peer`` names a request's (with certificates)."""
+    address = transport.get_extra_info("peername")
+    remote = str(address[0]) if isinstance(address, (list, tuple)) and address else None
+    return Peer(remote or "unknown", certificate_name(transport),
+                certificate_issued(transport))
+
+
+def raw_take(guard: Guard, names: Callable[[], frozenset[str]],
+             answer: Callable[[str, str, bytes], bytes | None],
+             log: logging.Logger) -> Take:
+    """A raw lane's ``take`` for ``POST`` reports and leases that may take the lane:
+    ``answer(kind, node, body)`` ("report" or "lease") gives the JSON answer, raises an
+    ``AgentError`` (answered as the chain's error middleware answers it) or returns
+    None (the request is left to aiohttp)."""
+
+    def take(request: RawRequest, lane: RawLane) -> RawAnswer | None:
+        target = LANE_TARGET.fullmatch(request.target) if request.method == "POST" else None
+        if target is None:
+            return None
+        peer = lane.memo
+        if peer is None:
+            peer = lane.memo = transport_peer(lane.transport)
+        headers = request.headers
+        if not lane_allows(guard, names(), Need("report", target[1]), peer,
+                           headers.get("authorization", ""), headers.get("host"),
+                           "origin" in headers):
+            return None
+        try:
+            body = answer(target[2], target[1], request.body)
+        except AgentError as exc:
+            if exc.public:
+                log.warning("POST %s: %s", request.target, exc)
+            return _raw_response(error_response(exc))
+        except Exception:  # noqa: BLE001 - answered, as the chain answers a bug
+            log.exception("unhandled error on POST %s", request.target)
+            return _raw_response(json_error(500, "internal error (logged)"))
+        if body is None:
+            return None
+        return RawAnswer(200, body if body.endswith(b"\n") else body + b"\n")
+
+    return take
+
+
+def _raw_response(response: web.Response) -> RawAnswer:
+    """An error answer as the chain writes it (``json_newline``'s newline included)."""
+    body = bytes(response.body)
+    return RawAnswer(response.status, body if body.endswith(b"\n") else body + b"\n",
+                     response.headers["Content-Type"],
+                     tuple((k, v) for k, v in response.headers.items()
+                           if k != "Content-Type"))

@@ -22,18 +22,18 @@ stays with one). A worker
 * answers ``POST /v1/nodes/{name}/lease`` itself, from the basis of the node's last full
   report it answered (``agent.coordinator.leases``; a lease naming a report it did not
   see gets ``{"report": true}``); reports and leases whose credential may post them
-  skip the middleware chain (``agent.coordinator.lane``);
+  skip the middleware chain (``agent.coordinator.lane``) and, whole in one read, plain
+  HTTP/1.1, aiohttp's web layer too (``agent.http.rawlane``: a connection goes to
+  aiohttp at its first request the lane does not take);
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
   directives issued (``GET /v1/nodes``) as for a report it answered itself; then the
   leases it renewed (node, when, and the new directives where they changed); and every
   ``LOAD_S`` its CPU, reports answered and refused, leases renewed and its loop's lag
   (``WorkerLoad``, for the coordinator's ``/metrics``);
-* forwards every other request to the coordinator, as it came, over a Unix socket of
-  the coordinator's own that only this user's processes can open (the token is checked
-  there), with the real peer address and certificate name and issue time in headers the
-  coordinator trusts only with the forward key it gave the worker
-  (``agent.security.httpauth.FORWARD_KEY``; the socket refuses a request without it);
+* forwards every other request to the coordinator (``agent.coordinator.forwarding``),
+  over a Unix socket of the coordinator's own that only this user's processes can open
+  (the token is checked there; the socket refuses a request without the forward key);
 * serves the coordinator's ``tls:`` with a context of its own, read again when the
   coordinator, on SIGHUP, says ``reload``.
 
@@ -55,26 +55,27 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector, web
+from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 
 from agent.coordinator.config import CoordinatorConfig
+from agent.coordinator.forwarding import forward
 from agent.coordinator.ingest import (Fleet, ReportedModels, Routed, parse_lease_body,
                                      parse_report_body, refuse_while_store_fails,
                                      report_record, reported_models, reported_routing)
-from agent.coordinator.lane import takes_lane
+from agent.coordinator.lane import raw_take, takes_lane
 from agent.coordinator.leases import SEND_REPORT
 from agent.coordinator.planworker import exit_with_parent
 from agent.coordinator.shedding import Shedder
 from agent.coordinator.store import ReportRecord, StoredPlan
-from agent.errors import json_error, json_errors_middleware
+from agent.errors import json_errors_middleware
 from agent.http.connections import server_connections
 from agent.http.eventloop import handler_args, listen, run_event_loop, settle_gc
 from agent.security.credentials import Credentials
-from agent.security.httpauth import (FORWARD_KEY, FORWARDED_ISSUED, FORWARDED_NAME, FORWARDED_PEER,
-                            Guard, Need, carries_credential, certificate_issued,
-                            certificate_name, host_check, own_names, scoped_auth)
+from agent.security.httpauth import (Guard, Need, carries_credential, host_check, own_names,
+                                     scoped_auth)
 from agent.http.body import BodyMemory, body_timeout_middleware, request_body
 from agent.http.jsonnewline import json_newline
+from agent.http.rawlane import RawLanes
 from agent.security.tls import ServerTls
 
 log = logging.getLogger("edgeagent.coordinator.reportworkers")
@@ -88,12 +89,6 @@ LEASE_PATH = "/v1/nodes/{name}/lease"
 LISTENING = "listening"
 #: Seconds the coordinator waits for every worker to take new credentials.
 APPLY_WAIT_S = 10.0
-# hop-by-hop and framing headers, which a forwarder sets itself (RFC 9110 §7.6.1)
-_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer",
-                  "upgrade", "proxy-authorization", "proxy-authenticate", "host",
-                  "content-length", "content-encoding", "date", "server",
-                  FORWARD_KEY.lower(), FORWARDED_PEER.lower(), FORWARDED_NAME.lower(),
-                  FORWARDED_ISSUED.lower()})
 
 # one answered report as handed over: what to write, its models, the directives' JSON,
 # its routing (address and routed traffic)
@@ -384,59 +379,79 @@ class _WorkerState:
 WORKER: web.AppKey[_WorkerState] = web.AppKey("report_worker", _WorkerState)
 
 
-async def _report(request: web.Request) -> web.Response:
-    state = request.app[WORKER]
-    name = request.match_info["name"]
+def _forwards(state: _WorkerState, name: str) -> bool:
+    """Whether ``name``'s report goes to the coordinator (it keeps ``max_nodes``, and the
+    node is not in the plan: maybe new)."""
     plan = state.fleet.plan
-    if state.full and (plan is None or name not in plan.rows):  # maybe a new node
-        return await _forward(request)
+    return state.full and (plan is None or name not in plan.rows)
+
+
+def _shed(state: _WorkerState) -> None:
     state.shedder.check(len(state.answered) + state.writing)
-    raw = bytes(await request_body(request))
+
+
+def _answer_report(state: _WorkerState, name: str, raw: bytes) -> bytes:
     report = parse_report_body(name, raw)
     refuse_while_store_fails(state.healthy)
     _, body = state.fleet.answer(name, report)
     state.answered.append((report_record(name, raw, report, time.time()),
                            reported_models(report), body, reported_routing(report)))
     state.reports += 1
-    return web.Response(body=body, content_type="application/json")
+    return body
 
 
-async def _lease(request: web.Request) -> web.Response:
-    state = request.app[WORKER]
-    name = request.match_info["name"]
-    state.shedder.check(len(state.answered) + state.writing)
-    lease = parse_lease_body(name, bytes(await request_body(request)))
+def _answer_lease(state: _WorkerState, name: str, raw: bytes) -> bytes:
+    lease = parse_lease_body(name, raw)
     refuse_while_store_fails(state.healthy)
     body, changed = state.fleet.answer_lease(name, lease)
     if body is not SEND_REPORT:
         state.renewed.append((name, time.time(), body if changed else None))
         state.leases += 1
+    return body
+
+
+def _raw_answer(state: _WorkerState) -> Callable[[str, str, bytes], bytes | None]:
+    """The answers of the raw lane (``lane.raw_take``): as ``_report``'s and
+    ``_lease``'s."""
+
+    def answer(kind: str, name: str, raw: bytes) -> bytes | None:
+        if kind == "report" and _forwards(state, name):
+            return None
+        _shed(state)
+        return (_answer_report if kind == "report" else _answer_lease)(state, name, raw)
+
+    return answer
+
+
+def _raw_lanes(config: CoordinatorConfig, state: _WorkerState) -> RawLanes:
+    """The raw lane of a worker's listener (``_worker_app`` made first: it sets the
+    names)."""
+    return RawLanes(raw_take(state.guard, lambda: state.names, _raw_answer(state), log),
+                    timeout_s=config.read_timeout_s, max_body=config.max_request_size)
+
+
+async def _report(request: web.Request) -> web.Response:
+    state = request.app[WORKER]
+    name = request.match_info["name"]
+    if _forwards(state, name):
+        return await _forward(request)
+    _shed(state)
+    body = _answer_report(state, name, bytes(await request_body(request)))
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _lease(request: web.Request) -> web.Response:
+    state = request.app[WORKER]
+    _shed(state)
+    body = _answer_lease(state, request.match_info["name"],
+                         bytes(await request_body(request)))
     return web.Response(body=body, content_type="application/json")
 
 
 async def _forward(request: web.Request) -> web.StreamResponse:
     """Anything but a report: to the coordinator, and its answer back, as they are."""
     state = request.app[WORKER]
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-    headers[FORWARD_KEY] = state.forward_key
-    headers[FORWARDED_PEER] = request.remote or "unknown"
-    name = certificate_name(request.transport)
-    if name:
-        headers[FORWARDED_NAME] = name
-        issued = certificate_issued(request.transport)
-        if issued is not None:
-            headers[FORWARDED_ISSUED] = repr(issued)
-    try:
-        async with state.session.request(
-                request.method, request.rel_url, headers=headers,
-                data=bytes(await request_body(request)) if request.body_exists else None,
-                allow_redirects=False) as answer:
-            body = await answer.read()
-            return web.Response(status=answer.status, body=body, headers={
-                k: v for k, v in answer.headers.items() if k.lower() not in _HOP})
-    except (ClientError, asyncio.TimeoutError) as exc:
-        return json_error(503, f"the coordinator behind this report worker does not "
-                          f"answer ({type(exc).__name__}); try again", {"Retry-After": "1"})
+    return await forward(request, state.session, state.forward_key)
 
 
 def _report_need(request: web.Request) -> Need | None:
@@ -525,8 +540,10 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
         loop.add_signal_handler(sig, lambda: None)
     state.session = ClientSession("http://localhost", timeout=ClientTimeout(total=None),
                                   connector=UnixConnector(internal_socket))
-    runner, _ = await listen(_worker_app(config, state), config.host, port,
-                             server_connections(config), backlog=4096, reuse_port=True,
+    app = _worker_app(config, state)
+    lanes = _raw_lanes(config, state)
+    runner, _ = await listen(app, config.host, port, server_connections(config),
+                             backlog=4096, reuse_port=True, front=lanes.front,
                              ssl_context=state.tls.context if state.tls else None)
     settle_gc()
 
@@ -560,6 +577,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
     finally:
         handing.cancel()
         watching.cancel()
+        lanes.close()
         await runner.cleanup()  # no more reports; then the rest is handed over
         batch, state.answered = state.answered, []
         renewed, state.renewed = state.renewed, []

@@ -286,9 +286,12 @@ class Busy:
 
 def limited_site(runner: Any, host: str, port: int, connections: Connections, *,
                  ssl_context: Any = None, backlog: int = 128,
-                 reuse_port: bool = False) -> Any:
+                 reuse_port: bool = False,
+                 front: Callable[[Any], Callable[[], Any]] | None = None) -> Any:
     """An aiohttp site for ``runner`` on ``host:port`` whose connections go through
-    ``Gate``s counted in ``connections`` (with TLS when ``ssl_context``)."""
+    ``Gate``s counted in ``connections`` (with TLS when ``ssl_context``). ``front``:
+    given aiohttp's protocol factory, the factory of the protocol that serves each
+    connection instead (``agent.http.rawlane``)."""
     from aiohttp import web
 
     class LimitedSite(web.BaseSite):
@@ -298,7 +301,7 @@ def limited_site(runner: Any, host: str, port: int, connections: Connections, *,
 
         async def start(self) -> None:
             await super().start()
-            server = runner.server
+            server = front(runner.server) if front is not None else runner.server
             self._server = await asyncio.get_running_loop().create_server(
                 lambda: Gate(connections, server, ssl_context), host, port,
                 backlog=backlog, reuse_port=reuse_port or None)

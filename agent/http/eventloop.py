@@ -32,20 +32,21 @@ def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
 
 async def listen(app: Any, host: str, port: int, connections: Connections, *,
                  backlog: int = 128, reuse_port: bool = False, ssl_context: Any = None,
-                 **runner_kwargs: Any) -> tuple[Any, str]:
+                 front: Any = None, **runner_kwargs: Any) -> tuple[Any, str]:
     """Serve the aiohttp ``app`` on ``host:port`` (0: any free port); (runner, its URL).
     ``connections``: the bounds on open connections and the TLS handshake's deadline
     (``agent.http.connections``). ``backlog``: connections waiting to be accepted (a fleet
     reconnecting at once needs more than the default; the kernel caps it at
     net.core.somaxconn). ``reuse_port``: other processes of this user may listen on the
     same port (``SO_REUSEPORT``; the kernel spreads connections over them).
-    ``ssl_context``: HTTPS (``agent.security.tls``)."""
+    ``ssl_context``: HTTPS (``agent.security.tls``). ``front``: a protocol in front of
+    aiohttp's on each connection (``limited_site``'s)."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None, **runner_kwargs)
     await runner.setup()
     site = limited_site(runner, host, port, connections, ssl_context=ssl_context,
-                        backlog=backlog, reuse_port=reuse_port)
+                        backlog=backlog, reuse_port=reuse_port, front=front)
     try:
         await site.start()
     except OSError as exc:
