@@ -10,6 +10,9 @@ per report:
   HTTP/1.1 layer: llhttp, the request object, the response, the transport);
 * ``worker``: the report worker's own app (``agent.coordinator.reportworkers``: its
   middlewares, validation, the answer, the record handed over), without a plan;
+* ``worker, raw lane``: the same app behind the worker's raw lane
+  (``agent.http.rawlane``), which answers reports and leases below aiohttp's web layer,
+  as a worker serves them;
 * ``worker, h2 framing``: the worker's per-report work without HTTP, plus what the
   ``h2`` package (pure Python, the HTTP/2 stack an asyncio server would use) spends
   to receive one POST and send its answer on an open connection: HTTP/2's cost
@@ -17,7 +20,9 @@ per report:
 
 Then, in this process, the report path's steps by themselves (validation, the answer,
 the record) and a batch of ``--batch`` reports validated in one call (as one body
-carrying several reports would be) against one at a time.
+carrying several reports would be) against one at a time. The worker's two lines are
+measured again with a lease (the node's first, ``{}``: validated and answered
+``{"report": true}``) instead of a report.
 
     .venv/bin/python bench/report_cost.py [--requests 20000] [--conns 50] [--rounds 3]
 """
@@ -55,9 +60,10 @@ def _http_only_app() -> Any:
     return app
 
 
-def _worker_app() -> Any:
+def _worker_app() -> tuple[Any, Any]:
+    """(The worker's app, its raw lanes)."""
     from agent.coordinator.config import CoordinatorConfig
-    from agent.coordinator.reportworkers import _worker_app, _WorkerState
+    from agent.coordinator.reportworkers import _raw_lanes, _worker_app, _WorkerState
 
     config = CoordinatorConfig(port=0)
     state = _WorkerState(config, "http://127.0.0.1:9", "key")
@@ -69,7 +75,7 @@ def _worker_app() -> Any:
 
     app = _worker_app(config, state)
     app.on_startup.append(lambda app: _spawn(drain()))
-    return app
+    return app, _raw_lanes(config, state)
 
 
 def _spawn(coro: Any) -> Any:
@@ -86,19 +92,21 @@ def serve(kind: str, conn: Any) -> None:
     from agent.http.eventloop import settle_gc
 
     async def main() -> None:
-        app = _http_only_app() if kind == "http only" else _worker_app()
+        app, lanes = (_http_only_app(), None) if kind == "http only" else _worker_app()
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
+        protocol = lanes.front(runner.server) if kind.endswith("raw lane") else runner.server
+        server = await asyncio.get_running_loop().create_server(
+            protocol, "127.0.0.1", 0, backlog=1024)
         settle_gc()  # as the coordinator and its workers do once they listen
-        conn.send(site._server.sockets[0].getsockname()[1])
+        conn.send(server.sockets[0].getsockname()[1])
         loop = asyncio.get_running_loop()
         while True:
             message = await loop.run_in_executor(None, conn.recv)
             if message is None:
                 break
             conn.send(time.process_time())
+        server.close()
         await runner.cleanup()
 
     uvloop.run(main())
@@ -238,15 +246,20 @@ def main() -> None:
                ).encode() + body
     print(f"report body {len(body)} bytes; {args.requests} reports over {args.conns} kept "
           f"connections per server and round; load average {os.getloadavg()[0]:.1f}")
-    kinds = ("http only", "worker")
-    seen: dict[str, list[float]] = {k: [] for k in kinds}
+    lease = (b"POST /v1/nodes/node-1/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    kinds = ("http only", "worker", "worker, raw lane")
+    leases = ("worker: a lease", "worker, raw lane: a lease")
+    seen: dict[str, list[float]] = {k: [] for k in kinds + leases}
     for _ in range(args.rounds):
         for kind in kinds:
             seen[kind].append(measure_server(kind, request, args))
+        for kind in leases:
+            seen[kind].append(measure_server(kind.split(":")[0], lease, args))
     framing = h2_framing_ms(body, 2000)
     own = steps(body, args)
     print(f"{'server CPU per report':<48} {'ms (median of rounds)':>22}")
-    for kind in kinds:
+    for kind in kinds + leases:
         print(f"{kind:<48} {sorted(seen[kind])[len(seen[kind]) // 2]:>22.3f}")
     http = sorted(seen["http only"])[args.rounds // 2]
     worker = sorted(seen["worker"])[args.rounds // 2]

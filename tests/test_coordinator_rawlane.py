@@ -1,7 +1,7 @@
-"""A report worker's raw lane (``agent.http.rawlane`` in ``agent.coordinator.reportworkers``)
-end to end: a real coordinator with one report worker (so every connection reaches the
-worker that holds a node's lease basis), node tokens and client certificates, raw
-sockets. Leases and reports taken on the lane get the answers aiohttp's path gives
+"""The raw lane (``agent.http.rawlane``) of a report worker and of a coordinator without
+workers, end to end: a real coordinator with one report worker (so every connection
+reaches the worker that holds a node's lease basis) or none, node tokens and client
+certificates, raw sockets. Leases and reports taken on the lane get the answers aiohttp's path gives
 (compared with the same requests on a connection aiohttp serves); refused credentials,
 throttling, forwarded paths, compressed and chunked bodies, oversized heads and bodies
 and slow requests get aiohttp's answers, on the same connection where it stays open."""
@@ -96,13 +96,16 @@ def tokens(tmp_path):
 
 
 @pytest.fixture
-def coordinator(tmp_path, tokens):
+def coordinator(request, tmp_path, tokens):
+    """A coordinator with one report worker (``param``: that many; 0, its own raw lane
+    on its port)."""
     path = tmp_path / "tokens.yaml"
     path.write_text(yaml.safe_dump(
         [{"name": "ops", "sha256": token_hash(tokens["admin"]), "scopes": ["admin"]}] + [
             {"name": n, "sha256": token_hash(tokens[n]), "scopes": ["report"], "node": n}
             for n in ("edge-1", "edge-2")]))
-    co = CoordinatorProcess(None, tmp_path / "co", report_workers=1, read_timeout_s=1.5,
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=getattr(request, "param", 1),
+                            read_timeout_s=1.5,
                             max_request_size=20_000, reactive_interval_s=3600,
                             auth={"token_file": str(path), "failure_burst": 3,
                                   "failures_per_s": 0.2})
@@ -110,6 +113,7 @@ def coordinator(tmp_path, tokens):
     co.stop()
 
 
+@pytest.mark.parametrize("coordinator", [1, 0], indirect=True, ids=["worker", "coordinator"])
 def test_lane_answers_are_aiohttps_and_what_it_leaves_is_served_on_the_same_connection(
         coordinator, tokens):
     port, edge1, admin = coordinator.port, tokens["edge-1"], tokens["admin"]

@@ -42,9 +42,12 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     import asyncio
     import signal
 
-    from agent.coordinator.app import COORDINATOR, create_app, start_report_workers
+    from agent.coordinator.app import (COORDINATOR, create_app, raw_answer,
+                                       start_report_workers)
+    from agent.coordinator.lane import raw_take
     from agent.http.connections import server_connections
     from agent.http.eventloop import listen, settle_gc
+    from agent.http.rawlane import RawLanes
     from agent.node.sdnotify import notify
 
     app = create_app(config)
@@ -52,9 +55,11 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
     warning = store_verification_warning(config.store)
     if warning:
         log.warning("%s", warning)
+    lanes = RawLanes(raw_take(co.guard, lambda: co.names, raw_answer(co), log),
+                     timeout_s=config.read_timeout_s, max_body=config.max_request_size)
     runner, url = await listen(app, config.host, config.port, server_connections(config),
                                backlog=4096,  # a fleet
-                               reuse_port=config.report_workers > 0,
+                               reuse_port=config.report_workers > 0, front=lanes.front,
                                ssl_context=co.tls.context if co.tls else None)
     await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
     settle_gc()
@@ -88,6 +93,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
         notify("STOPPING=1")
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        lanes.close()  # no lease answered after the last group commit
         await runner.cleanup()  # stops the planning loops, closes the database
         log.info("stopped")
 

@@ -22,9 +22,14 @@ COORDINATOR_KEY: web.AppKey[web.AppKey] = web.AppKey("lease_coordinator_key", we
 
 async def node_lease(request: web.Request) -> web.Response:
     co: Any = request.app[request.app[COORDINATOR_KEY]]
-    name = request.match_info["name"]
     co.shedder.check(co.writer.queued())  # before any work: 503 + Retry-After
-    lease = parse_lease_body(name, bytes(await request_body(request)))
+    body = renew_lease(co, request.match_info["name"], bytes(await request_body(request)))
+    return web.Response(body=body, content_type="application/json")
+
+
+def renew_lease(co: Any, name: str, raw: bytes) -> bytes:
+    """The answer to ``name``'s lease ``raw``, the lease renewed where it stands."""
+    lease = parse_lease_body(name, raw)
     refuse_while_store_fails(co.writer.healthy)
     body, _ = co.fleet.answer_lease(name, lease)
     if body is not SEND_REPORT:
@@ -32,7 +37,7 @@ async def node_lease(request: web.Request) -> web.Response:
         co.fleet.renew(name, now)
         co.writer.renew(name, now)
         co.leases += 1
-    return web.Response(body=body, content_type="application/json")
+    return body
 
 
 def take_renewed(co: Any, batch: list[tuple[str, float, bytes | None]]) -> None:

@@ -411,9 +411,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def node_report(request: web.Request) -> web.Response:
     co = request.app[COORDINATOR]
-    name = request.match_info["name"]
     co.shedder.check(co.writer.queued())  # before any work: 503 + Retry-After
     raw = bytes(await request_body(request))  # the lane's: request.read()
+    return _json_answer(_answer_report(co, request.match_info["name"], raw))
+
+
+def _answer_report(co: Coordinator, name: str, raw: bytes) -> bytes:
     report = parse_report_body(name, raw)
     refuse_while_store_fails(co.writer.healthy)
     refuse_new_node_past(name in co.fleet.nodes, len(co.fleet.nodes), co.config.max_nodes, name)
@@ -422,7 +425,20 @@ async def node_report(request: web.Request) -> web.Response:
     co.fleet.record(name, raw, reported_models(report), now, reported_routing(report))
     _, body = co.fleet.answer(name, report)  # issued now: Fleet.issued
     co.reports += 1
-    return _json_answer(body)
+    return body
+
+
+def raw_answer(co: Coordinator) -> Callable[[str, str, bytes], bytes]:
+    """The coordinator's answers on its raw lane (``lane.raw_take``, for its TCP
+    listener): reports and leases, as ``node_report`` and ``node_lease`` answer them."""
+
+    def answer(kind: str, name: str, raw: bytes) -> bytes:
+        co.shedder.check(co.writer.queued())
+        if kind == "report":
+            return _answer_report(co, name, raw)
+        return api_lease.renew_lease(co, name, raw)
+
+    return answer
 
 
 #: The handlers of what nodes post: a node's own credential (or admin) posts them.
