@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 
 import pytest
 from aiohttp import web
 
 from agent.http.connections import ConnectionLimits, Connections
 from agent.http.eventloop import handler_args, listen
-from agent.http.rawlane import HEAD_LIMIT, RawAnswer, RawLanes
+from agent.http.rawlane import HEAD_LIMIT, RawAnswer, RawLane, RawLanes
 
 FAST = b'{"fast":true}\n'
 TIMEOUT_S = 0.6
@@ -183,3 +184,28 @@ async def test_lane_connections_are_counted_and_closed_when_the_server_stops(ser
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(post("/fast"))
     assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: a stopping server
+
+
+async def test_a_peer_that_does_not_read_its_answers_is_not_read_either(server, monkeypatch):
+    port, lanes, _ = server
+    paused = []
+    pause = RawLane.pause_writing
+    monkeypatch.setattr(RawLane, "pause_writing", lambda lane: (paused.append(1), pause(lane)))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # it reads nothing
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(post("/fast"))
+    await answer(reader)
+    (lane,) = lanes.lanes  # small buffers on the server's side too
+    lane.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                                       4096)
+    lane.transport.set_write_buffer_limits(high=4096)
+    count = 5000  # ~750 KB of answers
+    writer.write(b"".join(post("/fast", b"x" * (i % 7)) for i in range(count)))
+    await asyncio.sleep(TIMEOUT_S * 2)  # paused, past the read timeout: still open
+    assert paused and lanes.taken < count, (paused, lanes.taken)
+    for i in range(count):
+        assert (await answer(reader))[2] == FAST[:-1] + b',"n":%d}\n' % (i % 7)
+    assert lanes.taken == count + 1 and lanes.handed_over == 0
+    writer.close()

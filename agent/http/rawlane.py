@@ -23,9 +23,9 @@ From then on aiohttp's request handler (``make_handler()``) is the connection's:
 answers (400, 401, 403, 408, 413, 429, forwarding), limits and timeouts are as without a
 lane. Requests may be pipelined or split across reads; answers go out in order. A
 connection waits at most ``timeout_s`` for a request's whole head after it opened or
-after its last answer, as aiohttp's keep-alive timer does: then it is closed (idle, or
-with part of a head). While the peer does not read its answers (the transport asks to
-pause writing) the lane reads nothing more.
+after its last answer was written, as aiohttp's keep-alive timer does: then it is
+closed (idle, or with part of a head). While the peer does not read its answers (the
+transport asks to pause writing) the lane reads nothing more.
 """
 
 from __future__ import annotations
@@ -77,24 +77,24 @@ class RawAnswer(NamedTuple):
 Take = Callable[[RawRequest, "RawLane"], RawAnswer | None]
 
 
-class _Date:
-    """The ``Date`` header's value, formatted once a second."""
+class HttpDate:
+    """The ``Date`` header's value at ``clock()`` (epoch seconds), formatted once a
+    second."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self._second, self._value = -1, ""
 
     def now(self) -> str:
-        second = int(time.time())
+        second = int(self.clock())
         if second != self._second:
             self._second, self._value = second, formatdate(second, usegmt=True)
         return self._value
 
 
-_DATE = _Date()
-
-
-def render(answer: RawAnswer, date: str | None = None) -> bytes:
-    """``answer`` as aiohttp writes it on the wire (HTTP/1.1, kept alive)."""
+def render(answer: RawAnswer, date: str) -> bytes:
+    """``answer`` as aiohttp writes it on the wire (HTTP/1.1, kept alive), dated
+    ``date``."""
     status = answer.status
     try:
         reason = HTTPStatus(status).phrase
@@ -102,7 +102,7 @@ def render(answer: RawAnswer, date: str | None = None) -> bytes:
         reason = ""
     extra = "".join(f"{k}: {v}\r\n" for k, v in answer.headers)
     return (f"HTTP/1.1 {status} {reason}\r\n{extra}Content-Type: {answer.content_type}\r\n"
-            f"Content-Length: {len(answer.body)}\r\nDate: {date or _DATE.now()}\r\n"
+            f"Content-Length: {len(answer.body)}\r\nDate: {date}\r\n"
             f"Server: {SERVER_SOFTWARE}\r\n\r\n").encode("latin-1") + answer.body
 
 
@@ -112,8 +112,10 @@ class RawLanes:
     lane's connection is not aiohttp's until handed over). ``taken`` and
     ``handed_over`` count requests answered here and connections handed over."""
 
-    def __init__(self, take: Take, *, timeout_s: float, max_body: int) -> None:
+    def __init__(self, take: Take, *, timeout_s: float, max_body: int,
+                 date: HttpDate | None = None) -> None:
         self.take, self.timeout_s, self.max_body = take, timeout_s, max_body
+        self.date = date if date is not None else HttpDate()
         self.lanes: set[RawLane] = set()  # open and not handed over
         self.taken = 0
         self.handed_over = 0
@@ -200,7 +202,7 @@ class RawLane(asyncio.Protocol):
             answer = self._take(request, self) if stop <= size else None
             if answer is None:
                 return -1 - start
-            answers.append(render(answer))
+            answers.append(render(answer, self._lanes.date.now()))
             start = stop
         return None
 
@@ -212,7 +214,8 @@ class RawLane(asyncio.Protocol):
         self._lanes.handed_over += 1
         self._inner = self._make_handler()
         self._inner.connection_made(self.transport)
-        if self._paused:
+        if self._paused:  # aiohttp pauses its writes, and reads as it sees fit
+            self.transport.resume_reading()
             self._inner.pause_writing()
         if rest:
             self._inner.data_received(rest)
@@ -222,6 +225,8 @@ class RawLane(asyncio.Protocol):
         if self._inner is not None or self.transport.is_closing():
             return
         loop = asyncio.get_running_loop()
+        if self._paused or self.transport.get_write_buffer_size():
+            self._deadline = loop.time() + self._timeout_s  # answering: not idle
         if loop.time() < self._deadline:
             self._timer = loop.call_at(self._deadline, self._expire)
             return
