@@ -31,17 +31,14 @@ transport asks to pause writing) the lane reads nothing more.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from aiohttp.http import SERVER_SOFTWARE
-
-log = logging.getLogger("edgeagent.rawlane")
 
 #: Bytes of a request head past which, without its end, aiohttp's parser judges it
 #: (its longest line, 8190 bytes by default, or 400).
@@ -150,10 +147,6 @@ class RawLane(asyncio.Protocol):
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
-
-    @property
-    def handed_over(self) -> bool:
-        return self._inner is not None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
