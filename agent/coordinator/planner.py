@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -60,6 +60,7 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
+from agent.coordinator.fleetview import FleetView
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
 from agent.coordinator.summary import expand
@@ -156,6 +157,16 @@ class Planner:
                              seen if reported is None else reported)
         return out
 
+    def read_fleet(self, now: float) -> FleetView:
+        """What a plan reads of the nodes heard from within the timeout (one pass over
+        their stored summaries; no ``NodeReport`` per node)."""
+        timeout = self.config.node_timeout_s
+        view = FleetView()
+        for name, seen, summary, raw, reported in self.store.live_nodes(now - timeout - 1.0):
+            if now - seen <= timeout:
+                view.add_row(name, seen, seen if reported is None else reported, summary, raw)
+        return view
+
     def current_plan(self) -> StoredPlan | None:
         """The store's newest plan (parsed again only when its id changed)."""
         newest = self.store.current_plan_id()
@@ -224,53 +235,41 @@ class Planner:
 
     @staticmethod
     def processing_ms(slo: ModelSLO, reports: list[NodeReport]) -> tuple[float, str]:
-        """(per-request processing ms, where it came from)."""
-        busy = done = 0.0
-        for report in reports:
-            m = report.models.get(slo.name)
-            if m is not None:
-                seconds, requests = m.busy_seconds_per_request()
-                busy, done = busy + seconds, done + requests
-        if done > 0 and busy > 0:
-            return busy / done * 1000.0, "measured"
-        if slo.proc_ms is not None:
-            return slo.proc_ms, "catalog"
-        return DEFAULT_PROC_MS, "default"
+        """(per-request processing ms, where it came from) on the nodes of ``reports``."""
+        return _processing_ms(slo, (m.busy_seconds_per_request() for r in reports
+                                    if (m := r.models.get(slo.name)) is not None))
 
     def build(self, now: float) -> tuple[Problem, dict[str, dict[str, Any]],
                                          dict[str, NodeReport]]:
-        """The Faro problem for now, per-model plan details, and the live reports."""
-        seen = self.live_reports(now)
-        live = {n: r for n, (_, r, _) in seen.items()}
-        if not live:
+        """The Faro problem for now, per-model plan details, and the live reports (a
+        plan reads the fleet's view, ``read_fleet``; sizing reads the reports too)."""
+        problem, details = self._problem(now, self.read_fleet(now))
+        return problem, details, {n: r for n, (_, r, _) in self.live_reports(now).items()}
+
+    def _problem(self, now: float, fleet: FleetView
+                 ) -> tuple[Problem, dict[str, dict[str, Any]]]:
+        """The Faro problem of ``fleet`` for now, and per-model plan details."""
+        if not len(fleet):
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
-        present = {m for r in live.values() for m in r.models}
         catalog, nowhere = [], []
         for m in self.store.models():
-            (catalog if m.name in present or m.source is not None else nowhere).append(m)
+            (catalog if m.name in fleet.holders or m.source is not None
+             else nowhere).append(m)
         if not catalog:
             raise PlanError("no catalogued model is in a live node's repository or has a "
                             "source; add one with PUT /v1/models/{name} or 'edgeagent "
                             "coordinator models set'")
-        ends: dict[str, float] = {}  # model -> the earliest last word of its nodes
-        holders: dict[str, list[NodeReport]] = {}  # model -> the reports that have it
-        tails: dict[str, list[tuple[float, float]]] = {}  # model -> (since, rate)
-        for last_seen, r, reported in seen.values():
-            for m in r.models:
-                ends[m] = min(ends.get(m, last_seen), last_seen)
-                holders.setdefault(m, []).append(r)
-            for m, rate in _rates(r):
-                tails.setdefault(m, []).append((reported, rate))
         specs, details = [], {}
         for slo in nowhere:
             details[slo.name] = {"excluded": "no live node holds it and it has no source "
                                              "to pull it from"}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
-                rate, points = self.planning_rate(slo.name, ends.get(slo.name, now),
-                                                  tails.get(slo.name, []))
-                proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
+                rate, points = self.planning_rate(slo.name, fleet.ends.get(slo.name, now),
+                                                  fleet.tails.get(slo.name, []))
+                proc_ms, source = _processing_ms(
+                    slo, ((h.busy_s, h.done) for h in fleet.holders.get(slo.name, {}).values()))
                 spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
@@ -285,26 +284,20 @@ class Planner:
             details[slo.name] = {"rate_points": points, "proc_source": source}
             if slo.source is not None:
                 details[slo.name]["source"] = slo.pull()
-        capacity = Capacity(cpu=sum(r.capacity.cores for r in live.values()),
-                            memory_bytes=sum(r.capacity.cpu_memory_bytes for r in live.values()))
+        capacity = Capacity(cpu=sum(c for c, _ in fleet.capacity.values()),
+                            memory_bytes=sum(m for _, m in fleet.capacity.values()))
         problem = Problem(capacity=capacity, models=tuple(specs),
                           objective=self.config.objective, estimator=self.config.estimator)
-        return problem, details, live
+        return problem, details
 
     # -- plans -----------------------------------------------------------------------
     def _place(self, problem: Problem, replicas: dict[str, int],
-               live: dict[str, NodeReport], previous: StoredPlan | None,
+               fleet: FleetView, previous: StoredPlan | None,
                sourced: set[str] = frozenset()):  # type: ignore[assignment]
         """``sourced``: the models with a source (they may go to any node)."""
-        nodes = [Machine(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
-                 for n, r in sorted(live.items())]
-        holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
-        files: dict[str, set[str]] = {}  # model -> nodes holding (or pulling) its files
-        for n, r in live.items():
-            for name, m in r.models.items():
-                holders.setdefault(name, {})[n] = m
-            for held in (*r.disk, *r.pulling):
-                files.setdefault(held.model, set()).add(n)
+        nodes = [Machine(n, cores, memory)
+                 for n, (cores, memory) in sorted(fleet.capacity.items())]
+        holders, files = fleet.holders, fleet.files
         demands = []
         for spec in problem.models:
             on = list(holders.get(spec.name, {}).values())
@@ -332,8 +325,7 @@ class Planner:
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
                 utility: dict[str, float], drops: dict[str, float], placement: Any,
                 details: dict[str, dict[str, Any]], now: float, kind: str,
-                solver: str, objective: float | None,
-                live: dict[str, NodeReport]) -> Plan:
+                solver: str, objective: float | None, fleet: FleetView) -> Plan:
         models = {}
         where: dict[str, dict[str, int]] = {}  # model -> node -> replicas
         for n, row in placement.assignment.items():
@@ -358,8 +350,8 @@ class Planner:
                     rate_quantile=self.config.rate_quantile, window_s=self.config.plan_window_s,
                     capacity=problem.capacity, models=models, assignment=placement.assignment,
                     started=placement.started, stopped=placement.stopped,
-                    addresses={n: (r.peer.url, r.peer.grpc) for n, r in live.items()
-                               if r.peer is not None and placement.assignment.get(n)})
+                    addresses={n: peer for n, peer in fleet.peers.items()
+                               if placement.assignment.get(n)})
 
     def _solve_isolated(self, problem: Problem, details: dict[str, dict[str, Any]]
                         ) -> tuple[Problem, Any]:
@@ -393,16 +385,17 @@ class Planner:
         reason; the rest of the fleet is planned."""
         now = self.clock()
         try:
-            problem, details, live = self.build(now)
+            fleet = self.read_fleet(now)
+            problem, details = self._problem(now, fleet)
             problem, allocation = self._solve_isolated(problem, details)
         except (PlanError, ProblemError) as exc:
             self.last_error = str(exc)
             raise PlanError(str(exc)) from None
-        placement = self._place(problem, allocation.replicas, live, self.current_plan(),
+        placement = self._place(problem, allocation.replicas, fleet, self.current_plan(),
                                 {m for m, d in details.items() if "source" in d})
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
-                            now, kind, allocation.solver, allocation.objective, live)
+                            now, kind, allocation.solver, allocation.objective, fleet)
         plan = dataclasses.replace(plan, excluded={
             m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
             retired=self._retired(self.current_plan()))
@@ -473,8 +466,7 @@ class Planner:
             self.reactive[name] = new
         if not grown:
             return None
-        live = self.live_reports(now)
-        return self._rescale(current, grown, {n: r for n, (_, r, _) in live.items()}, now)
+        return self._rescale(current, grown, self.read_fleet(now), now)
 
     def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
         """The models with a source that ``previous`` ran (or had retired) and the
@@ -486,7 +478,7 @@ class Planner:
         return tuple(sorted((ran | set(plan.retired)) - {m.name for m in self.store.models()}))
 
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
-                 live: dict[str, NodeReport], now: float) -> StoredPlan:
+                 fleet: FleetView, now: float) -> StoredPlan:
         """The current plan with ``grown`` replica counts, re-placed and re-scored."""
         plan = current.parsed
         specs = tuple(m.spec(n) for n, m in plan.models.items())
@@ -497,23 +489,30 @@ class Planner:
         for spec in specs:
             utility[spec.name], latency[spec.name], drops[spec.name] = model_value(
                 spec, replicas[spec.name], problem)
-        placement = self._place(problem, replicas, live, current,
+        placement = self._place(problem, replicas, fleet, current,
                                 {n for n, m in plan.models.items() if m.source is not None})
         details = {n: {k: v for k, v in (("rate_points", m.rate_points),
                                          ("proc_source", m.proc_source),
                                          ("source", m.source)) if v is not None}
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
-                           now, "reactive", plan.solver, None, live)
+                           now, "reactive", plan.solver, None, fleet)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 
 
-def _rates(report: NodeReport) -> list[tuple[str, float]]:
-    """``(model, rate)`` of each model a report gives a rate for (its own models and
-    those it only forwards)."""
-    routed = report.routing.models.items() if report.routing else ()
-    return [(m, r.rate) for m, r in (*report.models.items(), *routed) if r.rate is not None]
+def _processing_ms(slo: ModelSLO, busy: Iterable[tuple[float, float]]) -> tuple[float, str]:
+    """(per-request processing ms, where it came from) from ``(busy seconds,
+    requests)`` of each node holding ``slo``'s model: measured, else the catalog's,
+    else ``DEFAULT_PROC_MS``."""
+    seconds = done = 0.0
+    for node_seconds, requests in busy:
+        seconds, done = seconds + node_seconds, done + requests
+    if done > 0 and seconds > 0:
+        return seconds / done * 1000.0, "measured"
+    if slo.proc_ms is not None:
+        return slo.proc_ms, "catalog"
+    return DEFAULT_PROC_MS, "default"
 
 
 class PlannerLoops:
