@@ -59,7 +59,7 @@ from agent.coordinator.stores import open_store  # noqa: E402
 from agent.wire import parse_report  # noqa: E402
 from bench.coordinator_scale import node_body, report_id  # noqa: E402
 
-PARTS = ("read reports", "build (rest)", "forecast", "solve", "place", "render", "save",
+PARTS = ("read nodes", "build (rest)", "forecast", "solve", "place", "render", "save",
          "text + rows")
 
 
@@ -105,19 +105,30 @@ def fill(store: Any, nodes: int, args: argparse.Namespace, now: float) -> None:
 
 
 class Parts:
-    """Seconds spent in each wrapped call, by part."""
+    """Seconds spent in each wrapped call, by part, less the wrapped calls it made."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self._inner = [0.0]  # per open call: the seconds of the wrapped calls it made
 
     def wrap(self, part: str, call: Callable) -> Callable:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            self._inner.append(0.0)
             t0 = time.perf_counter()
             try:
                 return call(*args, **kwargs)
             finally:
-                self.seconds[part] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self.seconds[part] += took - self._inner.pop()
+                self._inner[-1] += took
         return timed
+
+
+#: Planner methods timed (those of a planner before ``read_fleet`` too), by part.
+TIMED = (("read_fleet", "read nodes"), ("live_reports", "read nodes"),
+         ("_problem", "build (rest)"), ("build", "build (rest)"),
+         ("rate_forecast", "forecast"), ("_place", "place"), ("_render", "render"),
+         ("_saved", "save"))
 
 
 @contextmanager
@@ -125,14 +136,15 @@ def instrumented(planner: Planner, parts: Parts) -> Iterator[None]:
     """``planner`` with its parts timed (the module's ``solve`` too, restored after)."""
     solve = planner_module.solve
     planner_module.solve = parts.wrap("solve", solve)
-    for attr, part in (("live_reports", "read reports"), ("rate_forecast", "forecast"),
-                       ("_place", "place"), ("_render", "render"), ("_saved", "save")):
-        setattr(planner, attr, parts.wrap(part, getattr(planner, attr)))
+    timed = [attr for attr, _ in TIMED if hasattr(planner, attr)]
+    for attr, part in TIMED:
+        if hasattr(planner, attr):
+            setattr(planner, attr, parts.wrap(part, getattr(planner, attr)))
     try:
         yield
     finally:
         planner_module.solve = solve
-        for attr in ("live_reports", "rate_forecast", "_place", "_render", "_saved"):
+        for attr in timed:
             delattr(planner, attr)
 
 
@@ -141,8 +153,6 @@ def plan_in_process(planner: Planner, profile: cProfile.Profile | None
     """One ``plan_now`` as the planning child makes it (garbage collector off, then its
     text and rows): (seconds, seconds by part, the plan)."""
     parts = Parts()
-    build = planner.build
-    planner.build = parts.wrap("build (rest)", build)  # type: ignore[method-assign]
     gc.disable()
     t0 = time.perf_counter()
     try:
@@ -157,11 +167,7 @@ def plan_in_process(planner: Planner, profile: cProfile.Profile | None
         parts.seconds["text + rows"] = time.perf_counter() - t1
     finally:
         gc.enable()
-        del planner.build
-    total = time.perf_counter() - t0
-    s = parts.seconds
-    s["build (rest)"] -= s["read reports"] + s["forecast"]
-    return total, s, stored
+    return time.perf_counter() - t0, parts.seconds, stored
 
 
 def peak_rss_mib(pid: int | None) -> float:
@@ -189,14 +195,21 @@ def reset_pg(url: str) -> None:
 
 def one_size(nodes: int, args: argparse.Namespace, url: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        config = CoordinatorConfig(state_dir=Path(tmp), store=url, history_s=args.history_s,
+        state = Path(args.keep) / f"{nodes}" if args.keep and url is None else Path(tmp)
+        config = CoordinatorConfig(state_dir=state, store=url, history_s=args.history_s,
                                    log_level="warning")
         if url is not None:
             reset_pg(url)
+        kept = state / "now"  # when a kept fleet was written (its clock)
         store = open_store(config)
-        now = time.time()
         t0 = time.perf_counter()
-        fill(store, nodes, args, now)
+        if kept.exists():
+            now = float(kept.read_text())
+        else:
+            now = time.time()
+            fill(store, nodes, args, now)
+            if args.keep and url is None:
+                kept.write_text(repr(now))
         written = time.perf_counter() - t0
         planner = Planner(store, config, clock=lambda: now)
         worker = PlanWorker(config, store, clock=lambda: now)
@@ -251,6 +264,9 @@ def main() -> None:
     parser.add_argument("--profile", default=None,
                         help="directory for a cProfile of each size's last plan")
     parser.add_argument("--top", type=int, default=25, help="profile lines printed")
+    parser.add_argument("--keep", default=None,
+                        help="keep each size's SQLite fleet in this directory and use it "
+                             "again on the next run (its plans are kept too)")
     args = parser.parse_args()
     print(f"plan_scale: {time.strftime('%Y-%m-%d %H:%M:%S')} cpus={os.cpu_count()} "
           f"load {Path('/proc/loadavg').read_text().strip()}")

@@ -27,8 +27,6 @@ class Holding(NamedTuple):
     device: str
     resident: bool
     size_bytes: float
-    busy_s: float  # processing seconds over its batches (``busy_seconds_per_request``)
-    done: float  # requests those batches processed
 
 
 class FleetView:
@@ -38,6 +36,9 @@ class FleetView:
         self.capacity: dict[str, tuple[float, float]] = {}  # node -> (cores, memory)
         self.peers: dict[str, tuple[str, str | None]] = {}  # node -> (url, grpc)
         self.holders: dict[str, dict[str, Holding]] = {}  # model -> node -> its copy
+        #: model -> [busy seconds, requests] summed over its holders, in node order
+        #: (``ModelReport.busy_seconds_per_request`` of each)
+        self.busy: dict[str, list[float]] = {}
         self.ends: dict[str, float] = {}  # model -> the earliest last_seen of its holders
         self.tails: dict[str, list[tuple[float, float]]] = {}  # model -> (reported, rate)
         self.files: dict[str, set[str]] = {}  # model -> nodes holding or pulling its files
@@ -54,18 +55,27 @@ class FleetView:
         self.capacity[node] = (cores, memory)
         if peer:
             self.peers[node] = (peer[0], peer[1])
-        holders, ends, files = self.holders, self.ends, self.files
+        holders, busy, ends, files = self.holders, self.busy, self.ends, self.files
         for name, device, resident, size, batches, _ in models:
-            holders.setdefault(name, {})[node] = Holding(
-                device, resident, size, sum(s for _, (_, s) in batches),
-                sum(b * n for b, (n, _) in batches))
-            seen = ends.get(name)
-            if seen is None or last_seen < seen:
+            copies = holders.get(name)
+            if copies is None:
+                copies = holders[name] = {}
+                busy[name] = [0.0, 0.0]
                 ends[name] = last_seen
+            elif last_seen < ends[name]:
+                ends[name] = last_seen
+            copies[node] = Holding(device, resident, size)
+            seconds = done = 0  # sum()'s start, then in the batches' order
+            for b, (count, s) in batches:
+                seconds += s
+                done += b * count
+            total = busy[name]
+            total[0] += seconds
+            total[1] += done
         for name, *_ in (*disk, *pulling):
             files.setdefault(name, set()).add(node)
         if rates is None:
-            rates = expanded_rates(models, routed, summary_rates)
+            rates = expanded_rates(models, routed, summary_rates) if summary_rates else ()
         tails = self.tails
         for name, rate in rates:
             tails.setdefault(name, []).append((reported, rate))

@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -236,8 +236,13 @@ class Planner:
     @staticmethod
     def processing_ms(slo: ModelSLO, reports: list[NodeReport]) -> tuple[float, str]:
         """(per-request processing ms, where it came from) on the nodes of ``reports``."""
-        return _processing_ms(slo, (m.busy_seconds_per_request() for r in reports
-                                    if (m := r.models.get(slo.name)) is not None))
+        seconds = done = 0.0
+        for report in reports:
+            m = report.models.get(slo.name)
+            if m is not None:
+                busy, requests = m.busy_seconds_per_request()
+                seconds, done = seconds + busy, done + requests
+        return _processing_ms(slo, seconds, done)
 
     def build(self, now: float) -> tuple[Problem, dict[str, dict[str, Any]],
                                          dict[str, NodeReport]]:
@@ -268,8 +273,7 @@ class Planner:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 rate, points = self.planning_rate(slo.name, fleet.ends.get(slo.name, now),
                                                   fleet.tails.get(slo.name, []))
-                proc_ms, source = _processing_ms(
-                    slo, ((h.busy_s, h.done) for h in fleet.holders.get(slo.name, {}).values()))
+                proc_ms, source = _processing_ms(slo, *fleet.busy.get(slo.name, (0.0, 0.0)))
                 spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
@@ -501,13 +505,10 @@ class Planner:
         return self._saved(new, "reactive", now)
 
 
-def _processing_ms(slo: ModelSLO, busy: Iterable[tuple[float, float]]) -> tuple[float, str]:
-    """(per-request processing ms, where it came from) from ``(busy seconds,
-    requests)`` of each node holding ``slo``'s model: measured, else the catalog's,
-    else ``DEFAULT_PROC_MS``."""
-    seconds = done = 0.0
-    for node_seconds, requests in busy:
-        seconds, done = seconds + node_seconds, done + requests
+def _processing_ms(slo: ModelSLO, seconds: float, done: float) -> tuple[float, str]:
+    """(per-request processing ms, where it came from) from the busy ``seconds`` and
+    requests ``done`` summed over the nodes holding ``slo``'s model: measured, else the
+    catalog's, else ``DEFAULT_PROC_MS``."""
     if done > 0 and seconds > 0:
         return seconds / done * 1000.0, "measured"
     if slo.proc_ms is not None:
