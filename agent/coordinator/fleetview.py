@@ -1,9 +1,9 @@
 """The live fleet as a plan reads it, in one pass over the nodes' stored summaries.
 
 A plan needs, per node, its capacity and address, and per model the nodes that hold it
-(device, residency, size), their busy seconds and requests (the processing time), the
-earliest last word of those nodes, the rates of the nodes that renew leases, and the
-nodes holding or pulling its files. ``FleetView`` keeps exactly that, built from each
+(whether resident there), its largest size and whether it runs on CPUs only, their busy
+seconds and requests (the processing time), the earliest last word of those nodes, the
+rates of the nodes that renew leases, and the nodes holding or pulling its files. ``FleetView`` keeps exactly that, built from each
 node's decoded summary (``summary.summarize``'s lists) without making the node's
 ``NodeReport`` (a 100,000-node fleet is a million model reports). A node stored without
 a summary has its report validated and summarized here. What it holds is what
@@ -13,7 +13,7 @@ store's node order, so a plan is the same either way.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable
 
 import orjson
 
@@ -21,12 +21,19 @@ from agent.coordinator.summary import summarize
 from agent.wire import NodeReport, parse_report
 
 
-class Holding(NamedTuple):
-    """One node's copy of one model."""
+class Held:
+    """One model on the live nodes that hold it (in the store's node order)."""
 
-    device: str
-    resident: bool
-    size_bytes: float
+    __slots__ = ("nodes", "end", "seconds", "done", "largest", "cpu_only")
+
+    def __init__(self, end: float, size: float) -> None:
+        self.nodes: dict[str, bool] = {}  # node -> whether the model is resident there
+        self.end = end  # the earliest last_seen of those nodes
+        #: busy seconds and requests processed, summed over the nodes in order (each
+        #: node's ``ModelReport.busy_seconds_per_request``)
+        self.seconds = self.done = 0.0
+        self.largest = size  # its largest reported size (the first of equals)
+        self.cpu_only = True  # every node runs it on the CPU
 
 
 class FleetView:
@@ -35,11 +42,7 @@ class FleetView:
     def __init__(self) -> None:
         self.capacity: dict[str, tuple[float, float]] = {}  # node -> (cores, memory)
         self.peers: dict[str, tuple[str, str | None]] = {}  # node -> (url, grpc)
-        self.holders: dict[str, dict[str, Holding]] = {}  # model -> node -> its copy
-        #: model -> [busy seconds, requests] summed over its holders, in node order
-        #: (``ModelReport.busy_seconds_per_request`` of each)
-        self.busy: dict[str, list[float]] = {}
-        self.ends: dict[str, float] = {}  # model -> the earliest last_seen of its holders
+        self.held: dict[str, Held] = {}  # model -> the nodes holding it
         self.tails: dict[str, list[tuple[float, float]]] = {}  # model -> (reported, rate)
         self.files: dict[str, set[str]] = {}  # model -> nodes holding or pulling its files
 
@@ -55,25 +58,29 @@ class FleetView:
         self.capacity[node] = (cores, memory)
         if peer:
             self.peers[node] = (peer[0], peer[1])
-        holders, busy, ends, files = self.holders, self.busy, self.ends, self.files
+        by_model = self.held
         for name, device, resident, size, batches, _ in models:
-            copies = holders.get(name)
-            if copies is None:
-                copies = holders[name] = {}
-                busy[name] = [0.0, 0.0]
-                ends[name] = last_seen
-            elif last_seen < ends[name]:
-                ends[name] = last_seen
-            copies[node] = Holding(device, resident, size)
+            model = by_model.get(name)
+            if model is None:
+                model = by_model[name] = Held(last_seen, size)
+            else:
+                if last_seen < model.end:
+                    model.end = last_seen
+                if size > model.largest:
+                    model.largest = size
+            model.nodes[node] = resident
+            if device != "cpu":
+                model.cpu_only = False
             seconds = done = 0  # sum()'s start, then in the batches' order
-            for b, (count, s) in batches:
-                seconds += s
+            for b, (count, busy) in batches:
+                seconds += busy
                 done += b * count
-            total = busy[name]
-            total[0] += seconds
-            total[1] += done
-        for name, *_ in (*disk, *pulling):
-            files.setdefault(name, set()).add(node)
+            model.seconds += seconds
+            model.done += done
+        if disk or pulling:
+            files = self.files
+            for name, *_ in (*disk, *pulling):
+                files.setdefault(name, set()).add(node)
         if rates is None:
             rates = expanded_rates(models, routed, summary_rates) if summary_rates else ()
         tails = self.tails
@@ -102,8 +109,9 @@ def expanded_rates(models: list, routed: list, rates: list | None
                    ) -> list[tuple[str, float]]:
     """The ``(model, rate)`` pairs of a summary's report as ``summary.expand`` makes it:
     its models' rates, then those of the models it only forwards."""
-    if not rates:
-        return []
+    if not routed and len(rates) == len(models) \
+            and all(r[0] == m[0] for r, m in zip(rates, models)):
+        return rates  # one rate per model, in their order (what a summary mostly holds)
     by_model = dict(rates)
     names = {m[0] for m in models}
     out = [(m[0], by_model[m[0]]) for m in models if by_model.get(m[0]) is not None]

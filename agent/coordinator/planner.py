@@ -259,7 +259,7 @@ class Planner:
                             f"{self.config.node_timeout_s:g} s")
         catalog, nowhere = [], []
         for m in self.store.models():
-            (catalog if m.name in fleet.holders or m.source is not None
+            (catalog if m.name in fleet.held or m.source is not None
              else nowhere).append(m)
         if not catalog:
             raise PlanError("no catalogued model is in a live node's repository or has a "
@@ -271,9 +271,11 @@ class Planner:
                                              "to pull it from"}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
-                rate, points = self.planning_rate(slo.name, fleet.ends.get(slo.name, now),
+                held = fleet.held.get(slo.name)
+                rate, points = self.planning_rate(slo.name, now if held is None else held.end,
                                                   fleet.tails.get(slo.name, []))
-                proc_ms, source = _processing_ms(slo, *fleet.busy.get(slo.name, (0.0, 0.0)))
+                proc_ms, source = _processing_ms(slo, held.seconds, held.done) \
+                    if held is not None else _processing_ms(slo, 0.0, 0.0)
                 spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
@@ -301,28 +303,28 @@ class Planner:
         """``sourced``: the models with a source (they may go to any node)."""
         nodes = [Machine(n, cores, memory)
                  for n, (cores, memory) in sorted(fleet.capacity.items())]
-        holders, files = fleet.holders, fleet.files
         demands = []
         for spec in problem.models:
-            on = list(holders.get(spec.name, {}).values())
-            cpu_model = all(m.device == "cpu" for m in on)
+            held = fleet.held.get(spec.name)
             anywhere = spec.name in sourced
             demands.append(ModelDemand(
                 name=spec.name, replicas=replicas[spec.name],
                 cpu_per_replica=spec.cpu_per_replica,
-                resident_bytes=max((m.size_bytes for m in on), default=0.0) if cpu_model else 0.0,
+                resident_bytes=held.largest if held is not None and held.cpu_only else 0.0,
                 memory_per_replica_bytes=spec.memory_per_replica_bytes,
-                pinned_nodes=frozenset() if anywhere else frozenset(holders.get(spec.name, {})),
-                preferred_nodes=frozenset(files.get(spec.name, ())) if anywhere
+                pinned_nodes=frozenset() if anywhere or held is None
+                else frozenset(held.nodes),
+                preferred_nodes=frozenset(fleet.files.get(spec.name, ())) if anywhere
                 else frozenset()))
         current = {n: dict(row) for n, row in
                    (previous.parsed.assignment if previous else {}).items()}
         # A model the last plan did not place starts where it is resident (no new load).
         placed = {m for row in current.values() for m in row}
         for spec in problem.models:
-            if spec.name not in placed:
-                for n, m in holders.get(spec.name, {}).items():
-                    if m.resident:
+            held = fleet.held.get(spec.name)
+            if spec.name not in placed and held is not None:
+                for n, resident in held.nodes.items():
+                    if resident:
                         current.setdefault(n, {})[spec.name] = 1
         return place(nodes, demands, current)
 
