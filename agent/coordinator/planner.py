@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -63,7 +63,7 @@ from agent.coordinator.faro.tables import model_value
 from agent.coordinator.fleetview import FleetView
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import expand
+from agent.coordinator.summary import expand, summary_latency
 from agent.errors import AgentError
 from agent.wire import NodeReport, latency_at, latency_points, parse_report
 
@@ -419,16 +419,8 @@ class Planner:
         reports that measured one (one pass over the reports: nodes x their models),
         the routed latency of the requests a node forwarded included (the client's
         wait, hop and all: ``NodeReport.routing``)."""
-        worst: dict[str, float] = {}
-        for report in fresh.values():
-            routed = report.routing.models.items() if report.routing else ()
-            for name, m in (*report.models.items(), *routed):
-                planned = plan.models.get(name)
-                v = (latency_at(latency_points(m.latency_ms), planned.percentile)
-                     if planned is not None else None)
-                if v is not None and v > worst.get(name, -math.inf):
-                    worst[name] = v
-        return worst
+        return _worst_latency(plan, ((name, m.latency_ms) for report in fresh.values()
+                                     for name, m in _measured(report)))
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
@@ -437,21 +429,24 @@ class Planner:
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None
-        recent = self.live_reports(now, since=self._reactive_mark - REACTIVE_SLACK_S,
-                                   after=self._reactive_seen)
+        timeout, after = self.config.node_timeout_s, self._reactive_seen
+        recent = [row for row in self.store.live_nodes(
+                      max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S))
+                  if now - row[1] <= timeout and row[1] > after.get(row[0], -math.inf)]
         if not recent:
             return None
-        fresh = {n: r for n, (_, r, _) in recent.items()}
-        self._reactive_seen.update({n: seen for n, (seen, _, _) in recent.items()})
-        self._reactive_mark = max(self._reactive_mark,
-                                  max(seen for seen, _, _ in recent.values()))
+        after.update((row[0], row[1]) for row in recent)
+        self._reactive_mark = max(self._reactive_mark, max(row[1] for row in recent))
         current = self.current_plan()
         if current is None:
             return None
         plan = current.parsed
         free = plan.free_cpu()
         grown = {}
-        worst = self.observed_latency_ms(plan, fresh)
+        worst = _worst_latency(plan, (
+            pair for name, _, summary, raw, _ in recent
+            for pair in (summary_latency(summary) if summary is not None else
+                         ((m, r.latency_ms) for m, r in _measured(parse_report(name, raw))))))
         for name, m in sorted(plan.models.items()):
             observed = worst.get(name)
             if observed is None:
@@ -505,6 +500,27 @@ class Planner:
                            now, "reactive", plan.solver, None, fleet)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
+
+
+def _measured(report: NodeReport) -> tuple[tuple[str, Any], ...]:
+    """``(model, its report)`` of a report's models and of those it forwarded."""
+    routed = report.routing.models.items() if report.routing else ()
+    return (*report.models.items(), *routed)
+
+
+def _worst_latency(plan: Plan, measured: Iterable[tuple[str, dict[str, float | None]]]
+                   ) -> dict[str, float]:
+    """model -> the worst latency at its planned SLO percentile among the ``(model,
+    latency_ms)`` pairs ``measured`` (the plan's models only)."""
+    worst: dict[str, float] = {}
+    for name, latency_ms in measured:
+        planned = plan.models.get(name)
+        if planned is None:
+            continue
+        v = latency_at(latency_points(latency_ms), planned.percentile)
+        if v is not None and v > worst.get(name, -math.inf):
+            worst[name] = v
+    return worst
 
 
 def _processing_ms(slo: ModelSLO, seconds: float, done: float) -> tuple[float, str]:

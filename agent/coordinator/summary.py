@@ -78,3 +78,15 @@ def expand(summary: bytes | str) -> NodeReport:
                       disk=tuple(DiskHolding(*h) for h in disk),
                       pulling=tuple(Pulling(*p) for p in pulling), routing=routing,
                       peer=PeerAddress(*peer) if peer else None)
+
+
+def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
+    """``(model, latency_ms)`` of each model of a ``summary`` and then of each model its
+    node forwarded, as the ``NodeReport`` that ``expand`` makes has them (the reactive
+    check reads only these, for every node that renewed its lease)."""
+    _, _, _, models, *held = orjson.loads(summary)
+    routed = held[2] if len(held) > 2 else []
+    return [*((m[0], {q if type(q) is str else f"p{q:.15g}": ms for q, ms in m[5]})
+              for m in models),
+            *((name, dict(latency)) for name, latency in routed)]
+
