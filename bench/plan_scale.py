@@ -19,12 +19,16 @@ place, render, saving the plan, and what the planning child sends back: the plan
 text and each node's directive row), and then the same plan made by a real planning
 process (``planworker.PlanWorker``, what ``POST /v1/plan`` calls: niced, its garbage
 collector off, the plan's text and rows sent back over its pipe), timed from this side,
-with that process's peak RSS. ``--profile DIR`` writes each size's cProfile of the
-in-process plan there and prints its top functions.
+with that process's peak RSS; then a reactive check that finds every node renewed
+(as each does with leases every 10 s), timed in this process. ``--profile DIR`` writes
+each size's cProfile of the in-process plan there and prints its top functions;
+``--keep DIR`` keeps each size's SQLite fleet there and plans on it again on the next
+run (its plans deleted first), e.g. with ``--tree`` naming another checkout's code.
 
     .venv/bin/python bench/plan_scale.py --nodes 10000,30000,100000
     .venv/bin/python bench/plan_scale.py --nodes 30000 --profile /tmp/prof
     .venv/bin/python bench/plan_scale.py --nodes 10000 --store pg
+    .venv/bin/python bench/plan_scale.py --nodes 100000 --keep /tmp/fleets --tree ../base
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import pstats
 import random
 import resource
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -47,6 +52,10 @@ from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+#: ``--tree DIR``: plan with another checkout's code (this bench's own harness)
+_TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv[:-1] else None
+if _TREE is not None:
+    sys.path.insert(0, str(Path(_TREE).resolve()))
 
 from agent.coordinator import planner as planner_module  # noqa: E402
 from agent.coordinator.catalog import ModelSLO  # noqa: E402
@@ -205,6 +214,8 @@ def one_size(nodes: int, args: argparse.Namespace, url: str | None) -> None:
         t0 = time.perf_counter()
         if kept.exists():
             now = float(kept.read_text())
+            with sqlite3.connect(config.database) as db:  # the first plan has none before
+                db.execute("DELETE FROM plans")
         else:
             now = time.time()
             fill(store, nodes, args, now)
@@ -240,6 +251,12 @@ def one_size(nodes: int, args: argparse.Namespace, url: str | None) -> None:
                     profile.dump_stats(path)
                     stats = pstats.Stats(profile).sort_stats("tottime")
                     stats.print_stats(args.top)
+            gc.disable()  # as in the planning process
+            t0, c0 = time.perf_counter(), time.process_time()
+            planner.reactive_tick()
+            print(f"reactive check, every node renewed: {time.perf_counter() - t0:.2f} s "
+                  f"({time.process_time() - c0:.2f} s of CPU)")
+            gc.enable()
         finally:
             worker.close()
             store.close()
@@ -264,12 +281,15 @@ def main() -> None:
     parser.add_argument("--profile", default=None,
                         help="directory for a cProfile of each size's last plan")
     parser.add_argument("--top", type=int, default=25, help="profile lines printed")
+    parser.add_argument("--tree", default=None,
+                        help="plan with the agent package of this checkout (a baseline)")
     parser.add_argument("--keep", default=None,
                         help="keep each size's SQLite fleet in this directory and use it "
-                             "again on the next run (its plans are kept too)")
+                             "again on the next run (its plans deleted first)")
     args = parser.parse_args()
     print(f"plan_scale: {time.strftime('%Y-%m-%d %H:%M:%S')} cpus={os.cpu_count()} "
-          f"load {Path('/proc/loadavg').read_text().strip()}")
+          f"load {Path('/proc/loadavg').read_text().strip()}; planner of "
+          f"{Path(planner_module.__file__).parents[2]}")
     cluster = None
     url = args.store
     try:

@@ -413,15 +413,6 @@ class Planner:
                  f"; unplaced {placement.unplaced}" if placement.unplaced else "")
         return stored
 
-    @staticmethod
-    def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
-        """model -> the worst latency at its planned SLO percentile among ``fresh``
-        reports that measured one (one pass over the reports: nodes x their models),
-        the routed latency of the requests a node forwarded included (the client's
-        wait, hop and all: ``NodeReport.routing``)."""
-        return _worst_latency(plan, ((name, m.latency_ms) for report in fresh.values()
-                                     for name, m in _measured(report)))
-
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
         reads only the reports that came since the last check (nothing, when none
@@ -511,7 +502,8 @@ def _measured(report: NodeReport) -> tuple[tuple[str, Any], ...]:
 def _worst_latency(plan: Plan, measured: Iterable[tuple[str, dict[str, float | None]]]
                    ) -> dict[str, float]:
     """model -> the worst latency at its planned SLO percentile among the ``(model,
-    latency_ms)`` pairs ``measured`` (the plan's models only)."""
+    latency_ms)`` pairs ``measured`` (of fresh reports: each node's models, then the
+    latency of the requests it forwarded, the client's wait, hop and all)."""
     worst: dict[str, float] = {}
     for name, latency_ms in measured:
         planned = plan.models.get(name)
