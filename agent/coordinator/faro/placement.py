@@ -97,10 +97,12 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     for node_name, row in current.items():
         if node_name not in by_name:
             continue
+        kept = plan[node_name]
         for model_name, count in row.items():
             m = models.get(model_name)
-            if m is not None and count > 0 and _allowed(m, node_name):
-                plan[node_name][model_name] = int(count)
+            if m is not None and count > 0 \
+                    and (not m.pinned_nodes or node_name in m.pinned_nodes):  # _allowed
+                kept[model_name] = int(count)
     # 2. trim models above target, from the node where they have the most replicas
     # (ties: the last name)
     holders: dict[str, set[str]] = {}  # model -> nodes the plan has it on (a superset)
@@ -123,10 +125,12 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     usage = {}  # node -> (cpu, memory) its row uses
     for node in nodes:
         row = plan[node.name]
-        while not _fits(node, row, models):
+        cpu, mem = _usage(row, models)
+        while cpu > node.cpu + _TOL or mem > node.memory_bytes + _TOL:  # not _fits
             victim = max((k for k, v in row.items() if v > 0), key=lambda k: (row[k], k))
             row[victim] -= 1
-        usage[node.name] = _usage(row, models)
+            cpu, mem = _usage(row, models)
+        usage[node.name] = (cpu, mem)
     # 4. add missing replicas
     unplaced: dict[str, int] = {}
     order = sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name))
