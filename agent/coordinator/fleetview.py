@@ -3,12 +3,13 @@
 A plan needs, per node, its capacity and address, and per model the nodes that hold it
 (whether resident there), its largest size and whether it runs on CPUs only, their busy
 seconds and requests (the processing time), the earliest last word of those nodes, the
-rates of the nodes that renew leases, and the nodes holding or pulling its files. ``FleetView`` keeps exactly that, built from each
-node's decoded summary (``summary.summarize``'s lists) without making the node's
-``NodeReport`` (a 100,000-node fleet is a million model reports). A node stored without
-a summary has its report validated and summarized here. What it holds is what
-``summary.expand`` and the ``NodeReport`` methods would give the planner, in the
-store's node order, so a plan is the same either way.
+rates of the nodes that renew leases, and the nodes holding or pulling its files.
+``FleetView`` keeps exactly that, built from each node's decoded summary
+(``summary.summarize``'s lists) without making the node's ``NodeReport`` (a
+100,000-node fleet is a million model reports). A node stored without a summary has
+its report validated and summarized here. What it holds is what ``summary.expand`` and
+the ``NodeReport`` methods would give the planner, summed in the store's node order, so
+a plan is the same either way (``tests/test_planner_golden.py``).
 """
 
 from __future__ import annotations
@@ -105,8 +106,7 @@ def report_rates(report: NodeReport) -> list[tuple[str, float]]:
     return [(m, r.rate) for m, r in (*report.models.items(), *routed) if r.rate is not None]
 
 
-def expanded_rates(models: list, routed: list, rates: list | None
-                   ) -> list[tuple[str, float]]:
+def expanded_rates(models: list, routed: list, rates: list) -> list[tuple[str, float]]:
     """The ``(model, rate)`` pairs of a summary's report as ``summary.expand`` makes it:
     its models' rates, then those of the models it only forwards."""
     if not routed and len(rates) == len(models) \
