@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,9 +63,9 @@ from agent.coordinator.faro.tables import model_value
 from agent.coordinator.fleetview import FleetView
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import expand, summary_latency
+from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
 from agent.errors import AgentError
-from agent.wire import NodeReport, latency_at, latency_points, parse_report
+from agent.wire import NodeReport, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
 
@@ -184,35 +184,46 @@ class Planner:
         return self._current
 
     def planning_rate(self, model: str, end: float,
-                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
-                      ) -> tuple[float, int]:
+                      tails: list[tuple[float, float]] = (),  # type: ignore[assignment]
+                      bins: list[tuple[float, float]] | None = None) -> tuple[float, int]:
         """(rate to plan for, history points used) for ``model`` from the store's bins
         that end by ``end`` (when every node running it was last heard from) and the
         ``tails`` of the nodes whose arrivals come with their next full report."""
-        predicted, points = self.rate_forecast(model, end, tails)
+        predicted, points = self.rate_forecast(model, end, tails, bins)
         if predicted is None:
             return 0.0, 0
         return predicted.window_quantile(self.config.rate_quantile), points
 
+    def _history(self, end: float) -> tuple[float, float, int]:
+        """(start, stop, bins) of the complete history bins a forecast that ends at
+        ``end`` reads."""
+        step = self.store.rate_step_s
+        n = max(1, int(self.config.history_s // step))
+        stop = math.floor(end / step + 1e-9) * step
+        return stop - n * step, stop, n
+
     def rate_forecast(self, model: str, end: float,
-                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
+                      tails: list[tuple[float, float]] = (),  # type: ignore[assignment]
+                      bins: list[tuple[float, float]] | None = None
                       ) -> tuple[RateForecast | None, int]:
         """(forecast of ``model``'s rate per ``rate_step_s`` over the next
         ``plan_window_s``, history points used); None without history. ``tails``:
         ``(since, rate)`` of each node whose arrivals since ``since`` are not in the
-        store yet (it renews leases): counted at that rate up to ``end``."""
+        store yet (it renews leases): counted at that rate up to ``end``. ``bins``: the
+        model's ``(start, count)`` bins from at least the history's start on, oldest
+        first (None: read from the store)."""
         cfg = self.config
         step = self.store.rate_step_s
-        n = max(1, int(cfg.history_s // step))
-        stop = math.floor(end / step + 1e-9) * step
-        start = stop - n * step
+        start, stop, n = self._history(end)
         # n complete bins, then the one in progress, [stop, end): its rate so far
         # counts when it spans at least a tenth of a step
         width = np.full(n + 1, step)
         width[n] = end - stop
         counts = np.zeros(n + 1)
         covered = np.zeros(n + 1, dtype=bool)
-        for t, count in self.store.rate_bins(model, since=start - step / 2):
+        if bins is None:
+            bins = self.store.rate_bins(model, since=start - step / 2)
+        for t, count in bins:
             i = int(round((t - start) / step))
             if 0 <= i <= n:
                 counts[i] += count
@@ -265,6 +276,9 @@ class Planner:
             raise PlanError("no catalogued model is in a live node's repository or has a "
                             "source; add one with PUT /v1/models/{name} or 'edgeagent "
                             "coordinator models set'")
+        ends = [now, *(held.end for held in fleet.held.values())]
+        history = self.store.history_bins(
+            self._history(min(ends))[0] - self.store.rate_step_s / 2)
         specs, details = [], {}
         for slo in nowhere:
             details[slo.name] = {"excluded": "no live node holds it and it has no source "
@@ -273,7 +287,8 @@ class Planner:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
                 held = fleet.held.get(slo.name)
                 rate, points = self.planning_rate(slo.name, now if held is None else held.end,
-                                                  fleet.tails.get(slo.name, []))
+                                                  fleet.tails.get(slo.name, []),
+                                                  history.get(slo.name, []))
                 proc_ms, source = _processing_ms(slo, held.seconds, held.done) \
                     if held is not None else _processing_ms(slo, 0.0, 0.0)
                 spec = JobSpec(
@@ -434,10 +449,10 @@ class Planner:
         plan = current.parsed
         free = plan.free_cpu()
         grown = {}
-        worst = _worst_latency(plan, (
+        worst = worst_latency({name: m.percentile for name, m in plan.models.items()}, (
             pair for name, _, summary, raw, _ in recent
-            for pair in (summary_latency(summary) if summary is not None else
-                         ((m, r.latency_ms) for m, r in _measured(parse_report(name, raw))))))
+            for pair in (summary_latency(summary) if summary is not None
+                         else report_latency(parse_report(name, raw)))))
         for name, m in sorted(plan.models.items()):
             observed = worst.get(name)
             if observed is None:
@@ -491,28 +506,6 @@ class Planner:
                            now, "reactive", plan.solver, None, fleet)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
-
-
-def _measured(report: NodeReport) -> tuple[tuple[str, Any], ...]:
-    """``(model, its report)`` of a report's models and of those it forwarded."""
-    routed = report.routing.models.items() if report.routing else ()
-    return (*report.models.items(), *routed)
-
-
-def _worst_latency(plan: Plan, measured: Iterable[tuple[str, dict[str, float | None]]]
-                   ) -> dict[str, float]:
-    """model -> the worst latency at its planned SLO percentile among the ``(model,
-    latency_ms)`` pairs ``measured`` (of fresh reports: each node's models, then the
-    latency of the requests it forwarded, the client's wait, hop and all)."""
-    worst: dict[str, float] = {}
-    for name, latency_ms in measured:
-        planned = plan.models.get(name)
-        if planned is None:
-            continue
-        v = latency_at(latency_points(latency_ms), planned.percentile)
-        if v is not None and v > worst.get(name, -math.inf):
-            worst[name] = v
-    return worst
 
 
 def _processing_ms(slo: ModelSLO, seconds: float, done: float) -> tuple[float, str]:

@@ -23,10 +23,14 @@ read the same way).
 
 from __future__ import annotations
 
+import math
+from typing import Iterable
+
 import orjson
 
 from agent.wire import (BatchCount, DiskHolding, ModelReport, NodeCapacity, NodeReport,
-                        PeerAddress, Pulling, RoutedModel, RoutingReport)
+                        PeerAddress, Pulling, RoutedModel, RoutingReport, latency_at,
+                        latency_points)
 
 
 def summarize(report: NodeReport) -> bytes:
@@ -89,4 +93,28 @@ def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
     return [*((m[0], {q if type(q) is str else f"p{q:.15g}": ms for q, ms in m[5]})
               for m in models),
             *((name, dict(latency)) for name, latency in routed)]
+
+
+def report_latency(report: NodeReport) -> list[tuple[str, dict[str, float | None]]]:
+    """``(model, latency_ms)`` of a report's models and then of those it forwarded."""
+    routed = report.routing.models.items() if report.routing else ()
+    return [(name, m.latency_ms) for name, m in (*report.models.items(), *routed)]
+
+
+def worst_latency(percentiles: dict[str, float],
+                  measured: Iterable[tuple[str, dict[str, float | None]]]
+                  ) -> dict[str, float]:
+    """model -> the worst latency at its ``percentiles`` entry (the plan's SLO
+    percentile; models without one are skipped) among the ``(model, latency_ms)``
+    pairs ``measured`` (``summary_latency``, ``report_latency``: each node's models,
+    then the requests it forwarded, the client's wait, hop and all)."""
+    worst: dict[str, float] = {}
+    for name, latency_ms in measured:
+        percentile = percentiles.get(name)
+        if percentile is None:
+            continue
+        v = latency_at(latency_points(latency_ms), percentile)
+        if v is not None and v > worst.get(name, -math.inf):
+            worst[name] = v
+    return worst
 
