@@ -134,7 +134,8 @@ def test_plans_match_the_golden_file(planner_setup):
     plans.append(planner.plan_now("manual"))
     got = [summary(p) for p in plans]
     if os.environ.get("EDGEAGENT_WRITE_GOLDEN"):
-        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        GOLDEN.write_text("[\n" + ",\n".join(json.dumps(p, sort_keys=True, separators=(",", ":"))
+                                             for p in got) + "\n]\n")
     want = json.loads(GOLDEN.read_text())
     assert [p["kind"] for p in got] == ["long-term", "long-term", "reactive", "manual"]
     assert got[3]["retired"] == ["m36"] and got[0]["moves"]["started"] > 0
