@@ -106,14 +106,17 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     # 2. trim models above target, from the node where they have the most replicas
     # (ties: the last name)
     holders: dict[str, set[str]] = {}  # model -> nodes the plan has it on (a superset)
+    total: dict[str, int] = {}  # model -> its replicas in the plan, kept as they move
     for node_name, row in plan.items():
-        for model_name in row:
+        for model_name, count in row.items():
             holders.setdefault(model_name, set()).add(node_name)
+            total[model_name] = total.get(model_name, 0) + count
     for m in demands:
-        on = sorted(holders.get(m.name, ()))
-        excess = sum(plan[n].get(m.name, 0) for n in on) - m.replicas
+        excess = total.get(m.name, 0) - m.replicas
         if excess <= 0:
             continue
+        total[m.name] = m.replicas
+        on = sorted(holders[m.name])
         heap = [(-plan[n][m.name], -rank, n) for rank, n in enumerate(on)]
         heapq.heapify(heap)
         while excess > 0:
@@ -129,6 +132,7 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
         while cpu > node.cpu + _TOL or mem > node.memory_bytes + _TOL:  # not _fits
             victim = max((k for k, v in row.items() if v > 0), key=lambda k: (row[k], k))
             row[victim] -= 1
+            total[victim] -= 1
             cpu, mem = _usage(row, models)
         usage[node.name] = (cpu, mem)
     # 4. add missing replicas
@@ -136,7 +140,7 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     order = sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name))
     rank = {n.name: i for i, n in enumerate(sorted(nodes, key=lambda n: n.name))}
     for m in order:
-        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in holders.get(m.name, ()))
+        missing = m.replicas - total.get(m.name, 0)
         if missing <= 0:
             continue
         candidates = [by_name[n] for n in m.pinned_nodes if n in by_name] \
