@@ -56,6 +56,8 @@ def test_round_trips_and_restart(path):
     assert s.rate_bins("a") == [(5.0, 50.0), (10.0, 60.0)]  # [t, t + 5) bins
     assert s.rate_bins("a", since=6) == [(10.0, 60.0)]
     assert s.rate_bins("b") == []
+    assert s.history_bins(since=-1e9) == {"a": [(5.0, 50.0), (10.0, 60.0)]}  # one query
+    assert s.history_bins(since=6) == {"a": s.rate_bins("a", since=6)}
     current = s.current_plan()
     assert (current.id, current.kind, current.created, current.plan) == \
         (plan_id, "manual", 17.0, {"models": {"a": {"replicas": 3}}})

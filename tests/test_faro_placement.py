@@ -110,8 +110,8 @@ def _reference_place(nodes, demands, current=None):
                 if not _fits(node, trial, models):
                     continue
                 cpu, mem = _usage(plan[node.name], models)
-                key = (plan[node.name].get(m.name, 0) > 0, node.memory_bytes - mem,
-                       node.cpu - cpu, node.name)
+                key = (plan[node.name].get(m.name, 0) > 0, node.name in m.preferred_nodes,
+                       node.memory_bytes - mem, node.cpu - cpu, node.name)
                 if best_key is None or key > best_key:
                     best, best_key = node.name, key
             if best is None:
@@ -134,7 +134,9 @@ def test_incremental_usage_places_as_the_straightforward_version():
             f"m{j}", rng.randint(0, 12), rng.choice([0.5, 1, 2]),
             rng.choice([0, 1e8, 5e8, 2e9]), rng.choice([0, 1e8]),
             frozenset(rng.sample(names, rng.randint(1, len(names))))
-            if rng.random() < 0.5 else frozenset()) for j in range(rng.randint(1, 8))]
+            if rng.random() < 0.5 else frozenset(),
+            frozenset(rng.sample(names, rng.randint(0, len(names)))))
+            for j in range(rng.randint(1, 8))]
         current = {rng.choice(names + ["gone"]): {f"m{rng.randint(0, 9)}": rng.randint(0, 5)
                                                   for _ in range(3)} for _ in range(5)}
         for start in (None, current):

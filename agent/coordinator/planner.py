@@ -60,11 +60,12 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
+from agent.coordinator.fleetview import FleetView
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import expand
+from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
 from agent.errors import AgentError
-from agent.wire import NodeReport, latency_at, latency_points, parse_report
+from agent.wire import NodeReport, parse_report
 
 log = logging.getLogger("edgeagent.coordinator.planner")
 
@@ -156,6 +157,16 @@ class Planner:
                              seen if reported is None else reported)
         return out
 
+    def read_fleet(self, now: float) -> FleetView:
+        """What a plan reads of the nodes heard from within the timeout (one pass over
+        their stored summaries; no ``NodeReport`` per node)."""
+        timeout = self.config.node_timeout_s
+        view = FleetView()
+        for name, seen, summary, raw, reported in self.store.live_nodes(now - timeout - 1.0):
+            if now - seen <= timeout:
+                view.add_row(name, seen, seen if reported is None else reported, summary, raw)
+        return view
+
     def current_plan(self) -> StoredPlan | None:
         """The store's newest plan (parsed again only when its id changed)."""
         newest = self.store.current_plan_id()
@@ -173,35 +184,46 @@ class Planner:
         return self._current
 
     def planning_rate(self, model: str, end: float,
-                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
-                      ) -> tuple[float, int]:
+                      tails: list[tuple[float, float]] = (),  # type: ignore[assignment]
+                      bins: list[tuple[float, float]] | None = None) -> tuple[float, int]:
         """(rate to plan for, history points used) for ``model`` from the store's bins
         that end by ``end`` (when every node running it was last heard from) and the
         ``tails`` of the nodes whose arrivals come with their next full report."""
-        predicted, points = self.rate_forecast(model, end, tails)
+        predicted, points = self.rate_forecast(model, end, tails, bins)
         if predicted is None:
             return 0.0, 0
         return predicted.window_quantile(self.config.rate_quantile), points
 
+    def _history(self, end: float) -> tuple[float, float, int]:
+        """(start, stop, bins) of the complete history bins a forecast that ends at
+        ``end`` reads."""
+        step = self.store.rate_step_s
+        n = max(1, int(self.config.history_s // step))
+        stop = math.floor(end / step + 1e-9) * step
+        return stop - n * step, stop, n
+
     def rate_forecast(self, model: str, end: float,
-                      tails: list[tuple[float, float]] = ()  # type: ignore[assignment]
+                      tails: list[tuple[float, float]] = (),  # type: ignore[assignment]
+                      bins: list[tuple[float, float]] | None = None
                       ) -> tuple[RateForecast | None, int]:
         """(forecast of ``model``'s rate per ``rate_step_s`` over the next
         ``plan_window_s``, history points used); None without history. ``tails``:
         ``(since, rate)`` of each node whose arrivals since ``since`` are not in the
-        store yet (it renews leases): counted at that rate up to ``end``."""
+        store yet (it renews leases): counted at that rate up to ``end``. ``bins``: the
+        model's ``(start, count)`` bins from at least the history's start on, oldest
+        first (None: read from the store)."""
         cfg = self.config
         step = self.store.rate_step_s
-        n = max(1, int(cfg.history_s // step))
-        stop = math.floor(end / step + 1e-9) * step
-        start = stop - n * step
+        start, stop, n = self._history(end)
         # n complete bins, then the one in progress, [stop, end): its rate so far
         # counts when it spans at least a tenth of a step
         width = np.full(n + 1, step)
         width[n] = end - stop
         counts = np.zeros(n + 1)
         covered = np.zeros(n + 1, dtype=bool)
-        for t, count in self.store.rate_bins(model, since=start - step / 2):
+        if bins is None:
+            bins = self.store.rate_bins(model, since=start - step / 2)
+        for t, count in bins:
             i = int(round((t - start) / step))
             if 0 <= i <= n:
                 counts[i] += count
@@ -224,53 +246,51 @@ class Planner:
 
     @staticmethod
     def processing_ms(slo: ModelSLO, reports: list[NodeReport]) -> tuple[float, str]:
-        """(per-request processing ms, where it came from)."""
-        busy = done = 0.0
+        """(per-request processing ms, where it came from) on the nodes of ``reports``."""
+        seconds = done = 0.0
         for report in reports:
             m = report.models.get(slo.name)
             if m is not None:
-                seconds, requests = m.busy_seconds_per_request()
-                busy, done = busy + seconds, done + requests
-        if done > 0 and busy > 0:
-            return busy / done * 1000.0, "measured"
-        if slo.proc_ms is not None:
-            return slo.proc_ms, "catalog"
-        return DEFAULT_PROC_MS, "default"
+                busy, requests = m.busy_seconds_per_request()
+                seconds, done = seconds + busy, done + requests
+        return _processing_ms(slo, seconds, done)
 
     def build(self, now: float) -> tuple[Problem, dict[str, dict[str, Any]],
                                          dict[str, NodeReport]]:
-        """The Faro problem for now, per-model plan details, and the live reports."""
-        seen = self.live_reports(now)
-        live = {n: r for n, (_, r, _) in seen.items()}
-        if not live:
+        """The Faro problem for now, per-model plan details, and the live reports (a
+        plan reads the fleet's view, ``read_fleet``; sizing reads the reports too)."""
+        problem, details = self._problem(now, self.read_fleet(now))
+        return problem, details, {n: r for n, (_, r, _) in self.live_reports(now).items()}
+
+    def _problem(self, now: float, fleet: FleetView
+                 ) -> tuple[Problem, dict[str, dict[str, Any]]]:
+        """The Faro problem of ``fleet`` for now, and per-model plan details."""
+        if not len(fleet):
             raise PlanError("no live nodes: none reported in the last "
                             f"{self.config.node_timeout_s:g} s")
-        present = {m for r in live.values() for m in r.models}
         catalog, nowhere = [], []
         for m in self.store.models():
-            (catalog if m.name in present or m.source is not None else nowhere).append(m)
+            (catalog if m.name in fleet.held or m.source is not None
+             else nowhere).append(m)
         if not catalog:
             raise PlanError("no catalogued model is in a live node's repository or has a "
                             "source; add one with PUT /v1/models/{name} or 'edgeagent "
                             "coordinator models set'")
-        ends: dict[str, float] = {}  # model -> the earliest last word of its nodes
-        holders: dict[str, list[NodeReport]] = {}  # model -> the reports that have it
-        tails: dict[str, list[tuple[float, float]]] = {}  # model -> (since, rate)
-        for last_seen, r, reported in seen.values():
-            for m in r.models:
-                ends[m] = min(ends.get(m, last_seen), last_seen)
-                holders.setdefault(m, []).append(r)
-            for m, rate in _rates(r):
-                tails.setdefault(m, []).append((reported, rate))
+        ends = [now, *(held.end for held in fleet.held.values())]
+        history = self.store.history_bins(
+            self._history(min(ends))[0] - self.store.rate_step_s / 2)
         specs, details = [], {}
         for slo in nowhere:
             details[slo.name] = {"excluded": "no live node holds it and it has no source "
                                              "to pull it from"}
         for slo in catalog:
             try:  # one model's bad inputs leave it out of the plan, not the fleet
-                rate, points = self.planning_rate(slo.name, ends.get(slo.name, now),
-                                                  tails.get(slo.name, []))
-                proc_ms, source = self.processing_ms(slo, holders.get(slo.name, []))
+                held = fleet.held.get(slo.name)
+                rate, points = self.planning_rate(slo.name, now if held is None else held.end,
+                                                  fleet.tails.get(slo.name, []),
+                                                  history.get(slo.name, []))
+                proc_ms, source = _processing_ms(slo, held.seconds, held.done) \
+                    if held is not None else _processing_ms(slo, 0.0, 0.0)
                 spec = JobSpec(
                     name=slo.name, rate=rate, proc_s=proc_ms / 1000.0,
                     slo_s=slo.slo_ms / 1000.0, percentile=slo.percentile,
@@ -285,55 +305,48 @@ class Planner:
             details[slo.name] = {"rate_points": points, "proc_source": source}
             if slo.source is not None:
                 details[slo.name]["source"] = slo.pull()
-        capacity = Capacity(cpu=sum(r.capacity.cores for r in live.values()),
-                            memory_bytes=sum(r.capacity.cpu_memory_bytes for r in live.values()))
+        capacity = Capacity(cpu=sum(c for c, _ in fleet.capacity.values()),
+                            memory_bytes=sum(m for _, m in fleet.capacity.values()))
         problem = Problem(capacity=capacity, models=tuple(specs),
                           objective=self.config.objective, estimator=self.config.estimator)
-        return problem, details, live
+        return problem, details
 
     # -- plans -----------------------------------------------------------------------
     def _place(self, problem: Problem, replicas: dict[str, int],
-               live: dict[str, NodeReport], previous: StoredPlan | None,
+               fleet: FleetView, previous: StoredPlan | None,
                sourced: set[str] = frozenset()):  # type: ignore[assignment]
         """``sourced``: the models with a source (they may go to any node)."""
-        nodes = [Machine(n, r.capacity.cores, r.capacity.cpu_memory_bytes)
-                 for n, r in sorted(live.items())]
-        holders: dict[str, dict[str, Any]] = {}  # model -> node -> its ModelReport
-        files: dict[str, set[str]] = {}  # model -> nodes holding (or pulling) its files
-        for n, r in live.items():
-            for name, m in r.models.items():
-                holders.setdefault(name, {})[n] = m
-            for held in (*r.disk, *r.pulling):
-                files.setdefault(held.model, set()).add(n)
+        nodes = [Machine(n, cores, memory)
+                 for n, (cores, memory) in sorted(fleet.capacity.items())]
         demands = []
         for spec in problem.models:
-            on = list(holders.get(spec.name, {}).values())
-            cpu_model = all(m.device == "cpu" for m in on)
+            held = fleet.held.get(spec.name)
             anywhere = spec.name in sourced
             demands.append(ModelDemand(
                 name=spec.name, replicas=replicas[spec.name],
                 cpu_per_replica=spec.cpu_per_replica,
-                resident_bytes=max((m.size_bytes for m in on), default=0.0) if cpu_model else 0.0,
+                resident_bytes=held.largest if held is not None and held.cpu_only else 0.0,
                 memory_per_replica_bytes=spec.memory_per_replica_bytes,
-                pinned_nodes=frozenset() if anywhere else frozenset(holders.get(spec.name, {})),
-                preferred_nodes=frozenset(files.get(spec.name, ())) if anywhere
+                pinned_nodes=frozenset() if anywhere or held is None
+                else frozenset(held.nodes),
+                preferred_nodes=frozenset(fleet.files.get(spec.name, ())) if anywhere
                 else frozenset()))
         current = {n: dict(row) for n, row in
                    (previous.parsed.assignment if previous else {}).items()}
         # A model the last plan did not place starts where it is resident (no new load).
         placed = {m for row in current.values() for m in row}
         for spec in problem.models:
-            if spec.name not in placed:
-                for n, m in holders.get(spec.name, {}).items():
-                    if m.resident:
+            held = fleet.held.get(spec.name)
+            if spec.name not in placed and held is not None:
+                for n, resident in held.nodes.items():
+                    if resident:
                         current.setdefault(n, {})[spec.name] = 1
         return place(nodes, demands, current)
 
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],
                 utility: dict[str, float], drops: dict[str, float], placement: Any,
                 details: dict[str, dict[str, Any]], now: float, kind: str,
-                solver: str, objective: float | None,
-                live: dict[str, NodeReport]) -> Plan:
+                solver: str, objective: float | None, fleet: FleetView) -> Plan:
         models = {}
         where: dict[str, dict[str, int]] = {}  # model -> node -> replicas
         for n, row in placement.assignment.items():
@@ -358,8 +371,8 @@ class Planner:
                     rate_quantile=self.config.rate_quantile, window_s=self.config.plan_window_s,
                     capacity=problem.capacity, models=models, assignment=placement.assignment,
                     started=placement.started, stopped=placement.stopped,
-                    addresses={n: (r.peer.url, r.peer.grpc) for n, r in live.items()
-                               if r.peer is not None and placement.assignment.get(n)})
+                    addresses={n: peer for n, peer in fleet.peers.items()
+                               if placement.assignment.get(n)})
 
     def _solve_isolated(self, problem: Problem, details: dict[str, dict[str, Any]]
                         ) -> tuple[Problem, Any]:
@@ -393,16 +406,17 @@ class Planner:
         reason; the rest of the fleet is planned."""
         now = self.clock()
         try:
-            problem, details, live = self.build(now)
+            fleet = self.read_fleet(now)
+            problem, details = self._problem(now, fleet)
             problem, allocation = self._solve_isolated(problem, details)
         except (PlanError, ProblemError) as exc:
             self.last_error = str(exc)
             raise PlanError(str(exc)) from None
-        placement = self._place(problem, allocation.replicas, live, self.current_plan(),
+        placement = self._place(problem, allocation.replicas, fleet, self.current_plan(),
                                 {m for m, d in details.items() if "source" in d})
         plan = self._render(problem, allocation.replicas, allocation.latency_s,
                             allocation.utility, allocation.drop_rate, placement, details,
-                            now, kind, allocation.solver, allocation.objective, live)
+                            now, kind, allocation.solver, allocation.objective, fleet)
         plan = dataclasses.replace(plan, excluded={
             m: d["excluded"] for m, d in sorted(details.items()) if "excluded" in d},
             retired=self._retired(self.current_plan()))
@@ -414,23 +428,6 @@ class Planner:
                  f"; unplaced {placement.unplaced}" if placement.unplaced else "")
         return stored
 
-    @staticmethod
-    def observed_latency_ms(plan: Plan, fresh: dict[str, NodeReport]) -> dict[str, float]:
-        """model -> the worst latency at its planned SLO percentile among ``fresh``
-        reports that measured one (one pass over the reports: nodes x their models),
-        the routed latency of the requests a node forwarded included (the client's
-        wait, hop and all: ``NodeReport.routing``)."""
-        worst: dict[str, float] = {}
-        for report in fresh.values():
-            routed = report.routing.models.items() if report.routing else ()
-            for name, m in (*report.models.items(), *routed):
-                planned = plan.models.get(name)
-                v = (latency_at(latency_points(m.latency_ms), planned.percentile)
-                     if planned is not None else None)
-                if v is not None and v > worst.get(name, -math.inf):
-                    worst[name] = v
-        return worst
-
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
         reads only the reports that came since the last check (nothing, when none
@@ -438,21 +435,24 @@ class Planner:
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None
-        recent = self.live_reports(now, since=self._reactive_mark - REACTIVE_SLACK_S,
-                                   after=self._reactive_seen)
+        timeout, after = self.config.node_timeout_s, self._reactive_seen
+        recent = [row for row in self.store.live_nodes(
+                      max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S))
+                  if now - row[1] <= timeout and row[1] > after.get(row[0], -math.inf)]
         if not recent:
             return None
-        fresh = {n: r for n, (_, r, _) in recent.items()}
-        self._reactive_seen.update({n: seen for n, (seen, _, _) in recent.items()})
-        self._reactive_mark = max(self._reactive_mark,
-                                  max(seen for seen, _, _ in recent.values()))
+        after.update((row[0], row[1]) for row in recent)
+        self._reactive_mark = max(self._reactive_mark, max(row[1] for row in recent))
         current = self.current_plan()
         if current is None:
             return None
         plan = current.parsed
         free = plan.free_cpu()
         grown = {}
-        worst = self.observed_latency_ms(plan, fresh)
+        worst = worst_latency({name: m.percentile for name, m in plan.models.items()}, (
+            pair for name, _, summary, raw, _ in recent
+            for pair in (summary_latency(summary) if summary is not None
+                         else report_latency(parse_report(name, raw)))))
         for name, m in sorted(plan.models.items()):
             observed = worst.get(name)
             if observed is None:
@@ -473,8 +473,7 @@ class Planner:
             self.reactive[name] = new
         if not grown:
             return None
-        live = self.live_reports(now)
-        return self._rescale(current, grown, {n: r for n, (_, r, _) in live.items()}, now)
+        return self._rescale(current, grown, self.read_fleet(now), now)
 
     def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
         """The models with a source that ``previous`` ran (or had retired) and the
@@ -486,7 +485,7 @@ class Planner:
         return tuple(sorted((ran | set(plan.retired)) - {m.name for m in self.store.models()}))
 
     def _rescale(self, current: StoredPlan, grown: dict[str, int],
-                 live: dict[str, NodeReport], now: float) -> StoredPlan:
+                 fleet: FleetView, now: float) -> StoredPlan:
         """The current plan with ``grown`` replica counts, re-placed and re-scored."""
         plan = current.parsed
         specs = tuple(m.spec(n) for n, m in plan.models.items())
@@ -497,23 +496,27 @@ class Planner:
         for spec in specs:
             utility[spec.name], latency[spec.name], drops[spec.name] = model_value(
                 spec, replicas[spec.name], problem)
-        placement = self._place(problem, replicas, live, current,
+        placement = self._place(problem, replicas, fleet, current,
                                 {n for n, m in plan.models.items() if m.source is not None})
         details = {n: {k: v for k, v in (("rate_points", m.rate_points),
                                          ("proc_source", m.proc_source),
                                          ("source", m.source)) if v is not None}
                    for n, m in plan.models.items()}
         new = self._render(problem, replicas, latency, utility, drops, placement, details,
-                           now, "reactive", plan.solver, None, live)
+                           now, "reactive", plan.solver, None, fleet)
         new = dataclasses.replace(new, retired=plan.retired)
         return self._saved(new, "reactive", now)
 
 
-def _rates(report: NodeReport) -> list[tuple[str, float]]:
-    """``(model, rate)`` of each model a report gives a rate for (its own models and
-    those it only forwards)."""
-    routed = report.routing.models.items() if report.routing else ()
-    return [(m, r.rate) for m, r in (*report.models.items(), *routed) if r.rate is not None]
+def _processing_ms(slo: ModelSLO, seconds: float, done: float) -> tuple[float, str]:
+    """(per-request processing ms, where it came from) from the busy ``seconds`` and
+    requests ``done`` summed over the nodes holding ``slo``'s model: measured, else the
+    catalog's, else ``DEFAULT_PROC_MS``."""
+    if done > 0 and seconds > 0:
+        return seconds / done * 1000.0, "measured"
+    if slo.proc_ms is not None:
+        return slo.proc_ms, "catalog"
+    return DEFAULT_PROC_MS, "default"
 
 
 class PlannerLoops:

@@ -4,7 +4,8 @@ coordinator's process it would hold the GIL that ingestion needs. The child has 
 own store connection and ``Planner`` (so the reactive counters live there) and reads
 what it plans from the store; the parent flushes queued reports before each call.
 The child runs at ``PLANNER_NICENESS`` (ingestion wins the cores) with the garbage
-collector off during a call (a plan builds every live node's report).
+collector off during a call (a plan reads every live node's summary, and a reactive
+check every renewed node's).
 
 ``PlanWorker`` has the ``Planner`` methods the loops call (``plan_now``,
 ``reactive_tick``), blocking: call them from a worker thread (``PlannerLoops`` does).
@@ -153,7 +154,7 @@ def _serve(conn: Any, config: CoordinatorConfig, parent: int) -> None:
             if message is None:
                 return
             method, now[0], args = message
-            gc.disable()  # a plan builds the fleet's reports: no full collections meanwhile
+            gc.disable()  # a plan reads the whole fleet: no full collections meanwhile
             try:
                 plan = getattr(planner, method)(*args)
                 conn.send(("ok", None if plan is None  # text and rows: a large plan's

@@ -431,6 +431,16 @@ class Store(RolloutRecords):
             "SELECT t, count FROM rate_bins WHERE model = ? AND step = ? AND t >= ? "
             "ORDER BY t", (model, self.rate_step_s, since))]
 
+    def history_bins(self, since: float) -> dict[str, list[tuple[float, float]]]:
+        """model -> its ``rate_bins`` since ``since``: every model's in one query (a
+        plan reads them all)."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for model, t, count in self._query(
+                "SELECT model, t, count FROM rate_bins WHERE step = ? AND t >= ? "
+                "ORDER BY model, t", (self.rate_step_s, since)):
+            out.setdefault(model, []).append((t, count))
+        return out
+
     # -- node identity ---------------------------------------------------------------
     def add_join_token(self, digest: str, node: str, not_after: float) -> None:
         """A one-time token (its hash) that lets ``node`` obtain its credential."""

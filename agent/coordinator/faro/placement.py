@@ -83,8 +83,10 @@ def _allowed(m: ModelDemand, node: str) -> bool:
 def place(nodes: list[Machine], demands: list[ModelDemand],
           current: dict[str, dict[str, int]] | None = None) -> Placement:
     """Assign every model's target replicas to nodes, moving as little as possible.
-    Each node's usage is kept as replicas move, so weighing a candidate node is one
-    lookup, not a sum over the models it holds (``bench/coordinator_scale.py``)."""
+    Each node's usage is kept as replicas move, and a model's candidate nodes are
+    weighed once into a heap: adding a replica changes only its node's entry, so a
+    model's missing replicas cost a pop and a push each, not a scan of its nodes
+    (``bench/plan_scale.py``)."""
     models = {m.name: m for m in demands}
     if len(models) != len(demands):
         raise ValueError("model names must be unique")
@@ -95,21 +97,26 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     for node_name, row in current.items():
         if node_name not in by_name:
             continue
+        kept = plan[node_name]
         for model_name, count in row.items():
             m = models.get(model_name)
-            if m is not None and count > 0 and _allowed(m, node_name):
-                plan[node_name][model_name] = int(count)
+            if m is not None and count > 0 \
+                    and (not m.pinned_nodes or node_name in m.pinned_nodes):  # _allowed
+                kept[model_name] = int(count)
     # 2. trim models above target, from the node where they have the most replicas
     # (ties: the last name)
     holders: dict[str, set[str]] = {}  # model -> nodes the plan has it on (a superset)
+    total: dict[str, int] = {}  # model -> its replicas in the plan, kept as they move
     for node_name, row in plan.items():
-        for model_name in row:
+        for model_name, count in row.items():
             holders.setdefault(model_name, set()).add(node_name)
+            total[model_name] = total.get(model_name, 0) + count
     for m in demands:
-        on = sorted(holders.get(m.name, ()))
-        excess = sum(plan[n].get(m.name, 0) for n in on) - m.replicas
+        excess = total.get(m.name, 0) - m.replicas
         if excess <= 0:
             continue
+        total[m.name] = m.replicas
+        on = sorted(holders[m.name])
         heap = [(-plan[n][m.name], -rank, n) for rank, n in enumerate(on)]
         heapq.heapify(heap)
         while excess > 0:
@@ -121,25 +128,37 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     usage = {}  # node -> (cpu, memory) its row uses
     for node in nodes:
         row = plan[node.name]
-        while not _fits(node, row, models):
+        cpu, mem = _usage(row, models)
+        while cpu > node.cpu + _TOL or mem > node.memory_bytes + _TOL:  # not _fits
             victim = max((k for k, v in row.items() if v > 0), key=lambda k: (row[k], k))
             row[victim] -= 1
-        usage[node.name] = _usage(row, models)
+            total[victim] -= 1
+            cpu, mem = _usage(row, models)
+        usage[node.name] = (cpu, mem)
     # 4. add missing replicas
     unplaced: dict[str, int] = {}
     order = sorted(demands, key=lambda m: (-m.resident_bytes, -m.replicas, m.name))
+    rank = {n.name: i for i, n in enumerate(sorted(nodes, key=lambda n: n.name))}
     for m in order:
-        missing = m.replicas - sum(plan[n].get(m.name, 0) for n in holders.get(m.name, ()))
+        missing = m.replicas - total.get(m.name, 0)
+        if missing <= 0:
+            continue
         candidates = [by_name[n] for n in m.pinned_nodes if n in by_name] \
             if m.pinned_nodes else nodes  # only where it may go (a fleet is large)
+        heap = [e for e in (_entry(n, plan, usage, m, rank) for n in candidates)
+                if e is not None]
+        heapq.heapify(heap)
         while missing > 0:
-            target = _choose_node(candidates, plan, usage, m)
-            if target is None:
+            if not heap:
                 unplaced[m.name] = missing
                 break
-            plan[target][m.name] = plan[target].get(m.name, 0) + 1
-            usage[target] = _usage(plan[target], models)
+            node = heapq.heappop(heap)[-1]  # the best node: only its usage changes here
+            plan[node.name][m.name] = plan[node.name].get(m.name, 0) + 1
+            usage[node.name] = _usage(plan[node.name], models)
             missing -= 1
+            entry = _entry(node, plan, usage, m, rank)
+            if entry is not None:
+                heapq.heappush(heap, entry)
     assignment = {n: {k: v for k, v in row.items() if v > 0} for n, row in plan.items()}
     started = stopped = 0
     for node_name in set(assignment) | set(current):
@@ -152,24 +171,18 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     return Placement(assignment, started, stopped, unplaced)
 
 
-def _choose_node(nodes: list[Machine], plan: dict[str, dict[str, int]],
-                 usage: dict[str, tuple[float, float]], m: ModelDemand) -> str | None:
-    """The node one more replica of ``m`` goes to (None: it fits nowhere): one that
-    already holds ``m`` first, then one of its ``preferred_nodes``, then the most free
-    memory, then the most free cores, then the last name. ``usage``: each node's (cpu,
-    memory) now."""
-    best, best_key = None, None
-    for node in nodes:
-        if not _allowed(m, node.name):
-            continue
-        cpu, mem = usage[node.name]
-        holds = plan[node.name].get(m.name, 0) > 0
-        more = m.memory_per_replica_bytes + (0.0 if holds else m.resident_bytes)
-        if cpu + m.cpu_per_replica > node.cpu + _TOL \
-                or mem + more > node.memory_bytes + _TOL:
-            continue
-        key = (holds, node.name in m.preferred_nodes, node.memory_bytes - mem,
-               node.cpu - cpu, node.name)
-        if best_key is None or key > best_key:
-            best, best_key = node.name, key
-    return best
+def _entry(node: Machine, plan: dict[str, dict[str, int]],
+           usage: dict[str, tuple[float, float]], m: ModelDemand,
+           rank: dict[str, int]) -> tuple | None:
+    """``node``'s heap entry for one more replica of ``m`` (None: it does not fit
+    there). The smallest entry is the node that replica goes to: one that already holds
+    ``m`` first, then one of its ``preferred_nodes``, then the most free memory, then
+    the most free cores, then the last name (``rank``: each node's place by name)."""
+    cpu, mem = usage[node.name]
+    holds = plan[node.name].get(m.name, 0) > 0
+    more = m.memory_per_replica_bytes + (0.0 if holds else m.resident_bytes)
+    if cpu + m.cpu_per_replica > node.cpu + _TOL \
+            or mem + more > node.memory_bytes + _TOL:
+        return None
+    return (not holds, node.name not in m.preferred_nodes, mem - node.memory_bytes,
+            cpu - node.cpu, -rank[node.name], node)

@@ -1,0 +1,107 @@
+"""The plan's one-pass view of the fleet (agent/coordinator/fleetview.py) holds what the
+planner read before from each node's ``NodeReport`` (``summary.expand`` of its summary,
+or its report validated): the same sums in the same order, for random valid reports
+with odd routing, rates and holdings, stored with a summary and without."""
+
+import random
+
+import orjson
+
+from agent.coordinator.fleetview import FleetView, report_rates
+from agent.coordinator.summary import expand, summarize, summary_latency
+from agent.wire import parse_report
+
+
+def random_report(rng: random.Random, i: int) -> dict:
+    names = [f"m{k}" for k in range(8)]
+    body: dict = {"capacity": {"cores": rng.choice([1, 2.5, 8]),
+                               "cpu_memory_bytes": rng.choice([1e9, 2 ** 33])},
+                  "models": {}}
+    for name in rng.sample(names, rng.randint(0, 5)):
+        m = {"device": rng.choice(["cpu", "cpu", "cuda:0"]), "resident": rng.random() < 0.6,
+             "size_bytes": rng.choice([0, 1e6, 5e6, 123.5]),
+             "batches": {str(b): {"count": rng.randint(0, 10 ** 5),
+                                  "seconds": rng.uniform(0, 100)}
+                         for b in rng.sample([1, 2, 4, 8], rng.randint(0, 3))},
+             "latency_ms": {q: rng.uniform(1, 500)
+                            for q in rng.sample(["p50", "p90", "p99", "p99.9"],
+                                                rng.randint(0, 4))}}
+        if rng.random() < 0.7:
+            m["rate"] = rng.uniform(0, 50)
+        body["models"][name] = m
+    if rng.random() < 0.4:  # forwards models, some of which it also serves
+        body["routing"] = {"version": 1, "models": {
+            name: {"forwarded": 3.0, **({"rate": rng.uniform(0, 9)} if rng.random() < 0.6
+                                        else {}),
+                   **({"latency_ms": {"p99": rng.uniform(1, 90)}} if rng.random() < 0.5
+                      else {})}
+            for name in rng.sample(names, rng.randint(1, 3))}}
+    if rng.random() < 0.3:
+        body["disk"] = [{"model": rng.choice(names), "version": 1}]
+    if rng.random() < 0.3:
+        body["pulling"] = [{"model": rng.choice(names)}]
+    if rng.random() < 0.5:
+        body["peer"] = {"url": f"http://10.0.0.{i}:8000"}
+    if rng.random() < 0.7:
+        body["report_id"] = i + 1
+    return body
+
+
+def reference(rows):
+    """What the planner computed from each live node's ``NodeReport``, in node order."""
+    ends, busy, tails, holders, files, peers = {}, {}, {}, {}, {}, {}
+    for name, seen, reported, report in rows:
+        for m, mr in report.models.items():
+            ends[m] = min(ends.get(m, seen), seen)
+            seconds, done = mr.busy_seconds_per_request()
+            total = busy.setdefault(m, [0.0, 0.0])
+            total[0], total[1] = total[0] + seconds, total[1] + done
+            holders.setdefault(m, {})[name] = (mr.device, mr.resident, mr.size_bytes)
+        for m, rate in report_rates(report):
+            tails.setdefault(m, []).append((reported, rate))
+        for h in (*report.disk, *report.pulling):
+            files.setdefault(h.model, set()).add(name)
+        if report.peer is not None:
+            peers[name] = (report.peer.url, report.peer.grpc)
+    return ends, busy, tails, holders, files, peers
+
+
+def test_the_view_holds_what_the_reports_said():
+    rng = random.Random(36)
+    for trial in range(40):
+        view, rows = FleetView(), []
+        for i in range(rng.randint(1, 25)):
+            name, seen = f"n{i}", rng.uniform(0, 100)
+            reported = seen - rng.uniform(0, 50)
+            raw = orjson.dumps(random_report(rng, i))
+            report = parse_report(name, raw)
+            if rng.random() < 0.3:  # an old row: the report validated, not its summary
+                view.add_row(name, seen, reported, None, raw)
+            else:
+                summary = summarize(report)
+                view.add_row(name, seen, reported, summary, raw)
+                report = expand(summary)
+            rows.append((name, seen, reported, report))
+        ends, busy, tails, holders, files, peers = reference(rows)
+        assert {m: h.end for m, h in view.held.items()} == ends, trial
+        assert {m: [h.seconds, h.done] for m, h in view.held.items()} == busy, trial
+        assert view.tails == tails, trial
+        assert {m: h.nodes for m, h in view.held.items()} == \
+            {m: {n: r for n, (_, r, _) in on.items()} for m, on in holders.items()}, trial
+        assert {m: (h.largest, h.cpu_only) for m, h in view.held.items()} == \
+            {m: (max(s for _, _, s in on.values()), all(d == "cpu" for d, _, _ in on.values()))
+             for m, on in holders.items()}, trial
+        assert view.files == files and view.peers == peers, trial
+        assert list(view.capacity) == [name for name, *_ in rows]
+
+
+def test_summary_latency_is_what_the_expanded_report_measured():
+    rng = random.Random(7)
+    for i in range(200):
+        report = parse_report("n", random_report(rng, i))
+        summary = summarize(report)
+        expanded = expand(summary)
+        routed = expanded.routing.models.items() if expanded.routing else ()
+        want = [(m, r.latency_ms) for m, r in (*expanded.models.items(), *routed)
+                if r.latency_ms]
+        assert [(m, lat) for m, lat in summary_latency(summary) if lat] == want, i
