@@ -43,8 +43,11 @@ open (its requests every S s, or ten times as long as the last refresh took wher
 is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints each
 second whose slowest report took over MS ms (stalls show their period: a plan, a
 collection). Each row also gives the coordinator's own count of its CPU per report
-(``/metrics``). The client processes run without their garbage collector, whose pauses
-(5,000 connections each) would show as report latency.
+(``/metrics``), and how many nodes are due in the busiest 100 ms of an interval at the
+window's start (each node keeps the random phase it was given, however late an answer
+came: nodes bunched in one instant queue at a coordinator idle on average). The
+client processes run without their garbage collector, whose pauses (5,000 connections
+each) would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
