@@ -21,8 +21,8 @@ from tests.helpers import issue_cert, make_ca
 
 NODES = 60
 INTERVAL = 1.0
-BURST_AT = 1.5  # s after the start: every answer held until then comes at once
-WINDOW = (3.0, 6.0)  # the measured window, s after the start
+BURST_AT = 1.2  # s after the start: every answer held until then comes at once
+WINDOW = (2.0, 4.0)  # the measured window, s after the start
 
 
 class HoldingServer(asyncio.Protocol):
