@@ -43,8 +43,8 @@ open (its requests every S s, or ten times as long as the last refresh took wher
 is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints each
 second whose slowest report took over MS ms (stalls show their period: a plan, a
 collection). Each row also gives the coordinator's own count of its CPU per report
-(``/metrics``), and how many nodes are due in the busiest 100 ms of an interval at the
-window's start (each node keeps the random phase it was given, however late an answer
+(``/metrics``), and how many nodes are due in the busiest 100 ms, and the busiest
+millisecond, of an interval at the window's start (each node keeps the random phase it was given, however late an answer
 came: nodes bunched in one instant queue at a coordinator idle on average). The
 client processes run without their garbage collector, whose pauses (5,000 connections
 each) would show as report latency.
@@ -756,21 +756,24 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
             "client_ms_per_report": sum(r["window_cpu_s"] for r in results) * 1000
             / max(1, total["ok"]),
             "gauges": gauges, "parts": None if restart else own_split(gauges0, gauges),
-            "refreshes": refreshes, "busiest": busiest_share(
-                [x for r in results for x in r.get("phases", [])], args.interval),
+            "refreshes": refreshes, "busiest": [busiest_share(
+                [x for r in results for x in r.get("phases", [])], args.interval, s)
+                for s in PHASE_SLICES_S],
             "restart": restart_figures(results, timed["restart"], wall0 + args.duration)
             if restart else None}
 
 
-#: The slice of an interval ``busiest_share`` looks at.
-PHASE_SLICE_S = 0.1
+#: The slices of an interval whose busiest one the bench prints (``busiest_share``).
+PHASE_SLICES_S = (0.1, 0.001)
 
 
-def busiest_share(phases: list[float], interval: float) -> tuple[int, float]:
-    """(nodes due in the busiest ``PHASE_SLICE_S`` of an interval, as many as a
-    uniform spread of ``phases`` puts there): nodes bunched in one instant queue at the
-    coordinator however idle it is on average."""
-    bins = max(1, round(interval / PHASE_SLICE_S))
+def busiest_share(phases: list[float], interval: float, slice_s: float
+                  ) -> tuple[int, float]:
+    """(nodes due in the busiest ``slice_s`` of an interval, as many as a uniform
+    spread of ``phases`` puts there on average): nodes bunched in one instant queue at
+    the coordinator however idle it is on average; bunched within a millisecond, their
+    messages reach it in one read of its event loop."""
+    bins = max(1, round(interval / slice_s))
     counts = [0] * bins
     for phase in phases:
         counts[min(bins - 1, int(phase / interval * bins))] += 1
@@ -980,10 +983,10 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
           f"full reports/s answered ({r['asked']} asked for); p99 leases {r['lease_p99_ms']:.1f} ms, full reports "
           f"{r['full_p99_ms']:.1f} ms; answered but not in the store: "
           f"{'-' if r['lost'] is None else r['lost']}", flush=True)
-    most, uniform = r["busiest"]
-    print(f"         due at the window's start: {most} nodes in the busiest "
-          f"{PHASE_SLICE_S * 1000:g} ms of the interval (uniform phases: {uniform:.0f})",
-          flush=True)
+    print("         due at the window's start: " + ", ".join(
+        f"{most} nodes in the busiest {slice_s * 1000:g} ms of the interval (uniform "
+        f"phases: {uniform:.1f} on average)"
+        for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])), flush=True)
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
