@@ -983,10 +983,10 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
           f"full reports/s answered ({r['asked']} asked for); p99 leases {r['lease_p99_ms']:.1f} ms, full reports "
           f"{r['full_p99_ms']:.1f} ms; answered but not in the store: "
           f"{'-' if r['lost'] is None else r['lost']}", flush=True)
-    print("         due at the window's start: " + ", ".join(
-        f"{most} nodes in the busiest {slice_s * 1000:g} ms of the interval (uniform "
-        f"phases: {uniform:.1f} on average)"
-        for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])), flush=True)
+    print("         due at the window's start, nodes in the busiest slice of the "
+          "interval: " + ", ".join(
+              f"{slice_s * 1000:g} ms {most} ({uniform:.1f} on average)"
+              for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])), flush=True)
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
