@@ -44,10 +44,10 @@ is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints
 second whose slowest report took over MS ms (stalls show their period: a plan, a
 collection). Each row also gives the coordinator's own count of its CPU per report
 (``/metrics``), and how many nodes are due in the busiest 100 ms, and the busiest
-millisecond, of an interval at the window's start (each node keeps the random phase it was given, however late an answer
-came: nodes bunched in one instant queue at a coordinator idle on average). The
-client processes run without their garbage collector, whose pauses (5,000 connections
-each) would show as report latency.
+millisecond, of an interval at the window's start (each node keeps the random phase it
+was given, however late an answer came: nodes bunched in one instant queue at a
+coordinator idle on average). The client processes run without their garbage
+collector, whose pauses (5,000 connections each) would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
@@ -178,8 +178,9 @@ class SimulatedNode(asyncio.Protocol):
     ``Retry-After``, the answer's version); no stream objects, no task per node. After a
     failure it backs off as the agent does (``agent.backoff``: full jitter,
     ``Retry-After`` obeyed); after a 200 its next report is due at the next time of its
-    own phase (``next_slot``), however late the answer came. As the agent (``agent.node.lease``), where the answer to
-    its full report carries a version it renews a lease each interval instead, and
+    own phase (``next_slot``), however late the answer came. As the agent
+    (``agent.node.lease``), where the answer to its full report carries a version it
+    renews a lease each interval instead, and
     sends its full report again every ``full_report_s`` (at a random phase), when it
     changes (each interval with the probability that makes ``changing`` of the nodes
     change a minute), or when the coordinator asks; a coordinator without leases gets
@@ -204,9 +205,10 @@ class SimulatedNode(asyncio.Protocol):
         self.oks: list[float] = []  # wall times of its 200s (--restart-at only)
 
     def next_slot(self, now: float) -> float:
-        """Its next due time after ``now`` (and after its last one): its phase (a fraction of an interval, drawn
-        once) plus whole intervals (lease intervals once it renews leases) from the
-        simulation's start, as a fleet of nodes started at random times reports. A
+        """Its next due time after ``now`` (and after its last one): its phase (a
+        fraction of an interval, drawn once) plus whole intervals (lease intervals once
+        it renews leases) from the simulation's start, as a fleet of nodes started at
+        random times reports. A
         node whose answer came late (its handshake waited in the warm-up's herd,
         the coordinator asked for its full report) does not take the answer's time as
         its new phase: the nodes answered in one burst would report in one burst
@@ -418,8 +420,9 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
                  for i in ids]
         for node in nodes:
             loop.call_at(node.due, node.fire)
-        loop.call_at(measure[0], lambda: sim.stats.__setitem__(
-            "phases", [(n.due - measure[0]) % interval for n in nodes]))
+        sim.stats["phase_step"] = sim.lease_interval if sim.leases else interval
+        loop.call_at(measure[0], lambda: sim.stats.__setitem__("phases", [
+            (n.due - measure[0]) % sim.stats["phase_step"] for n in nodes]))
         await asyncio.sleep(max(0.0, measure[1] - loop.time()) + 1.0)
         for _ in range(100):  # the last answers (up to 10 s)
             if not any(n.waiting for n in nodes):
@@ -757,8 +760,8 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
             / max(1, total["ok"]),
             "gauges": gauges, "parts": None if restart else own_split(gauges0, gauges),
             "refreshes": refreshes, "busiest": [busiest_share(
-                [x for r in results for x in r.get("phases", [])], args.interval, s)
-                for s in PHASE_SLICES_S],
+                [x for r in results for x in r.get("phases", [])],
+                results[0]["phase_step"], s) for s in PHASE_SLICES_S],
             "restart": restart_figures(results, timed["restart"], wall0 + args.duration)
             if restart else None}
 
@@ -986,7 +989,8 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
     print("         due at the window's start, nodes in the busiest slice of the "
           "interval: " + ", ".join(
               f"{slice_s * 1000:g} ms {most} ({uniform:.1f} on average)"
-              for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])), flush=True)
+              for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])),
+          flush=True)
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
