@@ -4,7 +4,8 @@ them) still reports spread over the interval in the measured window, not in the 
 instant every interval after, which queued leases at an idle coordinator and was read
 as TLS latency. The bench's own clients (``SimulatedNode``, ``Simulation``) against a
 real loopback server, plain and TLS (certificates made here), that holds its answers
-until the burst and then answers at once."""
+until the burst and then answers at once (a stand-in for the coordinator, which cannot
+be made to hold its answers until one instant; it answers as the coordinator does)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.http.eventloop import run_event_loop
 from bench.coordinator_scale import (Simulation, SimulatedNode, busiest_share,
                                      lease_request, tls_context)
-from agent.http.eventloop import run_event_loop
 from tests.helpers import issue_cert, make_ca
 
 NODES = 60
