@@ -43,8 +43,11 @@ open (its requests every S s, or ten times as long as the last refresh took wher
 is longer, as the page waits; each refresh timed); ``--timeline MS`` also prints each
 second whose slowest report took over MS ms (stalls show their period: a plan, a
 collection). Each row also gives the coordinator's own count of its CPU per report
-(``/metrics``). The client processes run without their garbage collector, whose pauses
-(5,000 connections each) would show as report latency.
+(``/metrics``), and how many nodes are due in the busiest 100 ms, and the busiest
+millisecond, of an interval at the window's start (each node keeps the random phase it
+was given, however late an answer came: nodes bunched in one instant queue at a
+coordinator idle on average). The client processes run without their garbage
+collector, whose pauses (5,000 connections each) would show as report latency.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
@@ -60,6 +63,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -173,22 +177,24 @@ class SimulatedNode(asyncio.Protocol):
     time, its answer parsed from the raw bytes (status, ``Content-Length``,
     ``Retry-After``, the answer's version); no stream objects, no task per node. After a
     failure it backs off as the agent does (``agent.backoff``: full jitter,
-    ``Retry-After`` obeyed); after a 200 its next report is due one interval after the
-    last, keeping its phase. As the agent (``agent.node.lease``), where the answer to
-    its full report carries a version it renews a lease each interval instead, and
+    ``Retry-After`` obeyed); after a 200 its next report is due at the next time of its
+    own phase (``next_slot``), however late the answer came. As the agent
+    (``agent.node.lease``), where the answer to its full report carries a version it
+    renews a lease each interval instead, and
     sends its full report again every ``full_report_s`` (at a random phase), when it
     changes (each interval with the probability that makes ``changing`` of the nodes
     change a minute), or when the coordinator asks; a coordinator without leases gets
     a full report every interval."""
 
-    def __init__(self, sim: "Simulation", i: int, request: bytes, due: float) -> None:
-        self.sim, self.i, self.request, self.due = sim, i, request, due
+    def __init__(self, sim: "Simulation", i: int, request: bytes, phase: float) -> None:
+        self.sim, self.i, self.request, self.phase = sim, i, request, phase
+        self.due = sim.start + phase * sim.interval
         #: its lease's request: the probe first, then one naming the answer's version
         self.lease: bytes | None = lease_request(i, None) if sim.leases else None
-        self.full_due = due + sim.rng.uniform(0, sim.full_report_s)
+        self.full_due = self.due + sim.rng.uniform(0, sim.full_report_s)
         self.leasing = False  # what is in flight is a lease
         self.batching = False  # it renews leases: its full reports carry their fields
-        self.last_full = due  # when its last full report was answered (loop time)
+        self.last_full = self.due  # when its last full report was answered (loop time)
         self.transport: Any = None
         self.connecting = self.waiting = False
         self.failures = 0
@@ -197,6 +203,28 @@ class SimulatedNode(asyncio.Protocol):
         self.in_window = False
         self.timer: Any = None
         self.oks: list[float] = []  # wall times of its 200s (--restart-at only)
+
+    def next_slot(self, now: float) -> float:
+        """Its next due time after ``now`` (and after its last one): its phase (a
+        fraction of an interval, drawn once) plus whole intervals (lease intervals once
+        it renews leases) from the simulation's start, as a fleet of nodes started at
+        random times reports. A
+        node whose answer came late (its handshake waited in the warm-up's herd,
+        the coordinator asked for its full report) does not take the answer's time as
+        its new phase: the nodes answered in one burst would report in one burst
+        every interval after, and queue at a coordinator idle on average. The slots
+        it missed count as late."""
+        sim = self.sim
+        step = sim.lease_interval if self.batching else sim.interval
+        # (uvloop's clock counts whole milliseconds: an answer can come "before" its
+        # due time; a due time on the grid may come out of the division a hair short)
+        now = max(now, self.due)
+        slot = sim.start + (self.phase + math.floor(
+            (now - sim.start) / step - self.phase + 1e-6) + 1) * step
+        missed = max(0, math.floor((slot - self.due) / step) - 1)
+        if missed and self.in_window:
+            sim.stats["late"] += missed
+        return slot
 
     def fire(self) -> None:
         sim = self.sim
@@ -314,8 +342,7 @@ class SimulatedNode(asyncio.Protocol):
                 version = answer_version(body)
                 if version is not None:
                     self.lease = lease_request(self.i, version)
-                self.due = max(self.due + (sim.lease_interval if self.batching
-                                           else sim.interval), now)
+                self.due = self.next_slot(now)
         elif self.leasing and status in (403, 404, 405):  # a coordinator without leases
             self.lease, self.batching, self.due = None, False, now
         else:
@@ -344,8 +371,10 @@ class Simulation:
     def __init__(self, loop: Any, port: int, tls: Any, interval: float,
                  measure: tuple[float, float], track_oks: bool, leases: bool = True,
                  full_report_s: float = 300.0, changing: float = 0.01,
-                 source: str | None = None, lease_interval: float | None = None) -> None:
+                 source: str | None = None, lease_interval: float | None = None,
+                 start: float = 0.0) -> None:
         self.loop, self.port, self.tls, self.interval = loop, port, tls, interval
+        self.start = start  # (loop time) every node's phase counts from here
         self.measure, self.track_oks = measure, track_oks
         self.leases, self.full_report_s, self.source = leases, full_report_s, source
         #: a node changes (a full report instead of its lease) with this chance each
@@ -383,13 +412,17 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
         loop = asyncio.get_running_loop()
         start = loop.time() + (t0 - time.time())
         measure = (start + warmup, start + warmup + duration)
-        sim = Simulation(loop, port, tls, interval, measure, track_oks, **(fleet or {}))
+        sim = Simulation(loop, port, tls, interval, measure, track_oks, start=start,
+                         **(fleet or {}))
         for at, key in zip(measure, ("window_cpu0", "window_cpu1")):  # the steady state
             loop.call_at(at, lambda key=key: sim.stats.__setitem__(key, time.process_time()))
-        nodes = [SimulatedNode(sim, i, requests[i], start + random.Random(i).uniform(
-            0, interval)) for i in ids]
+        nodes = [SimulatedNode(sim, i, requests[i], random.Random(i).random())
+                 for i in ids]
         for node in nodes:
             loop.call_at(node.due, node.fire)
+        sim.stats["phase_step"] = sim.lease_interval if sim.leases else interval
+        loop.call_at(measure[0], lambda: sim.stats.__setitem__("phases", [
+            (n.due - measure[0]) % sim.stats["phase_step"] for n in nodes]))
         await asyncio.sleep(max(0.0, measure[1] - loop.time()) + 1.0)
         for _ in range(100):  # the last answers (up to 10 s)
             if not any(n.waiting for n in nodes):
@@ -726,9 +759,28 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
             "client_ms_per_report": sum(r["window_cpu_s"] for r in results) * 1000
             / max(1, total["ok"]),
             "gauges": gauges, "parts": None if restart else own_split(gauges0, gauges),
-            "refreshes": refreshes,
+            "refreshes": refreshes, "busiest": [busiest_share(
+                [x for r in results for x in r.get("phases", [])],
+                results[0]["phase_step"], s) for s in PHASE_SLICES_S],
             "restart": restart_figures(results, timed["restart"], wall0 + args.duration)
             if restart else None}
+
+
+#: The slices of an interval whose busiest one the bench prints (``busiest_share``).
+PHASE_SLICES_S = (0.1, 0.001)
+
+
+def busiest_share(phases: list[float], interval: float, slice_s: float
+                  ) -> tuple[int, float]:
+    """(nodes due in the busiest ``slice_s`` of an interval, as many as a uniform
+    spread of ``phases`` puts there on average): nodes bunched in one instant queue at
+    the coordinator however idle it is on average; bunched within a millisecond, their
+    messages reach it in one read of its event loop."""
+    bins = max(1, round(interval / slice_s))
+    counts = [0] * bins
+    for phase in phases:
+        counts[min(bins - 1, int(phase / interval * bins))] += 1
+    return max(counts, default=0), len(phases) / bins
 
 
 def lost_answers(database: Path, results: list[dict]) -> dict[str, int] | None:
@@ -934,6 +986,11 @@ def print_details(r: dict, args: argparse.Namespace) -> None:
           f"full reports/s answered ({r['asked']} asked for); p99 leases {r['lease_p99_ms']:.1f} ms, full reports "
           f"{r['full_p99_ms']:.1f} ms; answered but not in the store: "
           f"{'-' if r['lost'] is None else r['lost']}", flush=True)
+    print("         due at the window's start, nodes in the busiest slice of the "
+          "interval: " + ", ".join(
+              f"{slice_s * 1000:g} ms {most} ({uniform:.1f} on average)"
+              for slice_s, (most, uniform) in zip(PHASE_SLICES_S, r["busiest"])),
+          flush=True)
     if r["tls"]:
         print(f"         TLS handshakes: {r['handshakes']}, {r['resumed']} of them resumed",
               flush=True)
