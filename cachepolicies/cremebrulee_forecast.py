@@ -12,18 +12,19 @@ estimate (``rate``, ``half_life``), the decayed one scaled to be unbiased in its
 half-lives (``rates.log_warmup``: early on it undercounts, and rate-ranked models would
 lose to forecast ones they should not).
 
-A rate read at a model's request counts that request: for a Poisson model the count
-just after a request overstates its rate by one request's worth (n requests in t
-seconds where the next gap is 1/λ ≈ t/(n − 1)), most for models requested a few times
-an hour. Among rate-ranked models the bias is alike for all and CremeBrulee's order is
-the better one (taking it out there costs 1-3 % on Poisson and Azure-like workloads),
-but against a timer's forecast it keeps rare models over timers. So at each request
-``discount`` × s of the request is taken out of the model's count, s the share of
-periodic models among those requested often enough to tell: 0 without timers, where
-the order stays CremeBrulee's and the two policies decide alike.
+A rate read at a model's request counts that request: for a Poisson model with n
+requests in t seconds, the last now, it says n / t where (n − 1) / t is unbiased, most
+off for models requested a few times an hour. Among rate-ranked models the bias is
+alike for all and CremeBrulee's order is the better one (docs/benchmarks.md), but
+against a timer's forecast it keeps rare models over timers. So at each request
+d = ``discount`` × s of the request is taken out of the model's count, s the share of
+the last ~1,000 requests (``SHARE_WEIGHT``) that came from models found periodic with a
+period of a second or more: 0 without timers, where the order stays CremeBrulee's and
+the two policies decide alike.
 
-Faro's forecaster (Holt-Winters over per-minute rates, ``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate
-series; an eviction needs the next arrival of one model seconds ahead, and the decayed
+Faro's forecaster (Holt-Winters over per-minute rates,
+``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate series; an
+eviction needs the next arrival of one model seconds ahead, and the decayed
 count is already that forecaster's level term, so it is not used here.
 
 A periodic model's utility changes with time alone, so the two kinds are kept apart:
@@ -58,6 +59,16 @@ class ForecastState(structref.StructRefProxy):
     pass
 
 
+# The shortest period of a timer counted in the share of requests from timers (seconds):
+# schedulers fire at most once a second (NCRONTAB's finest field); shorter regular gaps
+# are bursts, such as a batch of concurrent requests. That share is a moving average
+# over requests of weight SHARE_WEIGHT (the last ~1,000), corrected for its start as
+# the first requests come in; the discount is capped below one whole request.
+TIMER_MIN_PERIOD = 1.0
+SHARE_WEIGHT = 1e-3
+MAX_DISCOUNT = 0.95
+
+
 # Per id, while resident: worth = penalty / size and log_worth its log (-inf: no
 # penalty); per id: last (time of the last request, NaN: none yet), period (seconds, 0:
 # no estimate) and streak (gaps in a row that matched it); pslot, the id's place in pids
@@ -66,12 +77,13 @@ class ForecastState(structref.StructRefProxy):
 # pending_heap / pending_periodic, the next candidate of each kind (-1: none left), and
 # pending_util the latter's log utility; shared, the term of the rate-based ones.
 # adjust: per id, the log of the share of its count kept at its last request (0: all);
-# periodic_models: ids periodic now; detectable: ids with confirm + 1 requests or more.
+# share: the moving average of 1 per request from a timer, 0 from another model, and
+# share_norm the same of 1 for every request (share / share_norm: the share so far).
 structref.define_proxy(ForecastState, ForecastStateType,
                        ["res", "heap", "rates", "worth", "log_worth", "last", "period",
                         "streak", "pslot", "pids", "pcount", "putil", "pending_heap",
                         "pending_periodic", "pending_util", "shared", "tolerance", "confirm",
-                        "discount", "adjust", "periodic_models", "detectable"])
+                        "discount", "adjust", "share", "share_norm"])
 
 
 @kernel
@@ -81,7 +93,7 @@ def new_state(res, cumulative, k, tolerance, confirm, discount):
                          np.zeros(n), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
                          np.full(n, -1, np.int64), np.zeros(n, np.int64), np.int64(0),
                          np.zeros(n), np.int64(-1), np.int64(-1), 0.0, 0.0, tolerance,
-                         confirm, discount, np.zeros(n), np.int64(0), np.int64(0))
+                         confirm, discount, np.zeros(n), 0.0, 0.0)
 
 
 @kernel
@@ -111,28 +123,23 @@ def _observe_gap(s, i, now):
         return
     gap = now - last
     period = s.period[i]
-    was = s.streak[i] >= s.confirm
-    if s.rates.count[i] == s.confirm + 1:  # its first chance to be found periodic
-        s.detectable += 1
     if period > 0 and abs(gap - period) <= s.tolerance * period:
         s.streak[i] += 1
         s.period[i] = period + (gap - period) / (s.streak[i] + 1)
     else:
         s.streak[i] = 0
         s.period[i] = gap
-    periodic = s.streak[i] >= s.confirm
-    if periodic and not was:
-        s.periodic_models += 1
-    elif was and not periodic:
-        s.periodic_models -= 1
 
 
 @kernel(inline="always")
 def _discount(s, i, now):
     """log((count − d) / count) for ``i`` just requested, kept in ``adjust[i]`` until its
-    next request: d = ``discount`` × the share of periodic models among those with enough
-    gaps to tell (0 without timers: CremeBrulee's order)."""
-    d = s.discount * s.periodic_models / max(s.detectable, 1)
+    next request: d = ``discount`` × the share of recent requests that came from timers,
+    this one counted (0 without timers: CremeBrulee's order)."""
+    timer = s.streak[i] >= s.confirm and s.period[i] >= TIMER_MIN_PERIOD
+    s.share += ((1.0 if timer else 0.0) - s.share) * SHARE_WEIGHT
+    s.share_norm += (1.0 - s.share_norm) * SHARE_WEIGHT
+    d = min(s.discount * s.share / s.share_norm, MAX_DISCOUNT)
     adjust = 0.0
     if d > 0:
         r = s.rates
@@ -300,10 +307,10 @@ class CremeBruleeForecast(Policy):
     trims_eviction_set = True
 
     def __init__(self, rate: str = "decayed", half_life: float = 600.0,
-                 tolerance: float = 0.05, confirm: int = 3, discount: float = 0.7) -> None:
+                 tolerance: float = 0.05, confirm: int = 3, discount: float = 1.0) -> None:
         cumulative, k = rates.rate_parameters(rate, half_life)
-        if not 0 <= discount < 1:
-            raise ValueError(f"discount must be in [0, 1), got {discount}")
+        if not discount >= 0:
+            raise ValueError(f"discount must be >= 0, got {discount}")
         if not 0 < tolerance < 1:
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
         if confirm < 1:
