@@ -19,7 +19,7 @@ alike for all and CremeBrulee's order is the better one (docs/benchmarks.md), bu
 against a timer's forecast it keeps rare models over timers. So at each request
 d = ``discount`` × s of the request is taken out of the model's count, s the share of
 the last ~1,000 requests (``SHARE_WEIGHT``) that came from models found periodic with a
-period of a second or more: 0 without timers, where the order stays CremeBrulee's and
+period of a second or more, less ``SHARE_FLOOR``: 0 without timers, where the order stays CremeBrulee's and
 the two policies decide alike.
 
 Faro's forecaster (Holt-Winters over per-minute rates,
@@ -63,9 +63,11 @@ class ForecastState(structref.StructRefProxy):
 # schedulers fire at most once a second (NCRONTAB's finest field); shorter regular gaps
 # are bursts, such as a batch of concurrent requests. That share is a moving average
 # over requests of weight SHARE_WEIGHT (the last ~1,000), corrected for its start as
-# the first requests come in; the discount is capped below one whole request.
+# the first requests come in; SHARE_FLOOR is taken off it (a share below it is chance:
+# Poisson models found periodic for a while); the discount is capped below one request.
 TIMER_MIN_PERIOD = 1.0
 SHARE_WEIGHT = 1e-3
+SHARE_FLOOR = 0.01
 MAX_DISCOUNT = 0.95
 
 
@@ -99,10 +101,9 @@ def new_state(res, cumulative, k, tolerance, confirm, discount):
 @kernel
 def _on_access(s, i, now):
     log_score = rates.record(s.rates, i, now)
-    _observe_gap(s, i, now)
-    log_score += _discount(s, i, now)
+    periodic, period = _observe_gap(s, i, now)
+    log_score += _discount(s, i, now, log_score, periodic and period >= TIMER_MIN_PERIOD)
     if s.res.slot[i] >= 0:
-        periodic = s.streak[i] >= s.confirm
         listed = s.pslot[i] >= 0
         if periodic and not listed:
             heap_remove(s.heap, i)
@@ -116,35 +117,42 @@ def _on_access(s, i, now):
 
 @kernel(inline="always")
 def _observe_gap(s, i, now):
-    """Match the gap since the last request against the period estimate."""
+    """Match the gap since the last request against the period estimate; return
+    (periodic, period) as they now are."""
     last = s.last[i]
     s.last[i] = now
     if last != last:  # the first request
-        return
+        return False, 0.0
     gap = now - last
     period = s.period[i]
     if period > 0 and abs(gap - period) <= s.tolerance * period:
-        s.streak[i] += 1
-        s.period[i] = period + (gap - period) / (s.streak[i] + 1)
+        streak = s.streak[i] + 1
+        period += (gap - period) / (streak + 1)
     else:
-        s.streak[i] = 0
-        s.period[i] = gap
+        streak = 0
+        period = gap
+    s.streak[i] = streak
+    s.period[i] = period
+    return streak >= s.confirm, period
 
 
 @kernel(inline="always")
-def _discount(s, i, now):
-    """log((count − d) / count) for ``i`` just requested, kept in ``adjust[i]`` until its
-    next request: d = ``discount`` × the share of recent requests that came from timers,
-    this one counted (0 without timers: CremeBrulee's order)."""
-    timer = s.streak[i] >= s.confirm and s.period[i] >= TIMER_MIN_PERIOD
-    s.share += ((1.0 if timer else 0.0) - s.share) * SHARE_WEIGHT
-    s.share_norm += (1.0 - s.share_norm) * SHARE_WEIGHT
-    d = min(s.discount * s.share / s.share_norm, MAX_DISCOUNT)
+def _discount(s, i, now, log_score, timer):
+    """log((count − d) / count) for ``i`` just requested (``log_score`` its new score;
+    ``timer``: it is periodic, a period of ``TIMER_MIN_PERIOD`` or more), kept in
+    ``adjust[i]`` until its next request: d = ``discount`` × the share of recent
+    requests that came from timers, this one counted, less ``SHARE_FLOOR`` (0 without
+    timers: CremeBrulee's order)."""
+    share = s.share + ((1.0 if timer else 0.0) - s.share) * SHARE_WEIGHT
+    norm = s.share_norm + (1.0 - s.share_norm) * SHARE_WEIGHT
+    s.share = share
+    s.share_norm = norm
+    d = s.discount * (share / norm - SHARE_FLOOR)
     adjust = 0.0
     if d > 0:
-        r = s.rates
-        count = float(r.count[i]) if r.cumulative else math.exp(r.log_sum[i] - now * r.k)
-        adjust = math.log1p(-d / max(count, 1.0))
+        r = s.rates  # the count: log_score is log(count) + k · now (decayed), log(count)
+        count = math.exp(log_score if r.cumulative else log_score - now * r.k)
+        adjust = math.log1p(-min(d, MAX_DISCOUNT) / max(count, 1.0))
     s.adjust[i] = adjust
     return adjust
 
