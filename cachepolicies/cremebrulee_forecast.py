@@ -19,8 +19,8 @@ alike for all and CremeBrulee's order is the better one (docs/benchmarks.md), bu
 against a timer's forecast it keeps rare models over timers. So at each request
 d = ``discount`` × s of the request is taken out of the model's count, s the share of
 the last ~1,000 requests (``SHARE_WEIGHT``) that came from models found periodic with a
-period of a second or more, less ``SHARE_FLOOR``: 0 without timers, where the order stays CremeBrulee's and
-the two policies decide alike.
+period of a second or more, less ``SHARE_FLOOR``: 0 without timers, where the order
+stays CremeBrulee's and the two policies decide alike.
 
 Faro's forecaster (Holt-Winters over per-minute rates,
 ``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate series; an

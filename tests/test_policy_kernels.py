@@ -279,18 +279,21 @@ def test_the_forecasts_discount_decides_alike_compiled_and_interpreted():
     trace = make_trace(np.concatenate(times)[order],
                        [names[i] for i in np.concatenate(ids)[order]], profiles)
     results, policies = [], []
-    for drive_with in (compiled, python_driven):
+    for drive_with, spec in ((compiled, "cremebrulee-forecast"),
+                             (python_driven, "cremebrulee-forecast"),
+                             (compiled, "cremebrulee-forecast:discount=0")):
         with pytest.MonkeyPatch.context() as monkeypatch:
             captured: list = []
             drive_with(monkeypatch, captured)
-            results.append(simulate(trace, profiles, 120, "cremebrulee-forecast"))
+            results.append(simulate(trace, profiles, 120, spec))
             policies.append(captured[0])
     assert results[0] == results[1]
-    assert policies[0]._state.share > 0.1  # requests from timers found: a discount applies
-    assert min(policies[0]._state.adjust) < 0
     end = float(trace.timestamps[-1])
     assert [policies[0].priority(k, end) for k in range(30)] == [
         policies[1].priority(k, end) for k in range(30)]
+    discounted, plain = ([p.request_rate(k, end) for k in range(10, 30)]
+                         for p in (policies[0], policies[2]))
+    assert all(a <= b for a, b in zip(discounted, plain)) and discounted != plain
 
 
 @pytest.mark.skipif(COMPILED, reason="this process compiles its kernels: the tests above did")
