@@ -10,10 +10,21 @@ of the period); once it is more than ``tolerance`` of a period overdue (a skippe
 stopped timer) and for every other model, B̂ = 1/λ with λ CremeBrulee's own rate
 estimate (``rate``, ``half_life``), the decayed one scaled to be unbiased in its first
 half-lives (``rates.log_warmup``: early on it undercounts, and rate-ranked models would
-lose to forecast ones they should not; the order among rate-ranked models is
-CremeBrulee's, so without timers the two policies decide alike). Faro's forecaster (Holt-Winters over per-minute
-rates, ``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate
-series; an eviction needs the next arrival of one model seconds ahead, and the decayed
+lose to forecast ones they should not).
+
+A rate read at a model's request counts that request: for a Poisson model with n
+requests in t seconds, the last now, it says n / t where (n − 1) / t is unbiased, most
+off for models requested a few times an hour. Among rate-ranked models the bias is
+alike for all and CremeBrulee's order is the better one (docs/benchmarks.md), but
+against a timer's forecast it keeps rare models over timers. So at each request
+d = ``discount`` × s of the request is taken out of the model's count, s the share of
+the last ~1,000 requests (``SHARE_WEIGHT``) that came from models found periodic with a
+period of a second or more, less ``SHARE_FLOOR``: 0 without timers, where the order
+stays CremeBrulee's and the two policies decide alike.
+
+Faro's forecaster (Holt-Winters over per-minute rates,
+``agent.coordinator.faro.forecast``) plans replicas minutes ahead from rate series; an
+eviction needs the next arrival of one model seconds ahead, and the decayed
 count is already that forecaster's level term, so it is not used here.
 
 A periodic model's utility changes with time alone, so the two kinds are kept apart:
@@ -48,6 +59,18 @@ class ForecastState(structref.StructRefProxy):
     pass
 
 
+# The shortest period of a timer counted in the share of requests from timers (seconds):
+# schedulers fire at most once a second (NCRONTAB's finest field); shorter regular gaps
+# are bursts, such as a batch of concurrent requests. That share is a moving average
+# over requests of weight SHARE_WEIGHT (the last ~1,000), corrected for its start as
+# the first requests come in; SHARE_FLOOR is taken off it (a share below it is chance:
+# Poisson models found periodic for a while); the discount is capped below one request.
+TIMER_MIN_PERIOD = 1.0
+SHARE_WEIGHT = 1e-3
+SHARE_FLOOR = 0.01
+MAX_DISCOUNT = 0.95
+
+
 # Per id, while resident: worth = penalty / size and log_worth its log (-inf: no
 # penalty); per id: last (time of the last request, NaN: none yet), period (seconds, 0:
 # no estimate) and streak (gaps in a row that matched it); pslot, the id's place in pids
@@ -55,28 +78,32 @@ class ForecastState(structref.StructRefProxy):
 # putil, per pids slot the utility (penalty / (size · B̂), +inf once taken);
 # pending_heap / pending_periodic, the next candidate of each kind (-1: none left), and
 # pending_util the latter's log utility; shared, the term of the rate-based ones.
+# adjust: per id, the log of the share of its count kept at its last request (0: all);
+# share: the moving average of 1 per request from a timer, 0 from another model, and
+# share_norm the same of 1 for every request (share / share_norm: the share so far).
 structref.define_proxy(ForecastState, ForecastStateType,
                        ["res", "heap", "rates", "worth", "log_worth", "last", "period",
                         "streak", "pslot", "pids", "pcount", "putil", "pending_heap",
-                        "pending_periodic", "pending_util", "shared", "tolerance", "confirm"])
+                        "pending_periodic", "pending_util", "shared", "tolerance", "confirm",
+                        "discount", "adjust", "share", "share_norm"])
 
 
 @kernel
-def new_state(res, cumulative, k, tolerance, confirm):
+def new_state(res, cumulative, k, tolerance, confirm, discount):
     n = len(res.size)
     return ForecastState(res, new_heap(n), rates.new_rates(cumulative, k, n), np.zeros(n),
                          np.zeros(n), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
                          np.full(n, -1, np.int64), np.zeros(n, np.int64), np.int64(0),
                          np.zeros(n), np.int64(-1), np.int64(-1), 0.0, 0.0, tolerance,
-                         confirm)
+                         confirm, discount, np.zeros(n), 0.0, 0.0)
 
 
 @kernel
 def _on_access(s, i, now):
     log_score = rates.record(s.rates, i, now)
-    _observe_gap(s, i, now)
+    periodic, period = _observe_gap(s, i, now)
+    log_score += _discount(s, i, now, log_score, periodic and period >= TIMER_MIN_PERIOD)
     if s.res.slot[i] >= 0:
-        periodic = s.streak[i] >= s.confirm
         listed = s.pslot[i] >= 0
         if periodic and not listed:
             heap_remove(s.heap, i)
@@ -90,19 +117,44 @@ def _on_access(s, i, now):
 
 @kernel(inline="always")
 def _observe_gap(s, i, now):
-    """Match the gap since the last request against the period estimate."""
+    """Match the gap since the last request against the period estimate; return
+    (periodic, period) as they now are."""
     last = s.last[i]
     s.last[i] = now
     if last != last:  # the first request
-        return
+        return False, 0.0
     gap = now - last
     period = s.period[i]
     if period > 0 and abs(gap - period) <= s.tolerance * period:
-        s.streak[i] += 1
-        s.period[i] = period + (gap - period) / (s.streak[i] + 1)
+        streak = s.streak[i] + 1
+        period += (gap - period) / (streak + 1)
     else:
-        s.streak[i] = 0
-        s.period[i] = gap
+        streak = 0
+        period = gap
+    s.streak[i] = streak
+    s.period[i] = period
+    return streak >= s.confirm, period
+
+
+@kernel(inline="always")
+def _discount(s, i, now, log_score, timer):
+    """log((count − d) / count) for ``i`` just requested (``log_score`` its new score;
+    ``timer``: it is periodic, a period of ``TIMER_MIN_PERIOD`` or more), kept in
+    ``adjust[i]`` until its next request: d = ``discount`` × the share of recent
+    requests that came from timers, this one counted, less ``SHARE_FLOOR`` (0 without
+    timers: CremeBrulee's order)."""
+    share = s.share + ((1.0 if timer else 0.0) - s.share) * SHARE_WEIGHT
+    norm = s.share_norm + (1.0 - s.share_norm) * SHARE_WEIGHT
+    s.share = share
+    s.share_norm = norm
+    d = s.discount * (share / norm - SHARE_FLOOR)
+    adjust = 0.0
+    if d > 0:
+        r = s.rates  # the count: log_score is log(count) + k · now (decayed), log(count)
+        count = math.exp(log_score if r.cumulative else log_score - now * r.k)
+        adjust = math.log1p(-min(d, MAX_DISCOUNT) / max(count, 1.0))
+    s.adjust[i] = adjust
+    return adjust
 
 
 @kernel
@@ -113,7 +165,7 @@ def _on_admit(s, i, now):
     if s.streak[i] >= s.confirm:
         _list(s, i)
     else:
-        heap_set(s.heap, i, worth + rates.log_score(s.rates, i))
+        heap_set(s.heap, i, worth + rates.log_score(s.rates, i) + s.adjust[i])
 
 
 @kernel
@@ -203,7 +255,7 @@ def _lower_pending(s):
 @kernel
 def _rate_log_utility(s, i):
     """log(penalty · λ / size) of resident ``i`` in the walk: CremeBrulee's own."""
-    return s.log_worth[i] + rates.log_score(s.rates, i) + s.shared
+    return s.log_worth[i] + rates.log_score(s.rates, i) + s.adjust[i] + s.shared
 
 
 @kernel(inline="always")
@@ -220,6 +272,7 @@ def _grow(s, capacity):
     s.last = grown(s.last, capacity, np.nan)
     s.period = grown(s.period, capacity, 0.0)
     s.streak = grown(s.streak, capacity, 0)
+    s.adjust = grown(s.adjust, capacity, 0.0)
     s.pslot = grown(s.pslot, capacity, -1)
     s.pids = grown(s.pids, capacity, 0)
     s.putil = grown(s.putil, capacity, 0.0)
@@ -240,7 +293,7 @@ def _utility(s, i, now):
         ahead = s.last[i] + period - now
         if ahead >= -s.tolerance * period:
             return s.worth[i] / max(ahead, 1e-3 * period)
-    log_rate = (rates.log_score(s.rates, i) + rates.log_shared(s.rates, now)
+    log_rate = (rates.log_score(s.rates, i) + s.adjust[i] + rates.log_shared(s.rates, now)
                 + rates.log_warmup(s.rates, now))
     return math.exp(s.log_worth[i] + log_rate)
 
@@ -248,7 +301,8 @@ def _utility(s, i, now):
 @kernel
 def _rate(s, i, now):
     """The decayed rate, unbiased for the time the policy has run (``log_warmup``)."""
-    return rates.rate(s.rates, i, now) * math.exp(rates.log_warmup(s.rates, now))
+    return rates.rate(s.rates, i, now) * math.exp(rates.log_warmup(s.rates, now)
+                                                  + s.adjust[i])
 
 
 @kernel
@@ -261,8 +315,10 @@ class CremeBruleeForecast(Policy):
     trims_eviction_set = True
 
     def __init__(self, rate: str = "decayed", half_life: float = 600.0,
-                 tolerance: float = 0.05, confirm: int = 3) -> None:
+                 tolerance: float = 0.05, confirm: int = 3, discount: float = 1.0) -> None:
         cumulative, k = rates.rate_parameters(rate, half_life)
+        if not discount >= 0:
+            raise ValueError(f"discount must be >= 0, got {discount}")
         if not 0 < tolerance < 1:
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
         if confirm < 1:
@@ -270,7 +326,9 @@ class CremeBruleeForecast(Policy):
         super().__init__()
         self.rate, self.half_life = rate, float(half_life)
         self.tolerance, self.confirm = float(tolerance), int(confirm)
-        self.state_parameters = (cumulative, k, self.tolerance, np.int64(self.confirm))
+        self.discount = float(discount)
+        self.state_parameters = (cumulative, k, self.tolerance, np.int64(self.confirm),
+                                 self.discount)
         self._state = new_state(self._res, *self.state_parameters)
 
     def priority(self, key: Key, now: float) -> float:

@@ -284,7 +284,53 @@ def test_forecast_merges_periodic_and_rate_ranked_models_by_utility():
     assert utilities == sorted(utilities)
 
 
+def _rare_and_steady(spec: str, timers: int):
+    """``timers`` models every 60 s from 0 to 600 s, ``steady`` every 7 or 13 s (never
+    periodic), ``rare`` once at 590 s."""
+    policy = make_policy(spec)
+    times = [(float(t), f"timer{j}") for t in range(0, 601, 60) for j in range(timers)]
+    steady, t = [], 0.0
+    while t < 590:
+        steady.append((t, "steady"))
+        t += 7.0 if len(steady) % 2 else 13.0
+    for now, key in sorted([*times, *steady, (590.0, "rare")]):
+        policy.record_access(key, now)
+    return policy
+
+
+def test_forecast_discounts_a_rare_models_latest_request_where_timers_are():
+    # Up to the rare model's request, 24 of the 100 requests came from models found
+    # periodic (the four timers' firings from 240 s on, after three matching gaps): d ≈
+    # 0.24 − 0.01 (the floor) of the latest request is taken out of each count, nearly a
+    # quarter of the rare model's one request but a small part of the steady model's.
+    plain, discounted = (_rare_and_steady(spec, 4) for spec in (
+        "cremebrulee-forecast:discount=0", "cremebrulee-forecast"))
+    assert discounted.period("timer0") == pytest.approx(60.0)
+    ratio = {key: discounted.request_rate(key, 600.0) / plain.request_rate(key, 600.0)
+             for key in ("rare", "steady")}
+    assert 1 - ratio["rare"] == pytest.approx(24 / 100 - 0.01, rel=0.02)
+    assert 0.98 < ratio["steady"] < 1.0
+    for policy in (plain, discounted):
+        for key in ("rare", "steady"):
+            policy.admit(key, 10, 1.0, 600.0)
+    assert discounted.priority("rare", 600.0) == pytest.approx(
+        plain.priority("rare", 600.0) * ratio["rare"])
+
+
+def test_forecast_without_timers_ranks_as_cremebrulee():
+    crm, plain, discounted = (_rare_and_steady(spec, 0) for spec in (
+        "cremebrulee", "cremebrulee-forecast:discount=0", "cremebrulee-forecast"))
+    for key in ("rare", "steady"):
+        assert discounted.request_rate(key, 600.0) == plain.request_rate(key, 600.0)
+        for policy in (crm, plain, discounted):
+            policy.admit(key, 10, 1.0, 600.0)
+    assert crm.choose_victims(5, 600.0) == discounted.choose_victims(5, 600.0) == ["rare"]
+    assert discounted.priority("rare", 600.0) == plain.priority("rare", 600.0)
+
+
 @pytest.mark.parametrize("spec, message", [
+    ("cremebrulee-forecast:discount=nan", "discount"),
+    ("cremebrulee-forecast:discount=-0.1", "discount"),
     ("cremebrulee-forecast:tolerance=1.5", "tolerance"),
     ("cremebrulee-forecast:tolerance=0", "tolerance"),
     ("cremebrulee-forecast:confirm=0", "confirm"),

@@ -260,6 +260,42 @@ def test_the_compiled_loop_decides_as_the_python_verbs(
             policies[1].priority(k, end) for k in range(12)]
 
 
+def test_the_forecasts_discount_decides_alike_compiled_and_interpreted():
+    # Timers (periods 20-50 s) beside Poisson models: the discount is at work.
+    rng = np.random.default_rng(3)
+    names = [f"m{i}" for i in range(30)]
+    profiles = make_profiles(names, rng.integers(5, 40, 30), rng.uniform(0.5, 5, 30),
+                             np.zeros(30))
+    times, ids = [], []
+    for i, period in enumerate(rng.uniform(20, 50, 10)):
+        fires = np.arange(rng.uniform(0, period), 2000, period)
+        times.append(fires + rng.uniform(-0.2, 0.2, len(fires)))
+        ids.append(np.full(len(fires), i))
+    for i in range(10, 30):
+        n = rng.poisson(2000 / (5 * (i - 8)))
+        times.append(rng.uniform(0, 2000, n))
+        ids.append(np.full(n, i))
+    order = np.argsort(np.concatenate(times))
+    trace = make_trace(np.concatenate(times)[order],
+                       [names[i] for i in np.concatenate(ids)[order]], profiles)
+    results, policies = [], []
+    for drive_with, spec in ((compiled, "cremebrulee-forecast"),
+                             (python_driven, "cremebrulee-forecast"),
+                             (compiled, "cremebrulee-forecast:discount=0")):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            captured: list = []
+            drive_with(monkeypatch, captured)
+            results.append(simulate(trace, profiles, 120, spec))
+            policies.append(captured[0])
+    assert results[0] == results[1]
+    end = float(trace.timestamps[-1])
+    assert [policies[0].priority(k, end) for k in range(30)] == [
+        policies[1].priority(k, end) for k in range(30)]
+    discounted, plain = ([p.request_rate(k, end) for k in range(10, 30)]
+                         for p in (policies[0], policies[2]))
+    assert all(a <= b for a, b in zip(discounted, plain)) and discounted != plain
+
+
 @pytest.mark.skipif(COMPILED, reason="this process compiles its kernels: the tests above did")
 def test_every_test_here_with_compiled_kernels():
     """The tests above again with the kernels compiled (numba: the simulator's mode)."""
