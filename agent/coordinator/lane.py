@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.errors import AgentError, error_response, json_error
+from agent.http.jsonnewline import ending_line
 from agent.http.rawlane import RawAnswer, RawLane, RawRequest, Take
 from agent.security.httpauth import (Guard, Need, Peer, certificate_issued, certificate_name,
                                      names_this_server, request_peer)
@@ -94,15 +95,14 @@ def raw_take(guard: Guard, names: Callable[[], frozenset[str]],
             return _raw_response(json_error(500, "internal error (logged)"))
         if body is None:
             return None
-        return RawAnswer(200, body if body.endswith(b"\n") else body + b"\n")
+        return RawAnswer(200, ending_line(body))
 
     return take
 
 
 def _raw_response(response: web.Response) -> RawAnswer:
     """An error answer as the chain writes it (``json_newline``'s newline included)."""
-    body = bytes(response.body)
-    return RawAnswer(response.status, body if body.endswith(b"\n") else body + b"\n",
+    return RawAnswer(response.status, ending_line(bytes(response.body)),
                      response.headers["Content-Type"],
                      tuple((k, v) for k, v in response.headers.items()
                            if k != "Content-Type"))

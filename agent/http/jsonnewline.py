@@ -11,11 +11,16 @@ from typing import Any
 from aiohttp import web
 
 
+def ending_line(body: bytes) -> bytes:
+    """A JSON answer's ``body`` ending with its newline (an empty one as it is)."""
+    return body + b"\n" if body and not body.endswith(b"\n") else body
+
+
 @web.middleware
 async def json_newline(request: web.Request, handler: Any) -> web.StreamResponse:
     response = await handler(request)
     if type(response) is web.Response and response.content_type == "application/json":
         body = response.body
-        if isinstance(body, (bytes, bytearray)) and body and not body.endswith(b"\n"):
-            response.body = bytes(body) + b"\n"
+        if isinstance(body, (bytes, bytearray)):
+            response.body = ending_line(bytes(body))
     return response
