@@ -148,6 +148,24 @@ def test_lane_answers_are_aiohttps_and_what_it_leaves_is_served_on_the_same_conn
     assert chunked[0] == 200 and chunked[2] == b'{"answer":%d}\n' % version
     lane.close()
     chain.close()
+    # /metrics counts what the lane answered (the first report, the 8 compared, the
+    # last lease: a worker tells its counts every second) and the connections it handed
+    # over (``chain``'s and ``lane``'s, then every scrape's and health check's)
+    wait_for(lambda: lane_counts(port, admin)[0] >= 10, timeout=10)
+    answered, handed = lane_counts(port, admin)
+    assert answered == 10 and handed >= 3
+
+
+def lane_counts(port: int, admin: str) -> tuple[int, int]:
+    """(raw lane answered, handed over) as the coordinator's ``/metrics`` says."""
+    conn = Conn(port)
+    status, _, body = conn.send("GET", "/metrics", token=admin)
+    conn.close()
+    assert status == 200
+    values = dict(line.rsplit(" ", 1) for line in body.decode().splitlines()
+                  if line.startswith("edgeagent_coordinator_raw_lane_"))
+    return (int(values["edgeagent_coordinator_raw_lane_answered_total"]),
+            int(values["edgeagent_coordinator_raw_lane_handed_over_total"]))
 
 
 def test_refused_credentials_get_the_chains_401_403_and_429(coordinator, tokens):

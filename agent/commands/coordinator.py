@@ -57,6 +57,7 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
         log.warning("%s", warning)
     lanes = RawLanes(raw_take(co.guard, lambda: co.names, raw_answer(co), log),
                      timeout_s=config.read_timeout_s, max_body=config.max_request_size)
+    co.raw_lanes = lanes
     runner, url = await listen(app, config.host, config.port, server_connections(config),
                                backlog=4096,  # a fleet
                                reuse_port=config.report_workers > 0, front=lanes.front,

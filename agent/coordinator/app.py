@@ -52,7 +52,7 @@ from agent.coordinator import (api_fleet, api_join, api_lease, api_models, api_n
                                api_rollouts)
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.cost import SAMPLE_S, CostMeter
-from agent.coordinator.lane import takes_lane
+from agent.coordinator.lane import lane_metrics_lines, takes_lane
 from agent.coordinator.ingest import (Fleet, ReportWriter, parse_report_body,
                                      refuse_new_node_past, refuse_while_store_fails, report_record,
                                      reported_models, reported_routing)
@@ -114,6 +114,9 @@ class Coordinator:
                                config.report_retry_after_s)
         self.reports = 0  # answered by this process (its workers count theirs)
         self.leases = 0  # ... and leases renewed
+        #: The raw lane of this process's listener (``agent.http.rawlane.RawLanes``),
+        #: set by whoever listens; None: none (its counts are 0).
+        self.raw_lanes: Any = None
         self.cost = CostMeter()
         self.start_loops = start_loops
         self.tasks: set[asyncio.Task] = set()
@@ -253,6 +256,16 @@ class Coordinator:
                 self.leader = leading
                 if leading and self.start_loops:
                     self.spawn(self.replan_quietly("takeover", "long-term"))
+
+    def lane_counts(self) -> tuple[int, int]:
+        """(requests answered on the raw lane, connections it handed to aiohttp) by this
+        process and every report worker (a restarted one's last counts included)."""
+        own = self.raw_lanes
+        taken, handed = (own.taken, own.handed_over) if own is not None else (0, 0)
+        for load in list(self.workers.load.values()):
+            taken += load.lane_taken
+            handed += load.lane_handed_over
+        return taken, handed
 
     def measure(self, now: float) -> None:
         """Sample what this coordinator costs (``cost``): its own CPU, its planning
@@ -457,6 +470,7 @@ async def metrics(request: web.Request) -> web.Response:
     lines = co.guard.metrics_lines("edgeagent_coordinator", failures)
     co.measure(asyncio.get_running_loop().time())  # as of now
     lines += co.cost.metrics_lines("edgeagent_coordinator", co.loop_states())
+    lines += lane_metrics_lines("edgeagent_coordinator", *co.lane_counts())
     return web.Response(text="\n".join(lines) + "\n",
                         content_type="text/plain", charset="utf-8")
 

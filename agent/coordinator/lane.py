@@ -106,3 +106,16 @@ def _raw_response(response: web.Response) -> RawAnswer:
                      response.headers["Content-Type"],
                      tuple((k, v) for k, v in response.headers.items()
                            if k != "Content-Type"))
+
+
+def lane_metrics_lines(prefix: str, taken: int, handed_over: int) -> list[str]:
+    """Prometheus text: the requests the raw lane answered and the connections it handed
+    to aiohttp (whatever it does not answer: other paths, compressed or chunked bodies,
+    a credential the chain must judge), summed over the processes."""
+    return [f"# HELP {prefix}_raw_lane_answered_total Reports and leases answered on the "
+            "raw lane, below aiohttp.", f"# TYPE {prefix}_raw_lane_answered_total counter",
+            f"{prefix}_raw_lane_answered_total {taken}",
+            f"# HELP {prefix}_raw_lane_handed_over_total Connections the raw lane handed "
+            "to aiohttp, with what it had read.",
+            f"# TYPE {prefix}_raw_lane_handed_over_total counter",
+            f"{prefix}_raw_lane_handed_over_total {handed_over}"]

@@ -100,7 +100,8 @@ Renewed = tuple[str, float, bytes | None]
 class WorkerLoad(NamedTuple):
     """What a worker last told of its load: its CPU seconds since it started, the reports
     it answered and refused, its loop's smoothed lag (seconds) and busy share
-    (``Shedder``), the leases it renewed."""
+    (``Shedder``), the leases it renewed, the requests its raw lane answered and the
+    connections it handed to aiohttp (``RawLanes``)."""
 
     index: int
     cpu_s: float
@@ -109,6 +110,8 @@ class WorkerLoad(NamedTuple):
     lag_s: float
     busy: float
     leases: int = 0
+    lane_taken: int = 0
+    lane_handed_over: int = 0
 
 
 class _Worker:
@@ -568,7 +571,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
                 await loop.run_in_executor(sender, up.send, (
                     "load", os.getpid(), time.process_time(), state.reports,
                     state.shedder.refused, state.shedder.lag, state.shedder.busy,
-                    state.leases))
+                    state.leases, lanes.taken, lanes.handed_over))
 
     handing = loop.create_task(hand_over())
     watching = loop.create_task(state.shedder.watch())
