@@ -213,6 +213,7 @@ class ReportWorkers:
                 continue
             if isinstance(message, tuple) and message[0] == "applied":
                 self._loop.call_soon_threadsafe(self._applied, worker, message[1])
+                continue
             if isinstance(message, tuple) and message[0] == "load":
                 self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
                 continue
