@@ -189,6 +189,56 @@ def test_a_killed_worker_is_replaced_and_reports_go_on(coordinator):
         psutil.STATUS_ZOMBIE
 
 
+def test_a_lease_reaches_the_coordinator_after_the_report_it_renews(tmp_path):
+    """A new node's first full report and the lease it renews right after, answered by a
+    worker while its hand-over of the batch before them waits (the coordinator stopped,
+    SIGSTOP, so the pipe to it fills): the coordinator gets the report before the
+    lease, knows the node when the lease comes, and writes it (``last_seen`` at the
+    lease, in memory and in the store after the stop), as the node was told 200."""
+    co = CoordinatorProcess(None, tmp_path / "co", report_workers=1,
+                            reactive_interval_s=3600)
+    conn = None
+    try:
+        wait_for(lambda: len(listeners(co.port)) == 1 and co.proc.pid not in listeners(
+            co.port), 60, "the worker listens, and the coordinator no longer does")
+        conn = http.client.HTTPConnection("127.0.0.1", co.port, timeout=30)
+
+        def post(path: str, body: dict) -> tuple[int, dict]:
+            conn.request("POST", path, json.dumps(body),
+                         {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            return answer.status, json.loads(answer.read())
+
+        os.kill(co.proc.pid, signal.SIGSTOP)
+        try:
+            # more answered reports than the pipe holds: the hand-over waits on them
+            for i in range(400):
+                assert post(f"/v1/nodes/herd-{i}/report", REPORT)[0] == 200
+            time.sleep(1.0)
+            status, first = post("/v1/nodes/late/report", {**REPORT, "report_id": 7})
+            assert status == 200
+            time.sleep(0.05)
+            sent = time.time()
+            assert post("/v1/nodes/late/lease", {"report": 7, "answer": first["answer"]}) \
+                == (200, {"answer": first["answer"]})
+        finally:
+            os.kill(co.proc.pid, signal.SIGCONT)
+
+        def renewed() -> bool:
+            status, node = call(co.port, "GET", "/v1/nodes/late", token=None)
+            return status == 200 and node["last_seen"] > node["last_report"]
+        wait_for(renewed, 10, "the lease recorded after the report")
+        assert len(call(co.port, "GET", "/v1/nodes", token=None)[1]) == 401
+    finally:
+        if conn is not None:
+            conn.close()
+        co.stop()
+    with sqlite3.connect(tmp_path / "co" / "coordinator.sqlite3") as db:
+        last_seen, reported = db.execute(
+            "SELECT last_seen, reported FROM nodes WHERE name = 'late'").fetchone()
+    assert reported < sent <= last_seen
+
+
 def metric(port: int, name: str, token: str | None = TOKEN) -> float:
     """One sample of the coordinator's ``/metrics`` (``name`` with its labels)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)

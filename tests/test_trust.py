@@ -105,6 +105,8 @@ def test_a_deleted_nodes_certificate_is_refused_on_every_listener_from_the_next_
     context = client_context(ca.cert_file, renewed.cert_file, renewed.key_file)
     assert {call(co.port, "POST", report, REPORT, context=context)[0]
             for _ in range(10)} == {200}
+    # each worker's word that it took the new credentials was taken as that alone
+    assert "Traceback" not in co.log_path.read_text()
 
 
 def test_no_listener_answers_without_authentication(mtls_fleet):

@@ -28,7 +28,8 @@ stays with one). A worker
 * hands what it answered to the coordinator every ``BATCH_S`` (over a pipe): the
   coordinator records the node, writes it with its own group commit and shows the
   directives issued (``GET /v1/nodes``) as for a report it answered itself; then the
-  leases it renewed (node, when, and the new directives where they changed); and every
+  leases it renewed up to the same instant (node, when, and the new directives where
+  they changed: a lease comes after the report it was renewed from); and every
   ``LOAD_S`` its CPU, reports answered and refused, leases renewed and its loop's lag
   (``WorkerLoad``, for the coordinator's ``/metrics``);
 * forwards every other request to the coordinator (``agent.coordinator.forwarding``),
@@ -52,7 +53,7 @@ import secrets
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
 from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
@@ -215,6 +216,7 @@ class ReportWorkers:
                 continue
             if isinstance(message, tuple) and message[0] == "applied":
                 self._loop.call_soon_threadsafe(self._applied, worker, message[1])
+                continue
             if isinstance(message, tuple) and message[0] == "load":
                 self.load[message[1]] = WorkerLoad(worker.index, *message[2:])
                 continue
@@ -553,16 +555,23 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
     sender.submit(up.send, LISTENING)
     told_failures: dict[str, int] = {}
 
+    def hand_over_answered() -> list[Future]:
+        """Give the sender what was answered since the last hand-over: the reports, then
+        the leases, both taken now (a lease renewed from a report answered meanwhile
+        goes after that report: the coordinator knows the node when the lease comes)."""
+        batch, state.answered = state.answered, []
+        renewed, state.renewed = state.renewed, []
+        sent = [sender.submit(up.send, batch)] if batch else []
+        if renewed:
+            sent.append(sender.submit(up.send, ("renewed", renewed)))
+        return sent
+
     async def hand_over() -> None:
         told_load = loop.time()
         while True:
             await asyncio.sleep(BATCH_S)
-            batch, state.answered = state.answered, []
-            if batch:
-                await loop.run_in_executor(sender, up.send, batch)
-            renewed, state.renewed = state.renewed, []
-            if renewed:
-                await loop.run_in_executor(sender, up.send, ("renewed", renewed))
+            for sent in hand_over_answered():  # (the stop cancels the wait, not the send)
+                await asyncio.shield(asyncio.wrap_future(sent))
             if state.guard.failures != told_failures:
                 told_failures.update(state.guard.failures)
                 await loop.run_in_executor(sender, up.send, ("auth", dict(told_failures)))
@@ -582,12 +591,7 @@ async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: st
         watching.cancel()
         lanes.close()
         await runner.cleanup()  # no more reports; then the rest is handed over
-        batch, state.answered = state.answered, []
-        renewed, state.renewed = state.renewed, []
-        last = [sender.submit(up.send, batch)] if batch else []
-        if renewed:
-            last.append(sender.submit(up.send, ("renewed", renewed)))
-        last.append(sender.submit(up.send, None))
+        last = hand_over_answered() + [sender.submit(up.send, None)]
         for sent in last:
             try:
                 await asyncio.wrap_future(sent)
