@@ -20,8 +20,8 @@ from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTI
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.coordinator.rollout import RolloutSettings
 from agent.security.authconfig import AuthSettings
-from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
-                          Positive, Section, Text, load, setting)
+from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer,
+                          NonNegative, Port, Positive, Section, Text, load, setting)
 from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, size, string
 
@@ -104,6 +104,11 @@ class CoordinatorConfig(Section):
         "agents revert directives (pins) not renewed within this")] = 60.0
     node_timeout_s: Annotated[Positive, setting(
         "a node silent this long is left out of plans")] = 60.0
+    lease_write_s: Annotated[NonNegative, setting(
+        "a lease writes the node's last_seen to the store only once the stored one is "
+        "this much older (the coordinator's memory keeps the exact time; full reports "
+        "and a stop write it); 0: every lease; at most a quarter of node_timeout_s is "
+        "used")] = 15.0
     max_nodes: Annotated[AtLeastOne, setting(
         "nodes the coordinator keeps; a report from a new node past them gets 507 (known "
         "nodes report as before; DELETE /v1/nodes/NAME makes room)")] = 100_000
