@@ -100,8 +100,7 @@ class Coordinator:
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
         self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock,
-                                   lease_write_s=min(config.lease_write_s,
-                                                     config.node_timeout_s / 4))
+                                   lease_write_s=config.lease_lag_s)
         self.planner = PlanWorker(config, self.store, clock=clock)
         self.leadership = self.store.leadership()
         self.leader = self.leadership.check()

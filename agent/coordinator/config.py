@@ -167,6 +167,12 @@ class CoordinatorConfig(Section):
     def database(self) -> Path:
         return self.state_dir / "coordinator.sqlite3"
 
+    @property
+    def lease_lag_s(self) -> float:
+        """How far a node's stored ``last_seen`` may lag its last lease: the
+        ``lease_write_s`` in use, at most a quarter of ``node_timeout_s``."""
+        return min(self.lease_write_s, self.node_timeout_s / 4)
+
     def with_overrides(self, **changes: Any) -> CoordinatorConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""
         return structs.replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -7,7 +7,7 @@
   planned for the ``rate_quantile`` quantile of the forecast's window samples, not its
   mean (Faro §3.5.2). Then ``solve`` (Stages 2–3) and ``place``.
 * Short-term (every ``reactive_interval_s``, Faro: 10 s): ``reactive_step`` per model on
-  the worst observed latency at its SLO percentile among nodes that reported since the
+  the worst observed latency at its SLO percentile among nodes heard from since the
   last tick; +1 replica after ``reactive_patience`` violating ticks, only into free
   cores, never down (Faro §4.4). The long-term plan resets the counts.
 
@@ -24,7 +24,12 @@ Decisions where the papers leave room:
   arrivals only with them: the store's bins hold its traffic up to its last full report.
   From then on the forecast counts it at the rate that report gave (``ModelReport.rate``,
   its last minute's; the node reports again when that changes beyond its threshold),
-  until the next full report brings the real points in its place.
+  until the next full report brings the real points in its place. The store gets its
+  leases only every ``lease_write_s``, so its stored ``last_seen`` may lag them by that
+  much: its forecast ends at now, or at that time plus ``lease_write_s`` where sooner
+  (``fleetview.heard_until``), and the reactive check counts it heard from by the same
+  rule. A node leaves plans by its stored time: up to ``lease_write_s`` before
+  ``node_timeout_s`` after its last lease, never after.
 * Placement is on CPU memory: a model is held once per node that runs it
   (``resident_bytes``: its largest reported size) and may only go to nodes whose
   repository has it, preferring the last plan's nodes, then nodes where it is
@@ -60,10 +65,11 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
-from agent.coordinator.fleetview import FleetView
+from agent.coordinator.fleetview import FleetView, heard_until
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
+from agent.coordinator.summary import (expand, renews_leases, report_latency, summary_latency,
+                                       worst_latency)
 from agent.errors import AgentError
 from agent.wire import NodeReport, parse_report
 
@@ -161,7 +167,7 @@ class Planner:
         """What a plan reads of the nodes heard from within the timeout (one pass over
         their stored summaries; no ``NodeReport`` per node)."""
         timeout = self.config.node_timeout_s
-        view = FleetView()
+        view = FleetView(now, self.config.lease_lag_s)
         for name, seen, summary, raw, reported in self.store.live_nodes(now - timeout - 1.0):
             if now - seen <= timeout:
                 view.add_row(name, seen, seen if reported is None else reported, summary, raw)
@@ -430,18 +436,25 @@ class Planner:
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
-        reads only the reports that came since the last check (nothing, when none
-        did), and the plan only when it changed."""
+        reads only the reports of the nodes heard from since the last check (a report
+        or a lease; a node that renews leases by ``heard_until``, as its forecast ends;
+        nothing, when none was), and the plan only when it changed."""
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None
         timeout, after = self.config.node_timeout_s, self._reactive_seen
-        recent = [row for row in self.store.live_nodes(
-                      max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S))
-                  if now - row[1] <= timeout and row[1] > after.get(row[0], -math.inf)]
+        recent, heard = [], {}
+        for row in self.store.live_nodes(
+                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S)):
+            name, seen, last = row[0], row[1], after.get(row[0], -math.inf)
+            if now - seen <= timeout:
+                t = seen if seen > last else self._heard(row, now)
+                if t > last:
+                    recent.append(row)
+                    heard[name] = t
         if not recent:
             return None
-        after.update((row[0], row[1]) for row in recent)
+        after.update(heard)
         self._reactive_mark = max(self._reactive_mark, max(row[1] for row in recent))
         current = self.current_plan()
         if current is None:
@@ -474,6 +487,17 @@ class Planner:
         if not grown:
             return None
         return self._rescale(current, grown, self.read_fleet(now), now)
+
+    def _heard(self, row: tuple, now: float) -> float:
+        """When the node of ``row`` (one of ``Store.live_nodes``) was last heard from:
+        its stored ``last_seen``, or later where it renews leases (``heard_until``)."""
+        name, seen, summary, raw, _ = row
+        lag = self.config.lease_lag_s
+        if not lag or seen >= now:
+            return seen
+        leases = renews_leases(summary) if summary is not None \
+            else parse_report(name, raw).report_id is not None
+        return heard_until(seen, now, lag) if leases else seen
 
     def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
         """The models with a source that ``previous`` ran (or had retired) and the

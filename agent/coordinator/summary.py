@@ -84,6 +84,12 @@ def expand(summary: bytes | str) -> NodeReport:
                       peer=PeerAddress(*peer) if peer else None)
 
 
+def renews_leases(summary: bytes | str) -> bool:
+    """Whether the node of ``summary`` renews leases (its report had a ``report_id``)."""
+    held = orjson.loads(summary)[4:]
+    return len(held) > 4 and held[4] is not None
+
+
 def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
     """``(model, latency_ms)`` of each model of a ``summary`` and then of each model its
     node forwarded, as the ``NodeReport`` that ``expand`` makes has them (the reactive
