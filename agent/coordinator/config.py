@@ -107,8 +107,9 @@ class CoordinatorConfig(Section):
     lease_write_s: Annotated[NonNegative, setting(
         "a lease writes the node's last_seen to the store only once the stored one is "
         "this much older (the coordinator's memory keeps the exact time; full reports "
-        "and a stop write it); 0: every lease; at most a quarter of node_timeout_s is "
-        "used")] = 15.0
+        "and a stop write it; the planner takes a leasing node as heard from up to this "
+        "much later, never past now); 0: every lease; at most a quarter of "
+        "node_timeout_s is used")] = 15.0
     max_nodes: Annotated[AtLeastOne, setting(
         "nodes the coordinator keeps; a report from a new node past them gets 507 (known "
         "nodes report as before; DELETE /v1/nodes/NAME makes room)")] = 100_000
