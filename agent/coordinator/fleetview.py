@@ -6,10 +6,10 @@ seconds and requests (the processing time), when the first of those nodes was la
 heard from (where its forecast ends), the rates of the nodes that renew leases, and the
 nodes holding or pulling its files. ``FleetView`` keeps exactly that, built from each
 node's decoded summary (``summary.summarize``'s lists) without making the node's
-``NodeReport`` (a 100,000-node fleet is a million model reports). A node stored without a summary has
-its report validated and summarized here. What it holds is what ``summary.expand`` and
-the ``NodeReport`` methods would give the planner, summed in the store's node order, so
-a plan is the same either way (``tests/test_planner_golden.py``).
+``NodeReport`` (a 100,000-node fleet is a million model reports). A node stored without
+a summary has its report validated and summarized here. What it holds is what
+``summary.expand`` and the ``NodeReport`` methods would give the planner, summed in the
+store's node order, so a plan is the same either way (``tests/test_planner_golden.py``).
 
 A node that renews leases was last heard from at ``now`` or at its stored ``last_seen``
 plus ``lease_lag_s``, whichever is sooner: the store gets its leases only every
@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import orjson
 
-from agent.coordinator.summary import summarize
+from agent.coordinator.summary import renews_leases, summarize
 from agent.wire import NodeReport, parse_report
 
 
@@ -66,7 +66,7 @@ class FleetView:
         those of the report ``summary.expand`` makes of it)."""
         cores, memory, _, models, *held = summary
         disk, pulling, routed, peer, summary_rates = (held + [[], [], [], None, None])[:5]
-        if summary_rates is not None:  # it renews leases
+        if renews_leases(summary):
             last_seen = heard_until(last_seen, self.now, self.lease_lag_s)
         self.capacity[node] = (cores, memory)
         if peer:
@@ -116,6 +116,18 @@ def heard_until(last_seen: float, now: float, lease_lag_s: float) -> float:
     (see the module docstring): ``now``, or ``lease_lag_s`` after the stored time where
     that is sooner; never before the stored time."""
     return max(last_seen, min(now, last_seen + lease_lag_s))
+
+
+def heard_from(row: tuple, now: float, lease_lag_s: float, last: float) -> float:
+    """When the node of ``row`` (one of ``Store.live_nodes``) was last heard from: its
+    stored ``last_seen``, or later where it renews leases (``heard_until``); its summary
+    is not read where the stored time is after ``last``."""
+    name, seen, summary, raw, _ = row
+    if seen > last or not lease_lag_s or seen >= now:
+        return seen
+    decoded = orjson.loads(summary if summary is not None
+                           else summarize(parse_report(name, raw)))
+    return heard_until(seen, now, lease_lag_s) if renews_leases(decoded) else seen
 
 
 def report_rates(report: NodeReport) -> list[tuple[str, float]]:

@@ -24,12 +24,8 @@ Decisions where the papers leave room:
   arrivals only with them: the store's bins hold its traffic up to its last full report.
   From then on the forecast counts it at the rate that report gave (``ModelReport.rate``,
   its last minute's; the node reports again when that changes beyond its threshold),
-  until the next full report brings the real points in its place. The store gets its
-  leases only every ``lease_write_s``, so its stored ``last_seen`` may lag them by that
-  much: its forecast ends at now, or at that time plus ``lease_write_s`` where sooner
-  (``fleetview.heard_until``), and the reactive check counts it heard from by the same
-  rule. A node leaves plans by its stored time: up to ``lease_write_s`` before
-  ``node_timeout_s`` after its last lease, never after.
+  until the next full report brings the real points in its place. Its forecast ends,
+  and the reactive check hears it, by ``fleetview.heard_until`` (leases are stored late).
 * Placement is on CPU memory: a model is held once per node that runs it
   (``resident_bytes``: its largest reported size) and may only go to nodes whose
   repository has it, preferring the last plan's nodes, then nodes where it is
@@ -65,11 +61,10 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
-from agent.coordinator.fleetview import FleetView, heard_until
+from agent.coordinator.fleetview import FleetView, heard_from
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import (expand, renews_leases, report_latency, summary_latency,
-                                       worst_latency)
+from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
 from agent.errors import AgentError
 from agent.wire import NodeReport, parse_report
 
@@ -446,12 +441,11 @@ class Planner:
         recent, heard = [], {}
         for row in self.store.live_nodes(
                 max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S)):
-            name, seen, last = row[0], row[1], after.get(row[0], -math.inf)
-            if now - seen <= timeout:
-                t = seen if seen > last else self._heard(row, now)
-                if t > last:
-                    recent.append(row)
-                    heard[name] = t
+            last = after.get(row[0], -math.inf)
+            if now - row[1] <= timeout and (t := heard_from(
+                    row, now, self.config.lease_lag_s, last)) > last:
+                recent.append(row)
+                heard[row[0]] = t
         if not recent:
             return None
         after.update(heard)
@@ -487,17 +481,6 @@ class Planner:
         if not grown:
             return None
         return self._rescale(current, grown, self.read_fleet(now), now)
-
-    def _heard(self, row: tuple, now: float) -> float:
-        """When the node of ``row`` (one of ``Store.live_nodes``) was last heard from:
-        its stored ``last_seen``, or later where it renews leases (``heard_until``)."""
-        name, seen, summary, raw, _ = row
-        lag = self.config.lease_lag_s
-        if not lag or seen >= now:
-            return seen
-        leases = renews_leases(summary) if summary is not None \
-            else parse_report(name, raw).report_id is not None
-        return heard_until(seen, now, lag) if leases else seen
 
     def _retired(self, previous: StoredPlan | None) -> tuple[str, ...]:
         """The models with a source that ``previous`` ran (or had retired) and the

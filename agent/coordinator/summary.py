@@ -84,10 +84,10 @@ def expand(summary: bytes | str) -> NodeReport:
                       peer=PeerAddress(*peer) if peer else None)
 
 
-def renews_leases(summary: bytes | str) -> bool:
-    """Whether the node of ``summary`` renews leases (its report had a ``report_id``)."""
-    held = orjson.loads(summary)[4:]
-    return len(held) > 4 and held[4] is not None
+def renews_leases(decoded: list) -> bool:
+    """Whether the node of a ``decoded`` summary renews leases (its report had a
+    ``report_id``, so the summary holds its rates, even none)."""
+    return len(decoded) > 8 and decoded[8] is not None
 
 
 def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
