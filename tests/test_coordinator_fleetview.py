@@ -47,12 +47,15 @@ def random_report(rng: random.Random, i: int) -> dict:
     return body
 
 
-def reference(rows):
-    """What the planner computed from each live node's ``NodeReport``, in node order."""
+def reference(rows, now, lease_lag_s):
+    """What the planner computed from each live node's ``NodeReport``, in node order,
+    at ``now``: a node that renews leases heard from up to ``lease_lag_s`` after its
+    stored time, but not past now."""
     ends, busy, tails, holders, files, peers = {}, {}, {}, {}, {}, {}
-    for name, seen, reported, report in rows:
+    for name, seen, reported, report, leases in rows:
+        heard = max(seen, min(now, seen + lease_lag_s)) if leases else seen
         for m, mr in report.models.items():
-            ends[m] = min(ends.get(m, seen), seen)
+            ends[m] = min(ends.get(m, heard), heard)
             seconds, done = mr.busy_seconds_per_request()
             total = busy.setdefault(m, [0.0, 0.0])
             total[0], total[1] = total[0] + seconds, total[1] + done
@@ -69,7 +72,8 @@ def reference(rows):
 def test_the_view_holds_what_the_reports_said():
     rng = random.Random(36)
     for trial in range(40):
-        view, rows = FleetView(), []
+        now, lease_lag_s = rng.uniform(80, 120), rng.choice([0.0, 15.0])
+        view, rows = FleetView(now, lease_lag_s), []
         for i in range(rng.randint(1, 25)):
             name, seen = f"n{i}", rng.uniform(0, 100)
             reported = seen - rng.uniform(0, 50)
@@ -81,8 +85,9 @@ def test_the_view_holds_what_the_reports_said():
                 summary = summarize(report)
                 view.add_row(name, seen, reported, summary, raw)
                 report = expand(summary)
-            rows.append((name, seen, reported, report))
-        ends, busy, tails, holders, files, peers = reference(rows)
+            leases = parse_report(name, raw).report_id is not None
+            rows.append((name, seen, reported, report, leases))
+        ends, busy, tails, holders, files, peers = reference(rows, now, lease_lag_s)
         assert {m: h.end for m, h in view.held.items()} == ends, trial
         assert {m: [h.seconds, h.done] for m, h in view.held.items()} == busy, trial
         assert view.tails == tails, trial

@@ -18,7 +18,7 @@ import pytest
 from agent.coordinator.ingest import Fleet, ReportWriter, reported_models
 from agent.coordinator.store import ReportRecord, Store
 from agent.wire import parse_report
-from tests.helpers import REPORT
+from tests.helpers import REPORT, Clock
 
 
 def post(url: str, body: dict) -> tuple[int, dict, dict]:
@@ -298,3 +298,28 @@ def test_a_node_name_is_matched_whole(start_coordinator, name):
     status, doc = co.request("POST", f"/v1/nodes/{name}/report", REPORT)
     assert status == 400 and "node name" in doc["error"], doc
     assert co.request("GET", "/v1/nodes")[1] == []
+
+
+def test_a_lease_is_exact_in_memory_and_written_once_lease_write_s_old(start_coordinator):
+    """``lease_write_s`` 15: a node's leases move its ``last_seen`` in memory (what
+    reports and leases are answered from, ``GET /v1/nodes``) to the lease's time; the
+    store's moves only once the one written is 15 s old; a stop writes the last."""
+    clock = Clock(1000.0)
+    co = start_coordinator(clock=clock, lease_write_s=15)
+    status, answer = co.request("POST", "/v1/nodes/edge-1/report",
+                                {**REPORT, "report_id": 7})
+    assert status == 200
+    lease = {"report": 7, "answer": answer["answer"]}
+    for t, written in ((1005.0, 1000.0), (1014.0, 1000.0), (1015.0, 1015.0),
+                       (1020.0, 1015.0)):
+        clock.t = t
+        assert co.request("POST", "/v1/nodes/edge-1/lease", lease) == (
+            200, {"answer": lease["answer"]})  # the answer stands
+        co.co.writer.flush()
+        assert co.co.fleet.nodes["edge-1"].last_seen == t  # exact in memory
+        assert co.co.store.node("edge-1").last_seen == written
+        status, [node] = co.request("GET", "/v1/nodes")
+        assert status == 200 and node["age_s"] == 0.0
+    path = co.co.config.database
+    co.close()
+    assert Store(path).node("edge-1").last_seen == 1020.0  # the stop wrote it

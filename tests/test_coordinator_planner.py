@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -10,10 +11,12 @@ import pytest
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.faro import Capacity, JobSpec, Problem, forecast, solve
+from agent.coordinator.ingest import ReportWriter
 from agent.coordinator.plan import Plan, directive_rows, directives_from_row
-from agent.coordinator.planner import PlanError, PlannerLoops, rate_series
+from agent.coordinator.planner import PlanError, Planner, PlannerLoops, rate_series
+from agent.coordinator.store import ReportRecord, Store
 from agent.wire import DirectiveBook, Directives
-from tests.helpers import feed, node_report
+from tests.helpers import Clock, feed, node_report
 
 
 def test_rate_series_spreads_intervals_over_bins():
@@ -65,6 +68,53 @@ def test_plan_matches_solve_on_the_same_problem(planner_setup):
     assert sum(row.get("a", 0) for row in assignment.values()) == allocation.replicas["a"]
     assert all(sum(row.values()) <= 4 for row in assignment.values())
     assert stored.plan["models"]["a"]["unplaced"] == 0
+
+
+def test_a_forecast_ends_now_while_a_nodes_leases_are_held_as_when_every_one_is_written(
+        tmp_path):
+    """``lease_write_s`` 15: n2 only renews leases after 1060, and the writer holds them
+    (its stored ``last_seen`` stays 1060); n1's full reports show hot's arrivals rising
+    since. The forecast still ends at now for n2 (its stored time plus 15 s is later),
+    and the planned rate is exactly the one of a store that got every lease; ended at
+    the stored 1060 instead, the rise n1 reported is not seen and the rate is lower."""
+    clock = Clock(1000.0)
+    runs = {}
+    for lease_write_s in (15.0, 0.0):
+        config = CoordinatorConfig(state_dir=tmp_path / str(lease_write_s), rate_step_s=5,
+                                   history_s=120, plan_window_s=30, node_timeout_s=60,
+                                   lease_write_s=lease_write_s)
+        config.state_dir.mkdir()
+        store = Store(config.database, rate_step_s=5)
+        store.put_model(ModelSLO("hot", slo_ms=200, proc_ms=20), 0)
+        writer = ReportWriter(store, keep_s=120, lease_write_s=config.lease_lag_s)
+
+        def full(node: str, t: float, rate: float) -> None:
+            body = {**node_report({"hot": {"resident": True, "rate": rate}}), "report_id": 1}
+            writer.submit(ReportRecord(node, body, {"hot": [(t, 5.0, rate * 5)]}, t))
+
+        for t in np.arange(1005.0, 1061.0, 5.0):
+            full("n1", t, 10.0)
+            full("n2", t, 10.0)
+        for t in (1065.0, 1070.0):
+            full("n1", t, 40.0)  # hot's rise, on n1
+            writer.renew("n2", t)
+        writer.flush()
+        clock.t = 1070.0
+        planner = Planner(store, config, clock=clock)
+        fleet = planner.read_fleet(clock.t)
+        problem, _, _ = planner.build(clock.t)
+        [hot] = problem.models
+        runs[lease_write_s] = ({n.name: n.last_seen for n in store.nodes()},
+                               fleet.held["hot"].end, hot.rate,
+                               planner.planning_rate("hot", 1060.0, fleet.tails["hot"])[0])
+        writer.close()
+        store.close()
+    (held_seen, held_end, held_rate, ended_at_1060), (seen, end, rate, _) = \
+        runs[15.0], runs[0.0]
+    assert held_seen == {"n1": 1070.0, "n2": 1060.0} and seen == {"n1": 1070.0, "n2": 1070.0}
+    assert held_end == end == 1070.0
+    assert held_rate == rate
+    assert ended_at_1060 < 0.9 * rate  # what a forecast ended at the stored time plans
 
 
 def test_placement_is_stable_across_plans(planner_setup):
@@ -135,6 +185,53 @@ def test_reactive_adds_after_three_violations_and_never_scales_down(planner_setu
     assert store.current_plan().plan["models"]["a"]["replicas"] == 3
     # the long-term plan owns the count again
     assert planner.plan_now().plan["models"]["a"]["replicas"] == start
+
+
+def test_reactive_hears_a_node_whose_leases_are_held_as_one_whose_leases_are_written(
+        tmp_path):
+    """``lease_write_s`` 15: n1's full report shows hot's p99 five times its SLO, then n1
+    only renews leases every 5 s; the writer stores one in three. Each 10 s check still
+    counts n1 heard from, as it would with every lease written: the third adds a
+    replica (by stored times alone, the 10 s one sees nothing new). Once n1 is silent,
+    its last word counts until its stored time plus 15 s, then no more."""
+    clock = Clock(1000.0)
+    config = CoordinatorConfig(state_dir=tmp_path, rate_step_s=5, history_s=120,
+                               plan_window_s=30, node_timeout_s=60, reactive_patience=3)
+    store = Store(config.database, rate_step_s=5)
+    planner = Planner(store, config, clock=clock)
+    writer = ReportWriter(store, keep_s=120, lease_write_s=config.lease_lag_s)
+    store.put_model(ModelSLO("a", slo_ms=100), 0)
+    model = {"batches": {"1": {"count": 100, "seconds": 1.0}}, "rate": 10.0}
+    feed(store, clock, "n1", {"a": 10.0}, {"a": model})
+    start = planner.plan_now().plan["models"]["a"]["replicas"]
+    slow = {**node_report({"a": {**model, "latency_ms": {"p99": 500.0}}}), "report_id": 1}
+    writer.submit(ReportRecord("n1", slow, {"a": [(clock.t, 5.0, 50.0)]}, clock.t))
+    writer.flush()
+    t0, seen, leased = clock.t, [], [clock.t]
+
+    def check(at: float, leases_until: float) -> tuple[int, int]:
+        """Leases every 5 s up to ``leases_until``, then a check at ``at``: (replicas,
+        violations in a row)."""
+        while leased[-1] + 5.0 <= min(at, leases_until):
+            leased.append(leased[-1] + 5.0)
+            writer.renew("n1", leased[-1])
+        writer.flush()
+        clock.t = at
+        seen.append(store.node("n1").last_seen)
+        planner.reactive_tick()
+        state = planner.reactive["a"]
+        return state.replicas, state.violations
+
+    assert check(t0 + 1, math.inf) == (start, 1)
+    assert check(t0 + 11, math.inf) == (start, 2)  # its last lease, t0 + 10, held
+    assert check(t0 + 21, math.inf) == (start + 1, 0)
+    assert store.current_plan().plan["models"]["a"]["replicas"] == start + 1
+    assert seen == [t0, t0, t0 + 15]
+    assert check(t0 + 31, t0 + 25) == (start + 1, 1)  # its last lease t0 + 25: held
+    assert check(t0 + 41, t0 + 25) == (start + 1, 1)  # past t0 + 15 + 15: no more
+    assert seen[-2:] == [t0 + 15, t0 + 15]
+    writer.close()
+    store.close()
 
 
 async def test_loops_plan_as_soon_as_possible_and_on_schedule(planner_setup):

@@ -11,6 +11,7 @@ import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
+from agent.coordinator.ingest import ReportWriter
 from agent.coordinator.stores import PostgresStore, open_store
 
 
@@ -124,6 +125,47 @@ def test_leases_move_last_seen_on_and_an_older_report_stays_older(path):
     s.close()
     [row] = Store(path, rate_step_s=10).nodes()  # as written
     assert (row.reported, row.last_seen) == (104.0, 110.0)
+
+
+def test_a_lease_within_lease_write_s_writes_nothing_and_a_stop_writes_it(path):
+    """``lease_write_s``: a lease writes ``last_seen`` only once the one last written is
+    that old, one within it is held (a stop writes it); a full report always writes; a
+    restarted writer's first lease writes; a node silent past the timeout leaves the
+    live nodes at most ``lease_write_s`` sooner than by its last lease, never later."""
+    s = Store(path, rate_step_s=10)
+    writer = ReportWriter(s, keep_s=900, lease_write_s=15)
+    rec = store_module.ReportRecord
+
+    def stored() -> float:
+        writer.flush()
+        [row] = s.nodes()
+        return row.last_seen
+
+    writer.submit(rec("n", {"r": 1}, {}, 100.0))
+    assert stored() == 100.0
+    writer.renew("n", 105.0)
+    writer.renew("n", 114.5)
+    assert stored() == 100.0  # within the bound: nothing written
+    writer.renew("n", 115.0)
+    assert stored() == 115.0  # past it: written
+    writer.renew("n", 120.0)  # the node's last lease, held
+    assert stored() == 115.0
+    # silent since 120, with a 60 s timeout: live at 174 still, gone at 177 (3 s before
+    # its last lease would say, at most lease_write_s)
+    assert [r[0] for r in s.live_nodes(174.0 - 60)] == ["n"]
+    assert [r[0] for r in s.live_nodes(177.0 - 60)] == []
+    writer.submit(rec("n", {"r": 2}, {}, 121.0))  # a full report always writes
+    assert stored() == 121.0
+    writer.renew("n", 122.0)
+    writer.renew("n", 118.0)  # an older lease (another worker's, late): held, never back
+    writer.close()  # a stop writes the lease held
+    [row] = Store(path, rate_step_s=10).nodes()
+    assert (row.report, row.reported, row.last_seen) == ({"r": 2}, 121.0, 122.0)
+    again = ReportWriter(s, keep_s=900, lease_write_s=15)  # after a restart ...
+    again.renew("n", 123.0)  # ... the first lease writes
+    again.flush()
+    assert [row.last_seen for row in s.nodes()] == [123.0]
+    s.close()
 
 
 def test_spread_matches_the_planners_series():

@@ -99,7 +99,8 @@ class Coordinator:
                            throttle=config.auth.throttle())
         self.fleet = Fleet(config.directive_ttl_s)
         self.fleet.load(self.store.nodes(), self.store.current_plan())
-        self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock)
+        self.writer = ReportWriter(self.store, keep_s=config.history_s, clock=clock,
+                                   lease_write_s=config.lease_lag_s)
         self.planner = PlanWorker(config, self.store, clock=clock)
         self.leadership = self.store.leadership()
         self.leader = self.leadership.check()

@@ -20,8 +20,8 @@ from agent.coordinator.choices import DEFAULT_RATE_QUANTILE, ESTIMATORS, OBJECTI
 from agent.coordinator.nodetypes import NodeType, node_types_option
 from agent.coordinator.rollout import RolloutSettings
 from agent.security.authconfig import AuthSettings
-from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer, Port,
-                          Positive, Section, Text, load, setting)
+from agent.schema import (AtLeastOne, LogLevel, MaxConnections, MaxConnectionsPerPeer,
+                          NonNegative, Port, Positive, Section, Text, load, setting)
 from agent.security.tls import TlsSettings
 from agent.validation import ConfigError, choice, load_yaml, size, string
 
@@ -104,6 +104,12 @@ class CoordinatorConfig(Section):
         "agents revert directives (pins) not renewed within this")] = 60.0
     node_timeout_s: Annotated[Positive, setting(
         "a node silent this long is left out of plans")] = 60.0
+    lease_write_s: Annotated[NonNegative, setting(
+        "a lease writes the node's last_seen to the store only once the stored one is "
+        "this much older (the coordinator's memory keeps the exact time; full reports "
+        "and a stop write it; the planner takes a leasing node as heard from up to this "
+        "much later, never past now); 0: every lease; at most a quarter of "
+        "node_timeout_s is used")] = 15.0
     max_nodes: Annotated[AtLeastOne, setting(
         "nodes the coordinator keeps; a report from a new node past them gets 507 (known "
         "nodes report as before; DELETE /v1/nodes/NAME makes room)")] = 100_000
@@ -161,6 +167,12 @@ class CoordinatorConfig(Section):
     @property
     def database(self) -> Path:
         return self.state_dir / "coordinator.sqlite3"
+
+    @property
+    def lease_lag_s(self) -> float:
+        """How far a node's stored ``last_seen`` may lag its last lease: the
+        ``lease_write_s`` in use, at most a quarter of ``node_timeout_s``."""
+        return min(self.lease_write_s, self.node_timeout_s / 4)
 
     def with_overrides(self, **changes: Any) -> CoordinatorConfig:
         """A copy with the non-None ``changes`` applied (command-line flags)."""

@@ -2,23 +2,30 @@
 
 A plan needs, per node, its capacity and address, and per model the nodes that hold it
 (whether resident there), its largest size and whether it runs on CPUs only, their busy
-seconds and requests (the processing time), the earliest last word of those nodes, the
-rates of the nodes that renew leases, and the nodes holding or pulling its files.
-``FleetView`` keeps exactly that, built from each node's decoded summary
-(``summary.summarize``'s lists) without making the node's ``NodeReport`` (a
-100,000-node fleet is a million model reports). A node stored without a summary has
-its report validated and summarized here. What it holds is what ``summary.expand`` and
-the ``NodeReport`` methods would give the planner, summed in the store's node order, so
-a plan is the same either way (``tests/test_planner_golden.py``).
+seconds and requests (the processing time), when the first of those nodes was last
+heard from (where its forecast ends), the rates of the nodes that renew leases, and the
+nodes holding or pulling its files. ``FleetView`` keeps exactly that, built from each
+node's decoded summary (``summary.summarize``'s lists) without making the node's
+``NodeReport`` (a 100,000-node fleet is a million model reports). A node stored without
+a summary has its report validated and summarized here. What it holds is what
+``summary.expand`` and the ``NodeReport`` methods would give the planner, summed in the
+store's node order, so a plan is the same either way (``tests/test_planner_golden.py``).
+
+A node that renews leases was last heard from at ``now`` or at its stored ``last_seen``
+plus ``lease_lag_s``, whichever is sooner: the store gets its leases only every
+``lease_write_s`` (``agent.coordinator.ingest``), so the stored time may lag its last
+lease by that much, and never leads it. A node that sends only full reports was last
+heard from at its stored time.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import orjson
 
-from agent.coordinator.summary import summarize
+from agent.coordinator.summary import renews_leases, summarize
 from agent.wire import NodeReport, parse_report
 
 
@@ -29,7 +36,7 @@ class Held:
 
     def __init__(self, end: float, size: float) -> None:
         self.nodes: dict[str, bool] = {}  # node -> whether the model is resident there
-        self.end = end  # the earliest last_seen of those nodes
+        self.end = end  # when the first of those nodes was last heard from
         #: busy seconds and requests processed, summed over the nodes in order (each
         #: node's ``ModelReport.busy_seconds_per_request``)
         self.seconds = self.done = 0.0
@@ -38,9 +45,12 @@ class Held:
 
 
 class FleetView:
-    """The live nodes (in the store's order) and, per model, what the plan reads."""
+    """The live nodes (in the store's order) and, per model, what the plan reads, at
+    ``now`` with the stored times of leases at most ``lease_lag_s`` behind (0: every
+    lease is in the store; see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: float = math.inf, lease_lag_s: float = 0.0) -> None:
+        self.now, self.lease_lag_s = now, lease_lag_s
         self.capacity: dict[str, tuple[float, float]] = {}  # node -> (cores, memory)
         self.peers: dict[str, tuple[str, str | None]] = {}  # node -> (url, grpc)
         self.held: dict[str, Held] = {}  # model -> the nodes holding it
@@ -56,6 +66,8 @@ class FleetView:
         those of the report ``summary.expand`` makes of it)."""
         cores, memory, _, models, *held = summary
         disk, pulling, routed, peer, summary_rates = (held + [[], [], [], None, None])[:5]
+        if renews_leases(summary):
+            last_seen = heard_until(last_seen, self.now, self.lease_lag_s)
         self.capacity[node] = (cores, memory)
         if peer:
             self.peers[node] = (peer[0], peer[1])
@@ -97,6 +109,25 @@ class FleetView:
         parsed = parse_report(node, report)
         self.add(node, last_seen, reported, orjson.loads(summarize(parsed)),
                  report_rates(parsed))
+
+
+def heard_until(last_seen: float, now: float, lease_lag_s: float) -> float:
+    """When a node that renews leases was last heard from, by its stored ``last_seen``
+    (see the module docstring): ``now``, or ``lease_lag_s`` after the stored time where
+    that is sooner; never before the stored time."""
+    return max(last_seen, min(now, last_seen + lease_lag_s))
+
+
+def heard_from(row: tuple, now: float, lease_lag_s: float, last: float) -> float:
+    """When the node of ``row`` (one of ``Store.live_nodes``) was last heard from: its
+    stored ``last_seen``, or later where it renews leases (``heard_until``); its summary
+    is not read where the stored time is after ``last``."""
+    name, seen, summary, raw, _ = row
+    if seen > last or not lease_lag_s or seen >= now:
+        return seen
+    decoded = orjson.loads(summary if summary is not None
+                           else summarize(parse_report(name, raw)))
+    return heard_until(seen, now, lease_lag_s) if renews_leases(decoded) else seen
 
 
 def report_rates(report: NodeReport) -> list[tuple[str, float]]:

@@ -7,9 +7,11 @@
   from here, without the database, and so is a lease (``agent.coordinator.leases``).
 * ``ReportWriter``: reports go to the store in batches on one writer thread (a group
   commit every ``interval_s``), leases with them (each node's newest renewal since the
-  last commit: one row update however often it renewed), and old history is pruned
-  every ``prune_every_s`` by an indexed range. ``close`` writes what is queued, so a report that was answered is not
-  lost on a clean stop. While the store fails (PostgreSQL down), the queue is kept and
+  last commit: one row update however often it renewed; and only once the ``last_seen``
+  it last wrote for the node is ``lease_write_s`` old: a renewal within that is held,
+  not written), and old history is pruned every ``prune_every_s`` by an indexed range.
+  ``close`` writes what is queued and held, so a report or lease that was answered is
+  not lost on a clean stop. While the store fails (PostgreSQL down), the queue is kept and
   retried, and ``healthy`` is False: the coordinator then refuses new reports with 503.
 """
 
@@ -380,11 +382,14 @@ class ReportWriter:
     """Batches reports into the store on its own thread (see the module docstring)."""
 
     def __init__(self, store: Any, *, keep_s: float, interval_s: float = 0.5,
-                 prune_every_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+                 prune_every_s: float = 30.0, lease_write_s: float = 0.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store, self.keep_s, self.interval_s = store, keep_s, interval_s
-        self.prune_every_s, self.clock = prune_every_s, clock
+        self.prune_every_s, self.lease_write_s, self.clock = prune_every_s, lease_write_s, clock
         self._queue: list[ReportRecord] = []
-        self._renewed: dict[str, float] = {}  # node -> its newest lease not yet written
+        self._renewed: dict[str, float] = {}  # node -> its newest lease to write
+        self._held: dict[str, float] = {}  # node -> its newest lease within lease_write_s
+        self._seen: dict[str, float] = {}  # node -> the last_seen last queued for the store
         self._queue_lock = threading.Lock()
         self._write_lock = threading.Lock()  # one batch at a time, in order
         self._stop = threading.Event()
@@ -403,10 +408,21 @@ class ReportWriter:
         """Queue one report (never touches the database)."""
         with self._queue_lock:
             self._queue.append(record)
+            if self._seen.get(record.node, -1.0) < record.now:
+                self._seen[record.node] = record.now
 
     def renew(self, node: str, now: float) -> None:
-        """Queue ``node``'s lease renewed at ``now`` (a newer one replaces it)."""
+        """Queue ``node``'s lease renewed at ``now`` (a newer one replaces it) where
+        the ``last_seen`` last queued for it is ``lease_write_s`` older; else hold it
+        (written by ``close``, or with a later renewal past the bound)."""
         with self._queue_lock:
+            seen = self._seen.get(node)
+            if seen is not None and now - seen < self.lease_write_s:
+                if self._held.get(node, -1.0) < now:
+                    self._held[node] = now
+                return
+            self._seen[node] = now
+            self._held.pop(node, None)
             if self._renewed.get(node, -1.0) < now:
                 self._renewed[node] = now
 
@@ -417,7 +433,8 @@ class ReportWriter:
         """Drop ``node``'s queued reports and lease (it was deleted)."""
         with self._queue_lock:
             self._queue = [r for r in self._queue if r.node != node]
-            self._renewed.pop(node, None)
+            for queued in (self._renewed, self._held, self._seen):
+                queued.pop(node, None)
 
     def flush(self) -> int:
         """Write everything queued now (any thread); the number written. On a store
@@ -459,11 +476,16 @@ class ReportWriter:
                             self.queued(), exc)
 
     def close(self) -> None:
-        """Stop the thread and write what is queued (best effort when the store is
-        down: the error is logged)."""
+        """Stop the thread and write what is queued and held (best effort when the
+        store is down: the error is logged)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        with self._queue_lock:
+            held, self._held = self._held, {}
+            for node, t in held.items():
+                if self._renewed.get(node, -1.0) < t:
+                    self._renewed[node] = t
         try:
             self.flush()
         except Exception as exc:  # noqa: BLE001

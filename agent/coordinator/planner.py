@@ -7,7 +7,7 @@
   planned for the ``rate_quantile`` quantile of the forecast's window samples, not its
   mean (Faro §3.5.2). Then ``solve`` (Stages 2–3) and ``place``.
 * Short-term (every ``reactive_interval_s``, Faro: 10 s): ``reactive_step`` per model on
-  the worst observed latency at its SLO percentile among nodes that reported since the
+  the worst observed latency at its SLO percentile among nodes heard from since the
   last tick; +1 replica after ``reactive_patience`` violating ticks, only into free
   cores, never down (Faro §4.4). The long-term plan resets the counts.
 
@@ -24,7 +24,8 @@ Decisions where the papers leave room:
   arrivals only with them: the store's bins hold its traffic up to its last full report.
   From then on the forecast counts it at the rate that report gave (``ModelReport.rate``,
   its last minute's; the node reports again when that changes beyond its threshold),
-  until the next full report brings the real points in its place.
+  until the next full report brings the real points in its place. Its forecast ends,
+  and the reactive check hears it, by ``fleetview.heard_until`` (leases are stored late).
 * Placement is on CPU memory: a model is held once per node that runs it
   (``resident_bytes``: its largest reported size) and may only go to nodes whose
   repository has it, preferring the last plan's nodes, then nodes where it is
@@ -60,7 +61,7 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
-from agent.coordinator.fleetview import FleetView
+from agent.coordinator.fleetview import FleetView, heard_from
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
 from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
@@ -161,7 +162,7 @@ class Planner:
         """What a plan reads of the nodes heard from within the timeout (one pass over
         their stored summaries; no ``NodeReport`` per node)."""
         timeout = self.config.node_timeout_s
-        view = FleetView()
+        view = FleetView(now, self.config.lease_lag_s)
         for name, seen, summary, raw, reported in self.store.live_nodes(now - timeout - 1.0):
             if now - seen <= timeout:
                 view.add_row(name, seen, seen if reported is None else reported, summary, raw)
@@ -430,18 +431,24 @@ class Planner:
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
-        reads only the reports that came since the last check (nothing, when none
-        did), and the plan only when it changed."""
+        reads only the reports of the nodes heard from since the last check (a report
+        or a lease; a node that renews leases by ``heard_until``, as its forecast ends;
+        nothing, when none was), and the plan only when it changed."""
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None
         timeout, after = self.config.node_timeout_s, self._reactive_seen
-        recent = [row for row in self.store.live_nodes(
-                      max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S))
-                  if now - row[1] <= timeout and row[1] > after.get(row[0], -math.inf)]
+        recent, heard = [], {}
+        for row in self.store.live_nodes(
+                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S)):
+            last = after.get(row[0], -math.inf)
+            if now - row[1] <= timeout and (t := heard_from(
+                    row, now, self.config.lease_lag_s, last)) > last:
+                recent.append(row)
+                heard[row[0]] = t
         if not recent:
             return None
-        after.update((row[0], row[1]) for row in recent)
+        after.update(heard)
         self._reactive_mark = max(self._reactive_mark, max(row[1] for row in recent))
         current = self.current_plan()
         if current is None:

@@ -84,6 +84,12 @@ def expand(summary: bytes | str) -> NodeReport:
                       peer=PeerAddress(*peer) if peer else None)
 
 
+def renews_leases(decoded: list) -> bool:
+    """Whether the node of a ``decoded`` summary renews leases (its report had a
+    ``report_id``, so the summary holds its rates, even none)."""
+    return len(decoded) > 8 and decoded[8] is not None
+
+
 def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
     """``(model, latency_ms)`` of each model of a ``summary`` and then of each model its
     node forwarded, as the ``NodeReport`` that ``expand`` makes has them (the reactive
