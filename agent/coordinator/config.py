@@ -149,7 +149,7 @@ class CoordinatorConfig(Section):
         "a report worker busy with reports polls its connections at most this often "
         "(ms), each poll taking every lease and report that arrived since: fewer wakes, "
         "less CPU, up to this much added latency; 0: at once, on uvloop", ge=0,
-        le=100)] = 0.0
+        le=100)] = 5.0
     report_shed_lag_ms: Annotated[Positive, setting(
         "refuse reports early (503 with Retry-After) while the process answering them "
         "(the coordinator or a report worker) runs this late (its event loop's lag, "
