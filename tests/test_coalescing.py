@@ -46,6 +46,17 @@ def selector(interval_s: float, t: FakeTime, sock: socket.socket) -> CoalescingS
     return sel
 
 
+def after_work(interval_s: float, pair) -> tuple[CoalescingSelector, FakeTime]:
+    """A selector on ``pair[0]`` whose last poll found it readable (the data still
+    there), at the fake clock's 100.000."""
+    a, b = pair
+    t = FakeTime()
+    sel = selector(interval_s, t, a)
+    b.send(b"x")
+    assert len(sel.select(None)) == 1
+    return sel, t
+
+
 def test_idle_polls_never_sleep(pair):
     a, b = pair
     t = FakeTime()
@@ -59,11 +70,8 @@ def test_idle_polls_never_sleep(pair):
 
 
 def test_after_work_the_rest_of_the_interval_is_slept(pair):
-    a, b = pair
-    t = FakeTime()
-    sel = selector(0.005, t, a)
-    b.send(b"x")
-    assert len(sel.select(None)) == 1  # work found at t=100.000
+    a, _ = pair
+    sel, t = after_work(0.005, pair)
     t.advance(0.001)  # the loop ran its callbacks for 1 ms
     assert len(sel.select(None)) == 1  # still readable: polled after the rest
     assert t.sleeps == [0.004]
@@ -77,33 +85,22 @@ def test_after_work_the_rest_of_the_interval_is_slept(pair):
 
 
 def test_a_poll_that_would_not_wait_never_sleeps(pair):
-    a, b = pair
-    t = FakeTime()
-    sel = selector(0.005, t, a)
-    b.send(b"x")
-    assert len(sel.select(None)) == 1
+    sel, t = after_work(0.005, pair)
     assert len(sel.select(0)) == 1  # the loop has callbacks ready: polled at once
     assert t.sleeps == []
     sel.close()
 
 
 def test_a_timer_due_sooner_cuts_the_sleep_short(pair):
-    a, b = pair
-    t = FakeTime()
-    sel = selector(0.005, t, a)
-    b.send(b"x")
-    assert len(sel.select(None)) == 1
-    a.recv(10)
+    sel, t = after_work(0.005, pair)
+    pair[0].recv(10)
     assert sel.select(0.002) == []  # a timer due in 2 ms: slept 2 ms, then polled at once
     assert t.sleeps == [0.002]
     sel.close()
 
 
 def test_zero_disables(pair):
-    a, b = pair
-    t = FakeTime()
-    sel = selector(0.0, t, a)
-    b.send(b"x")
+    sel, t = after_work(0.0, pair)
     for _ in range(3):
         assert len(sel.select(None)) == 1
     assert t.sleeps == []
