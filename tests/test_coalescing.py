@@ -1,7 +1,8 @@
 """The coalescing selector's contract (agent.http.coalescing): no sleep while idle, the
 rest of the interval slept after a poll that found work, never a sleep before a poll
 that would not wait, a timer's deadline kept, 0 disables; and an asyncio loop on it
-serving real sockets. Real epoll on a socket pair; the clock and sleep are injected."""
+serving real sockets. Real epoll (the default selector) on a socket pair; the clock
+and sleep are injected."""
 
 from __future__ import annotations
 
