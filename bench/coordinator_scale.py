@@ -521,7 +521,8 @@ MAX_CONNECTIONS = 16_000
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
                       report_workers: int = 0, tls: dict | None = None,
                       ca_file: str | None = None, port: int = 0,
-                      tree: Path = ROOT) -> tuple[subprocess.Popen, str]:
+                      tree: Path = ROOT, poll_ms: float | None = None
+                      ) -> tuple[subprocess.Popen, str]:
     """The coordinator of ``tree`` (a checkout) on ``port`` (0: one the OS picks):
     (process, the URL it announced), ready; ``tls``: its ``tls:`` section, ``ca_file``
     what verifies it."""
@@ -535,6 +536,8 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
         config["tls"] = tls
     if report_workers:  # (a tree before report workers refuses the key)
         config["report_workers"] = report_workers
+    if poll_ms is not None:  # (a tree before it refuses the key)
+        config["report_worker_poll_ms"] = poll_ms
     if store and store != "sqlite":
         config["store"] = store
     (state / "coordinator.yaml").write_text(json.dumps(config))
@@ -659,8 +662,10 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
     restart = args.restart_at is not None
     with tempfile.TemporaryDirectory() as tmp:
         tls, ca_file = make_certificates(Path(tmp)) if tls_on else (None, None)
+        poll_ms = args.poll_ms if tree == ROOT else None
         co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
-                                    args.report_workers, tls, ca_file, tree=tree)
+                                    args.report_workers, tls, ca_file, tree=tree,
+                                    poll_ms=poll_ms)
         port = int(url.rsplit(":", 1)[1])
         try:
             for m in range(args.catalog):
@@ -706,7 +711,8 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
                 stop_coordinator(co)
                 started = time.time()
                 co, _ = start_coordinator(Path(tmp), args.store, args.reactive_interval,
-                                          args.report_workers, tls, ca_file, port, tree)
+                                          args.report_workers, tls, ca_file, port, tree,
+                                          poll_ms)
                 timed["restart"] = (stopped, started, time.time())
             else:
                 time.sleep(args.duration / 2)
@@ -880,6 +886,9 @@ def main() -> None:
                         help="the coordinator's reactive_interval_s (default 10, its own)")
     parser.add_argument("--report-workers", type=int, default=0,
                         help="the coordinator's report_workers (default 0)")
+    parser.add_argument("--poll-ms", type=float, default=None,
+                        help="this tree's coordinator.report_worker_poll_ms (default: its "
+                             "own default; the baseline tree keeps its own)")
     parser.add_argument("--tls", action="store_true",
                         help="serve over TLS (certificates made on the fly): --modes tls")
     parser.add_argument("--modes", default=None,
@@ -942,7 +951,9 @@ def main() -> None:
           f"models/report={args.models} "
           f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()} "
           f"reactive_interval_s={args.reactive_interval:g} report_workers="
-          f"{args.report_workers} modes={','.join(modes)} autogroups="
+          f"{args.report_workers} report_worker_poll_ms="
+          f"{'default' if args.poll_ms is None else format(args.poll_ms, 'g')} "
+          f"modes={','.join(modes)} autogroups="
           f"{groups.read_text().strip() if groups.exists() else '-'} "
           f"({autogroup.read_text().strip() if autogroup.exists() else '-'})")
     if args.baseline_tree:

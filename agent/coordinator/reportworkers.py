@@ -506,7 +506,8 @@ def _serve(config: CoordinatorConfig, port: int, internal_socket: str, up: Any, 
     exit_with_parent(parent)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_event_loop(_worker_main(config, port, internal_socket, up, down, told, forward_key))
+    run_event_loop(_worker_main(config, port, internal_socket, up, down, told, forward_key),
+                   poll_interval_s=config.report_worker_poll_ms / 1000.0)
 
 
 async def _worker_main(config: CoordinatorConfig, port: int, internal_socket: str, up: Any,

@@ -11,15 +11,20 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
+from agent.http.coalescing import coalescing_loop_factory
 from agent.http.connections import Connections, limited_site
 
 
-def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
+def run_event_loop(main: Coroutine[Any, Any, Any], *, poll_interval_s: float = 0.0) -> Any:
     """Run ``main`` on uvloop when it is installed, else on asyncio's default loop.
 
     ``EDGEAGENT_EVENT_LOOP=asyncio`` forces the default loop (for comparisons and
-    debugging).
+    debugging). ``poll_interval_s`` > 0: on asyncio's loop with a
+    ``coalescing.CoalescingSelector`` (uvloop has no selector to wrap).
     """
+    if poll_interval_s > 0:
+        with asyncio.Runner(loop_factory=coalescing_loop_factory(poll_interval_s)) as runner:
+            return runner.run(main)
     if os.environ.get("EDGEAGENT_EVENT_LOOP", "auto") != "asyncio":
         try:
             import uvloop
