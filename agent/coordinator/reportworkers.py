@@ -8,13 +8,12 @@ the kernel spreads connections over the listeners; an agent's keep-alive connect
 stays with one). A worker
 
 * answers ``POST /v1/nodes/{name}/report`` itself: checks its credential (the node's
-  own, or admin: the coordinator's rule, ``agent.security.httpauth``; the tokens the coordinator
-  accepts and the node certificates it refuses come over the pipe, again on SIGHUP and
-  when a node is deleted, which waits until every worker has them), throttles failures
-  per peer, validates
-  the report (the coordinator's 400s), answers the node's directives under the current
-  plan, version table (``push_versions``) and routing table, which the coordinator
-  pushes to every worker when it adopts one, and answers
+  own, or admin: the coordinator's rule, ``agent.security.httpauth``; the tokens the
+  coordinator accepts and the node certificates it refuses come over the pipe, again on
+  SIGHUP and when a node is deleted, which waits until every worker has them), throttles
+  failures per peer, validates the report (the coordinator's 400s), answers the node's
+  directives under the current plan, version table (``push_versions``) and routing
+  table, which the coordinator pushes to every worker when it adopts one, and answers
   503 while the coordinator says its store is failing, or while it is itself
   overloaded (``agent.coordinator.shedding``: its loop saturated, or its reports not
   yet handed over plus those the coordinator says wait for its group commit past
@@ -30,8 +29,8 @@ stays with one). A worker
   directives issued (``GET /v1/nodes``) as for a report it answered itself; then the
   leases it renewed up to the same instant (node, when, and the new directives where
   they changed: a lease comes after the report it was renewed from); and every
-  ``LOAD_S`` its CPU, reports answered and refused, leases renewed and its loop's lag
-  (``WorkerLoad``, for the coordinator's ``/metrics``);
+  ``LOAD_S`` its CPU, reports answered and refused, leases renewed, its loop's lag and
+  its raw lane's counts (``WorkerLoad``, for the coordinator's ``/metrics``);
 * forwards every other request to the coordinator (``agent.coordinator.forwarding``),
   over a Unix socket of the coordinator's own that only this user's processes can open
   (the token is checked there; the socket refuses a request without the forward key);
@@ -99,10 +98,9 @@ Renewed = tuple[str, float, bytes | None]
 
 
 class WorkerLoad(NamedTuple):
-    """What a worker last told of its load: its CPU seconds since it started, the reports
-    it answered and refused, its loop's smoothed lag (seconds) and busy share
-    (``Shedder``), the leases it renewed, the requests its raw lane answered and the
-    connections it handed to aiohttp (``RawLanes``)."""
+    """What a worker last told of its load: CPU seconds since it started, reports answered
+    and refused, its loop's smoothed lag (s) and busy share (``Shedder``), leases renewed,
+    and its raw lane's requests answered and connections handed over (``RawLanes``)."""
 
     index: int
     cpu_s: float
@@ -111,7 +109,7 @@ class WorkerLoad(NamedTuple):
     lag_s: float
     busy: float
     leases: int = 0
-    lane_taken: int = 0
+    lane_taken: int = 0  # (RawLanes.taken)
     lane_handed_over: int = 0
 
 
