@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -357,3 +359,34 @@ def test_max_nodes_holds_with_workers_answering(tmp_path):
             "edge-0", "edge-1", "edge-2"]
     finally:
         co.stop()
+
+
+def test_a_coordinator_that_fails_after_starting_its_workers_stops_them_and_exits(tmp_path):
+    """Its stdout closed before it announces (the bench or a shell that started it gone):
+    the announcement fails, and the coordinator stops its workers and exits, where it
+    used to wait at exit, for ever, for workers that only its stop message ends."""
+    (tmp_path / "coordinator.yaml").write_text(json.dumps(
+        {"port": 0, "state_dir": str(tmp_path), "log_level": "warning",
+         "report_workers": 2, "plan_interval_s": 3600}))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from agent.cli import main; main()", "coordinator", "serve",
+         "--config", str(tmp_path / "coordinator.yaml")], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL)
+    proc.stdout.close()  # the announcement will meet a closed pipe
+    children: dict[int, psutil.Process] = {}  # every process it started, as seen
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                children.update((c.pid, c) for c in
+                                psutil.Process(proc.pid).children(recursive=True))
+            except psutil.Error:
+                break
+            time.sleep(0.02)
+        assert proc.wait(timeout=30) != 0  # the broken pipe, not a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(children) >= 2  # (its workers were seen)
+    _, alive = psutil.wait_procs(list(children.values()), timeout=10)
+    assert alive == []  # its workers, planning process and resource tracker: all gone

@@ -62,8 +62,6 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
                                backlog=4096,  # a fleet
                                reuse_port=config.report_workers > 0, front=lanes.front,
                                ssl_context=co.tls.context if co.tls else None)
-    await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
-    settle_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,24 +76,27 @@ async def run_coordinator(config: CoordinatorConfig, *, announce: bool = True) -
             log.error("SIGHUP: keeping what runs: %s", exc)
         notify("READY=1")
 
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every %gs; "
-             "%d report workers)", url, config.database, config.plan_interval_s,
-             config.plan_window_s, config.reactive_interval_s, config.report_workers)
-    if announce:
-        click.echo(f"edgeagent coordinator listening on {url}  (state: {config.database})")
-        click.echo(f"  curl -s {url}/v1/nodes")
-        click.echo(f"  {self_command()} coordinator models set MODEL --slo-ms 100 --url {url}")
-        sys.stdout.flush()
-    notify(f"READY=1\nSTATUS=coordinating on {url}")
-    try:
+    try:  # whatever fails from here on (a closed stdout, say) still stops the workers
+        await start_report_workers(app, runner, int(url.rsplit(":", 1)[1]))
+        settle_gc()
+        loop.add_signal_handler(signal.SIGHUP, reload)
+        log.info("coordinator on %s, state in %s (plan every %gs over %gs, reactive every "
+                 "%gs; %d report workers)", url, config.database, config.plan_interval_s,
+                 config.plan_window_s, config.reactive_interval_s, config.report_workers)
+        if announce:
+            click.echo(f"edgeagent coordinator listening on {url}  (state: {config.database})")
+            click.echo(f"  curl -s {url}/v1/nodes")
+            click.echo(f"  {self_command()} coordinator models set MODEL --slo-ms 100 "
+                       f"--url {url}")
+            sys.stdout.flush()
+        notify(f"READY=1\nSTATUS=coordinating on {url}")
         await stop.wait()
     finally:
         notify("STOPPING=1")
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         lanes.close()  # no lease answered after the last group commit
-        await runner.cleanup()  # stops the planning loops, closes the database
+        await runner.cleanup()  # stops the workers and the planning loops, closes the database
         log.info("stopped")
 
 
