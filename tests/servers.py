@@ -111,9 +111,13 @@ class RangeServer:
                             self.wfile.write(chunk)
                             sent += len(chunk)
                             self.wfile.flush()
+                            # counted before the cut: the client, seeing it at once,
+                            # may clear ``served`` before this thread would go on
+                            server.served.append(Served(self.path, asked, sent,
+                                                        time.perf_counter() - started))
                             self.close_connection = True
                             self.connection.shutdown(socket.SHUT_RDWR)
-                            break
+                            return
                         self.wfile.write(chunk)
                         sent += len(chunk)
                         left -= len(chunk)

@@ -27,7 +27,7 @@ from agent.modelzoo import write_mlp
 from agent.sources import (DigestMismatch, DiskFull, PullStopped, SourceError, SourceNotFound,
                            SourceUnavailable, open_source, partial_dir)
 from agent.sources.bandwidth import TokenBucket
-from tests.helpers import TINY_MLP, Clock, issue_cert, make_ca
+from tests.helpers import TINY_MLP, Clock, issue_cert, make_ca, wait_for
 from tests.servers import range_http_server
 
 BIG_MLP = dict(TINY_MLP, hidden=256, layers=4)  # ~800 KB: several chunks
@@ -159,7 +159,9 @@ def test_a_cut_transfer_resumes_with_range(tmp_path, model_file):
         server.cut_after = None
         server.served.clear()
         result = src.pull(1, dest)
-        (resumed,) = [s for s in server.served if s.range != "bytes=0-0"]  # not the listing
+        # (the server counts a transfer once it has written it: the client may be first)
+        (resumed,) = wait_for(lambda: [s for s in server.served if s.range != "bytes=0-0"],
+                              5, "the resumed transfer counted")  # not the listing
         assert resumed.range == f"bytes={size // 3}-"
         assert resumed.sent == size - size // 3 == result.bytes
         loads(dest)
