@@ -307,6 +307,13 @@ def issue_cert(ca: Issued, directory: Path, name: str, *, not_before=None, not_a
                   directory, name)
 
 
+def mutual_tls(server: Issued, ca: Issued) -> dict:
+    """The ``tls:`` section of a server on ``server``'s certificate that requires a
+    client certificate ``ca`` issued."""
+    return {"cert_file": str(server.cert_file), "key_file": str(server.key_file),
+            "client_ca_file": str(ca.cert_file), "client_auth": "require"}
+
+
 # -- real servers in this process -----------------------------------------------------------
 
 

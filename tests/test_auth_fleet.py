@@ -356,7 +356,7 @@ def test_nodes_over_mtls_each_post_only_their_own_report(tmp_path, count):
     200; edge-1 posting as edge-2 over 120 fresh connections and every node posting as its neighbour: 403 every time; a node
     certificate: 403 on the admin endpoints; the fleet lists exactly those nodes."""
     from agent.security.tls import client_context
-    from tests.helpers import issue_cert, make_ca
+    from tests.helpers import issue_cert, make_ca, mutual_tls
 
     ca = make_ca(tmp_path, "fleet-ca")
     server = issue_cert(ca, tmp_path, "server")
@@ -372,10 +372,7 @@ def test_nodes_over_mtls_each_post_only_their_own_report(tmp_path, count):
     co = CoordinatorProcess(None, tmp_path / "co", report_workers=2,
                             context=contexts["edge-1"], auth={"token_file": str(tokens)},
                             reactive_interval_s=3600,
-                            tls={"cert_file": str(server.cert_file),
-                                 "key_file": str(server.key_file),
-                                 "client_ca_file": str(ca.cert_file),
-                                 "client_auth": "require"})
+                            tls=mutual_tls(server, ca))
     try:
         wait_for(lambda: len(listeners(co.port)) == 2, 60, "two workers listen")
         own = {n: call(co.port, "POST", f"/v1/nodes/{n}/report", REPORT,

@@ -19,7 +19,8 @@ import yaml
 
 from agent.security.credentials import new_token, token_hash
 from agent.security.tls import client_context
-from tests.helpers import REPORT, CoordinatorProcess, issue_cert, make_ca, wait_for
+from tests.helpers import (REPORT, CoordinatorProcess, issue_cert, make_ca, mutual_tls,
+                           wait_for)
 
 REPORT_ID = 424242
 LEASE_REPORT = {**REPORT, "report_id": REPORT_ID}
@@ -228,10 +229,7 @@ def test_client_certificates_take_the_lane_over_tls(tmp_path):
     context = client_context(ca.cert_file, edge1.cert_file, edge1.key_file)
     co = CoordinatorProcess(None, tmp_path / "co", report_workers=1, context=context,
                             reactive_interval_s=3600,
-                            tls={"cert_file": str(server.cert_file),
-                                 "key_file": str(server.key_file),
-                                 "client_ca_file": str(ca.cert_file),
-                                 "client_auth": "require"})
+                            tls=mutual_tls(server, ca))
     try:
         port = co.port
         lane = wait_for(lambda: Conn(port, context), 10, "a TLS connection")

@@ -27,7 +27,7 @@ from agent.security.authconfig import AuthSettings
 from agent.security.credentials import new_token, token_hash
 from agent.security.tls import client_context
 from tests.helpers import (REPORT, Agent, CoordinatorProcess, add_mlp, call, issue_cert,
-                           make_ca, reserved_port, v2_body, wait_for)
+                           make_ca, mutual_tls, reserved_port, v2_body, wait_for)
 
 ROW = v2_body([1.0, 2.0, 3.0, 4.0])
 
@@ -53,7 +53,7 @@ def mtls_fleet(tmp_path):
     """A coordinator with two report workers on mutual TLS (client_auth: require) and an
     admin token; (coordinator, CA, admin token, the admin's and edge-1's contexts)."""
     ca = make_ca(tmp_path)
-    issue_cert(ca, tmp_path, "server")
+    server = issue_cert(ca, tmp_path, "server")
     ops = issue_cert(ca, tmp_path, "ops", hosts=("ops",))
     edge = issue_cert(ca, tmp_path, "edge-1", hosts=("edge-1",))
     admin = new_token()
@@ -62,9 +62,7 @@ def mtls_fleet(tmp_path):
     co = CoordinatorProcess(
         None, tmp_path / "co", context=admin_context, report_workers=2,
         reactive_interval_s=3600, auth={"token_file": str(tokens)},
-        tls={"cert_file": str(tmp_path / "server.crt"),
-             "key_file": str(tmp_path / "server.key"),
-             "client_ca_file": str(ca.cert_file), "client_auth": "require"})
+        tls=mutual_tls(server, ca))
     wait_for(lambda: len(_workers(co)) == 2 and co.port not in _listening_ports(co.proc.pid),
              60, "two workers listen, and the coordinator no longer does")
     yield co, ca, admin, admin_context, client_context(ca.cert_file, edge.cert_file,
