@@ -73,7 +73,8 @@ MAX_DISCOUNT = 0.95
 
 # Per id, while resident: worth = penalty / size and log_worth its log (-inf: no
 # penalty); per id: last (time of the last request, NaN: none yet), period (seconds, 0:
-# no estimate) and streak (gaps in a row that matched it); pslot, the id's place in pids
+# no estimate), streak (gaps in a row that matched it) and periodic (whether the streak
+# reached ``_needed`` at its last request); pslot, the id's place in pids
 # (-1: not listed). pids[:pcount] lists the resident periodic ids. A walk's scratch:
 # putil, per pids slot the utility (penalty / (size · B̂), +inf once taken);
 # pending_heap / pending_periodic, the next candidate of each kind (-1: none left), and
@@ -85,17 +86,19 @@ structref.define_proxy(ForecastState, ForecastStateType,
                        ["res", "heap", "rates", "worth", "log_worth", "last", "period",
                         "streak", "pslot", "pids", "pcount", "putil", "pending_heap",
                         "pending_periodic", "pending_util", "shared", "tolerance", "confirm",
-                        "discount", "adjust", "share", "share_norm"])
+                        "discount", "adjust", "share", "share_norm", "odds",
+                        "periodic"])
 
 
 @kernel
-def new_state(res, cumulative, k, tolerance, confirm, discount):
+def new_state(res, cumulative, k, tolerance, confirm, discount, odds):
     n = len(res.size)
     return ForecastState(res, new_heap(n), rates.new_rates(cumulative, k, n), np.zeros(n),
                          np.zeros(n), np.full(n, np.nan), np.zeros(n), np.zeros(n, np.int64),
                          np.full(n, -1, np.int64), np.zeros(n, np.int64), np.int64(0),
                          np.zeros(n), np.int64(-1), np.int64(-1), 0.0, 0.0, tolerance,
-                         confirm, discount, np.zeros(n), 0.0, 0.0)
+                         confirm, discount, np.zeros(n), 0.0, 0.0, odds,
+                         np.zeros(n, np.bool_))
 
 
 @kernel
@@ -133,7 +136,33 @@ def _observe_gap(s, i, now):
         period = gap
     s.streak[i] = streak
     s.period[i] = period
-    return streak >= s.confirm, period
+    # (_needed is 1 to confirm: worked out only in between)
+    periodic = streak >= s.confirm or (streak > 0 and streak >= _needed(s))
+    s.periodic[i] = periodic
+    return periodic, period
+
+
+@kernel
+def _needed(s):
+    """The matching gaps that make a model periodic: the fewest (at least one, at most
+    ``confirm``) whose likelihood ratio, timer against Poisson, times the prior odds
+    that a model is a timer reaches ``odds``. A gap within ``tolerance`` of a period P
+    is near certain for a timer and has a chance of at most 2 · tolerance / e for a
+    Poisson model (2 · tolerance · λP · e^(−λP), largest at λP = 1), a ratio of
+    e / (2 · tolerance) per gap (27 at 5 %); the prior is the timers' share of recent
+    requests (``_timer_share``). Without timers, or ``odds`` 0: ``confirm``."""
+    p = _timer_share(s)
+    if s.odds <= 0 or p <= 0:
+        return s.confirm
+    gaps = math.log(s.odds * (1.0 - p) / p) / math.log(math.e / (2.0 * s.tolerance))
+    return min(max(math.ceil(gaps), 1), s.confirm)
+
+
+@kernel(inline="always")
+def _timer_share(s):
+    """The share of recent requests that came from timers, less ``SHARE_FLOOR`` (at
+    most 0 without timers)."""
+    return s.share / s.share_norm - SHARE_FLOOR if s.share_norm > 0 else -SHARE_FLOOR
 
 
 @kernel(inline="always")
@@ -147,7 +176,7 @@ def _discount(s, i, now, log_score, timer):
     norm = s.share_norm + (1.0 - s.share_norm) * SHARE_WEIGHT
     s.share = share
     s.share_norm = norm
-    d = s.discount * (share / norm - SHARE_FLOOR)
+    d = s.discount * _timer_share(s)
     adjust = 0.0
     if d > 0:
         r = s.rates  # the count: log_score is log(count) + k · now (decayed), log(count)
@@ -162,7 +191,7 @@ def _on_admit(s, i, now):
     worth = log_worth(s.res, i)
     s.worth[i] = s.res.penalty[i] / max(s.res.size[i], 1)
     s.log_worth[i] = worth
-    if s.streak[i] >= s.confirm:
+    if s.periodic[i]:
         _list(s, i)
     else:
         heap_set(s.heap, i, worth + rates.log_score(s.rates, i) + s.adjust[i])
@@ -272,6 +301,7 @@ def _grow(s, capacity):
     s.last = grown(s.last, capacity, np.nan)
     s.period = grown(s.period, capacity, 0.0)
     s.streak = grown(s.streak, capacity, 0)
+    s.periodic = grown(s.periodic, capacity, False)
     s.adjust = grown(s.adjust, capacity, 0.0)
     s.pslot = grown(s.pslot, capacity, -1)
     s.pids = grown(s.pids, capacity, 0)
@@ -307,7 +337,7 @@ def _rate(s, i, now):
 
 @kernel
 def _period(s, i):
-    return s.period[i] if s.streak[i] >= s.confirm else 0.0
+    return s.period[i] if s.periodic[i] else 0.0
 
 
 class CremeBruleeForecast(Policy):
@@ -315,10 +345,13 @@ class CremeBruleeForecast(Policy):
     trims_eviction_set = True
 
     def __init__(self, rate: str = "decayed", half_life: float = 600.0,
-                 tolerance: float = 0.05, confirm: int = 3, discount: float = 1.0) -> None:
+                 tolerance: float = 0.05, confirm: int = 3, discount: float = 1.0,
+                 odds: float = 1.0) -> None:
         cumulative, k = rates.rate_parameters(rate, half_life)
         if not discount >= 0:
             raise ValueError(f"discount must be >= 0, got {discount}")
+        if not odds >= 0:
+            raise ValueError(f"odds must be >= 0, got {odds}")
         if not 0 < tolerance < 1:
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
         if confirm < 1:
@@ -326,9 +359,9 @@ class CremeBruleeForecast(Policy):
         super().__init__()
         self.rate, self.half_life = rate, float(half_life)
         self.tolerance, self.confirm = float(tolerance), int(confirm)
-        self.discount = float(discount)
+        self.discount, self.odds = float(discount), float(odds)
         self.state_parameters = (cumulative, k, self.tolerance, np.int64(self.confirm),
-                                 self.discount)
+                                 self.discount, self.odds)
         self._state = new_state(self._res, *self.state_parameters)
 
     def priority(self, key: Key, now: float) -> float:

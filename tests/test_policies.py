@@ -328,7 +328,35 @@ def test_forecast_without_timers_ranks_as_cremebrulee():
     assert discounted.priority("rare", 600.0) == plain.priority("rare", 600.0)
 
 
+def _late_timer(spec: str, timers: int):
+    """``_rare_and_steady``'s requests, then ``late`` every 45 s from 600 s: at 600, 645,
+    690 and 735 s (each timer fires at 600 s too)."""
+    policy = _rare_and_steady(spec, timers)
+    for now in (600.0, 645.0, 690.0, 735.0):
+        policy.record_access("late", now)
+        if now == 690.0:
+            found_at_690 = policy.period("late")
+    return found_at_690, policy.period("late")
+
+
+@pytest.mark.parametrize("spec, timers, found_at_690, found_at_735", [
+    # Four timers make ~a quarter of the requests: prior odds ≈ 0.3, and a gap that
+    # matches is 27x likelier from a timer than from a Poisson model (tolerance 5 %),
+    # so one matching gap (the third request) passes odds of 1; odds of 30 need two.
+    ("cremebrulee-forecast", 4, 45.0, 45.0),
+    ("cremebrulee-forecast:odds=30", 4, 0.0, 45.0),
+    ("cremebrulee-forecast:odds=0", 4, 0.0, 0.0),  # confirm: three matching gaps
+    # Without timers the prior is 0: three matching gaps, whatever the odds.
+    ("cremebrulee-forecast", 0, 0.0, 0.0)])
+def test_forecast_finds_timers_sooner_where_timers_are_common(spec, timers, found_at_690,
+                                                              found_at_735):
+    assert _late_timer(spec, timers) == (pytest.approx(found_at_690),
+                                         pytest.approx(found_at_735))
+
+
 @pytest.mark.parametrize("spec, message", [
+    ("cremebrulee-forecast:odds=-1", "odds"),
+    ("cremebrulee-forecast:odds=nan", "odds"),
     ("cremebrulee-forecast:discount=nan", "discount"),
     ("cremebrulee-forecast:discount=-0.1", "discount"),
     ("cremebrulee-forecast:tolerance=1.5", "tolerance"),
