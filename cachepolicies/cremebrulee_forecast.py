@@ -4,9 +4,12 @@ forecast time to the model's next request.
 CremeBrulee (§V-A) estimates the Belady boundary B as 1/λ: right for Poisson arrivals,
 blind to a timer, whose next request is nearly certain. Here each model's inter-arrival
 gaps are watched: after ``confirm`` gaps in a row within ``tolerance`` of its period
-estimate (the running mean of the matching gaps) the model is *periodic*, and
-B̂ = last + period − now, shrinking as its next firing nears (never below a thousandth
-of the period); once it is more than ``tolerance`` of a period overdue (a skipped or
+estimate (the running mean of the matching gaps) the model is *periodic*, or after
+fewer where timers are common: as soon as the matching gaps' likelihood ratio (timer
+against Poisson) times the prior odds from the timers' share of requests reaches
+``odds`` (``_needed``: one gap where timers are a few % of the requests, ``confirm``
+without timers). A periodic model's B̂ = last + period − now, shrinking as its next
+firing nears (never below a thousandth of the period); once it is more than ``tolerance`` of a period overdue (a skipped or
 stopped timer) and for every other model, B̂ = 1/λ with λ CremeBrulee's own rate
 estimate (``rate``, ``half_life``), the decayed one scaled to be unbiased in its first
 half-lives (``rates.log_warmup``: early on it undercounts, and rate-ranked models would
