@@ -9,11 +9,12 @@ fewer where timers are common: as soon as the matching gaps' likelihood ratio (t
 against Poisson) times the prior odds from the timers' share of requests reaches
 ``odds`` (``_needed``: one gap where timers are a few % of the requests, ``confirm``
 without timers). A periodic model's B̂ = last + period − now, shrinking as its next
-firing nears (never below a thousandth of the period); once it is more than ``tolerance`` of a period overdue (a skipped or
-stopped timer) and for every other model, B̂ = 1/λ with λ CremeBrulee's own rate
-estimate (``rate``, ``half_life``), the decayed one scaled to be unbiased in its first
-half-lives (``rates.log_warmup``: early on it undercounts, and rate-ranked models would
-lose to forecast ones they should not).
+firing nears (never below a thousandth of the period); once it is more than
+``tolerance`` of a period overdue (a skipped or stopped timer) and for every other
+model, B̂ = 1/λ with λ CremeBrulee's own rate estimate (``rate``, ``half_life``), the
+decayed one scaled to be unbiased in its first half-lives (``rates.log_warmup``: early
+on it undercounts, and rate-ranked models would lose to forecast ones they should
+not).
 
 A rate read at a model's request counts that request: for a Poisson model with n
 requests in t seconds, the last now, it says n / t where (n − 1) / t is unbiased, most
@@ -139,7 +140,7 @@ def _observe_gap(s, i, now):
         period = gap
     s.streak[i] = streak
     s.period[i] = period
-    # (_needed is 1 to confirm: worked out only in between)
+    # _needed is from 1 to confirm: worked out only for a streak in between
     periodic = streak >= s.confirm or (streak > 0 and streak >= _needed(s))
     s.periodic[i] = periodic
     return periodic, period
