@@ -48,6 +48,13 @@ millisecond, of an interval at the window's start (each node keeps the random ph
 was given, however late an answer came: nodes bunched in one instant queue at a
 coordinator idle on average). The client processes run without their garbage
 collector, whose pauses (5,000 connections each) would show as report latency.
+``--ramp S`` has the fleet join over S seconds instead of all in the first interval.
+Each listening process keeps its share of the fleet's connections (its
+``max_connections``), under the open-file limit, which the bench raises to its hard
+limit for itself, the coordinator and the clients; a fleet past that (about 16,000 nodes
+a process under a hard limit of 20,000) needs more ``--report-workers`` and ``--procs``
+(a warning says so). Past 20,000 nodes each client's nodes come from loopback addresses
+of their own, 20,000 nodes an address.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
@@ -68,6 +75,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -82,6 +90,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.backoff import backoff_cap, parse_retry_after, retry_delay  # noqa: E402
+from agent.http.eventloop import run_event_loop  # noqa: E402
 from agent.node.reporter import MAX_PENDING_POINTS  # noqa: E402
 from agent.security.tls import ResumingContext  # noqa: E402
 from agent.wire import parse_report  # noqa: E402
@@ -188,7 +197,9 @@ class SimulatedNode(asyncio.Protocol):
 
     def __init__(self, sim: "Simulation", i: int, request: bytes, phase: float) -> None:
         self.sim, self.i, self.request, self.phase = sim, i, request, phase
-        self.due = sim.start + phase * sim.interval
+        # (with a ramp, its first report whole intervals later: the fleet joins over it)
+        self.due = sim.start + (phase + math.floor(
+            sim.rng.uniform(0, sim.ramp) / sim.interval)) * sim.interval
         #: its lease's request: the probe first, then one naming the answer's version
         self.lease: bytes | None = lease_request(i, None) if sim.leases else None
         self.full_due = self.due + sim.rng.uniform(0, sim.full_report_s)
@@ -249,7 +260,7 @@ class SimulatedNode(asyncio.Protocol):
         try:
             await self.sim.loop.create_connection(
                 lambda: self, "127.0.0.1", self.sim.port, ssl=self.sim.tls,
-                local_addr=(self.sim.source, 0) if self.sim.source else None)
+                local_addr=(self.sim.source_for(self.i), 0) if self.sim.source else None)
         except (OSError, asyncio.TimeoutError):
             self.connecting = False
             self.finish(None)
@@ -365,15 +376,20 @@ class SimulatedNode(asyncio.Protocol):
             sim.loop.call_at(self.due, self.fire)
 
 
+#: nodes that share one source address (``Simulation.source_for``)
+SOURCE_NODES = 20_000
+
+
 class Simulation:
     """One client process's nodes and what they saw (``stats``)."""
 
     def __init__(self, loop: Any, port: int, tls: Any, interval: float,
                  measure: tuple[float, float], track_oks: bool, leases: bool = True,
                  full_report_s: float = 300.0, changing: float = 0.01,
-                 source: str | None = None, lease_interval: float | None = None,
-                 start: float = 0.0) -> None:
+                 source: int | None = None, lease_interval: float | None = None,
+                 start: float = 0.0, ramp: float = 0.0) -> None:
         self.loop, self.port, self.tls, self.interval = loop, port, tls, interval
+        self.ramp = ramp  # seconds over which the nodes send their first reports
         self.start = start  # (loop time) every node's phase counts from here
         self.measure, self.track_oks = measure, track_oks
         self.leases, self.full_report_s, self.source = leases, full_report_s, source
@@ -391,6 +407,12 @@ class Simulation:
             "offered": 0, "ok": 0, "late": 0, "refused": 0, "bare_5xx": 0, "other": 0,
             "broken": 0, "statuses": {}, "handshakes": 0, "resumed": 0, "latency": [],
             "failed_at": [], "leases": 0, "full": 0, "asked": 0}
+
+    def source_for(self, i: int) -> str:
+        """Node ``i``'s source address (with ``source``): one loopback address per
+        ``SOURCE_NODES`` nodes, so no address needs more of the ~28,000 ephemeral ports
+        than it has (``source``, this process's own, is the address's second byte)."""
+        return f"127.{self.source}.{i // SOURCE_NODES}.1"
 
 
 def client(ids: list[int], port: int, models: int, catalog: int, interval: float,
@@ -440,11 +462,7 @@ def client(ids: list[int], port: int, models: int, catalog: int, interval: float
     gc.freeze()  # this client's own collector pauses (5,000 connections' objects, over
     gc.disable()  # 100 ms each) would show as report latency: none for a short run
     cpu0 = time.process_time()
-    try:
-        import uvloop
-        stats = uvloop.run(main())
-    except ImportError:
-        stats = asyncio.run(main())
+    stats = run_event_loop(main())
     stats["cpu_s"] = time.process_time() - cpu0
     stats["window_cpu_s"] = stats.get("window_cpu1", time.process_time()) \
         - stats.get("window_cpu0", cpu0)
@@ -513,15 +531,37 @@ def database_cpu_seconds() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-#: Connections each listening process keeps (the coordinator's ``max_connections``):
-#: under this box's open-file limit (20,000), above a listener's share of the fleet.
+#: Connections each listening process keeps at least (the coordinator's
+#: ``max_connections``): under this box's usual open-file limit (20,000).
 MAX_CONNECTIONS = 16_000
+#: open files a process needs beyond its connections (the store, logs, pipes)
+SPARE_FILES = 4_096
+
+
+def listener_connections(nodes: int, report_workers: int, open_files: int) -> int:
+    """``max_connections`` for each listening process: its share of the fleet's kept
+    connections with room for the kernel's uneven spread (SO_REUSEPORT hashes each
+    connection to a listener) and reconnects, at least ``MAX_CONNECTIONS``, at most
+    what ``open_files`` leaves (a fleet past that needs more ``--report-workers``)."""
+    wanted = max(MAX_CONNECTIONS, nodes * 5 // (4 * max(1, report_workers)) + 1_000)
+    return min(wanted, open_files - SPARE_FILES)
+
+
+def raise_open_files(needed: int) -> int:
+    """This process's soft open-file limit raised toward ``needed``, up to its hard
+    limit (its children inherit it); returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        soft = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft
 
 
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
                       report_workers: int = 0, tls: dict | None = None,
                       ca_file: str | None = None, port: int = 0,
-                      tree: Path = ROOT, poll_ms: float | None = None
+                      tree: Path = ROOT, poll_ms: float | None = None,
+                      max_connections: int = MAX_CONNECTIONS
                       ) -> tuple[subprocess.Popen, str]:
     """The coordinator of ``tree`` (a checkout) on ``port`` (0: one the OS picks):
     (process, the URL it announced), ready; ``tls``: its ``tls:`` section, ``ca_file``
@@ -530,8 +570,8 @@ def start_coordinator(state: Path, store: str | None, reactive_s: float,
     # per-peer bound (a quarter of the total, itself a quarter of the open-file
     # limit) would close their kept connections as fast as they open
     config = {"port": port, "state_dir": str(state), "log_level": "warning",
-              "reactive_interval_s": reactive_s, "max_connections": MAX_CONNECTIONS,
-              "max_connections_per_peer": MAX_CONNECTIONS}
+              "reactive_interval_s": reactive_s, "max_connections": max_connections,
+              "max_connections_per_peer": max_connections}
     if tls:
         config["tls"] = tls
     if report_workers:  # (a tree before report workers refuses the key)
@@ -663,9 +703,17 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
     with tempfile.TemporaryDirectory() as tmp:
         tls, ca_file = make_certificates(Path(tmp)) if tls_on else (None, None)
         poll_ms = args.poll_ms if tree == ROOT else None
+        # the coordinator and the clients (forked) inherit it; a client holds its share
+        open_files = raise_open_files(max(nodes * 5 // (4 * max(1, args.report_workers)),
+                                          -(-nodes // args.procs)) + 2 * SPARE_FILES)
+        connections = listener_connections(nodes, args.report_workers, open_files)
+        if nodes > connections * max(1, args.report_workers) * 0.9 \
+                or -(-nodes // args.procs) > open_files - SPARE_FILES:
+            print(f"warning: {nodes} kept connections need more --report-workers or "
+                  f"--procs under an open-file limit of {open_files}", flush=True)
         co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
                                     args.report_workers, tls, ca_file, tree=tree,
-                                    poll_ms=poll_ms)
+                                    poll_ms=poll_ms, max_connections=connections)
         port = int(url.rsplit(":", 1)[1])
         try:
             for m in range(args.catalog):
@@ -685,10 +733,10 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
                                          "full_report_s": args.full_report_s,
                                          "changing": args.changing,
                                          "lease_interval": args.lease_interval,
-                                         # past ~28,000 connections to one port, a
-                                         # source address of their own per process
-                                         "source": f"127.0.0.{2 + p}"
-                                         if nodes > 20_000 else None}))
+                                         "ramp": args.ramp,
+                                         # past ~28,000 connections to one port,
+                                         # source addresses of their own
+                                         "source": 2 + p if nodes > 20_000 else None}))
                 for p in range(args.procs)]
             for p in procs:
                 p.start()
@@ -927,6 +975,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds before the window (default two intervals, and a "
                              "second per 100 nodes with TLS)")
+    parser.add_argument("--ramp", type=float, default=0.0, metavar="S",
+                        help="the fleet joins over S seconds: each node's first report "
+                             "a random number of whole intervals into them (default 0: "
+                             "all in the first interval, as after a restart); keep "
+                             "--warmup past it")
     parser.add_argument("--autogroup-nice", type=int, default=None,
                         help="run in a session of its own whose scheduler autogroup has "
                              "this nice value (Linux; negative needs root): with autogroups "
@@ -946,7 +999,7 @@ def main() -> None:
         autogroup.write_text(str(args.autogroup_nice))
     groups = Path("/proc/sys/kernel/sched_autogroup_enabled")
     print(f"store={args.store} interval={args.interval:g}s leases={args.leases} "
-          f"lease_interval={args.lease_interval or args.interval:g}s "
+          f"lease_interval={args.lease_interval or args.interval:g}s ramp={args.ramp:g}s "
           f"full_report_s={args.full_report_s:g} changing={args.changing:g}/min "
           f"models/report={args.models} "
           f"catalog={args.catalog} client procs={args.procs} cpus={os.cpu_count()} "

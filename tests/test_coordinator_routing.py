@@ -20,9 +20,11 @@ PLAN = {"models": {"a": {"replicas": 3, "placement": {"n1": 2, "n2": 1}},
         "assignment": {"n1": {"a": 2}, "n2": {"a": 1}, "n3": {"b": 1}}}
 
 
-def report(name, *, version=None, peer=True, models=("a",)):
+def report(name, *, version=None, peer=True, models=("a",), report_id=None):
     body = {"capacity": {"cores": 2, "cpu_memory_bytes": 1e9},
             "models": {m: {"resident": True} for m in models}}
+    if report_id is not None:
+        body["report_id"] = report_id
     if peer:
         body["peer"] = {"url": f"http://10.0.0.{name[-1]}:8000",
                         "grpc": f"10.0.0.{name[-1]}:8001"}
@@ -174,3 +176,45 @@ def test_coordinators_sharing_a_store_route_by_the_plans_addresses():
     table = orjson.loads(here.table)
     assert table["models"] == {"a": {"n1": 2}} and \
         table["nodes"]["n1"]["url"] == "http://10.0.0.9:8000"
+
+
+def test_a_lease_is_answered_anew_after_anything_its_answer_depends_on_changed():
+    """A lease's answer is remembered per node (issue 36: thousands a second): after a
+    new plan, routing table, version table or full report the next lease gets the
+    new answer, the one a fleet that remembered nothing gives, then the few bytes."""
+    from agent.coordinator.versions import VersionTable
+    from agent.wire import NodeLease
+
+    fleet = fleet_of("n1", "n2", "n3")
+    fleet.routing.update(fleet.plan, fleet.addresses(0.0), 60.0)
+    first = json.loads(fleet.answer("n1", report("n1", report_id=7))[1])
+    held = {"answer": first["answer"], "routing_version": first["routing_version"]}
+
+    def lease(report_id=7):
+        asked = NodeLease(report=report_id, answer=held["answer"],
+                          routing=held["routing_version"])
+        answer, changed = fleet.answer_lease("n1", asked)
+        fleet._renewals.clear()  # what a fleet that remembers nothing answers
+        assert fleet.answer_lease("n1", asked) == (answer, changed)
+        held.update((k, v) for k, v in json.loads(answer).items() if k in held)
+        return answer, changed
+
+    assert lease() == (b'{"answer":%d}\n' % held["answer"], False)
+    assert lease()[1] is False  # remembered: the same few bytes
+    plan = {"models": {"a": {"replicas": 1, "placement": {"n1": 1}}},
+            "assignment": {"n1": {"a": 1}}}
+    fleet.adopt(StoredPlan(2, 0.0, "long-term", plan))  # a new plan: new directives
+    before = held["answer"]
+    answer, changed = lease()
+    assert changed and json.loads(answer)["workers"] == {"a": 1} and held["answer"] != before
+    assert lease()[1] is False
+    fleet.routing.update(fleet.plan, fleet.addresses(0.0), 60.0)  # a new routing table
+    answer, changed = lease()
+    assert changed and json.loads(answer)["routing"]["models"] == {"a": {"n1": 1}}
+    assert lease()[1] is False
+    fleet.set_versions(VersionTable(id=5))  # a new version table, nothing pinned
+    assert lease()[1] is False
+    fleet.answer("n1", report("n1", models=("a", "b"), report_id=8))  # a new basis
+    assert fleet.answer_lease("n1", NodeLease(report=7, answer=held["answer"]))[0] \
+        == b'{"report":true}\n'
+    assert lease(8)[1] is False

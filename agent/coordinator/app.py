@@ -124,6 +124,7 @@ class Coordinator:
         #: Where the internal socket the report workers forward to lives (made at start).
         self.internal_dir: Path | None = None
         self._gone: frozenset[str] = frozenset()  # planned nodes silent, replanned for
+        self._routed_from: tuple | None = None  # what the routing table was last made of
 
     def file_credentials(self) -> list[Credential]:
         return load_credentials(self.config.admin_token_file, self.config.auth.token_file)
@@ -186,14 +187,17 @@ class Coordinator:
         once when a node the plan runs models on went silent here (its models then move
         within ``node_timeout_s``, not a whole ``plan_interval_s`` later)."""
         since = self.clock() - self.config.node_timeout_s
-        silent = frozenset(n for n, state in self.fleet.nodes.items()
-                           if state.last_seen < since)
-        if self.fleet.routing.update(self.fleet.plan, self.fleet.addresses(since),
-                                     self.config.directive_ttl_s, silent,
-                                     self.fleet.versions.splits()) \
-                and self.workers.workers:
-            self.spawn(self.workers.push_routing(self.fleet.routing.version,
-                                                 self.fleet.routing.table))
+        fleet = self.fleet
+        silent = frozenset(n for n, state in fleet.nodes.items() if state.last_seen < since)
+        made_of = (fleet.plan.id if fleet.plan is not None else None, fleet.versions.id,
+                   fleet.address_changes, silent)
+        if made_of != self._routed_from:  # (else the table would come out the same)
+            self._routed_from = made_of
+            if fleet.routing.update(fleet.plan, fleet.addresses(since),
+                                    self.config.directive_ttl_s, silent,
+                                    fleet.versions.splits()) and self.workers.workers:
+                self.spawn(self.workers.push_routing(fleet.routing.version,
+                                                     fleet.routing.table))
         # (a node unknown here reports to another coordinator sharing the store)
         gone = silent & self.fleet.routing.planned_nodes()
         if gone and gone != self._gone and self.leader and self.start_loops:

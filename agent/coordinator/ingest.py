@@ -62,6 +62,10 @@ class Routed(NamedTuple):
     models: tuple[tuple[str, float, float, float, float, float], ...] = ()
 
 
+def _peer(routing: Routed | None) -> tuple[str, str | None] | None:
+    return routing.peer if routing is not None else None
+
+
 def reported_routing(report: NodeReport) -> Routed | None:
     """``report``'s address and routed traffic (None: the node neither routes nor says
     where it is reached)."""
@@ -114,6 +118,9 @@ class Fleet:
         self.ttl_s = ttl_s
         self.nodes: dict[str, NodeState] = {}
         self.plan: StoredPlan | None = None
+        #: counts the changes of where nodes are reached (``addresses``): a node came,
+        #: went, or reported another peer address
+        self.address_changes = 0
         # node -> (directives, their JSON): the last answer, reused while the plan and
         # what the node holds resident do not change it; (None, JSON) where a report
         # worker answered (``answered``)
@@ -128,11 +135,17 @@ class Fleet:
         self.routing = RoutingBook()
         #: the nodes' bases and answer versions, for their leases
         self.leases = LeaseBook()
+        # node -> (basis, plan id, version table, last answer, routing version: what its
+        # last lease's answer came from; the answer's version): a lease from the same
+        # is answered from it (a plan's id, not the plan: a silent node's entry would
+        # keep an old plan alive)
+        self._renewals: dict[str, tuple] = {}
 
     def load(self, rows: list[NodeRow], plan: StoredPlan | None) -> None:
         """Start from the store's nodes and plan: each report kept as bytes, its models
         and latencies read once here."""
         self.nodes = {}
+        self.address_changes += 1
         for row in rows:
             raw = orjson.dumps(row.report)
             self.nodes[row.name] = NodeState(row.name, row.first_seen, row.last_seen, raw,
@@ -196,9 +209,18 @@ class Fleet:
         basis = self.leases.basis(node, lease.report) if lease.report is not None else None
         if basis is None:
             return SEND_REPORT, False
-        _, body = self._directives_answer(node, basis.resident, lambda: basis.held)
-        version = self.leases.version(node, body, self.routing.version if basis.routes
-                                      else None)
+        routing = self.routing.version if basis.routes else None
+        last = self._answers.get(node)
+        memo = self._renewals.get(node)
+        plan_id = self.plan.id if self.plan is not None else None
+        if memo is not None and memo[0] is basis and memo[1] == plan_id \
+                and memo[2] is self.versions and memo[3] is last and memo[4] == routing:
+            body, version = last[1], memo[5]  # (what the two calls below would give)
+        else:
+            last = self._directives_answer(node, basis.resident, lambda: basis.held)
+            body = last[1]
+            version = self.leases.version(node, body, routing)
+            self._renewals[node] = (basis, plan_id, self.versions, last, routing, version)
         if lease.answer == version:
             return renewed(version), False
         return self.routing.splice(with_version(body, version), basis.routes,
@@ -239,6 +261,8 @@ class Fleet:
         first = old.first_seen if old is not None else now
         seen = now if old is None else max(now, old.last_seen)  # a lease may be newer
         self.nodes[node] = NodeState(node, first, seen, raw, models, routing, now)
+        if old is None or _peer(old.routing) != _peer(routing):
+            self.address_changes += 1
         return True
 
     def renew(self, node: str, now: float) -> bool:
@@ -259,7 +283,9 @@ class Fleet:
         self._answers.pop(node, None)
         self._away.pop(node, None)
         self._versions_of.pop(node, None)
+        self._renewals.pop(node, None)
         self.leases.forget(node)
+        self.address_changes += 1
         return self.nodes.pop(node, None) is not None
 
     def by_model(self, since: float, percentiles: dict[str, float] | None = None

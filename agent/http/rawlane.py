@@ -31,6 +31,7 @@ transport asks to pause writing) the lane reads nothing more.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -45,7 +46,9 @@ from aiohttp.http import SERVER_SOFTWARE
 HEAD_LIMIT = 8190
 
 _REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) (/[\x21-\x7e]*) HTTP/1\.1")
-_HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
+#: Header lines, each ``name:value`` ended by CRLF (a name of token characters, a value of
+#: printable ASCII and tabs, its surrounding blanks not part of it).
+_HEADERS = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\x20-\x7e\t]*\r\n)*")
 #: Headers whose request the lane leaves to aiohttp (``connection`` unless keep-alive).
 _NOT_TAKEN = frozenset({"transfer-encoding", "content-encoding", "expect", "upgrade",
                         "te", "trailer"})
@@ -92,15 +95,25 @@ class HttpDate:
 def render(answer: RawAnswer, date: str) -> bytes:
     """``answer`` as aiohttp writes it on the wire (HTTP/1.1, kept alive), dated
     ``date``."""
-    status = answer.status
+    return b"%s%d\r\nDate: %s\r\nServer: %s\r\n\r\n%s" % (
+        _head(answer.status, answer.content_type, answer.headers), len(answer.body),
+        date.encode("latin-1"), _SERVER, answer.body)
+
+
+_SERVER = SERVER_SOFTWARE.encode("latin-1")
+
+
+@functools.lru_cache(maxsize=64)
+def _head(status: int, content_type: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """An answer's status line and headers up to its ``Content-Length`` value (the
+    few kinds a lane answers, each made once)."""
     try:
         reason = HTTPStatus(status).phrase
     except ValueError:
         reason = ""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in answer.headers)
-    return (f"HTTP/1.1 {status} {reason}\r\n{extra}Content-Type: {answer.content_type}\r\n"
-            f"Content-Length: {len(answer.body)}\r\nDate: {date}\r\n"
-            f"Server: {SERVER_SOFTWARE}\r\n\r\n").encode("latin-1") + answer.body
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    return (f"HTTP/1.1 {status} {reason}\r\n{extra}Content-Type: {content_type}\r\n"
+            f"Content-Length: ").encode("latin-1")
 
 
 class RawLanes:
@@ -260,19 +273,19 @@ def _parse(data: bytes, start: int, end: int, max_body: int
            ) -> tuple[RawRequest, int] | None:
     """The request whose head is ``data[start:end]`` and where it ends (its body may not
     all be in ``data``), or None when the lane leaves it to aiohttp."""
-    lines = data[start:end].split(b"\r\n")
-    line = _REQUEST_LINE.fullmatch(lines[0])
-    if line is None:
+    first = data.find(b"\r\n", start, end)
+    if first < 0:
+        first = end
+    line = _REQUEST_LINE.fullmatch(data, start, first)
+    if line is None or _HEADERS.fullmatch(data, first + 2, end + 2) is None:
         return None
     headers: dict[str, str] = {}
-    for raw in lines[1:]:
-        header = _HEADER.fullmatch(raw)
-        if header is None:
-            return None
-        name = header[1].decode("ascii").lower()
+    for raw in data[first + 2:end].decode("ascii").split("\r\n") if first < end else ():
+        name, _, value = raw.partition(":")
+        name = name.lower()
         if name in headers or name in _NOT_TAKEN:
             return None
-        headers[name] = header[2].decode("ascii")
+        headers[name] = value.strip(" \t")
     if headers.get("connection", "keep-alive").lower() != "keep-alive":
         return None
     length = headers.get("content-length", "0")

@@ -15,6 +15,7 @@ judged, even where none is needed (``ANY``).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
@@ -291,11 +292,13 @@ def own_names(bound: str, allowed: Iterable[str]) -> frozenset[str]:
     return frozenset(n.lower().rstrip(".") for n in names if n)
 
 
+@functools.lru_cache(maxsize=256)
 def names_this_server(host: str | None, names: frozenset[str]) -> bool:
     """Whether ``host`` (a Host header, ``name[:port]``, or an Origin's host) names this
     server: an IP address (a page that rebinds its own name to this server's address
     still sends its name), ``localhost`` or a name under ``.localhost``, or one of
-    ``names`` (``own_names``)."""
+    ``names`` (``own_names``). (Remembered for the last few: a fleet's nodes send the
+    same few ``Host`` values thousands of times a second.)"""
     if not host:
         return False
     name = host.lower()
