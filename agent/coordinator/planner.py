@@ -433,9 +433,10 @@ class Planner:
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
-        reads only the reports of the nodes heard from since the last check (a report
-        or a lease; a node that renews leases by ``heard_until``, as its forecast ends;
-        nothing, when none was), and the plan only when it changed."""
+        takes the nodes heard from since the last check (a report or a lease; a node
+        that renews leases by ``heard_until``, as its forecast ends; nothing, when none
+        was), decoding only reports new since then (``ReactiveView``), and reads the
+        plan only when it changed."""
         now = self.clock()
         if self.store.current_plan_id() is None:
             return None

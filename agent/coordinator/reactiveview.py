@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+import numpy as np
 import orjson
 
 from agent.coordinator.store import Store
@@ -39,9 +40,10 @@ class NodeLatency:
         self.reported = reported  # the ``reported`` of the row it was decoded from
         self.renews = renews  # the node renews leases
         self.points = points  # (model, latency_points): its models, then forwarded
-        #: (model, worst latency at the plan's percentile) of the models the plan holds
-        #: (None: not worked out for the current percentiles)
-        self.worst: tuple[tuple[str, float], ...] | None = None
+        #: the plan's models (their indices in ``ReactiveView.models``) the node measured
+        #: and the worst latency of each at its SLO percentile (None: not worked out for
+        #: the current percentiles)
+        self.worst: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def decoded(cls, name: str, summary: str | bytes | None, report: str | bytes | None,
@@ -56,19 +58,20 @@ class NodeLatency:
         return cls(reported, renews,
                    tuple((model, latency_points(ms)) for model, ms in measured))
 
-    def worst_at(self, percentiles: dict[str, float]) -> tuple[tuple[str, float], ...]:
-        """(model, the worst of its latencies at ``percentiles[model]``), models in
-        ``percentiles`` that the node measured; kept until ``forget_worst``."""
-        if self.worst is None:
-            worst: dict[str, float] = {}
-            for model, points in self.points:
-                percentile = percentiles.get(model)
-                if percentile is None:
-                    continue
-                v = latency_at(points, percentile)
-                if v is not None and v > worst.get(model, -math.inf):
-                    worst[model] = v
-            self.worst = tuple(worst.items())
+    def worst_at(self, percentiles: dict[str, float], index: dict[str, int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(the ``index`` of each model in ``percentiles`` that the node measured, the
+        worst of its latencies at ``percentiles[model]``); kept in ``worst``."""
+        worst: dict[str, float] = {}
+        for model, points in self.points:
+            percentile = percentiles.get(model)
+            if percentile is None:
+                continue
+            v = latency_at(points, percentile)
+            if v is not None and v > worst.get(model, -math.inf):
+                worst[model] = v
+        self.worst = (np.array([index[m] for m in worst], dtype=np.intp),
+                      np.array(list(worst.values()), dtype=float))
         return self.worst
 
 
@@ -80,6 +83,8 @@ class ReactiveView:
         self.store = store
         self.nodes: dict[str, NodeLatency] = {}
         self._percentiles: dict[str, float] = {}  # those of the kept ``worst`` values
+        self.models: list[str] = []  # their models, in order
+        self._index: dict[str, int] = {}  # model -> its place in ``models``
 
     def live(self, since: float) -> list[tuple[str, float, NodeLatency]]:
         """``(name, last_seen, its NodeLatency)`` of the nodes heard from at or after
@@ -111,11 +116,12 @@ class ReactiveView:
             for entry in self.nodes.values():
                 entry.worst = None
             self._percentiles = dict(percentiles)
-        worst: dict[str, float] = {}
-        get = worst.get
-        for entry in heard:
-            for model, v in (entry.worst if entry.worst is not None
-                             else entry.worst_at(percentiles)):
-                if v > get(model, -math.inf):
-                    worst[model] = v
-        return worst
+            self.models = list(percentiles)
+            self._index = {m: i for i, m in enumerate(self.models)}
+        worst = [entry.worst or entry.worst_at(percentiles, self._index) for entry in heard]
+        if not worst:
+            return {}
+        out = np.full(len(self.models), -np.inf)
+        np.fmax.at(out, np.concatenate([w[0] for w in worst]),
+                      np.concatenate([w[1] for w in worst]))
+        return {self.models[i]: float(out[i]) for i in np.flatnonzero(out > -np.inf)}

@@ -162,6 +162,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE models ADD COLUMN rollout TEXT;         -- JSON: the entry's rollout settings
     """,
+    # 9: the reactive check's marks (Store.live_marks) from the index alone.
+    """
+    DROP INDEX nodes_by_last_seen;
+    CREATE INDEX nodes_marks ON nodes (last_seen, reported, name);
+    """,
 )
 
 PLANS_KEPT = 100
