@@ -106,10 +106,13 @@ def test_the_kept_view_decides_as_reading_every_row(store_path, tmp_path):
          {m: {"batches": {"1": {"count": 100, "seconds": 1.0}}} for m in MODELS}, cores=16)
     planner = Planner(store, config, clock=clock)
     planner.plan_now()
-    seen_worst = []
-    view_worst = planner._reactive_view.worst
-    planner._reactive_view.worst = lambda *a: seen_worst.append(view_worst(*a)) \
-        or seen_worst[-1]
+    seen_worst, view_worst = [], planner._reactive_view.worst
+
+    def worst(*args):  # what each check found, recorded
+        seen_worst.append(view_worst(*args))
+        return seen_worst[-1]
+
+    planner._reactive_view.worst = worst
     reference = Reference(config)
     nodes = [f"n{i:02d}" for i in range(40)]
     leases = {n: rng.random() < 0.7 for n in nodes}
