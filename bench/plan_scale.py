@@ -22,10 +22,11 @@ collector off, the plan's text and rows sent back over its pipe), timed from thi
 with that process's peak RSS; then a reactive check that finds every node renewed
 (as each does with leases every 10 s), timed in this process, and a second one
 ``reactive_interval_s`` later (the steady state: every node heard from again by its
-lease, as ``lease_write_s`` lets the planner take it, none with a new full report). ``--profile DIR`` writes
-each size's cProfile of the in-process plan there and prints its top functions;
-``--keep DIR`` keeps each size's SQLite fleet there and plans on it again on the next
-run (its plans deleted first), e.g. with ``--tree`` naming another checkout's code.
+lease, as ``lease_write_s`` lets the planner take it, none with a new full report).
+``--profile DIR`` writes each size's cProfile of the in-process plan there and prints
+its top functions; ``--keep DIR`` keeps each size's SQLite fleet there and plans on it
+again on the next run (its plans deleted first), e.g. with ``--tree`` naming another
+checkout's code.
 
     .venv/bin/python bench/plan_scale.py --nodes 10000,30000,100000
     .venv/bin/python bench/plan_scale.py --nodes 30000 --profile /tmp/prof
