@@ -438,12 +438,15 @@ class Planner:
         was), decoding only reports new since then (``ReactiveView``), and reads the
         plan only when it changed."""
         now = self.clock()
-        if self.store.current_plan_id() is None:
+        current = self.current_plan()
+        if current is None:
             return None
+        plan = current.parsed
         timeout, after = self.config.node_timeout_s, self._reactive_seen
         recent, heard, mark = [], {}, -math.inf
         for name, seen, node in self._reactive_view.live(
-                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S)):
+                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S),
+                {name: m.percentile for name, m in plan.models.items()}):
             last = after.get(name, -math.inf)
             if now - seen <= timeout and (t := heard_from(
                     seen, node.renews, now, self.config.lease_lag_s, last)) > last:
@@ -453,14 +456,9 @@ class Planner:
             return None
         after.update(heard)
         self._reactive_mark = max(self._reactive_mark, mark)
-        current = self.current_plan()
-        if current is None:
-            return None
-        plan = current.parsed
         free = plan.free_cpu()
         grown = {}
-        worst = self._reactive_view.worst(
-            {name: m.percentile for name, m in plan.models.items()}, recent)
+        worst = self._reactive_view.worst(recent)
         for name, m in sorted(plan.models.items()):
             observed = worst.get(name)
             if observed is None:
