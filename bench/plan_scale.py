@@ -20,10 +20,13 @@ text and each node's directive row), and then the same plan made by a real plann
 process (``planworker.PlanWorker``, what ``POST /v1/plan`` calls: niced, its garbage
 collector off, the plan's text and rows sent back over its pipe), timed from this side,
 with that process's peak RSS; then a reactive check that finds every node renewed
-(as each does with leases every 10 s), timed in this process. ``--profile DIR`` writes
-each size's cProfile of the in-process plan there and prints its top functions;
-``--keep DIR`` keeps each size's SQLite fleet there and plans on it again on the next
-run (its plans deleted first), e.g. with ``--tree`` naming another checkout's code.
+(as each does with leases every 10 s), timed in this process, and a second one
+``reactive_interval_s`` later (the steady state: every node heard from again by its
+lease, as ``lease_write_s`` lets the planner take it, none with a new full report).
+``--profile DIR`` writes each size's cProfile of the in-process plan there and prints
+its top functions; ``--keep DIR`` keeps each size's SQLite fleet there and plans on it
+again on the next run (its plans deleted first), e.g. with ``--tree`` naming another
+checkout's code.
 
     .venv/bin/python bench/plan_scale.py --nodes 10000,30000,100000
     .venv/bin/python bench/plan_scale.py --nodes 30000 --profile /tmp/prof
@@ -234,7 +237,8 @@ def one_size(nodes: int, args: argparse.Namespace, url: str | None) -> None:
             if args.keep and url is None:
                 kept.write_text(repr(now))
         written = time.perf_counter() - t0
-        planner = Planner(store, config, clock=lambda: now)
+        clock = [now]  # the reactive checks move it on
+        planner = Planner(store, config, clock=lambda: clock[0])
         worker = PlanWorker(config, store, clock=lambda: now)
         worker.start()
         print(f"\n{nodes:,} nodes ({args.models} models each of {args.catalog}; written "
@@ -264,10 +268,12 @@ def one_size(nodes: int, args: argparse.Namespace, url: str | None) -> None:
                     stats = pstats.Stats(profile).sort_stats("tottime")
                     stats.print_stats(args.top)
             gc.disable()  # as in the planning process
-            t0, c0 = time.perf_counter(), time.process_time()
-            planner.reactive_tick()
-            print(f"reactive check, every node renewed: {time.perf_counter() - t0:.2f} s "
-                  f"({time.process_time() - c0:.2f} s of CPU)")
+            for what in ("every node renewed", "again, reactive_interval_s later"):
+                t0, c0 = time.perf_counter(), time.process_time()
+                planner.reactive_tick()
+                print(f"reactive check, {what}: {time.perf_counter() - t0:.2f} s "
+                      f"({time.process_time() - c0:.2f} s of CPU)")
+                clock[0] += config.reactive_interval_s
             gc.enable()
         finally:
             worker.close()

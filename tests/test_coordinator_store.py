@@ -7,12 +7,15 @@ from __future__ import annotations
 import random
 import sqlite3
 
+import orjson
 import pytest
 
 from agent.coordinator import store as store_module
 from agent.coordinator.catalog import ModelSLO
-from agent.coordinator.ingest import ReportWriter
+from agent.coordinator.ingest import ReportWriter, report_record
+from agent.coordinator.store import ReportRecord
 from agent.coordinator.stores import PostgresStore, open_store
+from agent.wire import parse_report
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -315,4 +318,31 @@ def test_a_catalog_of_version_4_gains_the_source_columns(path, monkeypatch):
         "source": "s3://models/new", "version": 3, "digest": "sha256:" + "a" * 64,
         "source_options": {"endpoint_url": "http://127.0.0.1:9000", "n": 2},
         "config": {"max_batch_size": 8, "slo": {"latency_ms": 80}}}
+    s.close()
+
+
+def test_live_marks_and_node_summaries_give_what_the_reactive_check_reads(path):
+    """``live_marks``: each live node's (name, last_seen, reported), a lease moving only
+    the first, a full report both (on SQLite from the index alone); ``node_summaries``:
+    the named nodes' summaries, or reports where a node has none, unknown names left
+    out."""
+    s = Store(path)
+    raw = orjson.dumps({"capacity": {"cores": 2, "cpu_memory_bytes": 1e9},
+                        "models": {"m": {"latency_ms": {"p99": 40.0}}}})
+    s.write_reports([report_record("a", raw, parse_report("a", raw), 100.0),
+                     ReportRecord("b", raw, {}, 101.0)])  # b: no summary
+    s.write_reports([], {"a": 105.0})
+    assert sorted(s.live_marks(100.0)) == [("a", 105.0, 100.0), ("b", 101.0, 101.0)]
+    assert s.live_marks(102.0) == [("a", 105.0, 100.0)]
+    rows = {row[0]: row for row in s.node_summaries(["b", "a", "gone"])}
+    assert set(rows) == {"a", "b"}
+    assert orjson.loads(rows["a"][1])[3][0][5] == [["p99", 40.0]] and rows["a"][2] is None
+    assert rows["b"][1] is None and orjson.loads(rows["b"][2]) == orjson.loads(raw)
+    assert (rows["a"][3], rows["b"][3]) == (100.0, 101.0)
+    s.write_reports([report_record("a", raw, parse_report("a", raw), 110.0)])
+    assert s.live_marks(102.0) == [("a", 110.0, 110.0)]
+    if not isinstance(s, PostgresStore):
+        plan = s._query("EXPLAIN QUERY PLAN SELECT name, last_seen, reported FROM nodes "
+                        "WHERE last_seen >= ?", (0.0,))
+        assert "COVERING INDEX nodes_marks" in plan[0][-1], plan
     s.close()

@@ -118,16 +118,14 @@ def heard_until(last_seen: float, now: float, lease_lag_s: float) -> float:
     return max(last_seen, min(now, last_seen + lease_lag_s))
 
 
-def heard_from(row: tuple, now: float, lease_lag_s: float, last: float) -> float:
-    """When the node of ``row`` (one of ``Store.live_nodes``) was last heard from: its
-    stored ``last_seen``, or later where it renews leases (``heard_until``); its summary
-    is not read where the stored time is after ``last``."""
-    name, seen, summary, raw, _ = row
-    if seen > last or not lease_lag_s or seen >= now:
+def heard_from(seen: float, renews: bool, now: float, lease_lag_s: float,
+               last: float) -> float:
+    """When a node stored as last seen at ``seen`` was last heard from: ``seen``, or
+    later where it ``renews`` leases (``heard_until``) and ``seen`` is not after
+    ``last`` (when the reactive check last heard from it)."""
+    if seen > last or not lease_lag_s or seen >= now or not renews:
         return seen
-    decoded = orjson.loads(summary if summary is not None
-                           else summarize(parse_report(name, raw)))
-    return heard_until(seen, now, lease_lag_s) if renews_leases(decoded) else seen
+    return heard_until(seen, now, lease_lag_s)
 
 
 def report_rates(report: NodeReport) -> list[tuple[str, float]]:

@@ -64,7 +64,8 @@ from agent.coordinator.faro.tables import model_value
 from agent.coordinator.fleetview import FleetView, heard_from
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
-from agent.coordinator.summary import expand, report_latency, summary_latency, worst_latency
+from agent.coordinator.reactiveview import ReactiveView
+from agent.coordinator.summary import expand
 from agent.errors import AgentError
 from agent.wire import NodeReport, parse_report
 
@@ -137,6 +138,7 @@ class Planner:
         self.reactive: dict[str, ReactiveState] = {}
         self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
         self._reactive_mark = -math.inf  # the newest last_seen the last check saw
+        self._reactive_view = ReactiveView(store)  # what the checks read of each node
         self._current: StoredPlan | None = None
         self.last_error: str | None = None
 
@@ -431,35 +433,32 @@ class Planner:
 
     def reactive_tick(self) -> StoredPlan | None:
         """One short-term check; a new (reactive) plan when some model scaled up. It
-        reads only the reports of the nodes heard from since the last check (a report
-        or a lease; a node that renews leases by ``heard_until``, as its forecast ends;
-        nothing, when none was), and the plan only when it changed."""
+        takes the nodes heard from since the last check (a report or a lease; a node
+        that renews leases by ``heard_until``, as its forecast ends; nothing, when none
+        was), decoding only reports new since then (``ReactiveView``), and reads the
+        plan only when it changed."""
         now = self.clock()
-        if self.store.current_plan_id() is None:
-            return None
-        timeout, after = self.config.node_timeout_s, self._reactive_seen
-        recent, heard = [], {}
-        for row in self.store.live_nodes(
-                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S)):
-            last = after.get(row[0], -math.inf)
-            if now - row[1] <= timeout and (t := heard_from(
-                    row, now, self.config.lease_lag_s, last)) > last:
-                recent.append(row)
-                heard[row[0]] = t
-        if not recent:
-            return None
-        after.update(heard)
-        self._reactive_mark = max(self._reactive_mark, max(row[1] for row in recent))
         current = self.current_plan()
         if current is None:
             return None
         plan = current.parsed
+        timeout, after = self.config.node_timeout_s, self._reactive_seen
+        recent, heard, mark = [], {}, -math.inf
+        for name, seen, node in self._reactive_view.live(
+                max(now - timeout - 1.0, self._reactive_mark - REACTIVE_SLACK_S),
+                {name: m.percentile for name, m in plan.models.items()}):
+            last = after.get(name, -math.inf)
+            if now - seen <= timeout and (t := heard_from(
+                    seen, node.renews, now, self.config.lease_lag_s, last)) > last:
+                recent.append(node)
+                heard[name], mark = t, max(mark, seen)
+        if not recent:
+            return None
+        after.update(heard)
+        self._reactive_mark = max(self._reactive_mark, mark)
         free = plan.free_cpu()
         grown = {}
-        worst = worst_latency({name: m.percentile for name, m in plan.models.items()}, (
-            pair for name, _, summary, raw, _ in recent
-            for pair in (summary_latency(summary) if summary is not None
-                         else report_latency(parse_report(name, raw)))))
+        worst = self._reactive_view.worst(recent)
         for name, m in sorted(plan.models.items()):
             observed = worst.get(name)
             if observed is None:

@@ -38,6 +38,7 @@ import orjson
 
 from agent.coordinator.catalog import ModelSLO
 from agent.coordinator.plan import Plan, directive_rows
+from agent.coordinator.ratebins import spread
 from agent.coordinator.rolloutstore import RolloutRecords
 from agent.errors import AgentError
 
@@ -161,6 +162,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE models ADD COLUMN rollout TEXT;         -- JSON: the entry's rollout settings
     """,
+    # 9: the reactive check's marks (Store.live_marks) from the index alone.
+    """
+    DROP INDEX nodes_by_last_seen;
+    CREATE INDEX nodes_marks ON nodes (last_seen, reported, name);
+    """,
 )
 
 PLANS_KEPT = 100
@@ -213,30 +219,6 @@ def plan_from_text(text: str | bytes) -> dict[str, Any]:
         return orjson.loads(text)
     except orjson.JSONDecodeError:  # Infinity, NaN (json.dumps writes them)
         return json.loads(text)
-
-
-def spread(points: Iterable[tuple[float, float, float]], step: float,
-           into: dict[float, float] | None = None) -> dict[float, float]:
-    """Add each ``(t_end, seconds > 0, count)`` point to the ``step`` bins it overlaps
-    (bin start -> count), in proportion to the overlap; a zero count still marks its
-    bins (the history covers them)."""
-    bins = {} if into is None else into
-    get = bins.get
-    for t_end, seconds, count in points:
-        lo = t_end - seconds
-        # ``seconds`` as the clock's floats hold it: the overlaps sum to it exactly (to
-        # ``seconds`` only within ~1e-6 at epoch times), so a point adds exactly its count
-        span = t_end - lo
-        k = math.floor(lo / step)
-        start = k * step
-        while start < t_end:  # min and max spelled out: thousands of points a second
-            top = start + step
-            overlap = (t_end if t_end < top else top) - (lo if lo > start else start)
-            if overlap > 0:
-                bins[start] = get(start, 0.0) + count * overlap / span
-            k += 1
-            start = k * step
-    return bins
 
 
 @dataclass(frozen=True)
@@ -414,6 +396,19 @@ class Store(RolloutRecords):
                            "THEN report END, reported FROM nodes WHERE last_seen >= ? "
                            "ORDER BY name", (since,))
 
+    def live_marks(self, since: float) -> list[tuple[str, float, float | None]]:
+        """``(name, last_seen, reported)`` of the nodes heard from at or after ``since``
+        (``live_nodes`` without their summaries and reports)."""
+        return self._query("SELECT name, last_seen, reported FROM nodes WHERE last_seen >= ?",
+                           (since,))
+
+    def node_summaries(self, names: Iterable[str]
+                       ) -> list[tuple[str, str | None, str | None, float | None]]:
+        """``(name, summary, report, reported)`` of the named nodes the store holds, as
+        ``live_nodes`` gives them (``report`` only where there is no summary)."""
+        return self._named("name, summary, CASE WHEN summary IS NULL THEN report END, "
+                           "reported", names)
+
     def node(self, name: str) -> NodeRow | None:
         rows = self._query("SELECT name, first_seen, last_seen, report, reported FROM nodes "
                            "WHERE name = ?", (name,))
@@ -541,15 +536,18 @@ class Store(RolloutRecords):
         with self._tx() as db:
             return db.execute("DELETE FROM models WHERE name = ?", (name,)).rowcount > 0
 
-    def node_reports(self, names: Iterable[str]) -> list[tuple[str, float, str]]:
-        """``(name, last_seen, report JSON)`` of the named nodes the store holds."""
-        names = sorted(set(names))
-        out: list[tuple[str, float, str]] = []
+    def _named(self, columns: str, names: Iterable[str]) -> list[tuple]:
+        """``columns`` of the named nodes the store holds (500 names a query)."""
+        names, out = sorted(set(names)), []
         for at in range(0, len(names), 500):
             chunk = names[at:at + 500]
-            out += self._query("SELECT name, last_seen, report FROM nodes WHERE name IN "
+            out += self._query(f"SELECT {columns} FROM nodes WHERE name IN "
                                f"({', '.join('?' * len(chunk))})", tuple(chunk))
         return out
+
+    def node_reports(self, names: Iterable[str]) -> list[tuple[str, float, str]]:
+        """``(name, last_seen, report JSON)`` of the named nodes the store holds."""
+        return self._named("name, last_seen, report", names)
 
     # -- plans -----------------------------------------------------------------------
     def save_plan(self, plan: dict[str, Any], kind: str, now: float) -> int:

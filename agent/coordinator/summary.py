@@ -23,14 +23,10 @@ read the same way).
 
 from __future__ import annotations
 
-import math
-from typing import Iterable
-
 import orjson
 
 from agent.wire import (BatchCount, DiskHolding, ModelReport, NodeCapacity, NodeReport,
-                        PeerAddress, Pulling, RoutedModel, RoutingReport, latency_at,
-                        latency_points)
+                        PeerAddress, Pulling, RoutedModel, RoutingReport)
 
 
 def summarize(report: NodeReport) -> bytes:
@@ -94,7 +90,12 @@ def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
     """``(model, latency_ms)`` of each model of a ``summary`` and then of each model its
     node forwarded, as the ``NodeReport`` that ``expand`` makes has them (the reactive
     check reads only these, for every node that renewed its lease)."""
-    _, _, _, models, *held = orjson.loads(summary)
+    return decoded_latency(orjson.loads(summary))
+
+
+def decoded_latency(decoded: list) -> list[tuple[str, dict[str, float]]]:
+    """``summary_latency`` of a summary already ``decoded``."""
+    _, _, _, models, *held = decoded
     routed = held[2] if len(held) > 2 else []
     return [*((m[0], {q if type(q) is str else f"p{q:.15g}": ms for q, ms in m[5]})
               for m in models),
@@ -105,22 +106,3 @@ def report_latency(report: NodeReport) -> list[tuple[str, dict[str, float | None
     """``(model, latency_ms)`` of a report's models and then of those it forwarded."""
     routed = report.routing.models.items() if report.routing else ()
     return [(name, m.latency_ms) for name, m in (*report.models.items(), *routed)]
-
-
-def worst_latency(percentiles: dict[str, float],
-                  measured: Iterable[tuple[str, dict[str, float | None]]]
-                  ) -> dict[str, float]:
-    """model -> the worst latency at its ``percentiles`` entry (the plan's SLO
-    percentile; models without one are skipped) among the ``(model, latency_ms)``
-    pairs ``measured`` (``summary_latency``, ``report_latency``: each node's models,
-    then the requests it forwarded, the client's wait, hop and all)."""
-    worst: dict[str, float] = {}
-    for name, latency_ms in measured:
-        percentile = percentiles.get(name)
-        if percentile is None:
-            continue
-        v = latency_at(latency_points(latency_ms), percentile)
-        if v is not None and v > worst.get(name, -math.inf):
-            worst[name] = v
-    return worst
-
