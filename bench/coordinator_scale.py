@@ -50,10 +50,10 @@ coordinator idle on average). The client processes run without their garbage
 collector, whose pauses (5,000 connections each) would show as report latency.
 ``--ramp S`` has the fleet join over S seconds instead of all in the first interval.
 Each listening process keeps its share of the fleet's connections (its
-``max_connections``), under the open-file limit, which the bench raises to its hard
-limit for itself, the coordinator and the clients; a fleet past that (about 16,000 nodes
-a process under a hard limit of 20,000) needs more ``--report-workers`` and ``--procs``
-(a warning says so). Past 20,000 nodes each client's nodes come from loopback addresses
+``max_connections``), under the open-file limit, which the bench raises as far as the
+fleet needs and its hard limit allows, for itself, the coordinator and the clients; a
+fleet past that (about 16,000 nodes a process under a hard limit of 20,000) needs more
+``--report-workers`` and ``--procs`` (a warning says so). Past 20,000 nodes each client's nodes come from loopback addresses
 of their own, 20,000 nodes an address.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
