@@ -53,8 +53,8 @@ Each listening process keeps its share of the fleet's connections (its
 ``max_connections``), under the open-file limit, which the bench raises as far as the
 fleet needs and its hard limit allows, for itself, the coordinator and the clients; a
 fleet past that (about 16,000 nodes a process under a hard limit of 20,000) needs more
-``--report-workers`` and ``--procs`` (a warning says so). Past 20,000 nodes each client's nodes come from loopback addresses
-of their own, 20,000 nodes an address.
+``--report-workers`` and ``--procs`` (a warning says so). Past 20,000 nodes each
+client's nodes come from loopback addresses of their own, 20,000 nodes an address.
 
     .venv/bin/python bench/coordinator_scale.py --nodes 1000,5000,10000 --duration 30
     .venv/bin/python bench/coordinator_scale.py --nodes 10000 --report-workers 2
@@ -75,7 +75,6 @@ import multiprocessing as mp
 import os
 import random
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -90,10 +89,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.backoff import backoff_cap, parse_retry_after, retry_delay  # noqa: E402
+from agent.http.connections import open_files_limit  # noqa: E402
 from agent.http.eventloop import run_event_loop  # noqa: E402
 from agent.node.reporter import MAX_PENDING_POINTS  # noqa: E402
 from agent.security.tls import ResumingContext  # noqa: E402
 from agent.wire import parse_report  # noqa: E402
+from bench.strangers import raise_own_nofile  # noqa: E402
 
 
 def model_report(rng: random.Random, interval: float) -> dict:
@@ -538,23 +539,11 @@ MAX_CONNECTIONS = 16_000
 SPARE_FILES = 4_096
 
 
-def listener_connections(nodes: int, report_workers: int, open_files: int) -> int:
-    """``max_connections`` for each listening process: its share of the fleet's kept
+def listener_connections(nodes: int, report_workers: int) -> int:
+    """``max_connections`` each listening process wants: its share of the fleet's kept
     connections with room for the kernel's uneven spread (SO_REUSEPORT hashes each
-    connection to a listener) and reconnects, at least ``MAX_CONNECTIONS``, at most
-    what ``open_files`` leaves (a fleet past that needs more ``--report-workers``)."""
-    wanted = max(MAX_CONNECTIONS, nodes * 5 // (4 * max(1, report_workers)) + 1_000)
-    return min(wanted, open_files - SPARE_FILES)
-
-
-def raise_open_files(needed: int) -> int:
-    """This process's soft open-file limit raised toward ``needed``, up to its hard
-    limit (its children inherit it); returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        soft = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return soft
+    connection to a listener) and reconnects, at least ``MAX_CONNECTIONS``."""
+    return max(MAX_CONNECTIONS, nodes * 5 // (4 * max(1, report_workers)) + 1_000)
 
 
 def start_coordinator(state: Path, store: str | None, reactive_s: float,
@@ -704,11 +693,13 @@ def run(nodes: int, args: argparse.Namespace, tls_on: bool, tree: Path,
         tls, ca_file = make_certificates(Path(tmp)) if tls_on else (None, None)
         poll_ms = args.poll_ms if tree == ROOT else None
         # the coordinator and the clients (forked) inherit it; a client holds its share
-        open_files = raise_open_files(max(nodes * 5 // (4 * max(1, args.report_workers)),
-                                          -(-nodes // args.procs)) + 2 * SPARE_FILES)
-        connections = listener_connections(nodes, args.report_workers, open_files)
+        wanted, per_client = listener_connections(nodes, args.report_workers), \
+            -(-nodes // args.procs)
+        raise_own_nofile(max(wanted, per_client) + SPARE_FILES)
+        open_files = open_files_limit()
+        connections = min(wanted, open_files - SPARE_FILES)  # (more: more listeners)
         if nodes > connections * max(1, args.report_workers) * 0.9 \
-                or -(-nodes // args.procs) > open_files - SPARE_FILES:
+                or per_client > open_files - SPARE_FILES:
             print(f"warning: {nodes} kept connections need more --report-workers or "
                   f"--procs under an open-file limit of {open_files}", flush=True)
         co, url = start_coordinator(Path(tmp), args.store, args.reactive_interval,
