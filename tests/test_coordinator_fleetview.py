@@ -8,7 +8,7 @@ import random
 import orjson
 
 from agent.coordinator.fleetview import FleetView, report_rates
-from agent.coordinator.summary import expand, summarize, summary_latency
+from agent.coordinator.summary import decoded_latency, expand, summarize
 from agent.wire import parse_report
 
 
@@ -100,7 +100,7 @@ def test_the_view_holds_what_the_reports_said():
         assert list(view.capacity) == [name for name, *_ in rows]
 
 
-def test_summary_latency_is_what_the_expanded_report_measured():
+def test_decoded_latency_is_what_the_expanded_report_measured():
     rng = random.Random(7)
     for i in range(200):
         report = parse_report("n", random_report(rng, i))
@@ -109,4 +109,4 @@ def test_summary_latency_is_what_the_expanded_report_measured():
         routed = expanded.routing.models.items() if expanded.routing else ()
         want = [(m, r.latency_ms) for m, r in (*expanded.models.items(), *routed)
                 if r.latency_ms]
-        assert [(m, lat) for m, lat in summary_latency(summary) if lat] == want, i
+        assert [(m, lat) for m, lat in decoded_latency(orjson.loads(summary)) if lat] == want, i

@@ -17,8 +17,8 @@ from agent.coordinator.ingest import report_record
 from agent.coordinator.planner import REACTIVE_SLACK_S, Planner
 from agent.coordinator.store import ReportRecord
 from agent.coordinator.stores import open_store
-from agent.coordinator.summary import renews_leases, report_latency, summarize, \
-    summary_latency
+from agent.coordinator.summary import decoded_latency, renews_leases, report_latency, \
+    summarize
 from agent.wire import latency_at, latency_points, parse_report
 from tests.helpers import Clock, feed
 
@@ -61,8 +61,9 @@ class Reference:
         self.mark = max(self.mark, max(row[1] for row in recent))
         worst: dict[str, float] = {}
         for name, _, summary, raw in recent:
-            for model, latency_ms in (summary_latency(summary) if summary is not None
-                                      else report_latency(parse_report(name, raw))):
+            for model, latency_ms in (
+                    decoded_latency(orjson.loads(summary)) if summary is not None
+                    else report_latency(parse_report(name, raw))):
                 if model in percentiles and (v := latency_at(
                         latency_points(latency_ms), percentiles[model])) is not None \
                         and v > worst.get(model, -math.inf):

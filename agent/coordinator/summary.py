@@ -86,15 +86,10 @@ def renews_leases(decoded: list) -> bool:
     return len(decoded) > 8 and decoded[8] is not None
 
 
-def summary_latency(summary: bytes | str) -> list[tuple[str, dict[str, float]]]:
-    """``(model, latency_ms)`` of each model of a ``summary`` and then of each model its
-    node forwarded, as the ``NodeReport`` that ``expand`` makes has them (the reactive
-    check reads only these, for every node that renewed its lease)."""
-    return decoded_latency(orjson.loads(summary))
-
-
 def decoded_latency(decoded: list) -> list[tuple[str, dict[str, float]]]:
-    """``summary_latency`` of a summary already ``decoded``."""
+    """``(model, latency_ms)`` of each model of a ``decoded`` summary and then of each
+    model its node forwarded, as the ``NodeReport`` that ``expand`` makes has them (what
+    the reactive check reads of a node's summary)."""
     _, _, _, models, *held = decoded
     routed = held[2] if len(held) > 2 else []
     return [*((m[0], {q if type(q) is str else f"p{q:.15g}": ms for q, ms in m[5]})
