@@ -1,13 +1,21 @@
-"""The plan's one-pass view of the fleet (agent/coordinator/fleetview.py) holds what the
-planner read before from each node's ``NodeReport`` (``summary.expand`` of its summary,
-or its report validated): the same sums in the same order, for random valid reports
-with odd routing, rates and holdings, stored with a summary and without."""
+"""The plan's view of the fleet (agent/coordinator/fleetview.py) holds what the planner
+read before from each node's ``NodeReport`` (``summary.expand`` of its summary, or its
+report validated): the same sums in the same order, for random valid reports with odd
+routing, rates and holdings, stored with a summary and without; and read from a store
+as nodes come, renew, report anew, go silent and are deleted, the kept view
+(``FleetReader``) decodes only new reports and equals one read from scratch."""
 
+import math
 import random
 
 import orjson
+import pytest
 
-from agent.coordinator.fleetview import FleetView, report_rates
+from agent.coordinator.fleetview import FleetReader, FleetView, Models, NodeFacts, \
+    report_rates
+from agent.coordinator.ingest import report_record
+from agent.coordinator.store import ReportRecord
+from agent.coordinator.stores import open_store
 from agent.coordinator.summary import decoded_latency, expand, summarize
 from agent.wire import parse_report
 
@@ -73,24 +81,27 @@ def test_the_view_holds_what_the_reports_said():
     rng = random.Random(36)
     for trial in range(40):
         now, lease_lag_s = rng.uniform(80, 120), rng.choice([0.0, 15.0])
-        view, rows = FleetView(now, lease_lag_s), []
+        models, nodes, rows = Models(), [], []
         for i in range(rng.randint(1, 25)):
             name, seen = f"n{i}", rng.uniform(0, 100)
             reported = seen - rng.uniform(0, 50)
             raw = orjson.dumps(random_report(rng, i))
             report = parse_report(name, raw)
             if rng.random() < 0.3:  # an old row: the report validated, not its summary
-                view.add_row(name, seen, reported, None, raw)
+                facts = NodeFacts.of_row(name, None, raw, reported, models)
             else:
                 summary = summarize(report)
-                view.add_row(name, seen, reported, summary, raw)
+                facts = NodeFacts.of_row(name, summary, raw, reported, models)
                 report = expand(summary)
+            nodes.append((name, seen, facts))
             leases = parse_report(name, raw).report_id is not None
             rows.append((name, seen, reported, report, leases))
+        view = FleetView(nodes, models, now, lease_lag_s)
         ends, busy, tails, holders, files, peers = reference(rows, now, lease_lag_s)
         assert {m: h.end for m, h in view.held.items()} == ends, trial
         assert {m: [h.seconds, h.done] for m, h in view.held.items()} == busy, trial
-        assert view.tails == tails, trial
+        assert {m: [tuple(t) for t in a.tolist()] for m, a in view.tails.items()} == tails, \
+            trial
         assert {m: h.nodes for m, h in view.held.items()} == \
             {m: {n: r for n, (_, r, _) in on.items()} for m, on in holders.items()}, trial
         assert {m: (h.largest, h.cpu_only) for m, h in view.held.items()} == \
@@ -110,3 +121,64 @@ def test_decoded_latency_is_what_the_expanded_report_measured():
         want = [(m, r.latency_ms) for m, r in (*expanded.models.items(), *routed)
                 if r.latency_ms]
         assert [(m, lat) for m, lat in decoded_latency(orjson.loads(summary)) if lat] == want, i
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_path(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "state" / "co.sqlite3"
+    return request.getfixturevalue("postgres").new_database()
+
+
+def views_equal(a: FleetView, b: FleetView) -> bool:
+    def held(v):
+        return {m: (h.nodes, h.end, h.seconds, h.done, h.largest, h.cpu_only)
+                for m, h in v.held.items()}
+
+    def tails(v):
+        return {m: t.tolist() for m, t in v.tails.items()}
+
+    return (list(a.capacity.items()) == list(b.capacity.items()) and a.peers == b.peers
+            and a.files == b.files and held(a) == held(b) and tails(a) == tails(b))
+
+
+def test_the_kept_reader_decodes_only_new_reports_and_reads_as_from_scratch(store_path):
+    """60 nodes over 10 reads 10 s apart: some send new full reports (some stored
+    without a summary), some only renew leases, some go silent (and time out), some are
+    deleted and come back. Each read of the kept reader equals a new reader's, and it
+    decoded exactly the rows whose ``reported`` it had not decoded."""
+    rng = random.Random(41)
+    store = open_store(store_path, rate_step_s=5)
+    kept, now, timeout = FleetReader(store), 1000.0, 40.0
+    nodes = [f"n{i:02d}" for i in range(60)]
+    reported: dict[str, float] = {}  # what the kept reader decoded, by node
+    for tick in range(10):
+        records, renewed = [], {}
+        for i, node in enumerate(nodes):
+            roll = rng.random()
+            at = now + rng.uniform(0.1, 9.9)
+            if roll < 0.25 or tick == 0:
+                raw = orjson.dumps(random_report(rng, i))
+                record = report_record(node, raw, parse_report(node, raw), at)
+                records.append(record if rng.random() < 0.8
+                               else ReportRecord(node, raw, {}, at))  # no summary
+            elif roll < 0.8:
+                renewed[node] = at
+            elif roll < 0.85:
+                store.delete_node(node)
+            # else silent
+        store.write_reports(records, renewed)
+        now += 10.0
+        marks = {n: r for n, seen, r in store.live_marks(now - timeout - 1.0)}
+        new = sum(1 for n, r in marks.items() if reported.get(n, math.nan) != r)
+        before = kept.kept.decoded
+        view = kept.read(now - timeout - 1.0, now, timeout, 15.0)
+        assert kept.kept.decoded - before == new, tick
+        reported = {n: e[0] for n, e in kept.kept.nodes.items()}
+        assert set(reported) <= set(marks), tick  # the nodes no longer live forgotten
+        assert views_equal(view, FleetReader(store).read(now - timeout - 1.0, now, timeout,
+                                                          15.0)), tick
+        assert list(view.capacity) == sorted(n for n, seen, _ in store.live_marks(-math.inf)
+                                             if now - seen <= timeout)
+    assert 0 < new < len(marks) // 2  # the last read looked its few new rows up by name
+    store.close()

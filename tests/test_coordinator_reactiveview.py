@@ -154,7 +154,7 @@ def test_the_kept_view_decides_as_reading_every_row(store_path, tmp_path):
         assert seen_worst[-1] == worst, tick
         live = {n for n, seen, *_ in store.live_nodes(-math.inf)
                 if clock.t - seen <= config.node_timeout_s + 1.0}
-        assert set(planner._reactive_view.nodes) <= live, tick
+        assert set(planner._reactive_view.kept.nodes) <= live, tick
     assert heard_any > 100 and len(seen_worst) >= 10
     store.close()
 

@@ -61,7 +61,7 @@ from agent.coordinator.faro import (Capacity, ModelDemand, JobSpec, Machine, Pro
                                     ProblemError, RateForecast, ReactiveState, forecast,
                                     place, reactive_step, solve)
 from agent.coordinator.faro.tables import model_value
-from agent.coordinator.fleetview import FleetView, heard_from
+from agent.coordinator.fleetview import FleetReader, FleetView, heard_from
 from agent.coordinator.plan import ModelPlan, Plan
 from agent.coordinator.store import StoredPlan, Store
 from agent.coordinator.reactiveview import ReactiveView
@@ -139,6 +139,7 @@ class Planner:
         self._reactive_seen: dict[str, float] = {}  # node -> last_seen already observed
         self._reactive_mark = -math.inf  # the newest last_seen the last check saw
         self._reactive_view = ReactiveView(store)  # what the checks read of each node
+        self._fleet = FleetReader(store)  # what the plans read of each node
         self._current: StoredPlan | None = None
         self.last_error: str | None = None
 
@@ -161,14 +162,10 @@ class Planner:
         return out
 
     def read_fleet(self, now: float) -> FleetView:
-        """What a plan reads of the nodes heard from within the timeout (one pass over
-        their stored summaries; no ``NodeReport`` per node)."""
+        """What a plan reads of the nodes heard from within the timeout (their stored
+        summaries, each decoded once per report: ``FleetReader``)."""
         timeout = self.config.node_timeout_s
-        view = FleetView(now, self.config.lease_lag_s)
-        for name, seen, summary, raw, reported in self.store.live_nodes(now - timeout - 1.0):
-            if now - seen <= timeout:
-                view.add_row(name, seen, seen if reported is None else reported, summary, raw)
-        return view
+        return self._fleet.read(now - timeout - 1.0, now, timeout, self.config.lease_lag_s)
 
     def current_plan(self) -> StoredPlan | None:
         """The store's newest plan (parsed again only when its id changed)."""

@@ -2,20 +2,11 @@
 
 Every ``reactive_interval_s`` the planner takes the nodes heard from since its last
 check (a report or a lease) and the worst latency they measured per model at the
-plan's SLO percentile. With leases nearly every node is heard from at every check
-while few send a new full report, so ``ReactiveView`` keeps per node what the check
-needs of its stored summary: whether it renews leases (``summary.renews_leases``) and
-its worst latency per model at the plan's percentiles (its models' and the requests it
-forwarded), decoded once per stored report. A check reads each live node's name,
-``last_seen`` and ``reported`` (``Store.live_marks``, from an index) and the summaries
-(or reports, where a node has none) of only the nodes whose ``reported`` differs from
-the one decoded (``Store.node_summaries``); when the plan's percentiles change, every
-node's is decoded again. Nodes no longer live (or deleted) are dropped at each check:
-a few hundred bytes per live node.
-
-The check decides as reading every row would: ``reported`` changes with each full
-report the store keeps (``Store.write_reports``), except where a report replaces one
-with the very same ``reported`` time, which a coordinator's clock does not give twice.
+plan's SLO percentile. ``ReactiveView`` keeps per node (``KeptNodes``: decoded once per
+stored report) what the check needs of its stored summary: whether it renews leases
+(``summary.renews_leases``) and its worst latency per model at the plan's percentiles
+(its models' and the requests it forwarded); when the plan's percentiles change, every
+node's is decoded again. A few hundred bytes per live node.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from typing import Iterable
 import numpy as np
 import orjson
 
+from agent.coordinator.keptnodes import KeptNodes
 from agent.coordinator.store import Store
 from agent.coordinator.summary import decoded_latency, renews_leases, report_latency
 from agent.wire import latency_at, latency_points, parse_report
@@ -34,19 +26,16 @@ from agent.wire import latency_at, latency_points, parse_report
 class NodeLatency:
     """One node's stored report as the reactive check reads it, at some percentiles."""
 
-    __slots__ = ("reported", "renews", "models", "worst")
+    __slots__ = ("renews", "models", "worst")
 
-    def __init__(self, reported: float | None, renews: bool, models: np.ndarray,
-                 worst: np.ndarray) -> None:
-        self.reported = reported  # the ``reported`` of the row it was decoded from
+    def __init__(self, renews: bool, models: np.ndarray, worst: np.ndarray) -> None:
         self.renews = renews  # the node renews leases
         self.models = models  # the plan's models it measured (their indices)
         self.worst = worst  # the worst latency of each at its percentile
 
     @classmethod
     def decoded(cls, name: str, summary: str | bytes | None, report: str | bytes | None,
-                reported: float | None, percentiles: dict[str, float],
-                index: dict[str, int]) -> "NodeLatency":
+                percentiles: dict[str, float], index: dict[str, int]) -> "NodeLatency":
         """From a ``Store.node_summaries`` row (its summary, else its report validated)
         at ``percentiles`` (model -> SLO percentile; ``index``: model -> its index)."""
         if summary is not None:
@@ -63,7 +52,7 @@ class NodeLatency:
             v = latency_at(latency_points(latency_ms), percentile)
             if v is not None and v > worst.get(model, -math.inf):
                 worst[model] = v
-        return cls(reported, renews, np.array([index[m] for m in worst], dtype=np.intp),
+        return cls(renews, np.array([index[m] for m in worst], dtype=np.intp),
                    np.array(list(worst.values()), dtype=float))
 
 
@@ -72,11 +61,14 @@ class ReactiveView:
     docstring); ``store``: the coordinator's ``Store``."""
 
     def __init__(self, store: Store) -> None:
-        self.store = store
-        self.nodes: dict[str, NodeLatency] = {}
+        self.kept: KeptNodes[NodeLatency] = KeptNodes(store, self._decode)
         self.percentiles: dict[str, float] = {}  # those the kept nodes were decoded at
         self.models: list[str] = []  # their models, in order
         self._index: dict[str, int] = {}  # model -> its place in ``models``
+
+    def _decode(self, name: str, summary: str | bytes | None, report: str | bytes | None,
+                reported: float | None) -> NodeLatency:
+        return NodeLatency.decoded(name, summary, report, self.percentiles, self._index)
 
     def live(self, since: float, percentiles: dict[str, float]
              ) -> list[tuple[str, float, NodeLatency]]:
@@ -85,25 +77,11 @@ class ReactiveView:
         only the reports new since the last call (every one where the percentiles
         changed); the nodes not among them are forgotten."""
         if percentiles != self.percentiles:
-            self.nodes, self.percentiles = {}, dict(percentiles)
+            self.kept.clear()
+            self.percentiles = dict(percentiles)
             self.models = list(percentiles)
             self._index = {m: i for i, m in enumerate(self.models)}
-        marks = self.store.live_marks(since)
-        kept = self.nodes
-        stale = {name for name, _, reported in marks
-                 if (entry := kept.get(name)) is None or entry.reported != reported}
-        fresh = {name: NodeLatency.decoded(name, summary, report, reported,
-                                           self.percentiles, self._index)
-                 for name, summary, report, reported in self.store.node_summaries(stale)}
-        out, nodes = [], {}
-        for name, seen, _ in marks:
-            entry = fresh.get(name) if name in stale else kept[name]
-            if entry is None:
-                continue  # deleted since its mark was read
-            nodes[name] = entry
-            out.append((name, seen, entry))
-        self.nodes = nodes
-        return out
+        return self.kept.live(since)
 
     def worst(self, heard: Iterable[NodeLatency]) -> dict[str, float]:
         """model -> the worst latency at its percentile (models without one skipped)
