@@ -161,15 +161,16 @@ def directive_rows(plan: Mapping[str, Any]) -> dict[str, bytes]:
     addresses = plan.get("addresses") or {}
     sourced = sorted({m for m, row in models.items() if row.get("source") is not None}
                      | set(plan.get("retired") or ()))
+    drop = {m: r for m, row in models.items() if (r := float(row.get("drop_rate") or 0.0)) > 0}
+    pull = {m: {"model": m, **row["source"], "load": True}
+            for m, row in models.items() if row.get("source")}
     rows = {}
     for node, assigned in (plan.get("assignment") or {}).items():
         workers = {m: int(n) for m, n in assigned.items() if n > 0}
-        drops = {m: float(models[m].get("drop_rate") or 0.0) for m in workers if m in models}
-        pulls = [{"model": m, **models[m]["source"], "load": True}
-                 for m in sorted(workers) if m in models and models[m].get("source")]
+        drops = {m: drop[m] for m in workers if m in drop}
+        pulls = [pull[m] for m in sorted(workers) if m in pull] if pull else []
         away = [m for m in sourced if m not in workers]
-        rows[node] = orjson.dumps([workers, {m: r for m, r in drops.items() if r > 0},
-                                   pulls, away, addresses.get(node)])
+        rows[node] = orjson.dumps([workers, drops, pulls, away, addresses.get(node)])
     return rows
 
 

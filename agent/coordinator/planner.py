@@ -331,16 +331,19 @@ class Planner:
                 else frozenset(held.nodes),
                 preferred_nodes=frozenset(fleet.files.get(spec.name, ())) if anywhere
                 else frozenset()))
-        current = {n: dict(row) for n, row in
-                   (previous.parsed.assignment if previous else {}).items()}
+        current = dict(previous.parsed.assignment if previous else {})
         # A model the last plan did not place starts where it is resident (no new load).
         placed = {m for row in current.values() for m in row}
+        copied = set()  # the rows copied before a change (the plan's own are kept)
         for spec in problem.models:
             held = fleet.held.get(spec.name)
             if spec.name not in placed and held is not None:
                 for n, resident in held.nodes.items():
                     if resident:
-                        current.setdefault(n, {})[spec.name] = 1
+                        if n not in copied:
+                            current[n] = dict(current.get(n, {}))
+                            copied.add(n)
+                        current[n][spec.name] = 1
         return place(nodes, demands, current)
 
     def _render(self, problem: Problem, replicas: dict[str, int], latency: dict[str, float],

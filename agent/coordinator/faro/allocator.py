@@ -26,6 +26,8 @@ being tracked (``bench/faro_solver.py`` times it at 1,000 models).
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 from numba import njit
 
@@ -146,21 +148,31 @@ def ratio_greedy(x, values, offsets, length, prios, cpu, mem, cap_c, cap_m, A, G
 
 @njit(cache=True)
 def water_fill(x, values, offsets, length, cpu, mem, cap_c, cap_m):
-    """Raise the lowest value by its smallest improving step until it cannot rise."""
+    """Raise the lowest value by its smallest improving step until it cannot rise: of
+    the models at the lowest value, the first (by index) that has such a step within
+    the room left; none has: done. The models wait in a heap by (value, index), so a
+    step costs a pop and a push, not a scan of every model (a model that cannot rise
+    now never can: the room only shrinks)."""
     n = x.shape[0]
     v = np.empty(n)
     for i in range(n):
         v[i] = _val(values, offsets, length, i, x[i])
+    if n == 0:
+        return
     tol_c = 1e-9 * max(1.0, cap_c)
     tol_m = 1e-9 * max(1.0, cap_m)
     used_c = np.dot(cpu, x.astype(np.float64))
     used_m = np.dot(mem, x.astype(np.float64))
+    heap = [(v[i], i) for i in range(n)]
+    heapq.heapify(heap)
+    stuck = [(v[0], 0)]  # those at the lowest value that could not rise (typed by this)
     while True:
-        low = v.min()
+        low = heap[0][0]
+        stuck.clear()
         moved = False
-        for i in range(n):
-            if v[i] > low:
-                continue
+        while len(heap) > 0 and heap[0][0] <= low:
+            entry = heapq.heappop(heap)
+            i = entry[1]
             room = min(_afford(used_c, cap_c, cpu[i], tol_c), _afford(used_m, cap_m, mem[i], tol_m))
             hi = min(length[i], x[i] + room)
             for xn in range(x[i] + 1, hi + 1):
@@ -173,7 +185,11 @@ def water_fill(x, values, offsets, length, cpu, mem, cap_c, cap_m):
                     moved = True
                     break
             if moved:
+                heapq.heappush(heap, (v[i], i))
                 break
+            stuck.append(entry)
+        for entry in stuck:
+            heapq.heappush(heap, entry)
         if not moved:
             break
 

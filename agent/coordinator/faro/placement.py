@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 _TOL = 1e-9
 
 
-@dataclass(frozen=True)
-class Machine:
-    """A machine's capacity for replicas."""
+class Machine(NamedTuple):
+    """A machine's capacity for replicas (a tuple: a fleet makes 100,000 per plan)."""
 
     name: str
     cpu: float
@@ -94,6 +94,7 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     current = current or {}
     plan: dict[str, dict[str, int]] = {n.name: {} for n in nodes}
     # 1. keep what may stay (known node, known model, pin allowed)
+    total: dict[str, int] = {}  # model -> its replicas in the plan, kept as they move
     for node_name, row in current.items():
         if node_name not in by_name:
             continue
@@ -103,14 +104,15 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
             if m is not None and count > 0 \
                     and (not m.pinned_nodes or node_name in m.pinned_nodes):  # _allowed
                 kept[model_name] = int(count)
+                total[model_name] = total.get(model_name, 0) + kept[model_name]
     # 2. trim models above target, from the node where they have the most replicas
     # (ties: the last name)
-    holders: dict[str, set[str]] = {}  # model -> nodes the plan has it on (a superset)
-    total: dict[str, int] = {}  # model -> its replicas in the plan, kept as they move
-    for node_name, row in plan.items():
-        for model_name, count in row.items():
-            holders.setdefault(model_name, set()).add(node_name)
-            total[model_name] = total.get(model_name, 0) + count
+    over = {m.name for m in demands if total.get(m.name, 0) > m.replicas}
+    holders: dict[str, list[str]] = {}  # model over its target -> the nodes it is on
+    if over:
+        for node_name, row in plan.items():
+            for model_name in over.intersection(row):
+                holders.setdefault(model_name, []).append(node_name)
     for m in demands:
         excess = total.get(m.name, 0) - m.replicas
         if excess <= 0:
@@ -164,6 +166,8 @@ def place(nodes: list[Machine], demands: list[ModelDemand],
     for node_name in set(assignment) | set(current):
         new_row = assignment.get(node_name, {})
         old_row = current.get(node_name, {})
+        if new_row == old_row:
+            continue
         for model_name in set(new_row) | set(old_row):
             delta = new_row.get(model_name, 0) - old_row.get(model_name, 0)
             started += max(delta, 0)
