@@ -22,6 +22,7 @@ heard from at its stored time.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any, Iterable
 
 import numpy as np
@@ -204,7 +205,8 @@ class FleetReader:
              ) -> FleetView:
         """The view at ``now`` of the nodes heard from at or after ``since`` and within
         ``timeout`` of ``now``."""
-        live = [row for row in self.kept.live(since) if now - row[1] <= timeout]
+        live = sorted((row for row in self.kept.live(since) if now - row[1] <= timeout),
+                      key=itemgetter(0))  # by name: the store's node order
         return FleetView(live, self.models, now, lease_lag_s)
 
 

@@ -41,10 +41,10 @@ class KeptNodes(Generic[T]):
         self.nodes = {}
 
     def live(self, since: float) -> list[tuple[str, float, T]]:
-        """``(name, last_seen, decoded)`` of the nodes heard from at or after ``since``,
-        by name (the store's node order), decoding only the rows new since the last
-        call; the nodes not among them are forgotten."""
-        marks = sorted(self.store.live_marks(since))
+        """``(name, last_seen, decoded)`` of the nodes heard from at or after ``since``
+        (in no particular order), decoding only the rows new since the last call; the
+        nodes not among them are forgotten."""
+        marks = self.store.live_marks(since)
         kept = self.nodes
         stale = {name for name, _, reported in marks
                  if (entry := kept.get(name)) is None or entry[0] != reported}
