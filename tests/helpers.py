@@ -729,6 +729,35 @@ class SteadyClient:
         return self.answers
 
 
+def churn(store, rng: random.Random, nodes: list[str], now: float,
+          body: Callable[[str], dict], *, report: float, renew: float,
+          delete: float, first: bool = False) -> None:
+    """One 10 s interval of a fleet written to a coordinator's ``store``: each node, by
+    one roll of ``rng``, sends a new full report (below ``report``, or every node when
+    ``first``; ``body(node)`` its body; one in five stored without a summary, as an
+    older coordinator wrote them), renews its lease (below ``renew``), is deleted
+    (below ``delete``) or stays silent, at a time in (``now``, ``now + 10``)."""
+    import orjson
+
+    from agent.coordinator.ingest import report_record
+    from agent.coordinator.store import ReportRecord
+    from agent.wire import parse_report
+
+    records, renewed = [], {}
+    for node in nodes:
+        roll = rng.random()
+        at = now + rng.uniform(0.1, 9.9)  # strictly after the last report
+        if roll < report or first:
+            raw = orjson.dumps(body(node))
+            record = report_record(node, raw, parse_report(node, raw), at)
+            records.append(record if rng.random() < 0.8 else ReportRecord(node, raw, {}, at))
+        elif roll < renew:
+            renewed[node] = at
+        elif roll < delete:
+            store.delete_node(node)
+    store.write_reports(records, renewed)
+
+
 def zipf_workload(seed=5, models=12, requests=240, rate=12.0):
     """A trace for a live agent and the simulator alike: Zipf (s = 0.9) over ``models``
     synthetic models, Poisson arrivals at ``rate``; (names, sizes, load seconds, exec

@@ -13,11 +13,10 @@ import pytest
 
 from agent.coordinator.fleetview import FleetReader, FleetView, Models, NodeFacts, \
     report_rates
-from agent.coordinator.ingest import report_record
-from agent.coordinator.store import ReportRecord
 from agent.coordinator.stores import open_store
 from agent.coordinator.summary import decoded_latency, expand, summarize
 from agent.wire import parse_report
+from tests.helpers import churn
 
 
 def random_report(rng: random.Random, i: int) -> dict:
@@ -153,21 +152,8 @@ def test_the_kept_reader_decodes_only_new_reports_and_reads_as_from_scratch(stor
     nodes = [f"n{i:02d}" for i in range(60)]
     reported: dict[str, float] = {}  # what the kept reader decoded, by node
     for tick in range(10):
-        records, renewed = [], {}
-        for i, node in enumerate(nodes):
-            roll = rng.random()
-            at = now + rng.uniform(0.1, 9.9)
-            if roll < 0.25 or tick == 0:
-                raw = orjson.dumps(random_report(rng, i))
-                record = report_record(node, raw, parse_report(node, raw), at)
-                records.append(record if rng.random() < 0.8
-                               else ReportRecord(node, raw, {}, at))  # no summary
-            elif roll < 0.8:
-                renewed[node] = at
-            elif roll < 0.85:
-                store.delete_node(node)
-            # else silent
-        store.write_reports(records, renewed)
+        churn(store, rng, nodes, now, lambda node: random_report(rng, int(node[1:])),
+              report=0.25, renew=0.8, delete=0.85, first=tick == 0)
         now += 10.0
         marks = {n: r for n, seen, r in store.live_marks(now - timeout - 1.0)}
         new = sum(1 for n, r in marks.items() if reported.get(n, math.nan) != r)

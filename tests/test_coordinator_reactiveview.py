@@ -15,12 +15,11 @@ from agent.coordinator.config import CoordinatorConfig
 from agent.coordinator.fleetview import heard_until
 from agent.coordinator.ingest import report_record
 from agent.coordinator.planner import REACTIVE_SLACK_S, Planner
-from agent.coordinator.store import ReportRecord
 from agent.coordinator.stores import open_store
 from agent.coordinator.summary import decoded_latency, renews_leases, report_latency, \
     summarize
 from agent.wire import latency_at, latency_points, parse_report
-from tests.helpers import Clock, feed
+from tests.helpers import Clock, churn, feed
 
 MODELS = {"a": 99.0, "b": 95.0, "c": 50.0, "d": 99.9}  # model -> its SLO percentile
 
@@ -119,21 +118,8 @@ def test_the_kept_view_decides_as_reading_every_row(store_path, tmp_path):
     leases = {n: rng.random() < 0.7 for n in nodes}
     heard_any = 0
     for tick in range(12):
-        records, renewed = [], {}
-        for node in nodes:
-            roll = rng.random()
-            at = clock.t + rng.uniform(0.1, 9.9)  # strictly after the last report
-            if roll < 0.3 or tick == 0:
-                raw = orjson.dumps(body(rng, leases[node]))
-                record = report_record(node, raw, parse_report(node, raw), at)
-                records.append(record if rng.random() < 0.8
-                               else ReportRecord(node, raw, {}, at))  # no summary
-            elif roll < 0.75:
-                renewed[node] = at
-            elif roll < 0.8:
-                store.delete_node(node)
-            # else silent
-        store.write_reports(records, renewed)
+        churn(store, rng, nodes, clock.t, lambda node: body(rng, leases[node]),
+              report=0.3, renew=0.75, delete=0.8, first=tick == 0)
         clock.t += 10.0
         if tick == 6:  # the plan's percentiles change: kept values are worked out again
             for m in MODELS:

@@ -7,18 +7,11 @@ import numpy as np
 from agent.coordinator.faro import allocator
 
 
-def _afford(used, cap, per, tol):
-    room = cap - used + tol
-    if room < 0.0:
-        return 0
-    if per <= 0.0:
-        return 1 << 40
-    return int(room // per)
-
-
 def reference_water_fill(x, values, offsets, length, cpu, mem, cap_c, cap_m):
     """The water-fill as it was: each step scans every model for the first (by index)
-    at the lowest value that has an improving step within the room left."""
+    at the lowest value that has an improving step within the room left (the room
+    worked out by the allocator's own ``_afford``, which did not change)."""
+    _afford = allocator._afford
     n = len(x)
     v = [values[offsets[i] + min(x[i], length[i]) - 1] for i in range(n)]
     tol_c, tol_m = 1e-9 * max(1.0, cap_c), 1e-9 * max(1.0, cap_m)
