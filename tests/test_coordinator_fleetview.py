@@ -13,6 +13,7 @@ import pytest
 
 from agent.coordinator.fleetview import FleetReader, FleetView, Models, NodeFacts, \
     report_rates
+from agent.coordinator.ingest import report_record
 from agent.coordinator.stores import open_store
 from agent.coordinator.summary import decoded_latency, expand, summarize
 from agent.wire import parse_report
@@ -167,4 +168,29 @@ def test_the_kept_reader_decodes_only_new_reports_and_reads_as_from_scratch(stor
         assert list(view.capacity) == sorted(n for n, seen, _ in store.live_marks(-math.inf)
                                              if now - seen <= timeout)
     assert 0 < new < len(marks) // 2  # the last read looked its few new rows up by name
+    store.close()
+
+
+def test_the_reader_forgets_model_names_no_live_node_reports(tmp_path):
+    """Nodes that report a new model name at every full report (the old ones no node
+    reports any more): the reader's names stay bounded, and each view still holds only
+    what the live nodes report."""
+    store = open_store(tmp_path / "co.sqlite3", rate_step_s=5)
+    reader, now = FleetReader(store), 1000.0
+    most = 0
+    for tick in range(40):
+        records = []
+        for i in range(20):
+            body = {"capacity": {"cores": 4, "cpu_memory_bytes": 1e9}, "report_id": 1,
+                    "models": {f"t{tick}-n{i}-m{k}": {"rate": 1.0} for k in range(5)}}
+            raw = orjson.dumps(body)
+            records.append(report_record(f"n{i}", raw, parse_report(f"n{i}", raw), now))
+        store.write_reports(records, {})
+        now += 10.0
+        view = reader.read(now - 41.0, now, 40.0, 0.0)
+        assert sorted(view.held) == sorted(f"t{tick}-n{i}-m{k}" for i in range(20)
+                                           for k in range(5)), tick
+        assert set(view.tails) == set(view.held), tick
+        most = max(most, len(reader.models.names))
+    assert 1000 < most <= 2 * 100 + 1000 + 100  # it grew past the slack, then started over
     store.close()

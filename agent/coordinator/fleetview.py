@@ -38,6 +38,12 @@ from agent.wire import NodeReport, parse_report
 MODEL, RESIDENT, CPU, SIZE, SECONDS, DONE = range(6)
 
 
+#: A reader starts its model names afresh (its next read decodes every node again) when
+#: it knows more than this many times those its last view held, plus the slack: the
+#: names of models no live node reports any more are not kept for ever.
+MODELS_KEPT_FACTOR, MODELS_KEPT_SLACK = 2, 1000
+
+
 class Models:
     """Model names as indices (``index``), in the order first met (``names``)."""
 
@@ -207,7 +213,11 @@ class FleetReader:
         ``timeout`` of ``now``."""
         live = sorted((row for row in self.kept.live(since) if now - row[1] <= timeout),
                       key=itemgetter(0))  # by name: the store's node order
-        return FleetView(live, self.models, now, lease_lag_s)
+        view = FleetView(live, self.models, now, lease_lag_s)
+        if len(self.models.names) > MODELS_KEPT_FACTOR * len(view.held.keys() | view.tails) \
+                + MODELS_KEPT_SLACK:  # names no live node reports: forget them all
+            self.models, self.kept = Models(), KeptNodes(self.kept.store, self._decode)
+        return view
 
 
 def heard_until(last_seen: float, now: float, lease_lag_s: float) -> float:
