@@ -152,31 +152,42 @@ def test_the_kept_reader_decodes_only_new_reports_and_reads_as_from_scratch(stor
     kept, now, timeout = FleetReader(store), 1000.0, 40.0
     nodes = [f"n{i:02d}" for i in range(60)]
     reported: dict[str, float] = {}  # what the kept reader decoded, by node
+    decoded, decode = [], kept.kept.decode  # the rows it decodes, by node
+
+    def counted(name, *row):
+        decoded.append(name)
+        return decode(name, *row)
+
+    kept.kept.decode = counted
     for tick in range(10):
         churn(store, rng, nodes, now, lambda node: random_report(rng, int(node[1:])),
               report=0.25, renew=0.8, delete=0.85, first=tick == 0)
         now += 10.0
         marks = {n: r for n, seen, r in store.live_marks(now - timeout - 1.0)}
-        new = sum(1 for n, r in marks.items() if reported.get(n, math.nan) != r)
-        before = kept.kept.decoded
+        new = sorted(n for n, r in marks.items() if reported.get(n, math.nan) != r)
+        decoded.clear()
         view = kept.read(now - timeout - 1.0, now, timeout, 15.0)
-        assert kept.kept.decoded - before == new, tick
+        assert sorted(decoded) == new, tick
         reported = {n: e[0] for n, e in kept.kept.nodes.items()}
         assert set(reported) <= set(marks), tick  # the nodes no longer live forgotten
         assert views_equal(view, FleetReader(store).read(now - timeout - 1.0, now, timeout,
                                                           15.0)), tick
         assert list(view.capacity) == sorted(n for n, seen, _ in store.live_marks(-math.inf)
                                              if now - seen <= timeout)
-    assert 0 < new < len(marks) // 2  # the last read looked its few new rows up by name
+    assert 0 < len(new) < len(marks) // 2  # the last read looked its few new rows up by name
     store.close()
 
 
 def test_the_reader_forgets_model_names_no_live_node_reports(tmp_path):
     """Nodes that report a new model name at every full report (the old ones no node
-    reports any more): the reader's names stay bounded, and each view still holds only
-    what the live nodes report."""
+    reports any more), beside one that reported once and only renews its lease: the
+    reader's names stay bounded, and each view holds what the live nodes report (the
+    steady node's model too, after the names started over)."""
     store = open_store(tmp_path / "co.sqlite3", rate_step_s=5)
     reader, now = FleetReader(store), 1000.0
+    raw = orjson.dumps({"capacity": {"cores": 2, "cpu_memory_bytes": 1e9}, "report_id": 1,
+                        "models": {"steady-m": {"rate": 2.0}}})
+    store.write_reports([report_record("steady", raw, parse_report("steady", raw), now)], {})
     most = 0
     for tick in range(40):
         records = []
@@ -185,12 +196,14 @@ def test_the_reader_forgets_model_names_no_live_node_reports(tmp_path):
                     "models": {f"t{tick}-n{i}-m{k}": {"rate": 1.0} for k in range(5)}}
             raw = orjson.dumps(body)
             records.append(report_record(f"n{i}", raw, parse_report(f"n{i}", raw), now))
-        store.write_reports(records, {})
+        store.write_reports(records, {"steady": now})
         now += 10.0
         view = reader.read(now - 41.0, now, 40.0, 0.0)
-        assert sorted(view.held) == sorted(f"t{tick}-n{i}-m{k}" for i in range(20)
-                                           for k in range(5)), tick
+        assert sorted(view.held) == sorted([f"t{tick}-n{i}-m{k}" for i in range(20)
+                                            for k in range(5)] + ["steady-m"]), tick
         assert set(view.tails) == set(view.held), tick
+        assert list(view.held["steady-m"].nodes) == ["steady"], tick
+        assert view.tails["steady-m"][:, 1].tolist() == [2.0], tick
         most = max(most, len(reader.models.names))
-    assert 1000 < most <= 2 * 100 + 1000 + 100  # it grew past the slack, then started over
+    assert 1000 < most <= 2 * 101 + 1000 + 100  # it grew past the slack, then started over
     store.close()

@@ -216,7 +216,8 @@ class FleetReader:
         view = FleetView(live, self.models, now, lease_lag_s)
         if len(self.models.names) > MODELS_KEPT_FACTOR * len(view.held.keys() | view.tails) \
                 + MODELS_KEPT_SLACK:  # names no live node reports: forget them all
-            self.models, self.kept = Models(), KeptNodes(self.kept.store, self._decode)
+            self.models = Models()
+            self.kept.clear()
         return view
 
 

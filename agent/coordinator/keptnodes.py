@@ -34,7 +34,6 @@ class KeptNodes(Generic[T]):
     def __init__(self, store: Store, decode: Decode) -> None:
         self.store, self.decode = store, decode
         self.nodes: dict[str, tuple[float | None, T]] = {}  # name -> (reported, decoded)
-        self.decoded = 0  # rows decoded, all reads together
 
     def clear(self) -> None:
         """Forget every node (the next read decodes them all)."""
@@ -55,7 +54,6 @@ class KeptNodes(Generic[T]):
             rows = self.store.node_summaries(stale)
         fresh = {name: (reported, self.decode(name, summary, report, reported))
                  for name, summary, report, reported in rows}
-        self.decoded += len(fresh)
         out, nodes = [], {}
         for name, seen, _ in marks:
             entry = fresh.get(name) if name in stale else kept[name]
