@@ -1,10 +1,11 @@
 """The forecasting policy (``cremebrulee-forecast``) against CremeBrulee and the
 CremeBrulee oracle, on three families of workloads, at shares of the models' bytes.
 
-- ``periodic``: ``edgeagent workload generate --functions 5000 --minutes 60
-  --timer-share S`` (the CremeBrulee profiles, ~600 models, an hour; a share S of the
-  models timers of period 30-600 s with 2 % jitter, the rest Azure-like), for each
-  ``--timer-shares`` S, associations ``uniform`` and ``quantiles-r``;
+- ``periodic``: ``edgeagent workload generate --functions 5000 --minutes M
+  --timer-share S`` (the CremeBrulee profiles; M = ``--minutes``, by default 60: ~600
+  models, an hour; a share S of the models timers of period 30-600 s with 2 % jitter,
+  the rest Azure-like), for each ``--timer-shares`` S, associations ``uniform`` and
+  ``quantiles-r``;
 - ``azure``: the paper's simulation setup (``bench/policy_comparison.py``): an hour of
   30,000 synthetic functions, ``quantiles-r`` and ``uniform``;
 - ``poisson``: 600 models (CremeBrulee profiles, uniform), an hour of Poisson arrivals,
@@ -17,8 +18,15 @@ for: forecast within 1.05x of the oracle on the periodic workloads, and no worse
 CremeBrulee (within ``--tolerance``) on every workload at every capacity. Runs the
 compiled replays (numba's JIT, or ``cachepolicies.native``'s where they are built).
 
+``--informed`` adds, on the periodic workloads, the same ranking given what no online
+policy has (``informed_boundary``): each timer's next firing and every other model's
+true rate over the trace. It shows how close to the oracle a policy of this kind can
+come at all. Its plain Python replay (``ranked_replay``) is checked against the
+compiled oracle on every run: with the oracle's boundary it must take the same loads.
+
     .venv/bin/python bench/forecast_policy.py [--seeds 3] [--shares 0.05,0.1,0.2]
         [--timer-shares 0.5,0.75] [--families periodic,azure,poisson] [--policy SPEC ...]
+        [--informed] [--minutes 60]
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import time
 
 import numpy as np
 
+from cachepolicies.future import next_uses
+from cachepolicies.kernels import largest_sufficient
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import (
     Profiles, Trace, cremebrulee_profiles_path, make_profiles, read_profiles)
@@ -36,9 +46,9 @@ from cachepolicies.workloads import TraceOptions, build_workload, synthetic_invo
 ORACLE = "cremebrulee-oracle"
 
 
-def periodic(shipped: Profiles, seed: int, timer_share: float, association: str
-             ) -> tuple[Trace, Profiles]:
-    invocations = synthetic_invocations(5000, 60, seed=seed).with_trigger("http")
+def periodic(shipped: Profiles, seed: int, timer_share: float, association: str,
+             minutes: int = 60) -> tuple[Trace, Profiles]:
+    invocations = synthetic_invocations(5000, minutes, seed=seed).with_trigger("http")
     built = build_workload(invocations, shipped, TraceOptions(
         association=association, seed=seed, timer_share=timer_share))
     return built.trace, built.profiles
@@ -70,6 +80,80 @@ def poisson(shipped: Profiles, seed: int, phases: int, models: int = 600,
             profiles)
 
 
+def ranked_replay(trace: Trace, profiles: Profiles, capacity: int, boundary) -> np.ndarray:
+    """Loads per model of CremeBrulee's eviction rule with the Belady boundary B that
+    ``boundary(resident ids, position, now, next position, next time)`` gives: evict the
+    lowest penalty / (size · B) until enough is freed (ties: the farther B, then the
+    earlier admitted), keeping the largest of them that suffice (``largest_sufficient``).
+    """
+    ids, times = trace.model_ids, trace.timestamps
+    size, penalty = profiles.size_bytes, profiles.penalty_seconds
+    later = next_uses(ids, len(profiles))  # per position, the next of the same model
+    later_time = np.where(np.isinf(later), np.inf,
+                          times[np.minimum(later, len(ids) - 1).astype(np.int64)])
+    next_position, next_time = np.full(len(profiles), np.inf), np.full(len(profiles), np.inf)
+    resident = np.zeros(len(profiles), np.bool_)
+    admitted = np.zeros(len(profiles), np.int64)
+    loads = np.zeros(len(profiles), np.int64)
+    used = 0
+    for position, (i, now) in enumerate(zip(ids.tolist(), times.tolist())):
+        next_position[i], next_time[i] = later[position], later_time[position]
+        if resident[i]:
+            continue
+        used += int(size[i])
+        if used > capacity:
+            held = np.flatnonzero(resident)
+            b = boundary(held, position, now, next_position, next_time)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                utility = penalty[held] / (np.maximum(size[held], 1) * b)
+            utility[np.isnan(utility)] = np.inf
+            walk = held[np.lexsort((admitted[held], -b, utility))]
+            enough = int(np.searchsorted(np.cumsum(size[walk]), used - capacity)) + 1
+            victims = largest_sufficient(walk[:enough].copy(), size, used - capacity)
+            resident[victims] = False
+            used -= int(size[victims].sum())
+        resident[i], admitted[i] = True, position
+        loads[i] += 1
+    return loads
+
+
+def oracle_boundary(held, position, now, next_position, next_time):
+    """CremeBrulee-oracle's B: requests until the next use."""
+    return next_position[held] - position
+
+
+def informed_boundary(trace: Trace, n_models: int):
+    """B from what no online policy knows: seconds to a timer's next firing, 1 / the
+    true rate (requests over the trace's span) for every other model. A timer here is a
+    model with three requests or more whose gaps vary by under 5 % of their mean."""
+    ids, times = trace.model_ids, trace.timestamps
+    count = np.bincount(ids, minlength=n_models)
+    order = np.argsort(ids, kind="stable")
+    starts = np.searchsorted(ids[order], np.arange(n_models + 1))
+    timer = np.zeros(n_models, np.bool_)
+    for i in np.flatnonzero(count >= 3):
+        gaps = np.diff(times[order[starts[i]:starts[i + 1]]])
+        timer[i] = gaps.std() < 0.05 * gaps.mean()
+    mean_gap = (times[-1] - times[0]) / np.maximum(count, 1)
+
+    def boundary(held, position, now, next_position, next_time):
+        return np.where(timer[held], next_time[held] - now, mean_gap[held])
+    return boundary
+
+
+def informed_ratio(trace: Trace, profiles: Profiles, capacity: int, oracle: float) -> float:
+    """The informed ranking's load delay / the oracle's, after checking that the replay
+    with the oracle's boundary takes the compiled oracle's loads."""
+    check = float(ranked_replay(trace, profiles, capacity, oracle_boundary)
+                  @ profiles.penalty_seconds)
+    if not np.isclose(check, oracle, rtol=1e-9):
+        raise SystemExit(f"ranked_replay is out of step with {ORACLE}: {check} s against "
+                         f"{oracle} s")
+    boundary = informed_boundary(trace, len(profiles))
+    loads = ranked_replay(trace, profiles, capacity, boundary)
+    return float(loads @ profiles.penalty_seconds) / oracle
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -83,6 +167,12 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="forecast counts as no worse within this share of cremebrulee")
     parser.add_argument("--families", default="periodic,azure,poisson")
+    parser.add_argument("--minutes", type=int, default=60,
+                        help="the periodic workloads' length (the functions kept grow "
+                             "with it)")
+    parser.add_argument("--informed", action="store_true",
+                        help="on the periodic workloads, also the ranking given each "
+                             "timer's next firing and the others' true rates")
     args = parser.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
     specs = args.policies or ["cremebrulee", "cremebrulee-forecast"]
@@ -93,7 +183,8 @@ def main() -> None:
         for share in (float(s) for s in args.timer_shares.split(",")):
             for association in ("uniform", "quantiles-r"):
                 workloads[f"periodic {share:g} {association}"] = \
-                    lambda seed, s=share, a=association: periodic(shipped, seed, s, a)
+                    lambda seed, s=share, a=association: periodic(shipped, seed, s, a,
+                                                                  args.minutes)
     if "azure" in families:
         for association in ("quantiles-r", "uniform"):
             workloads[f"azure {association}"] = lambda seed, a=association: azure(shipped,
@@ -104,11 +195,13 @@ def main() -> None:
 
     print(f"load delay / {ORACLE}'s, mean of {args.seeds} seeds; forecast / cremebrulee")
     print(f"{'workload':<28}{'share':>6}" + "".join(f"{s[:26]:>28}" for s in specs)
-          + f"{'fc/cb':>8}")
-    worst_periodic, worst_vs_cb = {}, {}
+          + f"{'fc/cb':>8}" + (f"{'informed':>10}" if args.informed else ""))
+    worst_periodic, worst_vs_cb, worst_informed = {}, {}, {}
     for label, make in workloads.items():
         t0 = time.perf_counter()
         ratios = np.zeros((len(specs), len(shares)))
+        informed = np.zeros(len(shares))
+        with_informed = args.informed and label.startswith("periodic")
         for seed in range(args.seeds):
             trace, profiles = make(seed)
             total = int(profiles.size_bytes.sum())
@@ -118,6 +211,9 @@ def main() -> None:
                 for i, spec in enumerate(specs):
                     delay = simulate(trace, profiles, capacity, spec, seed=seed)
                     ratios[i, j] += delay.load_delay_seconds / oracle / args.seeds
+                if with_informed:
+                    informed[j] += informed_ratio(trace, profiles, capacity,
+                                                  oracle) / args.seeds
         for j, share in enumerate(shares):
             row = f"{label:<28}{share:>6.0%}" + "".join(f"{r:>28.4f}" for r in ratios[:, j])
             if len(specs) >= 2:
@@ -126,6 +222,9 @@ def main() -> None:
                 worst_vs_cb[label] = max(worst_vs_cb.get(label, 0.0), versus)
                 if label.startswith("periodic"):
                     worst_periodic[label] = max(worst_periodic.get(label, 0.0), ratios[1, j])
+            if with_informed:
+                row += f"{informed[j]:>10.4f}"
+                worst_informed[label] = max(worst_informed.get(label, 0.0), informed[j])
             print(row)
         print(f"{'':<28}({time.perf_counter() - t0:.1f} s)")
     if len(specs) >= 2:
@@ -136,6 +235,8 @@ def main() -> None:
         for label, worst in worst_vs_cb.items():
             verdict = "no worse" if worst <= 1 + args.tolerance else "WORSE"
             print(f"{specs[1]} / {specs[0]} on {label}: worst {worst:.4f} ({verdict})")
+    for label, worst in worst_informed.items():
+        print(f"informed ranking on {label}: worst {worst:.3f}x the oracle")
 
 
 if __name__ == "__main__":
