@@ -21,8 +21,9 @@ compiled replays (numba's JIT, or ``cachepolicies.native``'s where they are buil
 ``--informed`` adds, on the periodic workloads, the same ranking given what no online
 policy has (``informed_boundary``): each timer's next firing and every other model's
 true rate over the trace. It shows how close to the oracle a policy of this kind can
-come at all. Its plain Python replay (``ranked_replay``) is checked against the
-compiled oracle on every run: with the oracle's boundary it must take the same loads.
+come at all. Its plain-Python replay (``ranked_replay``, through the simulator's own
+miss path) is checked against the compiled oracle on every run: with the oracle's
+boundary it must take the same loads.
 
     .venv/bin/python bench/forecast_policy.py [--seeds 3] [--shares 0.05,0.1,0.2]
         [--timer-shares 0.5,0.75] [--families periodic,azure,poisson] [--policy SPEC ...]
@@ -38,6 +39,7 @@ import numpy as np
 
 from cachepolicies.future import next_uses
 from cachepolicies.kernels import largest_sufficient
+from cachepolicies import simulator
 from cachepolicies.simulator import simulate
 from cachepolicies.traces import (
     Profiles, Trace, cremebrulee_profiles_path, make_profiles, read_profiles)
@@ -80,41 +82,65 @@ def poisson(shipped: Profiles, seed: int, phases: int, models: int = 600,
             profiles)
 
 
+class RankedBy:
+    """CremeBrulee's eviction rule with the Belady boundary B that ``boundary(resident
+    ids, position, now, next position, next time)`` gives: evict the lowest penalty /
+    (size · B) until enough is freed (ties: the farther B, then the earlier admitted),
+    keeping the largest of them that suffice (``largest_sufficient``). A plain-Python
+    ``pool.EvictionPolicy`` over ``trace``'s model ids, for the simulator's own miss
+    path (``simulator._replay``, where every model is evictable: ``evictable`` is not
+    asked); ``loads``: per model, how often it was admitted."""
+
+    name = "ranked"
+
+    def __init__(self, trace: Trace, n_models: int, boundary) -> None:
+        ids, times = trace.model_ids, trace.timestamps
+        later = next_uses(ids, n_models)  # per position, the next of the same model
+        self._later = later
+        self._later_time = np.where(np.isinf(later), np.inf,
+                                    times[np.minimum(later, len(ids) - 1).astype(np.int64)])
+        self._boundary = boundary
+        self.position = -1  # the current request's
+        self.next_position = np.full(n_models, np.inf)
+        self.next_time = np.full(n_models, np.inf)
+        self.size, self.penalty = np.zeros(n_models, np.int64), np.zeros(n_models)
+        self.admitted = np.zeros(n_models, np.int64)
+        self.loads = np.zeros(n_models, np.int64)
+        self._held: dict[int, None] = {}  # the resident model ids, in admission order
+
+    def record_access(self, key: int, now: float) -> None:
+        self.position += 1
+        self.next_position[key] = self._later[self.position]
+        self.next_time[key] = self._later_time[self.position]
+
+    def resident(self) -> list[int]:
+        return list(self._held)
+
+    def admit(self, key: int, size: int, penalty: float, now: float) -> None:
+        self._held[key] = None
+        self.size[key], self.penalty[key] = size, penalty
+        self.admitted[key] = self.position
+        self.loads[key] += 1
+
+    def choose_victims(self, need_bytes: int, now: float, evictable=None) -> list[int]:
+        held = np.fromiter(self._held, np.int64, len(self._held))
+        b = self._boundary(held, self.position, now, self.next_position, self.next_time)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            utility = self.penalty[held] / (np.maximum(self.size[held], 1) * b)
+        utility[np.isnan(utility)] = np.inf
+        walk = held[np.lexsort((self.admitted[held], -b, utility))]
+        enough = int(np.searchsorted(np.cumsum(self.size[walk]), need_bytes)) + 1
+        return largest_sufficient(walk[:enough].copy(), self.size, need_bytes).tolist()
+
+    def remove(self, key: int) -> None:
+        del self._held[key]
+
+
 def ranked_replay(trace: Trace, profiles: Profiles, capacity: int, boundary) -> np.ndarray:
-    """Loads per model of CremeBrulee's eviction rule with the Belady boundary B that
-    ``boundary(resident ids, position, now, next position, next time)`` gives: evict the
-    lowest penalty / (size · B) until enough is freed (ties: the farther B, then the
-    earlier admitted), keeping the largest of them that suffice (``largest_sufficient``).
-    """
-    ids, times = trace.model_ids, trace.timestamps
-    size, penalty = profiles.size_bytes, profiles.penalty_seconds
-    later = next_uses(ids, len(profiles))  # per position, the next of the same model
-    later_time = np.where(np.isinf(later), np.inf,
-                          times[np.minimum(later, len(ids) - 1).astype(np.int64)])
-    next_position, next_time = np.full(len(profiles), np.inf), np.full(len(profiles), np.inf)
-    resident = np.zeros(len(profiles), np.bool_)
-    admitted = np.zeros(len(profiles), np.int64)
-    loads = np.zeros(len(profiles), np.int64)
-    used = 0
-    for position, (i, now) in enumerate(zip(ids.tolist(), times.tolist())):
-        next_position[i], next_time[i] = later[position], later_time[position]
-        if resident[i]:
-            continue
-        used += int(size[i])
-        if used > capacity:
-            held = np.flatnonzero(resident)
-            b = boundary(held, position, now, next_position, next_time)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                utility = penalty[held] / (np.maximum(size[held], 1) * b)
-            utility[np.isnan(utility)] = np.inf
-            walk = held[np.lexsort((admitted[held], -b, utility))]
-            enough = int(np.searchsorted(np.cumsum(size[walk]), used - capacity)) + 1
-            victims = largest_sufficient(walk[:enough].copy(), size, used - capacity)
-            resident[victims] = False
-            used -= int(size[victims].sum())
-        resident[i], admitted[i] = True, position
-        loads[i] += 1
-    return loads
+    """Loads per model of ``RankedBy(boundary)`` replaying ``trace`` in ``capacity``."""
+    policy = RankedBy(trace, len(profiles), boundary)
+    simulator._replay(trace, profiles, capacity, policy)
+    return policy.loads
 
 
 def oracle_boundary(held, position, now, next_position, next_time):
